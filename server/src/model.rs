@@ -1,0 +1,348 @@
+//! The domain vocabulary: validated jobs, triggers and runs as the core sees them.
+//!
+//! Prost types never reach past `api::convert`; everything below the API works on these
+//! types, which can only be built from input that passed validation. They are also what
+//! the store persists (as JSON), so a field added here must stay `serde(default)`-able.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Epoch milliseconds, UTC. The store's clock decides what "now" is.
+pub type Millis = i64;
+
+/// The longest job id we accept (`[A-Za-z0-9._-]{1,128}`).
+pub const MAX_JOB_ID_LEN: usize = 128;
+/// The largest payload a job or a manual trigger may carry.
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+
+/// Where a run executes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Target {
+    /// An executor of `group` that registered `handler`.
+    Executor { group: String, handler: String },
+    /// The server calls this URL itself.
+    Http { url: String, method: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteStrategy {
+    #[default]
+    RoundRobin,
+    WeightedRoundRobin,
+    Random,
+    LeastActive,
+    ConsistentHash,
+    Busyover,
+    Failover,
+    First,
+    ShardingBroadcast,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MisfirePolicy {
+    #[default]
+    FireOnce,
+    Skip,
+    CatchUp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlapPolicy {
+    #[default]
+    Allow,
+    Forbid,
+    Serial,
+    Replace,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct RetryPolicy {
+    pub max_retries: u32,
+    pub backoff_ms: i64,
+    pub backoff_multiplier: f64,
+    pub max_backoff_ms: i64,
+}
+
+/// A validated job definition: what the user asked for, nothing derived.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub id: String,
+    pub name: String,
+    pub cron: String,
+    pub time_zone: String,
+    pub start_time: Option<Millis>,
+    pub end_time: Option<Millis>,
+    pub jitter_ms: i64,
+    pub target: Target,
+    pub route_strategy: RouteStrategy,
+    pub route_key: String,
+    pub timeout_ms: i64,
+    pub retry: RetryPolicy,
+    pub misfire_policy: MisfirePolicy,
+    pub misfire_catch_up_limit: u32,
+    pub overlap_policy: OverlapPolicy,
+    pub callback_url: Option<String>,
+    pub app_id: String,
+    #[serde(with = "b64")]
+    pub payload: Vec<u8>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A job as stored: the spec plus the state the store maintains for it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub spec: JobSpec,
+    /// Grows by one at every change; a fire claim computed from an older version fails.
+    pub version: u64,
+    pub paused: bool,
+    /// The armed fire, if any. `None` while paused or once the schedule has ended.
+    pub next_fire: Option<Arm>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// One armed fire: the planned time (the `schedule_no`) and when it is due, which is
+/// later than planned by the job's stable jitter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Arm {
+    pub planned: Millis,
+    pub due: Millis,
+}
+
+/// Why a trigger exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerKind {
+    Cron,
+    /// A cron fire claimed later than the misfire threshold and run per the policy.
+    Misfire,
+    Manual,
+    Retry,
+}
+
+/// A request to create a run, queued between the scheduler (or TriggerJob) and dispatch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Trigger {
+    pub job_id: String,
+    /// Planned fire time in epoch ms for cron fires, `manual-<id>` for manual ones.
+    pub schedule_no: String,
+    pub kind: TriggerKind,
+    pub scheduled_at: Millis,
+    /// When the fire was claimed, by the store's clock (filled in by the store).
+    pub triggered_at: Millis,
+    pub job_version: u64,
+    /// Set when the run must be recorded as SKIPPED rather than dispatched (misfire skip).
+    pub skip_reason: Option<String>,
+    #[serde(default, with = "b64_opt")]
+    pub payload_override: Option<Vec<u8>>,
+    pub route_key_override: Option<String>,
+}
+
+impl Trigger {
+    pub fn schedule_id(&self) -> String {
+        schedule_id(&self.job_id, &self.schedule_no)
+    }
+}
+
+/// `schedule_id = job_id + "@" + schedule_no`. `@` cannot occur in a job id, so the
+/// split is unambiguous.
+pub fn schedule_id(job_id: &str, schedule_no: &str) -> String {
+    format!("{job_id}@{schedule_no}")
+}
+
+/// The schedule_no of a manual trigger: `manual-<idempotency key>`, or a fresh UUIDv7.
+pub fn manual_schedule_no(idempotency_key: Option<&str>) -> String {
+    match idempotency_key {
+        Some(k) => format!("manual-{k}"),
+        None => format!("manual-{}", uuid::Uuid::now_v7()),
+    }
+}
+
+/// Splits a schedule_id into (job_id, schedule_no), or None if it is not one.
+pub fn split_schedule_id(schedule_id: &str) -> Option<(&str, &str)> {
+    let (job, no) = schedule_id.split_once('@')?;
+    (valid_job_id(job) && !no.is_empty()).then_some((job, no))
+}
+
+pub fn valid_job_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_JOB_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RunState {
+    Triggered,
+    Waiting,
+    Dispatched,
+    Running,
+    Succeeded,
+    Failed,
+    TimedOut,
+    Cancelled,
+    Skipped,
+}
+
+impl RunState {
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            Self::Succeeded | Self::Failed | Self::TimedOut | Self::Cancelled | Self::Skipped
+        )
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = serde_json::to_value(self).ok();
+        write!(f, "{}", s.as_ref().and_then(|v| v.as_str()).unwrap_or("?"))
+    }
+}
+
+/// One planned execution. The store keeps it for the retention period.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub schedule_id: String,
+    pub job_id: String,
+    pub schedule_no: String,
+    pub state: RunState,
+    pub kind: TriggerKind,
+    pub attempt: u32,
+    /// Fencing tokens exceed 2^53 in spirit (µs timestamps), so they travel as strings
+    /// through the store's scripts.
+    #[serde(with = "u64_string")]
+    pub fencing_token: u64,
+    pub node_id: String,
+    pub scheduled_at: Millis,
+    pub triggered_at: Millis,
+    pub created_at: Millis,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub error_code: String,
+    pub error_message: String,
+    pub reason: String,
+    pub job_version: u64,
+    #[serde(default, with = "b64_opt")]
+    pub payload_override: Option<Vec<u8>>,
+    pub route_key_override: Option<String>,
+}
+
+impl RunRecord {
+    /// The TRIGGERED run a trigger becomes (or SKIPPED, if the trigger says so).
+    /// `created_at` (and `finished_at` of a SKIPPED run) are left for the store to fill
+    /// from its own clock.
+    pub fn from_trigger(t: &Trigger) -> Self {
+        let (state, reason) = match &t.skip_reason {
+            Some(r) => (RunState::Skipped, r.clone()),
+            None => (RunState::Triggered, String::new()),
+        };
+        Self {
+            schedule_id: t.schedule_id(),
+            job_id: t.job_id.clone(),
+            schedule_no: t.schedule_no.clone(),
+            state,
+            kind: t.kind,
+            attempt: 1,
+            fencing_token: 0,
+            node_id: String::new(),
+            scheduled_at: t.scheduled_at,
+            triggered_at: t.triggered_at,
+            created_at: 0,
+            started_at: None,
+            finished_at: None,
+            error_code: String::new(),
+            error_message: String::new(),
+            reason,
+            job_version: t.job_version,
+            payload_override: t.payload_override.clone(),
+            route_key_override: t.route_key_override.clone(),
+        }
+    }
+}
+
+mod b64 {
+    //! Payload bytes as base64 in JSON, so stored records stay text.
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&STANDARD.encode(v))
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        STANDARD.decode(s).map_err(serde::de::Error::custom)
+    }
+}
+
+mod b64_opt {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_some(&STANDARD.encode(b)),
+            None => s.serialize_none(),
+        }
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| STANDARD.decode(s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+mod u64_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids() {
+        assert!(valid_job_id("a.b_c-9"));
+        assert!(valid_job_id(&"x".repeat(128)));
+        assert!(!valid_job_id(&"x".repeat(129)));
+        assert!(!valid_job_id(""));
+        assert!(!valid_job_id("a b"));
+        assert!(!valid_job_id("a@b"));
+        assert!(!valid_job_id("ä"));
+    }
+
+    #[test]
+    fn schedule_ids_round_trip() {
+        let id = schedule_id("job-1", "1764403200000");
+        assert_eq!(id, "job-1@1764403200000");
+        assert_eq!(split_schedule_id(&id), Some(("job-1", "1764403200000")));
+        assert_eq!(split_schedule_id("nojob"), None);
+        assert_eq!(split_schedule_id("bad id@1"), None);
+        assert_eq!(split_schedule_id("job@"), None);
+    }
+
+    #[test]
+    fn run_state_display_matches_wire_names() {
+        assert_eq!(RunState::TimedOut.to_string(), "TIMED_OUT");
+        assert_eq!(RunState::Triggered.to_string(), "TRIGGERED");
+    }
+}

@@ -1,0 +1,43 @@
+-- ARGV: P, channel-unused, n, then per claim:
+--   job_id, expected_due, expected_version, next_planned|'', next_due|'', ntriggers, trigger_json...
+-- Each claim advances the job only if its pending score and version are the ones the
+-- claimer saw and it is enabled; the next fire and the triggers are written together.
+local P = ARGV[1]
+local n = tonumber(ARGV[3])
+local now = store_now_ms()
+local pending = P .. 'pending'
+local stream = P .. 'triggers'
+local results = {}
+local i = 4
+for c = 1, n do
+  local id, exp_due, exp_ver = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local nplanned, ndue, ntrig = ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
+  i = i + 6
+  local job = P .. 'job:' .. id
+  local f = redis.call('HMGET', job, 'version', 'paused')
+  local score = redis.call('ZSCORE', pending, id)
+  local r
+  if not f[1] or f[2] == '1' then
+    r = 'gone'
+  elseif not score or tonumber(score) ~= tonumber(exp_due) then
+    r = 'moved'
+  elseif f[1] ~= exp_ver then
+    r = 'version'
+  else
+    r = 'ok'
+    if nplanned ~= '' then
+      redis.call('ZADD', pending, ndue, id)
+      redis.call('HSET', job, 'next_planned', nplanned, 'next_due', ndue)
+    else
+      redis.call('ZREM', pending, id)
+      redis.call('HDEL', job, 'next_planned', 'next_due')
+    end
+    for k = 0, ntrig - 1 do
+      redis.call('XADD', stream, '*', 't', ARGV[i + k], 'at', int(now))
+    end
+  end
+  i = i + ntrig
+  results[c] = r
+end
+local first = redis.call('ZRANGE', pending, 0, 0, 'WITHSCORES')
+return {int(now), results, first[2] or false}

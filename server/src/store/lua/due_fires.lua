@@ -1,0 +1,13 @@
+-- ARGV: P, limit. Returns {now, {id, due, version}..., next_due|false}
+local P, limit = ARGV[1], tonumber(ARGV[2])
+local now = store_now_ms()
+local pending = P .. 'pending'
+local due = redis.call('ZRANGEBYSCORE', pending, '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, limit)
+local fires = {}
+for i = 1, #due, 2 do
+  local version = redis.call('HGET', P .. 'job:' .. due[i], 'version')
+  fires[#fires + 1] = {due[i], due[i + 1], version or '0'}
+end
+local n = #due / 2
+local after = redis.call('ZRANGE', pending, n, n, 'WITHSCORES')
+return {int(now), fires, after[2] or false}

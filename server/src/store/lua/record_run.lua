@@ -1,0 +1,41 @@
+-- ARGV: P, job_id, schedule_id, run_json, scheduled_at, retention_ms, max_runs_per_job
+-- Idempotent: a redelivered trigger finds the run it created and gets it back.
+local P, id, sid = ARGV[1], ARGV[2], ARGV[3]
+local runkey = P .. 'run:' .. sid
+local existing = redis.call('GET', runkey)
+if existing then
+  return {0, existing}
+end
+local now = store_now_ms()
+local run = cjson.decode(ARGV[4])
+local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused')
+if run.state ~= 'SKIPPED' then
+  if not job[1] then
+    run.state, run.reason, run.finished_at = 'SKIPPED', 'deleted', now
+  elseif job[2] == '1' then
+    run.state, run.reason, run.finished_at = 'SKIPPED', 'paused', now
+  end
+end
+if run.created_at == 0 then
+  run.created_at = now
+end
+if run.state == 'SKIPPED' and (run.finished_at == nil or run.finished_at == cjson.null) then
+  run.finished_at = now
+end
+local json = cjson.encode(run)
+local retention = tonumber(ARGV[6])
+redis.call('SET', runkey, json, 'PX', ARGV[6])
+local index = P .. 'runs:' .. id
+redis.call('ZADD', index, ARGV[5], sid)
+-- Retention: index entries whose record expired go with it; then the count bound.
+redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. int(now - retention))
+local excess = redis.call('ZCARD', index) - tonumber(ARGV[7])
+if excess > 0 then
+  local old = redis.call('ZRANGE', index, 0, excess - 1)
+  for _, o in ipairs(old) do
+    redis.call('DEL', P .. 'run:' .. o)
+  end
+  redis.call('ZREMRANGEBYRANK', index, 0, excess - 1)
+end
+redis.call('PEXPIRE', index, ARGV[6])
+return {1, json}

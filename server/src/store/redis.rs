@@ -1,0 +1,966 @@
+//! The `redis` backend: production, any number of server instances.
+//!
+//! Owns the key layout, the Lua scripts and the pub/sub watcher. Every decision is one
+//! script, called by SHA and reloaded on `NOSCRIPT` (a restarted Redis forgets them).
+//! A job lives in partition `p = partition_of(job_id, P)`; every key of a partition
+//! carries the hash tag `{p}`, so each script touches one cluster slot:
+//!
+//! ```text
+//! <prefix>:meta                         schema version, partition count
+//! <prefix>:{p}:job:<job_id>             hash: rec (JSON), version, paused, next_planned, next_due
+//! <prefix>:{p}:jobs                     zset (score 0) of job ids, for listing
+//! <prefix>:{p}:pending                  zset job_id -> due time (ms): the pending set
+//! <prefix>:{p}:triggers                 stream of triggers, consumer group "dispatch"
+//! <prefix>:{p}:idem:<job_id>:<key>      manual-trigger idempotency key -> schedule_id
+//! <prefix>:{p}:run:<schedule_id>        run record (JSON), expires after the retention
+//! <prefix>:{p}:runs:<job_id>            zset schedule_id -> scheduled_at: bounded per-job index
+//! <prefix>:{p}:lease:<schedule_id>      hash: holder, token, expires
+//! <prefix>:{p}:leases                   zset schedule_id -> lease expiry
+//! <prefix>:{p}:tokens                   hash job_id -> last fencing token
+//! <prefix>:{n}:nonce:<app>:<nonce>      replay-protection marker with a TTL
+//! <prefix>:changes                      pub/sub channel: a job was created or changed
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::{Config, Pool, PoolConfig, Runtime};
+use futures::StreamExt;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::{AsyncCommands, Script, Value};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued, Error, FireClaim, Lease,
+    Page, Recorded, Result, RunQuery, SCHEMA_VERSION, Store, StoreOptions, partition_of,
+};
+use crate::model::{Arm, JobRecord, Millis, RunRecord, Trigger, split_schedule_id};
+
+const GROUP: &str = "dispatch";
+
+macro_rules! script {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("lua/common.lua"),
+            "\n",
+            include_str!(concat!("lua/", $name, ".lua"))
+        ))
+    };
+}
+
+struct Scripts {
+    create_job: Script,
+    update_job: Script,
+    delete_job: Script,
+    due_fires: Script,
+    claim_fires: Script,
+    enqueue_manual: Script,
+    record_run: Script,
+    grant_lease: Script,
+    renew_lease: Script,
+    release_lease: Script,
+    expired_leases: Script,
+    trim_triggers: Script,
+}
+
+impl Scripts {
+    fn load() -> Self {
+        Self {
+            create_job: script!("create_job"),
+            update_job: script!("update_job"),
+            delete_job: script!("delete_job"),
+            due_fires: script!("due_fires"),
+            claim_fires: script!("claim_fires"),
+            enqueue_manual: script!("enqueue_manual"),
+            record_run: script!("record_run"),
+            grant_lease: script!("grant_lease"),
+            renew_lease: script!("renew_lease"),
+            release_lease: script!("release_lease"),
+            expired_leases: script!("expired_leases"),
+            trim_triggers: script!("trim_triggers"),
+        }
+    }
+}
+
+/// The Redis-backed store. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    prefix: String,
+    partitions: u32,
+    opts: StoreOptions,
+    scripts: Scripts,
+    changes: watch::Receiver<u64>,
+    /// Stops the pub/sub watcher when the last handle is dropped.
+    watcher: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watcher.cancel();
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Error {
+    Error::Unavailable(e.to_string())
+}
+
+fn corrupt(e: impl std::fmt::Display) -> Error {
+    Error::Corrupt(e.to_string())
+}
+
+impl RedisStore {
+    /// Connects, checks or writes the schema record, creates the consumer groups and
+    /// starts the change watcher. `prefix` namespaces every key (tests use one per run).
+    pub async fn connect(url: &str, prefix: &str, opts: StoreOptions) -> Result<Self> {
+        let mut cfg = Config::from_url(url);
+        cfg.pool = Some(PoolConfig::new(64));
+        let pool = cfg
+            .create_pool(Some(Runtime::Tokio1))
+            .map_err(unavailable)?;
+        let partitions = Self::init_meta(&pool, prefix, opts.partitions).await?;
+        let (tx, rx) = watch::channel(0u64);
+        let watcher = CancellationToken::new();
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        tokio::spawn(watch_changes(
+            client,
+            format!("{prefix}:changes"),
+            tx,
+            watcher.clone(),
+        ));
+        let store = Self {
+            inner: Arc::new(Inner {
+                pool,
+                prefix: prefix.to_owned(),
+                partitions,
+                opts,
+                scripts: Scripts::load(),
+                changes: rx,
+                watcher,
+            }),
+        };
+        for p in 0..partitions {
+            store.ensure_group(p).await?;
+        }
+        Ok(store)
+    }
+
+    /// Writes the schema record if absent; refuses a newer schema; returns the store's
+    /// partition count (which wins over the configured one for an existing store).
+    async fn init_meta(pool: &Pool, prefix: &str, partitions: u32) -> Result<u32> {
+        let mut c = pool.get().await.map_err(unavailable)?;
+        let key = format!("{prefix}:meta");
+        let _: () = redis::pipe()
+            .hset_nx(&key, "schema", SCHEMA_VERSION)
+            .hset_nx(&key, "partitions", partitions.max(1))
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let (schema, parts): (Option<u32>, Option<u32>) = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("schema")
+            .arg("partitions")
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let schema = schema.ok_or_else(|| corrupt("meta record without schema"))?;
+        if schema > SCHEMA_VERSION {
+            return Err(Error::SchemaTooNew {
+                found: schema,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        parts.ok_or_else(|| corrupt("meta record without partitions"))
+    }
+
+    async fn ensure_group(&self, p: u32) -> Result<()> {
+        let mut c = self.conn().await?;
+        let r: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(self.key(p, "triggers"))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut c)
+            .await;
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// After a Redis restart without persistence the streams and groups are gone:
+    /// recreate them (and the meta record) so reads resume.
+    async fn recover_groups(&self) -> Result<()> {
+        Self::init_meta(&self.inner.pool, &self.inner.prefix, self.inner.partitions).await?;
+        for p in 0..self.inner.partitions {
+            self.ensure_group(p).await?;
+        }
+        Ok(())
+    }
+
+    async fn conn(&self) -> Result<deadpool_redis::Connection> {
+        self.inner.pool.get().await.map_err(unavailable)
+    }
+
+    fn pfx(&self, p: u32) -> String {
+        format!("{}:{{{p}}}:", self.inner.prefix)
+    }
+
+    fn key(&self, p: u32, rest: &str) -> String {
+        format!("{}{rest}", self.pfx(p))
+    }
+
+    fn part(&self, job_id: &str) -> u32 {
+        partition_of(job_id, self.inner.partitions)
+    }
+
+    fn channel(&self) -> String {
+        format!("{}:changes", self.inner.prefix)
+    }
+
+    async fn read_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let fields: (Option<String>, Option<u64>, Option<Millis>, Option<Millis>) = redis::cmd(
+            "HMGET",
+        )
+        .arg(self.key(p, &format!("job:{job_id}")))
+        .arg("rec")
+        .arg("version")
+        .arg("next_planned")
+        .arg("next_due")
+        .query_async(&mut c)
+        .await
+        .map_err(unavailable)?;
+        decode_job(fields)
+    }
+
+    async fn read_jobs(&self, p: u32, ids: &[String]) -> Result<Vec<JobRecord>> {
+        let mut c = self.conn().await?;
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("HMGET")
+                .arg(self.key(p, &format!("job:{id}")))
+                .arg("rec")
+                .arg("version")
+                .arg("next_planned")
+                .arg("next_due");
+        }
+        #[allow(clippy::type_complexity)]
+        let rows: Vec<(Option<String>, Option<u64>, Option<Millis>, Option<Millis>)> =
+            pipe.query_async(&mut c).await.map_err(unavailable)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            if let Some(job) = decode_job(row)? {
+                out.push(job);
+            }
+        }
+        Ok(out)
+    }
+
+    fn deliveries(&self, p: u32, ids: Vec<StreamId>) -> Vec<Delivery> {
+        ids.into_iter()
+            .filter_map(|sid| match decode_trigger(&sid) {
+                Ok(trigger) => Some(Delivery {
+                    entry_id: format!("{p}/{}", sid.id),
+                    trigger,
+                }),
+                Err(e) => {
+                    // A malformed entry would be redelivered forever; log it loudly.
+                    tracing::error!(entry = %sid.id, partition = p, error = %e, "undecodable trigger entry");
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+/// Subscribes to the change channel and bumps the watch counter per message; after a
+/// reconnect it bumps once too, because messages may have been missed meanwhile.
+async fn watch_changes(
+    client: redis::Client,
+    channel: String,
+    tx: watch::Sender<u64>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let connected = async {
+            let mut ps = client.get_async_pubsub().await?;
+            ps.subscribe(&channel).await?;
+            redis::RedisResult::Ok(ps)
+        };
+        let ps = tokio::select! {
+            () = stop.cancelled() => return,
+            r = connected => r,
+        };
+        match ps {
+            Ok(mut ps) => {
+                backoff = Duration::from_millis(100);
+                tx.send_modify(|v| *v += 1);
+                let mut msgs = ps.on_message();
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        m = msgs.next() => match m {
+                            Some(_) => tx.send_modify(|v| *v += 1),
+                            None => break,
+                        },
+                    }
+                }
+                tracing::warn!("store change subscription lost; reconnecting");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to store changes; retrying");
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[allow(clippy::type_complexity)]
+fn decode_job(
+    (rec, version, planned, due): (Option<String>, Option<u64>, Option<Millis>, Option<Millis>),
+) -> Result<Option<JobRecord>> {
+    let Some(rec) = rec else { return Ok(None) };
+    let mut job: JobRecord = serde_json::from_str(&rec).map_err(corrupt)?;
+    job.version = version.ok_or_else(|| corrupt("job without version"))?;
+    job.next_fire = match (planned, due) {
+        (Some(planned), Some(due)) => Some(Arm { planned, due }),
+        _ => None,
+    };
+    Ok(Some(job))
+}
+
+fn decode_trigger(sid: &StreamId) -> std::result::Result<Trigger, String> {
+    let json: String = sid
+        .get("t")
+        .ok_or_else(|| "entry without trigger".to_owned())?;
+    let mut t: Trigger = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+    if let Some(at) = sid.get::<Millis>("at") {
+        t.triggered_at = at;
+    }
+    Ok(t)
+}
+
+/// The record as persisted: `next_fire` lives in its own fields, written by claims.
+fn encode_job(job: &JobRecord) -> Result<String> {
+    let mut stored = job.clone();
+    stored.next_fire = None;
+    serde_json::to_string(&stored).map_err(corrupt)
+}
+
+fn arm_args(arm: Option<Arm>) -> (String, String) {
+    match arm {
+        Some(a) => (a.planned.to_string(), a.due.to_string()),
+        None => (String::new(), String::new()),
+    }
+}
+
+fn parse_i64(v: &str) -> Result<i64> {
+    v.parse().map_err(|e| corrupt(format!("{v:?}: {e}")))
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn split_entry(entry_id: &str) -> Result<(u32, &str)> {
+    let (p, id) = entry_id
+        .split_once('/')
+        .ok_or_else(|| corrupt(format!("bad entry id {entry_id:?}")))?;
+    Ok((p.parse().map_err(corrupt)?, id))
+}
+
+fn is_nogroup(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOGROUP")
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    fn partitions(&self) -> u32 {
+        self.inner.partitions
+    }
+
+    async fn now(&self) -> Result<Millis> {
+        let mut c = self.conn().await?;
+        let (s, us): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(s * 1000 + us / 1000)
+    }
+
+    fn job_changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.clone()
+    }
+
+    async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
+        let id = job.spec.id.clone();
+        let p = self.part(&id);
+        let mut job = job;
+        job.version = 1;
+        let (planned, due) = arm_args(job.next_fire);
+        let mut c = self.conn().await?;
+        let r: String = self
+            .inner
+            .scripts
+            .create_job
+            .arg(self.pfx(p))
+            .arg(&id)
+            .arg(encode_job(&job)?)
+            .arg(if job.paused { "1" } else { "0" })
+            .arg(planned)
+            .arg(due)
+            .arg(self.channel())
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_str() {
+            "ok" => Ok(job),
+            "exists" => Err(Error::JobExists(id)),
+            other => Err(corrupt(format!("create_job answered {other:?}"))),
+        }
+    }
+
+    async fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
+        let id = job.spec.id.clone();
+        let p = self.part(&id);
+        let mut job = job;
+        job.version = expected_version + 1;
+        let (planned, due) = arm_args(job.next_fire);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .update_job
+            .arg(self.pfx(p))
+            .arg(&id)
+            .arg(expected_version)
+            .arg(encode_job(&job)?)
+            .arg(if job.paused { "1" } else { "0" })
+            .arg(planned)
+            .arg(due)
+            .arg(self.channel())
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.first().map(String::as_str) {
+            Some("ok") => Ok(job),
+            Some("notfound") => Err(Error::JobNotFound(id)),
+            Some("conflict") => Err(Error::VersionConflict {
+                job_id: id,
+                expected: expected_version,
+                current: r.get(1).and_then(|v| v.parse().ok()).unwrap_or(0),
+            }),
+            other => Err(corrupt(format!("update_job answered {other:?}"))),
+        }
+    }
+
+    async fn delete_job(&self, job_id: &str) -> Result<()> {
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let removed: i64 = self
+            .inner
+            .scripts
+            .delete_job
+            .arg(self.pfx(p))
+            .arg(job_id)
+            .arg(self.channel())
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        if removed == 1 {
+            Ok(())
+        } else {
+            Err(Error::JobNotFound(job_id.to_owned()))
+        }
+    }
+
+    async fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+        self.read_job(job_id).await
+    }
+
+    async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
+        // Cursor: "<partition>:<last job id>" — jobs are listed partition by partition,
+        // by id within one.
+        let (mut p, mut after) = match cursor.and_then(|c| c.split_once(':')) {
+            Some((p, id)) => (p.parse::<u32>().map_err(corrupt)?, id.to_owned()),
+            None => (0, String::new()),
+        };
+        let limit = limit.max(1);
+        let mut items = Vec::new();
+        let mut c = self.conn().await?;
+        while p < self.inner.partitions && items.len() < limit {
+            let min = if after.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("({after}")
+            };
+            let want = limit - items.len();
+            let ids: Vec<String> = redis::cmd("ZRANGEBYLEX")
+                .arg(self.key(p, "jobs"))
+                .arg(min)
+                .arg("+")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(want)
+                .query_async(&mut c)
+                .await
+                .map_err(unavailable)?;
+            let full = ids.len() == want;
+            if let Some(last) = ids.last() {
+                after = last.clone();
+            }
+            items.extend(self.read_jobs(p, &ids).await?);
+            if !full {
+                p += 1;
+                after.clear();
+            }
+        }
+        let next_cursor = (p < self.inner.partitions).then(|| format!("{p}:{after}"));
+        Ok(Page { items, next_cursor })
+    }
+
+    async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
+        let mut c = self.conn().await?;
+        let (now, rows, next): (String, Vec<(String, String, String)>, Option<String>) = self
+            .inner
+            .scripts
+            .due_fires
+            .arg(self.pfx(partition))
+            .arg(limit.max(1))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let mut fires = Vec::with_capacity(rows.len());
+        for (job_id, due, version) in rows {
+            fires.push(DueFire {
+                job_id,
+                due: parse_i64(&due)?,
+                version: version.parse().map_err(corrupt)?,
+            });
+        }
+        Ok(DueBatch {
+            now: parse_i64(&now)?,
+            fires,
+            next_due: next.as_deref().map(parse_i64).transpose()?,
+        })
+    }
+
+    async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
+        let mut inv = self.inner.scripts.claim_fires.prepare_invoke();
+        inv.arg(self.pfx(partition))
+            .arg(self.channel())
+            .arg(claims.len());
+        for claim in &claims {
+            debug_assert_eq!(self.part(&claim.job_id), partition);
+            let (planned, due) = arm_args(claim.next);
+            inv.arg(&claim.job_id)
+                .arg(claim.expected_due)
+                .arg(claim.expected_version)
+                .arg(planned)
+                .arg(due)
+                .arg(claim.triggers.len());
+            for t in &claim.triggers {
+                inv.arg(serde_json::to_string(t).map_err(corrupt)?);
+            }
+        }
+        let mut c = self.conn().await?;
+        let (now, results, next): (String, Vec<String>, Option<String>) =
+            inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let results = results
+            .iter()
+            .map(|r| match r.as_str() {
+                "ok" => Ok(ClaimResult::Claimed),
+                "moved" => Ok(ClaimResult::Moved),
+                "version" => Ok(ClaimResult::VersionChanged),
+                "gone" => Ok(ClaimResult::Gone),
+                other => Err(corrupt(format!("claim answered {other:?}"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ClaimOutcome {
+            now: parse_i64(&now)?,
+            results,
+            next_due: next.as_deref().map(parse_i64).transpose()?,
+        })
+    }
+
+    async fn enqueue_manual(
+        &self,
+        trigger: Trigger,
+        idempotency_key: Option<&str>,
+    ) -> Result<Enqueued> {
+        let p = self.part(&trigger.job_id);
+        let sid = trigger.schedule_id();
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .enqueue_manual
+            .arg(self.pfx(p))
+            .arg(&trigger.job_id)
+            .arg(&sid)
+            .arg(serde_json::to_string(&trigger).map_err(corrupt)?)
+            .arg(idempotency_key.unwrap_or(""))
+            .arg(ms(self.inner.opts.idempotency_ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match (r.first().map(String::as_str), r.get(1)) {
+            (Some("ok"), Some(sid)) => Ok(Enqueued {
+                schedule_id: sid.clone(),
+                duplicate: false,
+            }),
+            (Some("dup"), Some(sid)) => Ok(Enqueued {
+                schedule_id: sid.clone(),
+                duplicate: true,
+            }),
+            (Some("notfound"), _) => Err(Error::JobNotFound(trigger.job_id)),
+            other => Err(corrupt(format!("enqueue_manual answered {other:?}"))),
+        }
+    }
+
+    async fn read_triggers(
+        &self,
+        consumer: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>> {
+        let keys: Vec<String> = (0..self.inner.partitions)
+            .map(|p| self.key(p, "triggers"))
+            .collect();
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(max.max(1))
+            .arg("BLOCK")
+            .arg(ms(block))
+            .arg("STREAMS")
+            .arg(&keys);
+        for _ in &keys {
+            cmd.arg(">");
+        }
+        let mut c = self.conn().await?;
+        let reply: redis::RedisResult<Option<StreamReadReply>> = cmd.query_async(&mut c).await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) if is_nogroup(&e) => {
+                self.recover_groups().await?;
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        let mut out = Vec::new();
+        for sk in reply.map(|r| r.keys).unwrap_or_default() {
+            let Some(p) = keys.iter().position(|k| *k == sk.key) else {
+                continue;
+            };
+            out.extend(self.deliveries(p as u32, sk.ids));
+        }
+        Ok(out)
+    }
+
+    async fn reclaim_triggers(
+        &self,
+        consumer: &str,
+        min_idle: Duration,
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        let mut out = Vec::new();
+        let mut c = self.conn().await?;
+        for p in 0..self.inner.partitions {
+            if out.len() >= max {
+                break;
+            }
+            let reply: redis::RedisResult<StreamAutoClaimReply> = redis::cmd("XAUTOCLAIM")
+                .arg(self.key(p, "triggers"))
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(u64::try_from(min_idle.as_millis()).unwrap_or(u64::MAX))
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(max - out.len())
+                .query_async(&mut c)
+                .await;
+            match reply {
+                Ok(r) => out.extend(self.deliveries(p, r.claimed)),
+                Err(e) if is_nogroup(&e) => {
+                    drop(c);
+                    self.recover_groups().await?;
+                    return Ok(out);
+                }
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
+        let (p, id) = split_entry(entry_id)?;
+        let mut c = self.conn().await?;
+        let r: redis::RedisResult<i64> = c.xack(self.key(p, "triggers"), GROUP, &[id]).await;
+        match r {
+            Ok(_) => Ok(()),
+            // The group vanished with a Redis restart: nothing is pending any more.
+            Err(e) if is_nogroup(&e) => Ok(()),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    async fn trim_triggers(&self, older_than: Millis) -> Result<()> {
+        let mut c = self.conn().await?;
+        for p in 0..self.inner.partitions {
+            let r: redis::RedisResult<i64> = self
+                .inner
+                .scripts
+                .trim_triggers
+                .arg(self.pfx(p))
+                .arg(GROUP)
+                .arg(older_than.max(0))
+                .invoke_async(&mut c)
+                .await;
+            match r {
+                Ok(_) => {}
+                Err(e) if is_nogroup(&e) => {}
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn record_run(&self, run: RunRecord) -> Result<Recorded> {
+        let p = self.part(&run.job_id);
+        let mut c = self.conn().await?;
+        let (created, json): (i64, String) = self
+            .inner
+            .scripts
+            .record_run
+            .arg(self.pfx(p))
+            .arg(&run.job_id)
+            .arg(&run.schedule_id)
+            .arg(serde_json::to_string(&run).map_err(corrupt)?)
+            .arg(run.scheduled_at)
+            .arg(ms(self.inner.opts.run_retention))
+            .arg(self.inner.opts.max_runs_per_job.max(1))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(Recorded {
+            run: serde_json::from_str(&json).map_err(corrupt)?,
+            created: created == 1,
+        })
+    }
+
+    async fn get_run(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(None);
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let json: Option<String> = c
+            .get(self.key(p, &format!("run:{schedule_id}")))
+            .await
+            .map_err(unavailable)?;
+        json.map(|j| serde_json::from_str(&j).map_err(corrupt))
+            .transpose()
+    }
+
+    async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>> {
+        // Cursor: "<to>:<offset>" — the upper bound is pinned by the first page, so runs
+        // recorded meanwhile (newer) never shift the offsets of the pages that follow.
+        let p = self.part(job_id);
+        let limit = query.limit.max(1);
+        let (to, offset) = match query.cursor.as_deref().and_then(|c| c.split_once(':')) {
+            Some((to, off)) => (
+                parse_i64(to)?,
+                off.parse::<usize>().map_err(corrupt)?,
+            ),
+            None => (query.to.unwrap_or(i64::MAX), 0),
+        };
+        let max = if to == i64::MAX {
+            "+inf".to_owned()
+        } else {
+            format!("({to}")
+        };
+        let min = query
+            .from
+            .map_or_else(|| "-inf".to_owned(), |f| f.to_string());
+        let mut c = self.conn().await?;
+        let ids: Vec<String> = redis::cmd("ZREVRANGEBYSCORE")
+            .arg(self.key(p, &format!("runs:{job_id}")))
+            .arg(max)
+            .arg(min)
+            .arg("LIMIT")
+            .arg(offset)
+            .arg(limit)
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let next_cursor = (ids.len() == limit).then(|| format!("{to}:{}", offset + limit));
+        if ids.is_empty() {
+            return Ok(Page {
+                items: Vec::new(),
+                next_cursor,
+            });
+        }
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|id| self.key(p, &format!("run:{id}")))
+            .collect();
+        let jsons: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let items = jsons
+            .into_iter()
+            .flatten()
+            .map(|j| serde_json::from_str(&j).map_err(corrupt))
+            .collect::<Result<Vec<RunRecord>>>()?;
+        Ok(Page { items, next_cursor })
+    }
+
+    async fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease> {
+        let (job_id, _) = split_schedule_id(schedule_id)
+            .ok_or_else(|| corrupt(format!("not a schedule_id: {schedule_id:?}")))?;
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .grant_lease
+            .arg(self.pfx(p))
+            .arg(job_id)
+            .arg(schedule_id)
+            .arg(holder)
+            .arg(ms(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [ok, token, expires] if ok == "ok" => Ok(Lease {
+                schedule_id: schedule_id.to_owned(),
+                holder: holder.to_owned(),
+                token: token.parse().map_err(corrupt)?,
+                expires_at: parse_i64(expires)?,
+            }),
+            [held, who] if held == "held" => Err(Error::LeaseHeld {
+                schedule_id: schedule_id.to_owned(),
+                holder: who.clone(),
+            }),
+            other => Err(corrupt(format!("grant_lease answered {other:?}"))),
+        }
+    }
+
+    async fn renew_lease(&self, schedule_id: &str, token: u64, ttl: Duration) -> Result<Lease> {
+        let stale = || Error::StaleToken {
+            schedule_id: schedule_id.to_owned(),
+            token,
+        };
+        let (job_id, _) = split_schedule_id(schedule_id).ok_or_else(stale)?;
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .renew_lease
+            .arg(self.pfx(p))
+            .arg(schedule_id)
+            .arg(token.to_string())
+            .arg(ms(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [ok, holder, expires] if ok == "ok" => Ok(Lease {
+                schedule_id: schedule_id.to_owned(),
+                holder: holder.clone(),
+                token,
+                expires_at: parse_i64(expires)?,
+            }),
+            _ => Err(stale()),
+        }
+    }
+
+    async fn release_lease(&self, schedule_id: &str, token: u64) -> Result<bool> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(false);
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: i64 = self
+            .inner
+            .scripts
+            .release_lease
+            .arg(self.pfx(p))
+            .arg(schedule_id)
+            .arg(token.to_string())
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(r == 1)
+    }
+
+    async fn expired_leases(&self, limit: usize) -> Result<Vec<Lease>> {
+        let mut out = Vec::new();
+        let mut c = self.conn().await?;
+        for p in 0..self.inner.partitions {
+            if out.len() >= limit {
+                break;
+            }
+            let rows: Vec<(String, String, String, String)> = self
+                .inner
+                .scripts
+                .expired_leases
+                .arg(self.pfx(p))
+                .arg(limit - out.len())
+                .invoke_async(&mut c)
+                .await
+                .map_err(unavailable)?;
+            for (schedule_id, holder, token, expires) in rows {
+                out.push(Lease {
+                    schedule_id,
+                    holder,
+                    token: token.parse().map_err(corrupt)?,
+                    expires_at: parse_i64(&expires)?,
+                });
+            }
+        }
+        out.sort_by_key(|l| l.expires_at);
+        Ok(out)
+    }
+
+    async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
+        let mut c = self.conn().await?;
+        let key = format!("{}:{{n}}:nonce:{app_id}:{nonce}", self.inner.prefix);
+        let r: Value = redis::cmd("SET")
+            .arg(key)
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(ms(ttl))
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(!matches!(r, Value::Nil))
+    }
+}
