@@ -2,7 +2,13 @@
 //! [`server::run`], and the integration tests start the same code in-process or as
 //! processes.
 
+pub mod api;
+pub mod config;
 pub mod cron;
+pub mod dispatch;
 pub mod fault;
+pub mod jobs;
 pub mod model;
+pub mod scheduler;
+pub mod server;
 pub mod store;

@@ -1,1 +1,79 @@
-fn main() {}
+//! The `sundial` binary: parses the command line and runs one server instance until
+//! SIGINT or SIGTERM.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use sundial_server::config::{Config, Settings};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "sundial",
+    version,
+    about = "Sundial: a distributed scheduled-job control plane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a server instance.
+    Serve {
+        /// TOML file with the same settings as the flags (flags and SUNDIAL_* win).
+        #[arg(long, env = "SUNDIAL_CONFIG")]
+        config: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        settings: Settings,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let Command::Serve { config, settings } = Cli::parse().command;
+    let file = match config {
+        Some(path) => Settings::from_file(&path)?,
+        None => Settings::default(),
+    };
+    let config = Config::from_settings(settings.over(file))?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signals(shutdown.clone()));
+    sundial_server::server::run(config, shutdown, |bound| {
+        // One machine-readable line on stdout, for scripts and test harnesses that
+        // start the server on port 0.
+        println!(
+            "SUNDIAL_READY grpc={} http={}",
+            bound.grpc,
+            bound
+                .http
+                .map_or_else(|| "off".to_owned(), |a| a.to_string())
+        );
+    })
+    .await
+    .context("server failed")
+}
+
+/// SIGINT and SIGTERM are handled together: either starts a graceful shutdown.
+async fn signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("signal received");
+    shutdown.cancel();
+}

@@ -1,1 +1,1485 @@
-//! The embedded backend (being written).
+//! The embedded backend: one durable redb file, single process, the same semantics as
+//! the redis backend (and the same conformance suite).
+//!
+//! It owns the on-disk layout of an embedded store: the tables below, the meta record
+//! (schema version, partition count, trigger sequence), and the in-memory delivery state
+//! of the trigger queue. Every `Store` operation is exactly one redb transaction, run on
+//! the blocking pool, so the atomicity the trait promises is redb's: a write transaction
+//! is serialised against every other one and commits durably (fsync) or not at all.
+//!
+//! Layout (all values that are domain records are JSON, so a field added to `model`
+//! stays readable as long as it is `serde(default)`-able):
+//!
+//! | table | key → value | why |
+//! |---|---|---|
+//! | `meta` | name → u64 | schema version, partitions, next trigger sequence |
+//! | `jobs` | job_id → JSON `JobRecord` | the jobs |
+//! | `pending` | job_id → due | the pending member of a job (at most one) |
+//! | `due_index` | (partition, due, job_id) → () | range scans of due fires per partition |
+//! | `triggers` | seq → JSON (trigger, enqueued_at) | the durable trigger queue |
+//! | `idempotency` | (job_id, key) → (schedule_id, expires_at) | manual trigger keys |
+//! | `idempotency_expiry` | (expires_at, job_id, key) → () | lazy sweep of old keys |
+//! | `runs` | schedule_id → JSON `RunRecord` | run records |
+//! | `runs_by_job` | (job_id, scheduled_at, schedule_id) → () | listing, per-job bound |
+//! | `runs_by_created` | (created_at, schedule_id) → () | retention sweep |
+//! | `run_counts` | job_id → u64 | the per-job bound without counting a range |
+//! | `leases` | schedule_id → (holder, token, expires_at) | run leases |
+//! | `lease_expiry` | (expires_at, schedule_id) → () | `expired_leases` |
+//! | `lease_counters` | job_id → u64 | last fencing token of a job (never deleted) |
+//! | `nonces` | (app_id, nonce) → expires_at | inbound replay protection |
+//! | `nonce_expiry` | (expires_at, app_id, nonce) → () | lazy sweep of old nonces |
+//!
+//! Semantics this backend chose where the trait leaves room (the redis backend matches,
+//! and the conformance suite pins them):
+//!
+//! - The store owns `JobRecord.created_at`/`updated_at` (its clock), and a paused job
+//!   never has a pending member: `next_fire` is stored as None while `paused`.
+//! - `read_triggers` with a zero `block` does not wait.
+//! - A lease may be renewed only while unexpired (an expired lease, even with the right
+//!   token, is `StaleToken`: the orphan sweep may already be acting on it). Release
+//!   with the current token succeeds even after expiry, as long as nobody re-granted.
+//! - Run records past `run_retention` (by `created_at`) are invisible at once and
+//!   deleted lazily: each `record_run` deletes up to [`SWEEP_BATCH`] expired records.
+//!   Idempotency keys and nonces are swept the same way by the operations that write
+//!   them. A list page of zero `limit` uses [`DEFAULT_PAGE`].
+
+use std::collections::HashMap;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use redb::{
+    Database, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition,
+    WriteTransaction,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+
+use super::{
+    ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued, Error, FireClaim, Lease,
+    Page, Recorded, Result, RunQuery, SCHEMA_VERSION, Store, StoreOptions, partition_of,
+};
+use crate::model::{JobRecord, Millis, RunRecord, RunState, Trigger, split_schedule_id};
+
+/// How many expired records (runs, idempotency keys, nonces) one write sweeps, so that a
+/// backlog is worked off over time without making any single operation slow.
+pub const SWEEP_BATCH: usize = 32;
+/// The page size used when a caller asks for a page of zero items.
+pub const DEFAULT_PAGE: usize = 100;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
+const PENDING: TableDefinition<&str, i64> = TableDefinition::new("pending");
+const DUE_INDEX: TableDefinition<(u32, i64, &str), ()> = TableDefinition::new("due_index");
+const TRIGGERS: TableDefinition<u64, &str> = TableDefinition::new("triggers");
+const IDEMPOTENCY: TableDefinition<(&str, &str), (&str, i64)> = TableDefinition::new("idempotency");
+const IDEMPOTENCY_EXPIRY: TableDefinition<(i64, &str, &str), ()> =
+    TableDefinition::new("idempotency_expiry");
+const RUNS: TableDefinition<&str, &str> = TableDefinition::new("runs");
+const RUNS_BY_JOB: TableDefinition<(&str, i64, &str), ()> = TableDefinition::new("runs_by_job");
+const RUNS_BY_CREATED: TableDefinition<(i64, &str), ()> = TableDefinition::new("runs_by_created");
+const RUN_COUNTS: TableDefinition<&str, u64> = TableDefinition::new("run_counts");
+const LEASES: TableDefinition<&str, (&str, u64, i64)> = TableDefinition::new("leases");
+const LEASE_EXPIRY: TableDefinition<(i64, &str), ()> = TableDefinition::new("lease_expiry");
+const LEASE_COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("lease_counters");
+const NONCES: TableDefinition<(&str, &str), i64> = TableDefinition::new("nonces");
+const NONCE_EXPIRY: TableDefinition<(i64, &str, &str), ()> = TableDefinition::new("nonce_expiry");
+
+const META_SCHEMA: &str = "schema_version";
+const META_PARTITIONS: &str = "partitions";
+/// The sequence number the next appended trigger gets. Persisted so entry ids never
+/// repeat, even after every entry was acked and removed.
+const META_TRIGGER_SEQ: &str = "trigger_seq";
+
+/// A queue entry as stored: the trigger and when it was appended (store clock).
+#[derive(Debug, Serialize, Deserialize)]
+struct QueuedTrigger {
+    enqueued_at: Millis,
+    trigger: Trigger,
+}
+
+/// Delivery bookkeeping of the trigger queue. It lives in memory on purpose: "delivered
+/// but not acked" only means something for the life of this process, and after a restart
+/// every unacked entry must be delivered again, which an empty state gives for free.
+#[derive(Debug, Default)]
+struct QueueState {
+    /// Every entry with a lower sequence was delivered by `read_triggers` during this
+    /// process's life (or acked). Sequences are allocated inside the single redb writer,
+    /// so they become visible in order and a watermark is enough to find new entries.
+    next_unread: u64,
+    /// Delivered and not yet acked: sequence → when it was (last) delivered.
+    delivered: HashMap<u64, Millis>,
+}
+
+/// What the blocking closures share.
+struct Inner {
+    db: Database,
+    partitions: u32,
+    run_retention_ms: i64,
+    max_runs_per_job: u64,
+    idempotency_ttl_ms: i64,
+    queue: Mutex<QueueState>,
+}
+
+/// The embedded `Store`: see the module docs.
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+    /// Bumped after every committed job create/update/delete.
+    changes: watch::Sender<u64>,
+    /// Woken after every committed trigger append, so blocked readers need not poll.
+    appended: Arc<Notify>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore")
+            .field("partitions", &self.inner.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if missing) the store file at `path`. A new file records
+    /// `SCHEMA_VERSION` and `opts.partitions`; an existing one keeps its partition count,
+    /// and one written by a newer schema is refused with `Error::SchemaTooNew`.
+    ///
+    /// This is blocking I/O (it may fsync); call it at start-up or from a blocking task.
+    pub fn open(path: &Path, opts: StoreOptions) -> Result<EmbeddedStore> {
+        let db = Database::create(path)
+            .map_err(|e| map_redb(&format!("open embedded store {}", path.display()), e.into()))?;
+        let partitions = init_meta(&db, opts.partitions)?;
+        // The remaining tables are created up front so that read transactions can always
+        // open them (a read transaction cannot create a table).
+        let txn = db.begin_write().ctx("begin schema transaction")?;
+        create_tables(&txn)?;
+        txn.commit().ctx("commit schema transaction")?;
+
+        let (changes, _) = watch::channel(0);
+        Ok(EmbeddedStore {
+            inner: Arc::new(Inner {
+                db,
+                partitions,
+                run_retention_ms: duration_ms(opts.run_retention),
+                // Zero would delete a run in the very operation that records it, breaking
+                // `record_run`'s idempotency, so at least one run per job is kept.
+                max_runs_per_job: u64::try_from(opts.max_runs_per_job.max(1)).unwrap_or(u64::MAX),
+                idempotency_ttl_ms: duration_ms(opts.idempotency_ttl),
+                queue: Mutex::new(QueueState::default()),
+            }),
+            changes,
+            appended: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Runs `f` on the blocking pool: redb calls block on disk and on the writer lock.
+    async fn blocking<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| Error::Unavailable(format!("embedded store task failed: {e}")))?
+    }
+
+    fn job_changed(&self) {
+        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+/// Checks or writes the meta record; returns the store's partition count.
+fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
+    let txn = db.begin_write().ctx("begin meta transaction")?;
+    let partitions = {
+        let mut meta = txn.open_table(META).ctx("open meta table")?;
+        let schema = meta
+            .get(META_SCHEMA)
+            .ctx("read schema version")?
+            .map(|g| g.value());
+        match schema {
+            None => {
+                let partitions = wanted_partitions.max(1);
+                meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION))
+                    .ctx("write schema version")?;
+                meta.insert(META_PARTITIONS, u64::from(partitions))
+                    .ctx("write partitions")?;
+                meta.insert(META_TRIGGER_SEQ, 1)
+                    .ctx("write trigger sequence")?;
+                partitions
+            }
+            Some(found) => {
+                if found > u64::from(SCHEMA_VERSION) {
+                    return Err(Error::SchemaTooNew {
+                        found: u32::try_from(found).unwrap_or(u32::MAX),
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                // Schema 1 is the only one so far: nothing to migrate.
+                let stored = meta
+                    .get(META_PARTITIONS)
+                    .ctx("read partitions")?
+                    .map(|g| g.value())
+                    .ok_or_else(|| Error::Corrupt("meta record has no partition count".into()))?;
+                match u32::try_from(stored) {
+                    Ok(p) if p > 0 => p,
+                    _ => {
+                        return Err(Error::Corrupt(format!(
+                            "meta record has an invalid partition count {stored}"
+                        )));
+                    }
+                }
+            }
+        }
+    };
+    txn.commit().ctx("commit meta transaction")?;
+    Ok(partitions)
+}
+
+fn create_tables(txn: &WriteTransaction) -> Result<()> {
+    txn.open_table(JOBS).ctx("create jobs table")?;
+    txn.open_table(PENDING).ctx("create pending table")?;
+    txn.open_table(DUE_INDEX).ctx("create due index")?;
+    txn.open_table(TRIGGERS).ctx("create triggers table")?;
+    txn.open_table(IDEMPOTENCY)
+        .ctx("create idempotency table")?;
+    txn.open_table(IDEMPOTENCY_EXPIRY)
+        .ctx("create idempotency expiry index")?;
+    txn.open_table(RUNS).ctx("create runs table")?;
+    txn.open_table(RUNS_BY_JOB)
+        .ctx("create runs-by-job index")?;
+    txn.open_table(RUNS_BY_CREATED)
+        .ctx("create runs-by-created index")?;
+    txn.open_table(RUN_COUNTS).ctx("create run counts table")?;
+    txn.open_table(LEASES).ctx("create leases table")?;
+    txn.open_table(LEASE_EXPIRY)
+        .ctx("create lease expiry index")?;
+    txn.open_table(LEASE_COUNTERS)
+        .ctx("create lease counters")?;
+    txn.open_table(NONCES).ctx("create nonces table")?;
+    txn.open_table(NONCE_EXPIRY)
+        .ctx("create nonce expiry index")?;
+    Ok(())
+}
+
+// ---- error mapping
+
+/// Maps a redb error to the store's vocabulary: damage to the file (or a layout this
+/// code does not expect) is `Corrupt`; anything else (I/O, locks, a closed database)
+/// is `Unavailable`, which callers may retry.
+fn map_redb(what: &str, e: redb::Error) -> Error {
+    match e {
+        redb::Error::Corrupted(_)
+        | redb::Error::UpgradeRequired(_)
+        | redb::Error::TableTypeMismatch { .. }
+        | redb::Error::TypeDefinitionChanged { .. }
+        | redb::Error::TableIsMultimap(_)
+        | redb::Error::TableIsNotMultimap(_) => Error::Corrupt(format!("{what}: {e}")),
+        other => Error::Unavailable(format!("{what}: {other}")),
+    }
+}
+
+/// `.ctx("what")` on any redb result, naming the step that failed.
+trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T>;
+}
+
+impl<T, E: Into<redb::Error>> Ctx<T> for std::result::Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T> {
+        self.map_err(|e| map_redb(what, e.into()))
+    }
+}
+
+fn decode<T: DeserializeOwned>(what: &str, key: &str, json: &str) -> Result<T> {
+    serde_json::from_str(json).map_err(|e| Error::Corrupt(format!("{what} {key:?}: {e}")))
+}
+
+fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| Error::Corrupt(format!("encode {what}: {e}")))
+}
+
+// ---- clock
+
+/// Epoch microseconds by the system clock (0 if it is set before 1970).
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn now_ms() -> Millis {
+    i64::try_from(now_us() / 1000).unwrap_or(i64::MAX)
+}
+
+fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn page_limit(limit: usize) -> usize {
+    if limit == 0 { DEFAULT_PAGE } else { limit }
+}
+
+// ---- transaction helpers
+
+/// One write transaction: commits if `f` succeeds, aborts (by drop) if it fails.
+fn write<T>(db: &Database, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
+    let txn = db.begin_write().ctx("begin write transaction")?;
+    let out = f(&txn)?;
+    txn.commit().ctx("commit")?;
+    Ok(out)
+}
+
+fn read(db: &Database) -> Result<ReadTransaction> {
+    db.begin_read().ctx("begin read transaction")
+}
+
+fn load_job(
+    jobs: &impl ReadableTable<&'static str, &'static str>,
+    job_id: &str,
+) -> Result<Option<JobRecord>> {
+    match jobs.get(job_id).ctx("read job")? {
+        Some(g) => decode("job", job_id, g.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn store_job(jobs: &mut Table<&'static str, &'static str>, job: &JobRecord) -> Result<()> {
+    let json = encode("job", job)?;
+    jobs.insert(job.spec.id.as_str(), json.as_str())
+        .ctx("write job")?;
+    Ok(())
+}
+
+fn load_run(
+    runs: &impl ReadableTable<&'static str, &'static str>,
+    schedule_id: &str,
+) -> Result<Option<RunRecord>> {
+    match runs.get(schedule_id).ctx("read run")? {
+        Some(g) => decode("run", schedule_id, g.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Rewrites a job's pending member: removes the old one (and its index key), then arms
+/// `due` if any. Both tables always change together, so they cannot disagree.
+fn set_pending(
+    txn: &WriteTransaction,
+    partitions: u32,
+    job_id: &str,
+    due: Option<Millis>,
+) -> Result<()> {
+    let mut pending = txn.open_table(PENDING).ctx("open pending")?;
+    let mut index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+    let partition = partition_of(job_id, partitions);
+    let old = pending
+        .remove(job_id)
+        .ctx("remove pending member")?
+        .map(|g| g.value());
+    if let Some(old) = old {
+        index
+            .remove((partition, old, job_id))
+            .ctx("remove due index key")?;
+    }
+    if let Some(due) = due {
+        pending.insert(job_id, due).ctx("write pending member")?;
+        index
+            .insert((partition, due, job_id), ())
+            .ctx("write due index key")?;
+    }
+    Ok(())
+}
+
+/// The earliest pending due time in `partition`, if any.
+fn earliest_due(
+    index: &impl ReadableTable<(u32, i64, &'static str), ()>,
+    partition: u32,
+) -> Result<Option<Millis>> {
+    let mut range = index
+        .range((partition, i64::MIN, "")..)
+        .ctx("scan due index")?;
+    match range.next() {
+        Some(item) => {
+            let (k, _) = item.ctx("scan due index")?;
+            let (p, due, _) = k.value();
+            Ok((p == partition).then_some(due))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Appends triggers to the queue with `triggered_at = now`, allocating sequence numbers
+/// from the meta record (inside this write transaction, hence in commit order).
+fn append_triggers(txn: &WriteTransaction, now: Millis, triggers: Vec<Trigger>) -> Result<()> {
+    if triggers.is_empty() {
+        return Ok(());
+    }
+    let mut meta = txn.open_table(META).ctx("open meta")?;
+    let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+    let mut seq = meta
+        .get(META_TRIGGER_SEQ)
+        .ctx("read trigger sequence")?
+        .map(|g| g.value())
+        .unwrap_or(1);
+    for mut trigger in triggers {
+        trigger.triggered_at = now;
+        let json = encode(
+            "trigger",
+            &QueuedTrigger {
+                enqueued_at: now,
+                trigger,
+            },
+        )?;
+        queue.insert(seq, json.as_str()).ctx("append trigger")?;
+        seq += 1;
+    }
+    meta.insert(META_TRIGGER_SEQ, seq)
+        .ctx("write trigger sequence")?;
+    Ok(())
+}
+
+/// Deletes a run record and every index entry that points at it.
+fn delete_run(txn: &WriteTransaction, run: &RunRecord) -> Result<()> {
+    let mut runs = txn.open_table(RUNS).ctx("open runs")?;
+    let mut by_job = txn.open_table(RUNS_BY_JOB).ctx("open runs-by-job")?;
+    let mut by_created = txn
+        .open_table(RUNS_BY_CREATED)
+        .ctx("open runs-by-created")?;
+    let mut counts = txn.open_table(RUN_COUNTS).ctx("open run counts")?;
+    let sid = run.schedule_id.as_str();
+    runs.remove(sid).ctx("delete run")?;
+    let indexed = by_job
+        .remove((run.job_id.as_str(), run.scheduled_at, sid))
+        .ctx("delete run index key")?
+        .is_some();
+    by_created
+        .remove((run.created_at, sid))
+        .ctx("delete run retention key")?;
+    if indexed {
+        let count = counts
+            .get(run.job_id.as_str())
+            .ctx("read run count")?
+            .map(|g| g.value())
+            .unwrap_or(0);
+        if count <= 1 {
+            counts.remove(run.job_id.as_str()).ctx("delete run count")?;
+        } else {
+            counts
+                .insert(run.job_id.as_str(), count - 1)
+                .ctx("write run count")?;
+        }
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn expired_run(&self, run: &RunRecord, now: Millis) -> bool {
+        run.created_at.saturating_add(self.run_retention_ms) <= now
+    }
+
+    fn queue_state(&self) -> MutexGuard<'_, QueueState> {
+        // The state is a watermark and a map, each always left consistent between
+        // statements, so a panic elsewhere cannot leave it half-updated.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Deletes up to `SWEEP_BATCH` runs whose retention has passed, oldest first.
+    fn sweep_runs(&self, txn: &WriteTransaction, now: Millis) -> Result<()> {
+        let cutoff = now.saturating_sub(self.run_retention_ms);
+        let expired: Vec<(i64, String)> = {
+            let by_created = txn
+                .open_table(RUNS_BY_CREATED)
+                .ctx("open runs-by-created")?;
+            let mut out = Vec::new();
+            for item in by_created
+                .range(..(cutoff.saturating_add(1), ""))
+                .ctx("scan runs-by-created")?
+            {
+                if out.len() >= SWEEP_BATCH {
+                    break;
+                }
+                let (k, _) = item.ctx("scan runs-by-created")?;
+                let (created_at, sid) = k.value();
+                out.push((created_at, sid.to_owned()));
+            }
+            out
+        };
+        for (created_at, sid) in expired {
+            let run = {
+                let runs = txn.open_table(RUNS).ctx("open runs")?;
+                load_run(&runs, &sid)?
+            };
+            match run {
+                Some(run) => delete_run(txn, &run)?,
+                None => {
+                    // A retention key without a record: drop it so the sweep moves on.
+                    tracing::warn!(schedule_id = %sid, "run retention key without a run record");
+                    let mut by_created = txn
+                        .open_table(RUNS_BY_CREATED)
+                        .ctx("open runs-by-created")?;
+                    by_created
+                        .remove((created_at, sid.as_str()))
+                        .ctx("delete run retention key")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---- the operations, each one redb transaction, run on the blocking pool
+
+impl Inner {
+    fn create_job(&self, mut job: JobRecord) -> Result<JobRecord> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            if jobs.get(job.spec.id.as_str()).ctx("read job")?.is_some() {
+                return Err(Error::JobExists(job.spec.id.clone()));
+            }
+            job.version = 1;
+            job.created_at = now;
+            job.updated_at = now;
+            if job.paused {
+                job.next_fire = None;
+            }
+            store_job(&mut jobs, &job)?;
+            drop(jobs);
+            set_pending(
+                txn,
+                self.partitions,
+                &job.spec.id,
+                job.next_fire.map(|a| a.due),
+            )?;
+            Ok(job)
+        })
+    }
+
+    fn update_job(&self, mut job: JobRecord, expected_version: u64) -> Result<JobRecord> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            let Some(stored) = load_job(&jobs, &job.spec.id)? else {
+                return Err(Error::JobNotFound(job.spec.id.clone()));
+            };
+            if stored.version != expected_version {
+                return Err(Error::VersionConflict {
+                    job_id: job.spec.id.clone(),
+                    expected: expected_version,
+                    current: stored.version,
+                });
+            }
+            job.version = stored.version + 1;
+            job.created_at = stored.created_at;
+            job.updated_at = now;
+            if job.paused {
+                job.next_fire = None;
+            }
+            store_job(&mut jobs, &job)?;
+            drop(jobs);
+            set_pending(
+                txn,
+                self.partitions,
+                &job.spec.id,
+                job.next_fire.map(|a| a.due),
+            )?;
+            Ok(job)
+        })
+    }
+
+    fn delete_job(&self, job_id: &str) -> Result<()> {
+        write(&self.db, |txn| {
+            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            if jobs.remove(job_id).ctx("delete job")?.is_none() {
+                return Err(Error::JobNotFound(job_id.to_owned()));
+            }
+            drop(jobs);
+            // Runs, leases and the lease counter stay: runs until retention ends, and the
+            // counter so that a job re-created under the same id keeps growing tokens.
+            set_pending(txn, self.partitions, job_id, None)
+        })
+    }
+
+    fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+        let txn = read(&self.db)?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        load_job(&jobs, job_id)
+    }
+
+    /// One read transaction for the lot, so the jobs are a consistent snapshot.
+    fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
+        let txn = read(&self.db)?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let mut out = Vec::with_capacity(job_ids.len());
+        for id in job_ids {
+            if let Some(job) = load_job(&jobs, id)? {
+                out.push(job);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Jobs in job id order; the cursor is the last job id of the previous page.
+    fn list_jobs(&self, cursor: Option<String>, limit: usize) -> Result<Page<JobRecord>> {
+        let limit = page_limit(limit);
+        let txn = read(&self.db)?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let start = match cursor.as_deref() {
+            Some(c) => Bound::Excluded(c),
+            None => Bound::Unbounded,
+        };
+        let mut items = Vec::new();
+        let mut more = false;
+        for item in jobs
+            .range::<&str>((start, Bound::Unbounded))
+            .ctx("scan jobs")?
+        {
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            let (k, v) = item.ctx("scan jobs")?;
+            items.push(decode::<JobRecord>("job", k.value(), v.value())?);
+        }
+        let next_cursor = if more {
+            items.last().map(|j| j.spec.id.clone())
+        } else {
+            None
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let mut due_members = Vec::new();
+        let mut next_due = None;
+        for item in index
+            .range((partition, i64::MIN, "")..)
+            .ctx("scan due index")?
+        {
+            let (k, _) = item.ctx("scan due index")?;
+            let (p, due, job_id) = k.value();
+            if p != partition {
+                break;
+            }
+            if due > now || due_members.len() >= limit {
+                next_due = Some(due);
+                break;
+            }
+            due_members.push((job_id.to_owned(), due));
+        }
+        let mut fires = Vec::with_capacity(due_members.len());
+        for (job_id, due) in due_members {
+            match load_job(&jobs, &job_id)? {
+                Some(job) => fires.push(DueFire {
+                    job_id,
+                    due,
+                    // The pending member is always written from `next_fire`, so the armed
+                    // fire carries the planned time of this due.
+                    planned: job.next_fire.map_or(due, |a| a.planned),
+                    version: job.version,
+                }),
+                // Job and pending member change in one transaction, so this cannot happen
+                // short of damage; skipping keeps the rest of the partition firing.
+                None => tracing::warn!(job_id = %job_id, "pending fire without a job"),
+            }
+        }
+        Ok(DueBatch {
+            now,
+            fires,
+            next_due,
+        })
+    }
+
+    fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut results = Vec::with_capacity(claims.len());
+            let mut appended = Vec::new();
+            for claim in claims {
+                let home = partition_of(&claim.job_id, self.partitions);
+                if home != partition {
+                    // A caller bug (claims come from `due_fires` of one partition). The
+                    // redis backend cannot touch another partition's slot in one script,
+                    // so this one refuses too rather than silently working.
+                    return Err(Error::Corrupt(format!(
+                        "claim for job {:?} sent to partition {partition}, but it lives in {home}",
+                        claim.job_id
+                    )));
+                }
+                let result = self.claim_one(txn, &claim)?;
+                if result == ClaimResult::Claimed {
+                    appended.extend(claim.triggers);
+                }
+                results.push(result);
+            }
+            append_triggers(txn, now, appended)?;
+            let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+            let next_due = earliest_due(&index, partition)?;
+            Ok(ClaimOutcome {
+                now,
+                results,
+                next_due,
+            })
+        })
+    }
+
+    /// One claim's compare-and-set, inside the batch's transaction.
+    fn claim_one(&self, txn: &WriteTransaction, claim: &FireClaim) -> Result<ClaimResult> {
+        let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let Some(mut job) = load_job(&jobs, &claim.job_id)? else {
+            return Ok(ClaimResult::Gone);
+        };
+        if job.paused {
+            return Ok(ClaimResult::Gone);
+        }
+        let pending_due = {
+            let pending = txn.open_table(PENDING).ctx("open pending")?;
+            pending
+                .get(claim.job_id.as_str())
+                .ctx("read pending member")?
+                .map(|g| g.value())
+        };
+        // No member while enabled means the schedule ended or another claim consumed the
+        // last fire: either way the claimer's view moved.
+        if pending_due != Some(claim.expected_due) {
+            return Ok(ClaimResult::Moved);
+        }
+        if job.version != claim.expected_version {
+            return Ok(ClaimResult::VersionChanged);
+        }
+        // A claim advances the schedule but is not a job change: the version stays, so
+        // claims computed from the same definition keep matching.
+        job.next_fire = claim.next;
+        store_job(&mut jobs, &job)?;
+        drop(jobs);
+        set_pending(
+            txn,
+            self.partitions,
+            &claim.job_id,
+            claim.next.map(|a| a.due),
+        )?;
+        Ok(ClaimResult::Claimed)
+    }
+
+    fn enqueue_manual(&self, trigger: Trigger, key: Option<String>) -> Result<Enqueued> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            {
+                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                if jobs.get(trigger.job_id.as_str()).ctx("read job")?.is_none() {
+                    return Err(Error::JobNotFound(trigger.job_id.clone()));
+                }
+            }
+            self.sweep_idempotency(txn, now)?;
+            let schedule_id = trigger.schedule_id();
+            if let Some(key) = key.as_deref() {
+                let mut keys = txn.open_table(IDEMPOTENCY).ctx("open idempotency")?;
+                let mut expiry = txn
+                    .open_table(IDEMPOTENCY_EXPIRY)
+                    .ctx("open idempotency expiry")?;
+                let job_id = trigger.job_id.as_str();
+                let seen = keys
+                    .get((job_id, key))
+                    .ctx("read idempotency key")?
+                    .map(|g| {
+                        let (sid, expires_at) = g.value();
+                        (sid.to_owned(), expires_at)
+                    });
+                match seen {
+                    Some((first, expires_at)) if expires_at > now => {
+                        return Ok(Enqueued {
+                            schedule_id: first,
+                            duplicate: true,
+                        });
+                    }
+                    Some((_, expires_at)) => {
+                        expiry
+                            .remove((expires_at, job_id, key))
+                            .ctx("delete idempotency expiry")?;
+                    }
+                    None => {}
+                }
+                let expires_at = now.saturating_add(self.idempotency_ttl_ms);
+                keys.insert((job_id, key), (schedule_id.as_str(), expires_at))
+                    .ctx("write idempotency key")?;
+                expiry
+                    .insert((expires_at, job_id, key), ())
+                    .ctx("write idempotency expiry")?;
+            }
+            append_triggers(txn, now, vec![trigger])?;
+            Ok(Enqueued {
+                schedule_id,
+                duplicate: false,
+            })
+        })
+    }
+
+    /// Deletes up to `SWEEP_BATCH` idempotency keys past their expiry.
+    fn sweep_idempotency(&self, txn: &WriteTransaction, now: Millis) -> Result<()> {
+        let mut keys = txn.open_table(IDEMPOTENCY).ctx("open idempotency")?;
+        let mut expiry = txn
+            .open_table(IDEMPOTENCY_EXPIRY)
+            .ctx("open idempotency expiry")?;
+        let expired: Vec<(i64, String, String)> = {
+            let mut out = Vec::new();
+            for item in expiry
+                .range(..(now.saturating_add(1), "", ""))
+                .ctx("scan idempotency expiry")?
+            {
+                if out.len() >= SWEEP_BATCH {
+                    break;
+                }
+                let (k, _) = item.ctx("scan idempotency expiry")?;
+                let (at, job_id, key) = k.value();
+                out.push((at, job_id.to_owned(), key.to_owned()));
+            }
+            out
+        };
+        for (at, job_id, key) in expired {
+            expiry
+                .remove((at, job_id.as_str(), key.as_str()))
+                .ctx("delete idempotency expiry")?;
+            keys.remove((job_id.as_str(), key.as_str()))
+                .ctx("delete idempotency key")?;
+        }
+        Ok(())
+    }
+
+    /// Delivers up to `max` never-delivered entries, in sequence order.
+    fn read_once(&self, max: usize) -> Result<Vec<Delivery>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        // The lock is held across the read so that two concurrent readers cannot both
+        // take the same entries past the watermark.
+        let mut state = self.queue_state();
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+        let mut out = Vec::new();
+        for item in queue.range(state.next_unread..).ctx("scan triggers")? {
+            if out.len() >= max {
+                break;
+            }
+            let (k, v) = item.ctx("scan triggers")?;
+            let seq = k.value();
+            let entry_id = seq.to_string();
+            let queued: QueuedTrigger = decode("trigger", &entry_id, v.value())?;
+            out.push((seq, entry_id, queued.trigger));
+        }
+        let mut deliveries = Vec::with_capacity(out.len());
+        for (seq, entry_id, trigger) in out {
+            state.delivered.insert(seq, now);
+            state.next_unread = seq + 1;
+            deliveries.push(Delivery { entry_id, trigger });
+        }
+        Ok(deliveries)
+    }
+
+    fn reclaim(&self, min_idle: Duration, max: usize) -> Result<Vec<Delivery>> {
+        let mut state = self.queue_state();
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let min_idle = duration_ms(min_idle);
+        let mut idle: Vec<u64> = state
+            .delivered
+            .iter()
+            .filter(|(_, at)| now.saturating_sub(**at) >= min_idle)
+            .map(|(seq, _)| *seq)
+            .collect();
+        idle.sort_unstable();
+        let queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+        let mut out = Vec::new();
+        for seq in idle {
+            if out.len() >= max {
+                break;
+            }
+            let entry_id = seq.to_string();
+            let json = queue
+                .get(seq)
+                .ctx("read trigger")?
+                .map(|g| g.value().to_owned());
+            match json {
+                Some(json) => {
+                    let queued: QueuedTrigger = decode("trigger", &entry_id, &json)?;
+                    state.delivered.insert(seq, now);
+                    out.push(Delivery {
+                        entry_id,
+                        trigger: queued.trigger,
+                    });
+                }
+                // Acked since it was delivered (the ack raced this scan): forget it.
+                None => {
+                    state.delivered.remove(&seq);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn ack(&self, seq: u64) -> Result<()> {
+        write(&self.db, |txn| {
+            let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+            queue.remove(seq).ctx("delete trigger")?;
+            Ok(())
+        })?;
+        self.queue_state().delivered.remove(&seq);
+        Ok(())
+    }
+
+    fn record_run(&self, mut run: RunRecord) -> Result<Recorded> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            self.sweep_runs(txn, now)?;
+            let existing = {
+                let runs = txn.open_table(RUNS).ctx("open runs")?;
+                load_run(&runs, &run.schedule_id)?
+            };
+            if let Some(existing) = existing {
+                if !self.expired_run(&existing, now) {
+                    return Ok(Recorded {
+                        run: existing,
+                        created: false,
+                    });
+                }
+                // Past retention it no longer exists as far as readers are concerned
+                // (in redis its key would have expired): record the new one in its place.
+                delete_run(txn, &existing)?;
+            }
+            let job = {
+                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                load_job(&jobs, &run.job_id)?
+            };
+            let skip = match &job {
+                None => Some("deleted"),
+                Some(j) if j.paused => Some("paused"),
+                Some(_) => None,
+            };
+            if let Some(reason) = skip {
+                run.state = RunState::Skipped;
+                run.reason = reason.to_owned();
+                run.finished_at = Some(now);
+            }
+            if run.created_at == 0 {
+                run.created_at = now;
+            }
+            let json = encode("run", &run)?;
+            let sid = run.schedule_id.as_str();
+            let job_id = run.job_id.as_str();
+            let mut runs = txn.open_table(RUNS).ctx("open runs")?;
+            let mut by_job = txn.open_table(RUNS_BY_JOB).ctx("open runs-by-job")?;
+            let mut by_created = txn
+                .open_table(RUNS_BY_CREATED)
+                .ctx("open runs-by-created")?;
+            let mut counts = txn.open_table(RUN_COUNTS).ctx("open run counts")?;
+            runs.insert(sid, json.as_str()).ctx("write run")?;
+            by_job
+                .insert((job_id, run.scheduled_at, sid), ())
+                .ctx("write run index key")?;
+            by_created
+                .insert((run.created_at, sid), ())
+                .ctx("write run retention key")?;
+            let count = counts
+                .get(job_id)
+                .ctx("read run count")?
+                .map(|g| g.value())
+                .unwrap_or(0)
+                + 1;
+            counts.insert(job_id, count).ctx("write run count")?;
+            // The oldest (by scheduled time) fall out first, index and record together.
+            let excess = count.saturating_sub(self.max_runs_per_job);
+            let oldest: Vec<String> = {
+                let mut out = Vec::new();
+                if excess > 0 {
+                    for item in by_job
+                        .range((job_id, i64::MIN, "")..)
+                        .ctx("scan runs-by-job")?
+                    {
+                        if out.len() as u64 >= excess {
+                            break;
+                        }
+                        let (k, _) = item.ctx("scan runs-by-job")?;
+                        let (j, _, old_sid) = k.value();
+                        if j != job_id {
+                            break;
+                        }
+                        out.push(old_sid.to_owned());
+                    }
+                }
+                out
+            };
+            drop((runs, by_job, by_created, counts));
+            for old_sid in oldest {
+                let old = {
+                    let runs = txn.open_table(RUNS).ctx("open runs")?;
+                    load_run(&runs, &old_sid)?
+                };
+                if let Some(old) = old {
+                    delete_run(txn, &old)?;
+                }
+            }
+            Ok(Recorded { run, created: true })
+        })
+    }
+
+    fn get_run(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let runs = txn.open_table(RUNS).ctx("open runs")?;
+        Ok(load_run(&runs, schedule_id)?.filter(|r| !self.expired_run(r, now)))
+    }
+
+    /// Newest scheduled_at first. The cursor is the index key of the last run returned,
+    /// `"<scheduled_at>:<schedule_id>"`; the next page starts strictly below it, so runs
+    /// inserted meanwhile with a newer key can neither be repeated nor shift the page.
+    fn list_runs(&self, job_id: &str, q: RunQuery) -> Result<Page<RunRecord>> {
+        let limit = page_limit(q.limit);
+        let cursor = q.cursor.as_deref().map(parse_run_cursor).transpose()?;
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let index = txn.open_table(RUNS_BY_JOB).ctx("open runs-by-job")?;
+        let runs = txn.open_table(RUNS).ctx("open runs")?;
+
+        // "job\0" is the smallest string above "job", so (job\0, MIN, "") bounds every
+        // key of this job from above.
+        let successor = format!("{job_id}\0");
+        let lower: (&str, i64, &str) = (job_id, q.from.unwrap_or(i64::MIN), "");
+        let mut upper: (&str, i64, &str) = (successor.as_str(), i64::MIN, "");
+        if let Some(to) = q.to {
+            upper = (job_id, to, "");
+        }
+        if let Some((at, sid)) = &cursor {
+            let c = (job_id, *at, sid.as_str());
+            if c < upper {
+                upper = c;
+            }
+        }
+        if lower >= upper {
+            return Ok(Page {
+                items: Vec::new(),
+                next_cursor: None,
+            });
+        }
+        let mut items = Vec::new();
+        let mut last_key = None;
+        let mut more = false;
+        for item in index
+            .range((Bound::Included(lower), Bound::Excluded(upper)))
+            .ctx("scan runs-by-job")?
+            .rev()
+        {
+            let (k, _) = item.ctx("scan runs-by-job")?;
+            let (_, at, sid) = k.value();
+            let Some(run) = load_run(&runs, sid)? else {
+                continue;
+            };
+            if self.expired_run(&run, now) {
+                continue;
+            }
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            last_key = Some((at, sid.to_owned()));
+            items.push(run);
+        }
+        let next_cursor = if more {
+            last_key.map(|(at, sid)| format!("{at}:{sid}"))
+        } else {
+            None
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            // Not a schedule id, so there is no job whose counter could fence it.
+            return Err(Error::JobNotFound(schedule_id.to_owned()));
+        };
+        write(&self.db, |txn| {
+            let now_us = now_us();
+            let now = i64::try_from(now_us / 1000).unwrap_or(i64::MAX);
+            let mut leases = txn.open_table(LEASES).ctx("open leases")?;
+            let mut expiry = txn.open_table(LEASE_EXPIRY).ctx("open lease expiry")?;
+            let mut counters = txn.open_table(LEASE_COUNTERS).ctx("open lease counters")?;
+            let current = leases.get(schedule_id).ctx("read lease")?.map(|g| {
+                let (h, _, expires_at) = g.value();
+                (h.to_owned(), expires_at)
+            });
+            if let Some((current_holder, expires_at)) = &current {
+                if *expires_at > now && current_holder != holder {
+                    return Err(Error::LeaseHeld {
+                        schedule_id: schedule_id.to_owned(),
+                        holder: current_holder.clone(),
+                    });
+                }
+                expiry
+                    .remove((*expires_at, schedule_id))
+                    .ctx("delete lease expiry")?;
+            }
+            let counter = counters
+                .get(job_id)
+                .ctx("read lease counter")?
+                .map(|g| g.value())
+                .unwrap_or(0);
+            // The µs clock keeps tokens growing even if the counter were lost; the counter
+            // keeps them growing if the clock stepped back.
+            let token = counter.saturating_add(1).max(now_us);
+            counters.insert(job_id, token).ctx("write lease counter")?;
+            let expires_at = now.saturating_add(duration_ms(ttl));
+            leases
+                .insert(schedule_id, (holder, token, expires_at))
+                .ctx("write lease")?;
+            expiry
+                .insert((expires_at, schedule_id), ())
+                .ctx("write lease expiry")?;
+            Ok(Lease {
+                schedule_id: schedule_id.to_owned(),
+                holder: holder.to_owned(),
+                token,
+                expires_at,
+            })
+        })
+    }
+
+    fn renew_lease(&self, schedule_id: &str, token: u64, ttl: Duration) -> Result<Lease> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut leases = txn.open_table(LEASES).ctx("open leases")?;
+            let mut expiry = txn.open_table(LEASE_EXPIRY).ctx("open lease expiry")?;
+            let current = leases.get(schedule_id).ctx("read lease")?.map(|g| {
+                let (h, t, expires_at) = g.value();
+                (h.to_owned(), t, expires_at)
+            });
+            // Only an unexpired lease renews: once expired, the orphan sweep may already
+            // be re-queuing the run, and a late renewal must not resurrect it.
+            let Some((holder, _, old_expiry)) =
+                current.filter(|(_, t, expires_at)| *t == token && *expires_at > now)
+            else {
+                return Err(Error::StaleToken {
+                    schedule_id: schedule_id.to_owned(),
+                    token,
+                });
+            };
+            let expires_at = now.saturating_add(duration_ms(ttl));
+            expiry
+                .remove((old_expiry, schedule_id))
+                .ctx("delete lease expiry")?;
+            leases
+                .insert(schedule_id, (holder.as_str(), token, expires_at))
+                .ctx("write lease")?;
+            expiry
+                .insert((expires_at, schedule_id), ())
+                .ctx("write lease expiry")?;
+            Ok(Lease {
+                schedule_id: schedule_id.to_owned(),
+                holder,
+                token,
+                expires_at,
+            })
+        })
+    }
+
+    fn release_lease(&self, schedule_id: &str, token: u64) -> Result<bool> {
+        write(&self.db, |txn| {
+            let mut leases = txn.open_table(LEASES).ctx("open leases")?;
+            let mut expiry = txn.open_table(LEASE_EXPIRY).ctx("open lease expiry")?;
+            let current = leases.get(schedule_id).ctx("read lease")?.map(|g| {
+                let (_, t, expires_at) = g.value();
+                (t, expires_at)
+            });
+            match current {
+                Some((t, expires_at)) if t == token => {
+                    leases.remove(schedule_id).ctx("delete lease")?;
+                    expiry
+                        .remove((expires_at, schedule_id))
+                        .ctx("delete lease expiry")?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
+    fn expired_leases(&self, limit: usize) -> Result<Vec<Lease>> {
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let expiry = txn.open_table(LEASE_EXPIRY).ctx("open lease expiry")?;
+        let leases = txn.open_table(LEASES).ctx("open leases")?;
+        let mut out = Vec::new();
+        for item in expiry
+            .range(..(now.saturating_add(1), ""))
+            .ctx("scan lease expiry")?
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, _) = item.ctx("scan lease expiry")?;
+            let (_, sid) = k.value();
+            if let Some(g) = leases.get(sid).ctx("read lease")? {
+                let (holder, token, expires_at) = g.value();
+                out.push(Lease {
+                    schedule_id: sid.to_owned(),
+                    holder: holder.to_owned(),
+                    token,
+                    expires_at,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut nonces = txn.open_table(NONCES).ctx("open nonces")?;
+            let mut expiry = txn.open_table(NONCE_EXPIRY).ctx("open nonce expiry")?;
+            // Forget a few expired nonces so the table stays as small as the live window.
+            let expired: Vec<(i64, String, String)> = {
+                let mut out = Vec::new();
+                for item in expiry
+                    .range(..(now.saturating_add(1), "", ""))
+                    .ctx("scan nonce expiry")?
+                {
+                    if out.len() >= SWEEP_BATCH {
+                        break;
+                    }
+                    let (k, _) = item.ctx("scan nonce expiry")?;
+                    let (at, app, n) = k.value();
+                    out.push((at, app.to_owned(), n.to_owned()));
+                }
+                out
+            };
+            for (at, app, n) in expired {
+                expiry
+                    .remove((at, app.as_str(), n.as_str()))
+                    .ctx("delete nonce expiry")?;
+                nonces
+                    .remove((app.as_str(), n.as_str()))
+                    .ctx("delete nonce")?;
+            }
+            let seen = nonces
+                .get((app_id, nonce))
+                .ctx("read nonce")?
+                .map(|g| g.value());
+            match seen {
+                Some(expires_at) if expires_at > now => return Ok(false),
+                Some(expires_at) => {
+                    expiry
+                        .remove((expires_at, app_id, nonce))
+                        .ctx("delete nonce expiry")?;
+                }
+                None => {}
+            }
+            let expires_at = now.saturating_add(duration_ms(ttl));
+            nonces
+                .insert((app_id, nonce), expires_at)
+                .ctx("write nonce")?;
+            expiry
+                .insert((expires_at, app_id, nonce), ())
+                .ctx("write nonce expiry")?;
+            Ok(true)
+        })
+    }
+}
+
+fn parse_run_cursor(cursor: &str) -> Result<(Millis, String)> {
+    cursor
+        .split_once(':')
+        .and_then(|(at, sid)| Some((at.parse().ok()?, sid.to_owned())))
+        .ok_or_else(|| Error::Corrupt(format!("invalid run list cursor {cursor:?}")))
+}
+
+fn parse_entry_id(entry_id: &str) -> Result<u64> {
+    entry_id
+        .parse()
+        .map_err(|_| Error::Corrupt(format!("invalid trigger entry id {entry_id:?}")))
+}
+
+// ---- the trait
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn partitions(&self) -> u32 {
+        self.inner.partitions
+    }
+
+    async fn now(&self) -> Result<Millis> {
+        Ok(now_ms())
+    }
+
+    fn job_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
+        let job = self.blocking(move |i| i.create_job(job)).await?;
+        self.job_changed();
+        Ok(job)
+    }
+
+    async fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
+        let job = self
+            .blocking(move |i| i.update_job(job, expected_version))
+            .await?;
+        self.job_changed();
+        Ok(job)
+    }
+
+    async fn delete_job(&self, job_id: &str) -> Result<()> {
+        let job_id = job_id.to_owned();
+        self.blocking(move |i| i.delete_job(&job_id)).await?;
+        self.job_changed();
+        Ok(())
+    }
+
+    async fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+        let job_id = job_id.to_owned();
+        self.blocking(move |i| i.get_job(&job_id)).await
+    }
+
+    async fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
+        let job_ids = job_ids.to_vec();
+        self.blocking(move |i| i.get_jobs(&job_ids)).await
+    }
+
+    async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
+        let cursor = cursor.map(str::to_owned);
+        self.blocking(move |i| i.list_jobs(cursor, limit)).await
+    }
+
+    async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
+        self.blocking(move |i| i.due_fires(partition, limit)).await
+    }
+
+    async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
+        let outcome = self
+            .blocking(move |i| i.claim_fires(partition, claims))
+            .await?;
+        if outcome.results.contains(&ClaimResult::Claimed) {
+            self.appended.notify_waiters();
+        }
+        Ok(outcome)
+    }
+
+    async fn enqueue_manual(
+        &self,
+        trigger: Trigger,
+        idempotency_key: Option<&str>,
+    ) -> Result<Enqueued> {
+        let key = idempotency_key.map(str::to_owned);
+        let enqueued = self
+            .blocking(move |i| i.enqueue_manual(trigger, key))
+            .await?;
+        if !enqueued.duplicate {
+            self.appended.notify_waiters();
+        }
+        Ok(enqueued)
+    }
+
+    async fn read_triggers(
+        &self,
+        _consumer: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>> {
+        // A block too long to represent is as good as forever.
+        let deadline = Instant::now().checked_add(block);
+        loop {
+            // Registered before looking, so an append between the look and the wait
+            // still wakes us.
+            let notified = self.appended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.blocking(move |i| i.read_once(max)).await?;
+            if !got.is_empty() || max == 0 {
+                return Ok(got);
+            }
+            match deadline {
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(got);
+                    }
+                    // Timing out just means nothing arrived; look once more and return.
+                    let _ = tokio::time::timeout(deadline - now, notified).await;
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    async fn reclaim_triggers(
+        &self,
+        _consumer: &str,
+        min_idle: Duration,
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        self.blocking(move |i| i.reclaim(min_idle, max)).await
+    }
+
+    async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
+        let seq = parse_entry_id(entry_id)?;
+        self.blocking(move |i| i.ack(seq)).await
+    }
+
+    /// A no-op by design: `ack_trigger` deletes the entry in the same transaction that
+    /// acknowledges it, so no acknowledged entry is ever left to trim, and unacknowledged
+    /// ones must stay until acked.
+    async fn trim_triggers(&self, _older_than: Millis) -> Result<()> {
+        Ok(())
+    }
+
+    async fn record_run(&self, run: RunRecord) -> Result<Recorded> {
+        self.blocking(move |i| i.record_run(run)).await
+    }
+
+    async fn get_run(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.get_run(&schedule_id)).await
+    }
+
+    async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>> {
+        let job_id = job_id.to_owned();
+        self.blocking(move |i| i.list_runs(&job_id, query)).await
+    }
+
+    async fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease> {
+        let (schedule_id, holder) = (schedule_id.to_owned(), holder.to_owned());
+        self.blocking(move |i| i.grant_lease(&schedule_id, &holder, ttl))
+            .await
+    }
+
+    async fn renew_lease(&self, schedule_id: &str, token: u64, ttl: Duration) -> Result<Lease> {
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.renew_lease(&schedule_id, token, ttl))
+            .await
+    }
+
+    async fn release_lease(&self, schedule_id: &str, token: u64) -> Result<bool> {
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.release_lease(&schedule_id, token))
+            .await
+    }
+
+    async fn expired_leases(&self, limit: usize) -> Result<Vec<Lease>> {
+        self.blocking(move |i| i.expired_leases(limit)).await
+    }
+
+    async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
+        let (app_id, nonce) = (app_id.to_owned(), nonce.to_owned());
+        self.blocking(move |i| i.check_nonce(&app_id, &nonce, ttl))
+            .await
+    }
+}

@@ -86,6 +86,8 @@ pub struct Page<T> {
 pub struct DueFire {
     pub job_id: String,
     pub due: Millis,
+    /// The armed fire's planned time (its schedule_no); `due` adds the job's jitter.
+    pub planned: Millis,
     pub version: u64,
 }
 
@@ -210,6 +212,17 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_job(&self, job_id: &str) -> Result<()>;
 
     async fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>>;
+
+    /// The jobs that exist among `job_ids` (missing ones are left out), in any order.
+    async fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
+        let mut out = Vec::with_capacity(job_ids.len());
+        for id in job_ids {
+            if let Some(job) = self.get_job(id).await? {
+                out.push(job);
+            }
+        }
+        Ok(out)
+    }
 
     /// Jobs in a stable order, `limit` at a time.
     async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>>;

@@ -229,17 +229,16 @@ impl RedisStore {
     async fn read_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
         let p = self.part(job_id);
         let mut c = self.conn().await?;
-        let fields: (Option<String>, Option<u64>, Option<Millis>, Option<Millis>) = redis::cmd(
-            "HMGET",
-        )
-        .arg(self.key(p, &format!("job:{job_id}")))
-        .arg("rec")
-        .arg("version")
-        .arg("next_planned")
-        .arg("next_due")
-        .query_async(&mut c)
-        .await
-        .map_err(unavailable)?;
+        let fields: (Option<String>, Option<u64>, Option<Millis>, Option<Millis>) =
+            redis::cmd("HMGET")
+                .arg(self.key(p, &format!("job:{job_id}")))
+                .arg("rec")
+                .arg("version")
+                .arg("next_planned")
+                .arg("next_due")
+                .query_async(&mut c)
+                .await
+                .map_err(unavailable)?;
         decode_job(fields)
     }
 
@@ -497,6 +496,21 @@ impl Store for RedisStore {
         self.read_job(job_id).await
     }
 
+    async fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
+        let mut by_partition: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+        for id in job_ids {
+            by_partition
+                .entry(self.part(id))
+                .or_default()
+                .push(id.clone());
+        }
+        let mut out = Vec::with_capacity(job_ids.len());
+        for (p, ids) in by_partition {
+            out.extend(self.read_jobs(p, &ids).await?);
+        }
+        Ok(out)
+    }
+
     async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
         // Cursor: "<partition>:<last job id>" — jobs are listed partition by partition,
         // by id within one.
@@ -540,7 +554,12 @@ impl Store for RedisStore {
 
     async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
         let mut c = self.conn().await?;
-        let (now, rows, next): (String, Vec<(String, String, String)>, Option<String>) = self
+        #[allow(clippy::type_complexity)]
+        let (now, rows, next): (
+            String,
+            Vec<(String, String, String, String)>,
+            Option<String>,
+        ) = self
             .inner
             .scripts
             .due_fires
@@ -550,10 +569,11 @@ impl Store for RedisStore {
             .await
             .map_err(unavailable)?;
         let mut fires = Vec::with_capacity(rows.len());
-        for (job_id, due, version) in rows {
+        for (job_id, due, version, planned) in rows {
             fires.push(DueFire {
                 job_id,
                 due: parse_i64(&due)?,
+                planned: parse_i64(&planned)?,
                 version: version.parse().map_err(corrupt)?,
             });
         }
@@ -790,10 +810,7 @@ impl Store for RedisStore {
         let p = self.part(job_id);
         let limit = query.limit.max(1);
         let (to, offset) = match query.cursor.as_deref().and_then(|c| c.split_once(':')) {
-            Some((to, off)) => (
-                parse_i64(to)?,
-                off.parse::<usize>().map_err(corrupt)?,
-            ),
+            Some((to, off)) => (parse_i64(to)?, off.parse::<usize>().map_err(corrupt)?),
             None => (query.to.unwrap_or(i64::MAX), 0),
         };
         let max = if to == i64::MAX {

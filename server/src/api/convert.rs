@@ -1,0 +1,461 @@
+//! The one place where prost types meet the domain: `TryFrom`-style validation of
+//! requests into [`model`] types (every error names the field and the reason) and the
+//! conversions of domain records back to the wire.
+
+use std::collections::BTreeMap;
+
+use sundial_proto::v1 as pb;
+
+use crate::jobs::{Error, Plan};
+use crate::model::{
+    self, JobRecord, JobSpec, MAX_PAYLOAD_BYTES, MisfirePolicy, OverlapPolicy, RetryPolicy,
+    RouteStrategy, RunRecord, RunState, Target, TriggerKind, valid_job_id,
+};
+
+/// Executors get an hour unless the job says otherwise.
+pub const DEFAULT_TIMEOUT_MS: i64 = 3_600_000;
+const MAX_NAME_BYTES: usize = 256;
+const MAX_ROUTE_KEY_BYTES: usize = 256;
+const MAX_LABELS: usize = 64;
+const MAX_LABEL_KEY_BYTES: usize = 63;
+const MAX_LABEL_VALUE_BYTES: usize = 256;
+const MAX_RETRIES: i32 = 100;
+const MAX_JITTER_MS: i64 = 24 * 3600 * 1000;
+const MAX_CATCH_UP: i32 = 1000;
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+    Error::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+fn name_like(s: &str) -> bool {
+    valid_job_id(s)
+}
+
+/// Validates a wire job spec into a domain spec (cron included).
+pub fn job_spec(spec: Option<pb::JobSpec>) -> Result<(JobSpec, bool), Error> {
+    let s = spec.ok_or_else(|| invalid("spec", "required"))?;
+    if s.id.is_empty() {
+        return Err(invalid("spec.id", "required"));
+    }
+    if !valid_job_id(&s.id) {
+        return Err(invalid(
+            "spec.id",
+            format!("{:?} must match [A-Za-z0-9._-]{{1,128}}", s.id),
+        ));
+    }
+    if s.name.len() > MAX_NAME_BYTES {
+        return Err(invalid("spec.name", "longer than 256 bytes"));
+    }
+    if s.cron.trim().is_empty() {
+        return Err(invalid("spec.cron", "required"));
+    }
+    let time_zone = if s.time_zone.is_empty() {
+        "UTC".to_owned()
+    } else {
+        s.time_zone
+    };
+    let start_time = optional_time("spec.start_time_ms", s.start_time_ms)?;
+    let end_time = optional_time("spec.end_time_ms", s.end_time_ms)?;
+    if let (Some(a), Some(b)) = (start_time, end_time)
+        && b <= a
+    {
+        return Err(invalid("spec.end_time_ms", "must be after start_time_ms"));
+    }
+    if !(0..=MAX_JITTER_MS).contains(&s.jitter_ms) {
+        return Err(invalid("spec.jitter_ms", "must be between 0 and 24 h"));
+    }
+    let target = match s.target {
+        None => return Err(invalid("spec.target", "required: executor or http")),
+        Some(pb::job_spec::Target::Executor(e)) => {
+            if !name_like(&e.group) {
+                return Err(invalid(
+                    "spec.executor.group",
+                    "required, must match [A-Za-z0-9._-]{1,128}",
+                ));
+            }
+            if e.handler.is_empty() || e.handler.len() > 128 {
+                return Err(invalid(
+                    "spec.executor.handler",
+                    "required, at most 128 bytes",
+                ));
+            }
+            Target::Executor {
+                group: e.group,
+                handler: e.handler,
+            }
+        }
+        Some(pb::job_spec::Target::Http(h)) => {
+            http_url("spec.http.url", &h.url)?;
+            let method = if h.method.is_empty() {
+                "POST".to_owned()
+            } else {
+                h.method.to_ascii_uppercase()
+            };
+            if !matches!(method.as_str(), "GET" | "POST" | "PUT" | "PATCH" | "DELETE") {
+                return Err(invalid(
+                    "spec.http.method",
+                    format!("{method:?} is not one of GET, POST, PUT, PATCH, DELETE"),
+                ));
+            }
+            Target::Http { url: h.url, method }
+        }
+    };
+    let route_strategy = route_strategy(s.route_strategy)?;
+    if s.route_key.len() > MAX_ROUTE_KEY_BYTES {
+        return Err(invalid("spec.route_key", "longer than 256 bytes"));
+    }
+    let timeout_ms = match s.timeout_ms {
+        None => DEFAULT_TIMEOUT_MS,
+        Some(t) if t <= 0 => return Err(invalid("spec.timeout_ms", "must be > 0")),
+        Some(t) => t,
+    };
+    let retry = retry_policy(s.retry)?;
+    let misfire_policy = match pb::MisfirePolicy::try_from(s.misfire_policy) {
+        Ok(pb::MisfirePolicy::Unspecified | pb::MisfirePolicy::FireOnce) => MisfirePolicy::FireOnce,
+        Ok(pb::MisfirePolicy::Skip) => MisfirePolicy::Skip,
+        Ok(pb::MisfirePolicy::CatchUp) => MisfirePolicy::CatchUp,
+        Err(_) => {
+            return Err(invalid(
+                "spec.misfire_policy",
+                format!("unknown value {}", s.misfire_policy),
+            ));
+        }
+    };
+    if !(0..=MAX_CATCH_UP).contains(&s.misfire_catch_up_limit) {
+        return Err(invalid(
+            "spec.misfire_catch_up_limit",
+            "must be between 0 (default 10) and 1000",
+        ));
+    }
+    let overlap_policy = match pb::OverlapPolicy::try_from(s.overlap_policy) {
+        Ok(pb::OverlapPolicy::Unspecified | pb::OverlapPolicy::Allow) => OverlapPolicy::Allow,
+        Ok(pb::OverlapPolicy::Forbid) => OverlapPolicy::Forbid,
+        Ok(pb::OverlapPolicy::Serial) => OverlapPolicy::Serial,
+        Ok(pb::OverlapPolicy::Replace) => OverlapPolicy::Replace,
+        Err(_) => {
+            return Err(invalid(
+                "spec.overlap_policy",
+                format!("unknown value {}", s.overlap_policy),
+            ));
+        }
+    };
+    let callback_url = if s.callback_url.is_empty() {
+        None
+    } else {
+        http_url("spec.callback_url", &s.callback_url)?;
+        Some(s.callback_url)
+    };
+    if !s.app_id.is_empty() && !name_like(&s.app_id) {
+        return Err(invalid("spec.app_id", "must match [A-Za-z0-9._-]{1,128}"));
+    }
+    if s.payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(invalid(
+            "spec.payload",
+            format!("{} bytes is more than 64 KiB", s.payload.len()),
+        ));
+    }
+    let labels = labels(s.labels)?;
+    let spec = JobSpec {
+        id: s.id,
+        name: s.name,
+        cron: s.cron.trim().to_owned(),
+        time_zone,
+        start_time,
+        end_time,
+        jitter_ms: s.jitter_ms,
+        target,
+        route_strategy,
+        route_key: s.route_key,
+        timeout_ms,
+        retry,
+        misfire_policy,
+        misfire_catch_up_limit: s.misfire_catch_up_limit as u32,
+        overlap_policy,
+        callback_url,
+        app_id: s.app_id,
+        payload: s.payload,
+        labels,
+    };
+    // Parse the cron here too, so a bad one is reported with the `spec.` prefix.
+    Plan::new(spec.clone()).map_err(|e| match e {
+        Error::Invalid { field, reason } => Error::Invalid {
+            field: if field == "time_zone" {
+                "spec.time_zone"
+            } else {
+                "spec.cron"
+            },
+            reason,
+        },
+        other => other,
+    })?;
+    Ok((spec, s.paused))
+}
+
+fn optional_time(field: &'static str, v: i64) -> Result<Option<model::Millis>, Error> {
+    match v {
+        0 => Ok(None),
+        v if v < 0 => Err(invalid(field, "must be ≥ 0 (epoch ms)")),
+        v => Ok(Some(v)),
+    }
+}
+
+fn http_url(field: &'static str, raw: &str) -> Result<(), Error> {
+    let u = url::Url::parse(raw).map_err(|e| invalid(field, format!("{raw:?}: {e}")))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(invalid(
+            field,
+            format!("scheme {:?} is not http or https", u.scheme()),
+        ));
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(invalid(field, "has no host"));
+    }
+    Ok(())
+}
+
+fn route_strategy(v: i32) -> Result<RouteStrategy, Error> {
+    use pb::RouteStrategy as R;
+    Ok(match R::try_from(v) {
+        Ok(R::Unspecified | R::RoundRobin) => RouteStrategy::RoundRobin,
+        Ok(R::WeightedRoundRobin) => RouteStrategy::WeightedRoundRobin,
+        Ok(R::Random) => RouteStrategy::Random,
+        Ok(R::LeastActive) => RouteStrategy::LeastActive,
+        Ok(R::ConsistentHash) => RouteStrategy::ConsistentHash,
+        Ok(R::Busyover) => RouteStrategy::Busyover,
+        Ok(R::Failover) => RouteStrategy::Failover,
+        Ok(R::First) => RouteStrategy::First,
+        Ok(R::ShardingBroadcast) => RouteStrategy::ShardingBroadcast,
+        Err(_) => {
+            return Err(invalid("spec.route_strategy", format!("unknown value {v}")));
+        }
+    })
+}
+
+fn retry_policy(r: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Error> {
+    let Some(r) = r else {
+        return Ok(RetryPolicy::default());
+    };
+    if r.max_retries < 0 {
+        return Err(invalid("spec.retry.max_retries", "must be ≥ 0"));
+    }
+    if r.max_retries > MAX_RETRIES {
+        return Err(invalid("spec.retry.max_retries", "must be ≤ 100"));
+    }
+    if r.backoff_ms < 0 {
+        return Err(invalid("spec.retry.backoff_ms", "must be ≥ 0"));
+    }
+    if !r.backoff_multiplier.is_finite() || !(0.0..=100.0).contains(&r.backoff_multiplier) {
+        return Err(invalid(
+            "spec.retry.backoff_multiplier",
+            "must be a number between 0 and 100",
+        ));
+    }
+    if r.max_backoff_ms < 0 {
+        return Err(invalid("spec.retry.max_backoff_ms", "must be ≥ 0"));
+    }
+    Ok(RetryPolicy {
+        max_retries: r.max_retries as u32,
+        backoff_ms: r.backoff_ms,
+        backoff_multiplier: r.backoff_multiplier,
+        max_backoff_ms: r.max_backoff_ms,
+    })
+}
+
+fn labels(
+    raw: std::collections::HashMap<String, String>,
+) -> Result<BTreeMap<String, String>, Error> {
+    if raw.len() > MAX_LABELS {
+        return Err(invalid("spec.labels", "more than 64 labels"));
+    }
+    for (k, v) in &raw {
+        let key_ok = !k.is_empty()
+            && k.len() <= MAX_LABEL_KEY_BYTES
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
+        if !key_ok {
+            return Err(invalid(
+                "spec.labels",
+                format!("key {k:?} must match [A-Za-z0-9._/-]{{1,63}}"),
+            ));
+        }
+        if v.len() > MAX_LABEL_VALUE_BYTES {
+            return Err(invalid(
+                "spec.labels",
+                format!("value of {k:?} is longer than 256 bytes"),
+            ));
+        }
+    }
+    Ok(raw.into_iter().collect())
+}
+
+/// A job id from a request field.
+pub fn job_id(field: &'static str, id: &str) -> Result<String, Error> {
+    if id.is_empty() {
+        return Err(invalid(field, "required"));
+    }
+    if !valid_job_id(id) {
+        return Err(invalid(
+            field,
+            format!("{id:?} must match [A-Za-z0-9._-]{{1,128}}"),
+        ));
+    }
+    Ok(id.to_owned())
+}
+
+pub fn job_state(job: &JobRecord) -> pb::JobState {
+    if job.paused {
+        pb::JobState::Paused
+    } else if job.next_fire.is_none() {
+        pb::JobState::Finished
+    } else {
+        pb::JobState::Active
+    }
+}
+
+pub fn job_to_pb(job: JobRecord) -> pb::Job {
+    let state = job_state(&job) as i32;
+    let s = job.spec;
+    let target = Some(match s.target {
+        Target::Executor { group, handler } => {
+            pb::job_spec::Target::Executor(pb::ExecutorTarget { group, handler })
+        }
+        Target::Http { url, method } => pb::job_spec::Target::Http(pb::HttpTarget { url, method }),
+    });
+    let route_strategy = match s.route_strategy {
+        RouteStrategy::RoundRobin => pb::RouteStrategy::RoundRobin,
+        RouteStrategy::WeightedRoundRobin => pb::RouteStrategy::WeightedRoundRobin,
+        RouteStrategy::Random => pb::RouteStrategy::Random,
+        RouteStrategy::LeastActive => pb::RouteStrategy::LeastActive,
+        RouteStrategy::ConsistentHash => pb::RouteStrategy::ConsistentHash,
+        RouteStrategy::Busyover => pb::RouteStrategy::Busyover,
+        RouteStrategy::Failover => pb::RouteStrategy::Failover,
+        RouteStrategy::First => pb::RouteStrategy::First,
+        RouteStrategy::ShardingBroadcast => pb::RouteStrategy::ShardingBroadcast,
+    };
+    let misfire_policy = match s.misfire_policy {
+        MisfirePolicy::FireOnce => pb::MisfirePolicy::FireOnce,
+        MisfirePolicy::Skip => pb::MisfirePolicy::Skip,
+        MisfirePolicy::CatchUp => pb::MisfirePolicy::CatchUp,
+    };
+    let overlap_policy = match s.overlap_policy {
+        OverlapPolicy::Allow => pb::OverlapPolicy::Allow,
+        OverlapPolicy::Forbid => pb::OverlapPolicy::Forbid,
+        OverlapPolicy::Serial => pb::OverlapPolicy::Serial,
+        OverlapPolicy::Replace => pb::OverlapPolicy::Replace,
+    };
+    pb::Job {
+        spec: Some(pb::JobSpec {
+            id: s.id,
+            name: s.name,
+            cron: s.cron,
+            time_zone: s.time_zone,
+            start_time_ms: s.start_time.unwrap_or(0),
+            end_time_ms: s.end_time.unwrap_or(0),
+            jitter_ms: s.jitter_ms,
+            target,
+            route_strategy: route_strategy as i32,
+            route_key: s.route_key,
+            timeout_ms: Some(s.timeout_ms),
+            retry: Some(pb::RetryPolicy {
+                max_retries: s.retry.max_retries as i32,
+                backoff_ms: s.retry.backoff_ms,
+                backoff_multiplier: s.retry.backoff_multiplier,
+                max_backoff_ms: s.retry.max_backoff_ms,
+            }),
+            misfire_policy: misfire_policy as i32,
+            misfire_catch_up_limit: s.misfire_catch_up_limit as i32,
+            overlap_policy: overlap_policy as i32,
+            callback_url: s.callback_url.unwrap_or_default(),
+            app_id: s.app_id,
+            payload: s.payload,
+            labels: s.labels.into_iter().collect(),
+            paused: job.paused,
+        }),
+        version: job.version,
+        state,
+        next_fire_time_ms: job.next_fire.map_or(0, |a| a.planned),
+        created_at_ms: job.created_at,
+        updated_at_ms: job.updated_at,
+    }
+}
+
+pub fn run_state_to_pb(s: RunState) -> pb::RunState {
+    match s {
+        RunState::Triggered => pb::RunState::Triggered,
+        RunState::Waiting => pb::RunState::Waiting,
+        RunState::Dispatched => pb::RunState::Dispatched,
+        RunState::Running => pb::RunState::Running,
+        RunState::Succeeded => pb::RunState::Succeeded,
+        RunState::Failed => pb::RunState::Failed,
+        RunState::TimedOut => pb::RunState::TimedOut,
+        RunState::Cancelled => pb::RunState::Cancelled,
+        RunState::Skipped => pb::RunState::Skipped,
+    }
+}
+
+/// A run-state filter from a request (UNSPECIFIED = any).
+pub fn run_state_filter(v: i32) -> Result<Option<RunState>, Error> {
+    Ok(match pb::RunState::try_from(v) {
+        Ok(pb::RunState::Unspecified) => None,
+        Ok(pb::RunState::Triggered) => Some(RunState::Triggered),
+        Ok(pb::RunState::Waiting) => Some(RunState::Waiting),
+        Ok(pb::RunState::Dispatched) => Some(RunState::Dispatched),
+        Ok(pb::RunState::Running) => Some(RunState::Running),
+        Ok(pb::RunState::Succeeded) => Some(RunState::Succeeded),
+        Ok(pb::RunState::Failed) => Some(RunState::Failed),
+        Ok(pb::RunState::TimedOut) => Some(RunState::TimedOut),
+        Ok(pb::RunState::Cancelled) => Some(RunState::Cancelled),
+        Ok(pb::RunState::Skipped) => Some(RunState::Skipped),
+        Err(_) => return Err(invalid("state", format!("unknown value {v}"))),
+    })
+}
+
+pub fn job_state_filter(v: i32) -> Result<Option<pb::JobState>, Error> {
+    match pb::JobState::try_from(v) {
+        Ok(pb::JobState::Unspecified) => Ok(None),
+        Ok(s) => Ok(Some(s)),
+        Err(_) => Err(invalid("state", format!("unknown value {v}"))),
+    }
+}
+
+pub fn run_to_pb(r: RunRecord) -> pb::Run {
+    let kind = match r.kind {
+        TriggerKind::Cron => pb::TriggerKind::Cron,
+        TriggerKind::Misfire => pb::TriggerKind::Misfire,
+        TriggerKind::Manual => pb::TriggerKind::Manual,
+        TriggerKind::Retry => pb::TriggerKind::Retry,
+    };
+    pb::Run {
+        schedule_id: r.schedule_id,
+        job_id: r.job_id,
+        schedule_no: r.schedule_no,
+        state: run_state_to_pb(r.state) as i32,
+        trigger_kind: kind as i32,
+        attempt: r.attempt,
+        fencing_token: r.fencing_token,
+        node_id: r.node_id,
+        scheduled_at_ms: r.scheduled_at,
+        triggered_at_ms: r.triggered_at,
+        started_at_ms: r.started_at.unwrap_or(0),
+        finished_at_ms: r.finished_at.unwrap_or(0),
+        error_code: r.error_code,
+        error_message: r.error_message,
+        output: Vec::new(),
+        callback_state: pb::CallbackState::Unspecified as i32,
+        job_version: r.job_version,
+        reason: r.reason,
+    }
+}
+
+/// Page sizes: 0 means the default (100), anything above 1000 is refused.
+pub fn page_size(field: &'static str, v: i32) -> Result<usize, Error> {
+    match v {
+        0 => Ok(100),
+        v if v < 0 => Err(invalid(field, "must be ≥ 0")),
+        v if v > 1000 => Err(invalid(field, "must be ≤ 1000")),
+        v => Ok(v as usize),
+    }
+}

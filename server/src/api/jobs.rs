@@ -1,0 +1,167 @@
+//! `JobService`: validated job CRUD, pause/resume and manual triggers.
+
+use sundial_proto::v1 as pb;
+use sundial_proto::v1::job_service_server::JobService;
+use tonic::{Request, Response, Status};
+
+use super::{convert, status};
+use crate::jobs::Jobs;
+use crate::model::MAX_PAYLOAD_BYTES;
+
+/// Bounds how many store pages one ListJobs call scans while filtering.
+const MAX_SCAN_PAGES: usize = 50;
+
+pub struct JobApi {
+    jobs: Jobs,
+}
+
+impl JobApi {
+    pub fn new(jobs: Jobs) -> Self {
+        Self { jobs }
+    }
+}
+
+#[tonic::async_trait]
+impl JobService for JobApi {
+    async fn create_job(
+        &self,
+        req: Request<pb::CreateJobRequest>,
+    ) -> Result<Response<pb::CreateJobResponse>, Status> {
+        let (spec, paused) = convert::job_spec(req.into_inner().spec).map_err(status)?;
+        let job = self.jobs.create(spec, paused).await.map_err(status)?;
+        tracing::info!(job_id = %job.spec.id, "job created");
+        Ok(Response::new(pb::CreateJobResponse {
+            job: Some(convert::job_to_pb(job)),
+        }))
+    }
+
+    async fn update_job(
+        &self,
+        req: Request<pb::UpdateJobRequest>,
+    ) -> Result<Response<pb::UpdateJobResponse>, Status> {
+        let req = req.into_inner();
+        if req.expected_version == 0 {
+            return Err(Status::invalid_argument(
+                "expected_version: required (the version you read)",
+            ));
+        }
+        let (spec, _paused) = convert::job_spec(req.spec).map_err(status)?;
+        let job = self
+            .jobs
+            .update(spec, req.expected_version)
+            .await
+            .map_err(status)?;
+        tracing::info!(job_id = %job.spec.id, version = job.version, "job updated");
+        Ok(Response::new(pb::UpdateJobResponse {
+            job: Some(convert::job_to_pb(job)),
+        }))
+    }
+
+    async fn get_job(
+        &self,
+        req: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::GetJobResponse>, Status> {
+        let id = convert::job_id("job_id", &req.into_inner().job_id).map_err(status)?;
+        let job = self.jobs.get(&id).await.map_err(status)?;
+        Ok(Response::new(pb::GetJobResponse {
+            job: Some(convert::job_to_pb(job)),
+        }))
+    }
+
+    async fn list_jobs(
+        &self,
+        req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let req = req.into_inner();
+        let size = convert::page_size("page_size", req.page_size).map_err(status)?;
+        let state = convert::job_state_filter(req.state).map_err(status)?;
+        let mut cursor = (!req.page_token.is_empty()).then_some(req.page_token);
+        let mut jobs = Vec::new();
+        for _ in 0..MAX_SCAN_PAGES {
+            let page = self
+                .jobs
+                .list(cursor.as_deref(), size - jobs.len())
+                .await
+                .map_err(status)?;
+            jobs.extend(page.items.into_iter().filter(|j| {
+                state.is_none_or(|s| convert::job_state(j) == s)
+                    && req
+                        .label_selector
+                        .iter()
+                        .all(|(k, v)| j.spec.labels.get(k) == Some(v))
+            }));
+            cursor = page.next_cursor;
+            if cursor.is_none() || jobs.len() >= size {
+                break;
+            }
+        }
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: jobs.into_iter().map(convert::job_to_pb).collect(),
+            next_page_token: cursor.unwrap_or_default(),
+        }))
+    }
+
+    async fn delete_job(
+        &self,
+        req: Request<pb::DeleteJobRequest>,
+    ) -> Result<Response<pb::DeleteJobResponse>, Status> {
+        let id = convert::job_id("job_id", &req.into_inner().job_id).map_err(status)?;
+        self.jobs.delete(&id).await.map_err(status)?;
+        tracing::info!(job_id = %id, "job deleted");
+        Ok(Response::new(pb::DeleteJobResponse {}))
+    }
+
+    async fn pause_job(
+        &self,
+        req: Request<pb::PauseJobRequest>,
+    ) -> Result<Response<pb::PauseJobResponse>, Status> {
+        let id = convert::job_id("job_id", &req.into_inner().job_id).map_err(status)?;
+        let job = self.jobs.pause(&id).await.map_err(status)?;
+        tracing::info!(job_id = %id, version = job.version, "job paused");
+        Ok(Response::new(pb::PauseJobResponse {
+            job: Some(convert::job_to_pb(job)),
+        }))
+    }
+
+    async fn resume_job(
+        &self,
+        req: Request<pb::ResumeJobRequest>,
+    ) -> Result<Response<pb::ResumeJobResponse>, Status> {
+        let id = convert::job_id("job_id", &req.into_inner().job_id).map_err(status)?;
+        let job = self.jobs.resume(&id).await.map_err(status)?;
+        tracing::info!(job_id = %id, version = job.version, "job resumed");
+        Ok(Response::new(pb::ResumeJobResponse {
+            job: Some(convert::job_to_pb(job)),
+        }))
+    }
+
+    async fn trigger_job(
+        &self,
+        req: Request<pb::TriggerJobRequest>,
+    ) -> Result<Response<pb::TriggerJobResponse>, Status> {
+        let req = req.into_inner();
+        let id = convert::job_id("job_id", &req.job_id).map_err(status)?;
+        if req.payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "payload: {} bytes is more than 64 KiB",
+                req.payload.len()
+            )));
+        }
+        if req.route_key.len() > 256 {
+            return Err(Status::invalid_argument("route_key: longer than 256 bytes"));
+        }
+        let payload = (req.override_payload || !req.payload.is_empty()).then_some(req.payload);
+        let route_key = (!req.route_key.is_empty()).then_some(req.route_key);
+        let key = (!req.idempotency_key.is_empty()).then_some(req.idempotency_key.as_str());
+        let enq = self
+            .jobs
+            .trigger(&id, key, payload, route_key)
+            .await
+            .map_err(status)?;
+        tracing::info!(job_id = %id, schedule_id = %enq.schedule_id, duplicate = enq.duplicate, "manual trigger");
+        Ok(Response::new(pb::TriggerJobResponse {
+            schedule_id: enq.schedule_id,
+            duplicate: enq.duplicate,
+        }))
+    }
+}

@@ -1,0 +1,48 @@
+//! The gRPC surface: `JobService`, `RunService`, and the services whose behaviour
+//! belongs to later work (`ExecutorService`, `NodeService`, `AppService`), which answer
+//! `UNIMPLEMENTED` naming what is missing. Handlers validate through [`convert`] and
+//! forward to the core; errors become a `tonic::Status` in exactly one place,
+//! [`status`].
+
+pub mod convert;
+mod jobs;
+mod pending;
+mod runs;
+
+use tonic::{Code, Status};
+
+pub use jobs::JobApi;
+pub use pending::{AppApi, ExecutorApi, NodeApi};
+pub use runs::RunApi;
+
+use crate::jobs::Error;
+use crate::store;
+
+/// The mapping of core errors to gRPC status codes.
+pub fn status(e: Error) -> Status {
+    match e {
+        Error::Invalid { field, reason } => Status::invalid_argument(format!("{field}: {reason}")),
+        Error::Store(s) => {
+            let code = match &s {
+                store::Error::JobExists(_) => Code::AlreadyExists,
+                store::Error::JobNotFound(_) => Code::NotFound,
+                store::Error::VersionConflict { .. } => Code::Aborted,
+                store::Error::LeaseHeld { .. } | store::Error::StaleToken { .. } => {
+                    Code::FailedPrecondition
+                }
+                store::Error::Unavailable(_) => Code::Unavailable,
+                store::Error::SchemaTooNew { .. } | store::Error::Corrupt(_) => Code::Internal,
+            };
+            if code == Code::Internal {
+                tracing::error!(error = %s, "store error");
+            }
+            Status::new(code, s.to_string())
+        }
+    }
+}
+
+impl From<store::Error> for Status {
+    fn from(e: store::Error) -> Self {
+        status(Error::Store(e))
+    }
+}

@@ -1,0 +1,377 @@
+//! Server configuration: defaults, then an optional TOML file, then `SUNDIAL_*`
+//! environment variables, then command-line flags; then `validate()`.
+//!
+//! Every interval is configurable (tests run the same code with short ones). Durations
+//! are written the human way: `200ms`, `5s`, `7d`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::dispatch::DispatchOptions;
+use crate::scheduler::SchedulerOptions;
+use crate::store::StoreOptions;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("config file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+/// A duration written as `500ms`, `5s`, `2m`, `7d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        humantime::parse_duration(s.trim())
+            .map(HumanDuration)
+            .map_err(|e| format!("{s:?} is not a duration like 500ms, 5s, 7d: {e}"))
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Settings as given, each optional: the same fields come from the TOML file and from
+/// flags / `SUNDIAL_*` variables, and the more specific source wins.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Settings {
+    /// gRPC address (JobService, RunService, executors, health, reflection).
+    #[arg(long, env = "SUNDIAL_LISTEN")]
+    pub listen: Option<String>,
+    /// HTTP address (`/healthz`; the REST status API comes with the webhooks issue).
+    #[arg(long, env = "SUNDIAL_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
+    /// Redis URL. When absent, the embedded single-node store in --data-dir is used.
+    #[arg(long, env = "SUNDIAL_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Prefix of every Redis key (several deployments can share one Redis).
+    #[arg(long, env = "SUNDIAL_REDIS_PREFIX")]
+    pub redis_prefix: Option<String>,
+    /// Directory of the embedded store.
+    #[arg(long, env = "SUNDIAL_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// This instance's name (default: host-pid-random).
+    #[arg(long, env = "SUNDIAL_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+    /// Partitions of a new store (an existing store keeps its own number).
+    #[arg(long, env = "SUNDIAL_PARTITIONS")]
+    pub partitions: Option<u32>,
+    /// Longest scheduler sleep between asking the store what is due.
+    #[arg(long, env = "SUNDIAL_SCHEDULER_MAX_SLEEP")]
+    pub scheduler_max_sleep: Option<HumanDuration>,
+    /// Fires claimed per store call.
+    #[arg(long, env = "SUNDIAL_SCHEDULER_BATCH")]
+    pub scheduler_batch: Option<usize>,
+    /// A fire claimed later than this is a misfire.
+    #[arg(long, env = "SUNDIAL_MISFIRE_THRESHOLD")]
+    pub misfire_threshold: Option<HumanDuration>,
+    /// Default catch-up limit for the CATCH_UP misfire policy.
+    #[arg(long, env = "SUNDIAL_MISFIRE_CATCH_UP_LIMIT")]
+    pub misfire_catch_up_limit: Option<u32>,
+    /// How long a dispatcher read waits for triggers.
+    #[arg(long, env = "SUNDIAL_TRIGGER_READ_BLOCK")]
+    pub trigger_read_block: Option<HumanDuration>,
+    /// Triggers unacknowledged this long (their instance died) are taken over.
+    #[arg(long, env = "SUNDIAL_TRIGGER_RECLAIM_IDLE")]
+    pub trigger_reclaim_idle: Option<HumanDuration>,
+    /// How often to look for such triggers.
+    #[arg(long, env = "SUNDIAL_TRIGGER_RECLAIM_EVERY")]
+    pub trigger_reclaim_every: Option<HumanDuration>,
+    /// Acknowledged triggers are trimmed from the queue after this age.
+    #[arg(long, env = "SUNDIAL_TRIGGER_RETENTION")]
+    pub trigger_retention: Option<HumanDuration>,
+    /// How long run records are kept.
+    #[arg(long, env = "SUNDIAL_RUN_RETENTION")]
+    pub run_retention: Option<HumanDuration>,
+    /// At most this many runs are kept per job.
+    #[arg(long, env = "SUNDIAL_MAX_RUNS_PER_JOB")]
+    pub max_runs_per_job: Option<usize>,
+    /// How long graceful shutdown waits for in-flight work.
+    #[arg(long, env = "SUNDIAL_SHUTDOWN_GRACE")]
+    pub shutdown_grace: Option<HumanDuration>,
+}
+
+macro_rules! overlay {
+    ($hi:expr, $lo:expr, $($f:ident),* $(,)?) => {
+        Settings { $($f: $hi.$f.or($lo.$f)),* }
+    };
+}
+
+impl Settings {
+    /// `self` where set, else `lower`.
+    pub fn over(self, lower: Settings) -> Settings {
+        overlay!(
+            self,
+            lower,
+            listen,
+            http_listen,
+            redis_url,
+            redis_prefix,
+            data_dir,
+            instance_id,
+            partitions,
+            scheduler_max_sleep,
+            scheduler_batch,
+            misfire_threshold,
+            misfire_catch_up_limit,
+            trigger_read_block,
+            trigger_reclaim_idle,
+            trigger_reclaim_every,
+            trigger_retention,
+            run_retention,
+            max_runs_per_job,
+            shutdown_grace,
+        )
+    }
+
+    pub fn from_file(path: &std::path::Path) -> Result<Settings, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::File {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| Error::File {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// Which store backs this instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    Redis { url: String, prefix: String },
+    Embedded { path: PathBuf },
+}
+
+/// The validated configuration of one server instance.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub http_listen: Option<SocketAddr>,
+    pub instance_id: String,
+    pub store: StoreConfig,
+    pub store_opts: StoreOptions,
+    pub scheduler: SchedulerOptions,
+    pub dispatch: DispatchOptions,
+    pub shutdown_grace: Duration,
+}
+
+fn addr(field: &'static str, v: &str) -> Result<SocketAddr, Error> {
+    v.parse().map_err(|e| Error::Invalid {
+        field,
+        reason: format!("{v:?} is not host:port: {e}"),
+    })
+}
+
+fn positive(
+    field: &'static str,
+    d: Option<HumanDuration>,
+    default: Duration,
+) -> Result<Duration, Error> {
+    match d {
+        None => Ok(default),
+        Some(HumanDuration(d)) if d.is_zero() => Err(Error::Invalid {
+            field,
+            reason: "must be > 0".into(),
+        }),
+        Some(HumanDuration(d)) => Ok(d),
+    }
+}
+
+impl Config {
+    pub fn from_settings(s: Settings) -> Result<Config, Error> {
+        let listen = addr("listen", s.listen.as_deref().unwrap_or("127.0.0.1:50051"))?;
+        let http_listen = match s.http_listen.as_deref() {
+            Some("") | Some("off") => None,
+            Some(v) => Some(addr("http_listen", v)?),
+            None => Some(addr("http_listen", "127.0.0.1:8080")?),
+        };
+        let instance_id = match s.instance_id {
+            Some(id) if !crate::model::valid_job_id(&id) => {
+                return Err(Error::Invalid {
+                    field: "instance_id",
+                    reason: "must match [A-Za-z0-9._-]{1,128}".into(),
+                });
+            }
+            Some(id) => id,
+            None => default_instance_id(),
+        };
+        let store = match s.redis_url {
+            Some(url) if !url.is_empty() => {
+                if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                    return Err(Error::Invalid {
+                        field: "redis_url",
+                        reason: "must start with redis:// or rediss://".into(),
+                    });
+                }
+                StoreConfig::Redis {
+                    url,
+                    prefix: s.redis_prefix.unwrap_or_else(|| "sundial".into()),
+                }
+            }
+            _ => StoreConfig::Embedded {
+                path: s
+                    .data_dir
+                    .unwrap_or_else(|| PathBuf::from("sundial-data"))
+                    .join("sundial.redb"),
+            },
+        };
+        let partitions = s.partitions.unwrap_or(16);
+        if !(1..=1024).contains(&partitions) {
+            return Err(Error::Invalid {
+                field: "partitions",
+                reason: "must be between 1 and 1024".into(),
+            });
+        }
+        let defaults = StoreOptions::default();
+        let store_opts = StoreOptions {
+            partitions,
+            run_retention: positive("run_retention", s.run_retention, defaults.run_retention)?,
+            max_runs_per_job: s
+                .max_runs_per_job
+                .unwrap_or(defaults.max_runs_per_job)
+                .max(1),
+            idempotency_ttl: defaults.idempotency_ttl,
+        };
+        let sd = SchedulerOptions::default();
+        let scheduler = SchedulerOptions {
+            batch_size: s.scheduler_batch.unwrap_or(sd.batch_size).clamp(1, 10_000),
+            max_sleep: positive("scheduler_max_sleep", s.scheduler_max_sleep, sd.max_sleep)?,
+            misfire_threshold: s.misfire_threshold.map_or(sd.misfire_threshold, |d| d.0),
+            default_catch_up_limit: s
+                .misfire_catch_up_limit
+                .unwrap_or(sd.default_catch_up_limit),
+        };
+        let dd = DispatchOptions::default();
+        let dispatch = DispatchOptions {
+            consumer: instance_id.clone(),
+            batch_size: dd.batch_size,
+            read_block: positive("trigger_read_block", s.trigger_read_block, dd.read_block)?,
+            reclaim_idle: positive(
+                "trigger_reclaim_idle",
+                s.trigger_reclaim_idle,
+                dd.reclaim_idle,
+            )?,
+            reclaim_every: positive(
+                "trigger_reclaim_every",
+                s.trigger_reclaim_every,
+                dd.reclaim_every,
+            )?,
+            queue_retention: positive(
+                "trigger_retention",
+                s.trigger_retention,
+                dd.queue_retention,
+            )?,
+        };
+        Ok(Config {
+            listen,
+            http_listen,
+            instance_id,
+            store,
+            store_opts,
+            scheduler,
+            dispatch,
+            shutdown_grace: positive("shutdown_grace", s.shutdown_grace, Duration::from_secs(10))?,
+        })
+    }
+}
+
+fn default_instance_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| crate::model::valid_job_id(h))
+        .unwrap_or_else(|| "sundial".into());
+    let rand: u32 = rand::random();
+    format!("{host}-{}-{rand:08x}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_file_and_defaults_fill_the_rest() {
+        let file: Settings = toml::from_str(
+            r#"
+            listen = "127.0.0.1:1"
+            misfire_threshold = "2s"
+            partitions = 4
+            "#,
+        )
+        .expect("valid toml");
+        let flags = Settings {
+            listen: Some("127.0.0.1:2".into()),
+            ..Settings::default()
+        };
+        let cfg = Config::from_settings(flags.over(file)).expect("valid");
+        assert_eq!(cfg.listen.port(), 2);
+        assert_eq!(cfg.scheduler.misfire_threshold, Duration::from_secs(2));
+        assert_eq!(cfg.store_opts.partitions, 4);
+        assert_eq!(cfg.scheduler.max_sleep, Duration::from_secs(1));
+        assert!(matches!(cfg.store, StoreConfig::Embedded { .. }));
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let cases: Vec<(Settings, &str)> = vec![
+            (
+                Settings {
+                    listen: Some("nope".into()),
+                    ..Default::default()
+                },
+                "listen",
+            ),
+            (
+                Settings {
+                    redis_url: Some("http://x".into()),
+                    ..Default::default()
+                },
+                "redis_url",
+            ),
+            (
+                Settings {
+                    partitions: Some(0),
+                    ..Default::default()
+                },
+                "partitions",
+            ),
+            (
+                Settings {
+                    scheduler_max_sleep: Some(HumanDuration(Duration::ZERO)),
+                    ..Default::default()
+                },
+                "scheduler_max_sleep",
+            ),
+        ];
+        for (s, field) in cases {
+            let err = Config::from_settings(s).expect_err(field);
+            assert!(
+                err.to_string().starts_with(field),
+                "{err} should name {field}"
+            );
+        }
+        assert!(
+            toml::from_str::<Settings>("lisen = \"x\"").is_err(),
+            "unknown keys are refused"
+        );
+        assert!("5 parsecs".parse::<HumanDuration>().is_err());
+        assert_eq!(
+            "200ms".parse::<HumanDuration>(),
+            Ok(HumanDuration(Duration::from_millis(200)))
+        );
+    }
+}

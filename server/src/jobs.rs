@@ -1,0 +1,266 @@
+//! Job lifecycle: how a validated spec is armed (cron, start/end window, jitter) and the
+//! create / update / pause / resume / delete / trigger operations, each one atomic store
+//! call that bumps the version and rewrites the pending member.
+//!
+//! The gRPC handlers only forward here; the scheduler uses [`Plan`] to compute the next
+//! fire of a claimed one.
+
+use std::sync::Arc;
+
+use crate::cron::{CronError, CronSchedule};
+use crate::model::{
+    Arm, JobRecord, JobSpec, Millis, Trigger, TriggerKind, manual_schedule_no, valid_job_id,
+};
+use crate::store::{self, Enqueued, Page, Store};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error(transparent)]
+    Store(#[from] store::Error),
+}
+
+impl From<CronError> for Error {
+    fn from(e: CronError) -> Self {
+        Error::Invalid {
+            field: e.field(),
+            reason: e.to_string(),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A job's spec with its parsed cron: everything needed to compute fire times.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub spec: Arc<JobSpec>,
+    pub cron: CronSchedule,
+}
+
+impl Plan {
+    pub fn new(spec: JobSpec) -> Result<Self> {
+        let cron = CronSchedule::parse(&spec.cron, &spec.time_zone)?;
+        Ok(Self {
+            spec: Arc::new(spec),
+            cron,
+        })
+    }
+
+    /// The first planned fire strictly after `after` inside the job's start/end window.
+    pub fn next_planned(&self, after: Millis) -> Option<Millis> {
+        let after = match self.spec.start_time {
+            Some(start) => after.max(start - 1),
+            None => after,
+        };
+        let next = self.cron.next_after(after)?;
+        match self.spec.end_time {
+            Some(end) if next > end => None,
+            _ => Some(next),
+        }
+    }
+
+    /// The fire to arm after `after`: planned time plus the job's stable jitter.
+    pub fn next_arm(&self, after: Millis) -> Option<Arm> {
+        self.next_planned(after).map(|planned| Arm {
+            planned,
+            due: planned + jitter_offset(&self.spec.id, self.spec.jitter_ms),
+        })
+    }
+
+    /// Up to `n` upcoming planned fires after `after`.
+    pub fn upcoming(&self, after: Millis, n: usize) -> Vec<Millis> {
+        let mut out = Vec::with_capacity(n);
+        let mut t = after;
+        while out.len() < n {
+            match self.next_planned(t) {
+                Some(next) => {
+                    out.push(next);
+                    t = next;
+                }
+                None => break,
+            }
+        }
+        out
+    }
+}
+
+/// A job's jitter is one stable offset in `[0, jitter_ms)`, derived from its id: it
+/// spreads jobs that share a cron line without making any one job's cadence irregular.
+pub fn jitter_offset(job_id: &str, jitter_ms: i64) -> i64 {
+    if jitter_ms <= 0 {
+        return 0;
+    }
+    // FNV-1a 64 over the id; the low bits are well mixed enough for a modulus.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in job_id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % jitter_ms.unsigned_abs()) as i64
+}
+
+/// The job operations, over a store. Cheap to clone.
+#[derive(Clone)]
+pub struct Jobs {
+    store: Arc<dyn Store>,
+}
+
+impl Jobs {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Creates a job armed from the store's now (unless created paused).
+    pub async fn create(&self, spec: JobSpec, paused: bool) -> Result<JobRecord> {
+        let plan = Plan::new(spec)?;
+        let now = self.store.now().await?;
+        let next_fire = if paused { None } else { plan.next_arm(now) };
+        let record = JobRecord {
+            spec: (*plan.spec).clone(),
+            version: 1,
+            paused,
+            next_fire,
+            created_at: now,
+            updated_at: now,
+        };
+        Ok(self.store.create_job(record).await?)
+    }
+
+    /// Replaces the spec if the job is still at `expected_version`; re-arms from now.
+    pub async fn update(&self, spec: JobSpec, expected_version: u64) -> Result<JobRecord> {
+        let plan = Plan::new(spec)?;
+        let current = self.require(&plan.spec.id).await?;
+        let now = self.store.now().await?;
+        let next_fire = if current.paused {
+            None
+        } else {
+            plan.next_arm(now)
+        };
+        let record = JobRecord {
+            spec: (*plan.spec).clone(),
+            next_fire,
+            updated_at: now,
+            ..current
+        };
+        Ok(self.store.update_job(record, expected_version).await?)
+    }
+
+    /// Pauses: the pending fire goes away; queued triggers will be recorded SKIPPED.
+    /// Pausing a paused job changes nothing.
+    pub async fn pause(&self, job_id: &str) -> Result<JobRecord> {
+        loop {
+            let current = self.require(job_id).await?;
+            if current.paused {
+                return Ok(current);
+            }
+            let now = self.store.now().await?;
+            let version = current.version;
+            let record = JobRecord {
+                paused: true,
+                next_fire: None,
+                updated_at: now,
+                ..current
+            };
+            match self.store.update_job(record, version).await {
+                Err(store::Error::VersionConflict { .. }) => continue,
+                r => return Ok(r?),
+            }
+        }
+    }
+
+    /// Resumes: arms the first fire after the store's now, with no catch-up.
+    pub async fn resume(&self, job_id: &str) -> Result<JobRecord> {
+        loop {
+            let current = self.require(job_id).await?;
+            if !current.paused {
+                return Ok(current);
+            }
+            let plan = Plan::new(current.spec.clone())?;
+            let now = self.store.now().await?;
+            let version = current.version;
+            let record = JobRecord {
+                paused: false,
+                next_fire: plan.next_arm(now),
+                updated_at: now,
+                ..current
+            };
+            match self.store.update_job(record, version).await {
+                Err(store::Error::VersionConflict { .. }) => continue,
+                r => return Ok(r?),
+            }
+        }
+    }
+
+    pub async fn delete(&self, job_id: &str) -> Result<()> {
+        Ok(self.store.delete_job(job_id).await?)
+    }
+
+    pub async fn get(&self, job_id: &str) -> Result<JobRecord> {
+        self.require(job_id).await
+    }
+
+    pub async fn list(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
+        Ok(self.store.list_jobs(cursor, limit).await?)
+    }
+
+    /// Queues a manual run now. The same idempotency key never queues twice.
+    pub async fn trigger(
+        &self,
+        job_id: &str,
+        idempotency_key: Option<&str>,
+        payload_override: Option<Vec<u8>>,
+        route_key_override: Option<String>,
+    ) -> Result<Enqueued> {
+        if let Some(k) = idempotency_key
+            && !valid_job_id(k)
+        {
+            return Err(Error::Invalid {
+                field: "idempotency_key",
+                reason: "must match [A-Za-z0-9._-]{1,128}".into(),
+            });
+        }
+        let job = self.require(job_id).await?;
+        let now = self.store.now().await?;
+        let trigger = Trigger {
+            job_id: job_id.to_owned(),
+            schedule_no: manual_schedule_no(idempotency_key),
+            kind: TriggerKind::Manual,
+            scheduled_at: now,
+            triggered_at: now,
+            job_version: job.version,
+            skip_reason: None,
+            payload_override,
+            route_key_override,
+        };
+        Ok(self.store.enqueue_manual(trigger, idempotency_key).await?)
+    }
+
+    async fn require(&self, job_id: &str) -> Result<JobRecord> {
+        self.store
+            .get_job(job_id)
+            .await?
+            .ok_or_else(|| store::Error::JobNotFound(job_id.to_owned()).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_is_stable_and_bounded() {
+        assert_eq!(jitter_offset("a", 0), 0);
+        for id in ["a", "job-1", "report.daily"] {
+            let j = jitter_offset(id, 1000);
+            assert!((0..1000).contains(&j));
+            assert_eq!(j, jitter_offset(id, 1000));
+        }
+        assert_ne!(jitter_offset("a", 1_000_000), jitter_offset("b", 1_000_000));
+    }
+}

@@ -1,0 +1,216 @@
+//! One server instance: opens the store, starts the scheduler and dispatcher loops,
+//! serves gRPC (services, health, reflection v1 + v1alpha) and HTTP, and shuts all of it
+//! down in order.
+//!
+//! Shutdown order: health goes NOT_SERVING (load balancers stop sending), the loops are
+//! cancelled and awaited (a store operation in progress always completes), then the
+//! gRPC and HTTP servers finish their in-flight requests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use sundial_proto::v1::app_service_server::AppServiceServer;
+use sundial_proto::v1::executor_service_server::ExecutorServiceServer;
+use sundial_proto::v1::job_service_server::JobServiceServer;
+use sundial_proto::v1::node_service_server::NodeServiceServer;
+use sundial_proto::v1::run_service_server::RunServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::api::{AppApi, ExecutorApi, JobApi, NodeApi, RunApi};
+use crate::config::{Config, StoreConfig};
+use crate::jobs::Jobs;
+use crate::store::Store;
+use crate::store::embedded::EmbeddedStore;
+use crate::store::redis::RedisStore;
+use crate::{dispatch, scheduler};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("store: {0}")]
+    Store(#[from] crate::store::Error),
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("reflection: {0}")]
+    Reflection(String),
+    #[error("grpc server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Fault(String),
+}
+
+/// The fully-qualified names of the services this server registers with health.
+const SERVICES: &[&str] = &[
+    "sundial.v1.JobService",
+    "sundial.v1.RunService",
+    "sundial.v1.ExecutorService",
+    "sundial.v1.NodeService",
+    "sundial.v1.AppService",
+];
+
+/// Where a started server listens (the ports are real even when configured as 0).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub grpc: SocketAddr,
+    pub http: Option<SocketAddr>,
+}
+
+pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
+    Ok(match &config.store {
+        StoreConfig::Redis { url, prefix } => {
+            let store = RedisStore::connect(url, prefix, config.store_opts.clone()).await?;
+            info!(prefix = %prefix, partitions = store.partitions(), "store: redis (multi-instance)");
+            Arc::new(store)
+        }
+        StoreConfig::Embedded { path } => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    crate::store::Error::Unavailable(format!(
+                        "cannot create {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+            }
+            let store = EmbeddedStore::open(path, config.store_opts.clone())?;
+            warn!(
+                path = %path.display(),
+                "store: embedded, SINGLE NODE ONLY: do not start a second instance on this data; use --redis-url for more"
+            );
+            Arc::new(store)
+        }
+    })
+}
+
+/// Runs the instance until `shutdown` is cancelled; `on_bound` learns the real
+/// addresses once the listeners are bound.
+pub async fn run(
+    config: Config,
+    shutdown: CancellationToken,
+    on_bound: impl FnOnce(Bound),
+) -> Result<(), Error> {
+    if let Some(point) = crate::fault::validate_env().map_err(Error::Fault)? {
+        warn!(%point, "crash point armed (SUNDIAL_FAULT)");
+    }
+    let store = open_store(&config).await?;
+    let grpc_listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let grpc_addr = grpc_listener.local_addr().map_err(|source| Error::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let http_listener = match config.http_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Bind { addr, source })?,
+        ),
+        None => None,
+    };
+    let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
+
+    let loops = CancellationToken::new();
+    let (scheduler_task, _stats) =
+        scheduler::spawn(store.clone(), config.scheduler.clone(), loops.clone());
+    let dispatch_task = dispatch::spawn(store.clone(), config.dispatch.clone(), loops.clone());
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for s in SERVICES {
+        health
+            .set_service_status(*s, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection_v1 = reflection_builder()
+        .build_v1()
+        .map_err(|e| Error::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection_builder()
+        .build_v1alpha()
+        .map_err(|e| Error::Reflection(e.to_string()))?;
+
+    let jobs = Jobs::new(store.clone());
+    let servers_stop = CancellationToken::new();
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(JobServiceServer::new(JobApi::new(jobs.clone())))
+        .add_service(RunServiceServer::new(RunApi::new(jobs.clone())))
+        .add_service(ExecutorServiceServer::new(ExecutorApi))
+        .add_service(NodeServiceServer::new(NodeApi))
+        .add_service(AppServiceServer::new(AppApi))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            servers_stop.clone().cancelled_owned(),
+        );
+    let grpc_task = tokio::spawn(grpc);
+    let http_task = http_listener.map(|l| {
+        let stop = servers_stop.clone();
+        tokio::spawn(async move {
+            let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+            axum::serve(l, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        })
+    });
+
+    info!(
+        instance = %config.instance_id,
+        grpc = %grpc_addr,
+        http = ?http_addr,
+        "sundial serving"
+    );
+    on_bound(Bound {
+        grpc: grpc_addr,
+        http: http_addr,
+    });
+
+    shutdown.cancelled().await;
+    info!("shutting down: health NOT_SERVING, stopping loops");
+    for s in SERVICES {
+        health
+            .set_service_status(*s, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    loops.cancel();
+    let drained = tokio::time::timeout(config.shutdown_grace, async {
+        let _ = scheduler_task.await;
+        let _ = dispatch_task.await;
+    })
+    .await;
+    if drained.is_err() {
+        warn!("loops did not stop within the shutdown grace period");
+    }
+    servers_stop.cancel();
+    match tokio::time::timeout(config.shutdown_grace, grpc_task).await {
+        Ok(Ok(r)) => r?,
+        Ok(Err(e)) => warn!(error = %e, "grpc server task failed"),
+        Err(_) => warn!("grpc server did not stop within the shutdown grace period"),
+    }
+    if let Some(t) = http_task {
+        let _ = tokio::time::timeout(config.shutdown_grace, t).await;
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Reflection serves Sundial's descriptors and the health descriptors, so `grpcurl
+/// list` and `describe` work with no .proto files at hand.
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(sundial_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
