@@ -12,3 +12,5 @@ pub mod model;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

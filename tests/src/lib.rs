@@ -1,1 +1,392 @@
-//! Test harness (placeholder).
+//! The test harness: real processes on free ports, torn down on drop.
+//!
+//! - [`RedisServer`]: a throwaway `redis-server` (no persistence) on a free port.
+//! - [`Sundial`]: a `sundial serve` process, its ports read from its `SUNDIAL_READY`
+//!   line, stopped with SIGTERM ([`Sundial::stop`]) or SIGKILL ([`Sundial::kill`]).
+//! - gRPC clients over real sockets, and helpers that wait on conditions with a
+//!   deadline instead of sleeping a fixed time.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use sundial_proto::v1 as pb;
+use tonic::transport::Channel;
+
+pub use pb::job_service_client::JobServiceClient;
+pub use pb::run_service_client::RunServiceClient;
+
+pub use sundial_server::testing::{RedisServer, free_port};
+
+/// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) if Instant::now() >= deadline => {
+                return Err(e.context(format!("waiting for {what}")));
+            }
+            Err(_) => {}
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `sundial` binary, built once per test process so it is never stale.
+pub fn sundial_bin() -> Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("SUNDIAL_BIN") {
+            return Ok(PathBuf::from(p));
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "sundial-server",
+                "--bin",
+                "sundial",
+            ])
+            .current_dir(workspace_root())
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("cargo build of sundial failed: {status}"));
+        }
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| workspace_root().join("target"));
+        Ok(target.join("debug").join("sundial"))
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// How to start one `sundial serve` process.
+#[derive(Clone, Debug, Default)]
+pub struct SundialOptions {
+    /// Redis URL; None = embedded store in `data_dir`.
+    pub redis_url: Option<String>,
+    pub redis_prefix: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    /// `SUNDIAL_FAULT` for this process.
+    pub fault: Option<String>,
+    /// Extra `--flag value` pairs.
+    pub args: Vec<(String, String)>,
+    /// Fixed gRPC port (for restarts on the same address); None = a free one.
+    pub port: Option<u16>,
+}
+
+impl SundialOptions {
+    pub fn redis(redis: &RedisServer) -> Self {
+        Self {
+            redis_url: Some(redis.url()),
+            ..Self::default()
+        }
+        .fast()
+    }
+
+    pub fn embedded(dir: &Path) -> Self {
+        Self {
+            data_dir: Some(dir.to_path_buf()),
+            ..Self::default()
+        }
+        .fast()
+    }
+
+    /// Short intervals so fault tests finish quickly; the code paths are the same.
+    pub fn fast(self) -> Self {
+        self.arg("trigger-reclaim-idle", "1s")
+            .arg("trigger-reclaim-every", "300ms")
+            .arg("trigger-read-block", "200ms")
+            .arg("shutdown-grace", "5s")
+    }
+
+    pub fn arg(mut self, flag: &str, value: &str) -> Self {
+        self.args.retain(|(f, _)| f != flag);
+        self.args.push((flag.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn fault(mut self, point: &str) -> Self {
+        self.fault = Some(point.to_owned());
+        self
+    }
+}
+
+/// A running `sundial serve` process. Killed (SIGKILL) on drop if still running.
+pub struct Sundial {
+    child: Child,
+    pub grpc: SocketAddr,
+    pub http: Option<SocketAddr>,
+    pub opts: SundialOptions,
+    stderr_log: PathBuf,
+    _log_dir: tempfile::TempDir,
+}
+
+impl Sundial {
+    pub fn start(opts: SundialOptions) -> Result<Self> {
+        let log_dir = tempfile::tempdir()?;
+        let stderr_log = log_dir.path().join("stderr.log");
+        let mut cmd = Command::new(sundial_bin()?);
+        let port = match opts.port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--http-listen")
+            .arg("127.0.0.1:0");
+        if let Some(url) = &opts.redis_url {
+            cmd.arg("--redis-url").arg(url);
+        }
+        if let Some(prefix) = &opts.redis_prefix {
+            cmd.arg("--redis-prefix").arg(prefix);
+        }
+        if let Some(dir) = &opts.data_dir {
+            cmd.arg("--data-dir").arg(dir);
+        }
+        for (flag, value) in &opts.args {
+            cmd.arg(format!("--{flag}")).arg(value);
+        }
+        cmd.env_remove("SUNDIAL_FAULT");
+        if let Some(f) = &opts.fault {
+            cmd.env("SUNDIAL_FAULT", f);
+        }
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("SUNDIAL_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_log)?);
+        let mut child = cmd.spawn().context("spawning sundial")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("SUNDIAL_READY") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(&stderr_log).unwrap_or_default();
+                bail!("sundial did not become ready; stderr:\n{log}");
+            }
+        };
+        let mut grpc = None;
+        let mut http = None;
+        for part in line.split_whitespace() {
+            if let Some(a) = part.strip_prefix("grpc=") {
+                grpc = a.parse().ok();
+            }
+            if let Some(a) = part.strip_prefix("http=") {
+                http = a.parse().ok();
+            }
+        }
+        Ok(Sundial {
+            child,
+            grpc: grpc.context("READY line without grpc=")?,
+            http,
+            opts,
+            stderr_log,
+            _log_dir: log_dir,
+        })
+    }
+
+    pub async fn channel(&self) -> Result<Channel> {
+        Ok(Channel::from_shared(format!("http://{}", self.grpc))?
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await?)
+    }
+
+    pub async fn jobs(&self) -> Result<JobServiceClient<Channel>> {
+        Ok(JobServiceClient::new(self.channel().await?))
+    }
+
+    pub async fn runs(&self) -> Result<RunServiceClient<Channel>> {
+        Ok(RunServiceClient::new(self.channel().await?))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, no goodbye.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait for a graceful exit; returns the exit status.
+    pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                self.child.kill()?;
+                bail!("sundial did not stop within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the process has exited by itself (e.g. at a crash point).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                bail!("sundial still running after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+}
+
+impl Drop for Sundial {
+    fn drop(&mut self) {
+        if self.is_running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A job spec firing every second on an executor target (no executors are needed for
+/// the scheduler tests: runs stay TRIGGERED).
+pub fn every_second(id: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.to_owned(),
+        cron: "* * * * * *".to_owned(),
+        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+            group: "default".into(),
+            handler: "noop".into(),
+        })),
+        ..Default::default()
+    }
+}
+
+/// Every run of a job (all pages), as schedule_nos.
+pub async fn all_runs(runs: &mut RunServiceClient<Channel>, job_id: &str) -> Result<Vec<pb::Run>> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = runs
+            .list_runs(pb::ListRunsRequest {
+                job_id: job_id.to_owned(),
+                page_size: 1000,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        out.extend(page.runs);
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// One trigger entry as it sits in the Redis streams: the queue, not the runs, is the
+/// witness of how often a fire was claimed.
+#[derive(Debug, Clone)]
+pub struct QueuedTrigger {
+    pub entry_ms: i64,
+    pub schedule_id: String,
+    pub job_id: String,
+    pub scheduled_at: i64,
+    pub kind: String,
+}
+
+/// Reads every trigger ever appended (not yet trimmed) under `prefix`.
+pub async fn queued_triggers(redis: &RedisServer, prefix: &str) -> Result<Vec<QueuedTrigger>> {
+    let mut c = redis.connection().await?;
+    let partitions: u32 = redis::cmd("HGET")
+        .arg(format!("{prefix}:meta"))
+        .arg("partitions")
+        .query_async(&mut c)
+        .await?;
+    let mut out = Vec::new();
+    for p in 0..partitions {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(format!("{prefix}:{{{p}}}:triggers"))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut c)
+            .await?;
+        for e in reply.ids {
+            let json: String = e.get("t").context("entry without t")?;
+            let v: serde_json::Value = serde_json::from_str(&json)?;
+            let job_id = v["job_id"].as_str().unwrap_or_default().to_owned();
+            let schedule_no = v["schedule_no"].as_str().unwrap_or_default();
+            let entry_ms =
+                e.id.split('-')
+                    .next()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(0);
+            out.push(QueuedTrigger {
+                entry_ms,
+                schedule_id: format!("{job_id}@{schedule_no}"),
+                scheduled_at: v["scheduled_at"].as_i64().unwrap_or(0),
+                kind: v["kind"].as_str().unwrap_or_default().to_owned(),
+                job_id,
+            });
+        }
+    }
+    out.sort_by_key(|t| t.entry_ms);
+    Ok(out)
+}
+
+/// Redis's clock in ms (the store's clock).
+pub async fn redis_now(redis: &RedisServer) -> Result<i64> {
+    let mut c = redis.connection().await?;
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await?;
+    Ok(s * 1000 + us / 1000)
+}

@@ -29,19 +29,27 @@
 //! | `nonces` | (app_id, nonce) → expires_at | inbound replay protection |
 //! | `nonce_expiry` | (expires_at, app_id, nonce) → () | lazy sweep of old nonces |
 //!
-//! Semantics this backend chose where the trait leaves room (the redis backend matches,
-//! and the conformance suite pins them):
+//! Choices where the trait leaves room. Those marked (pinned) are checked by the
+//! conformance suite, so the redis backend must make the same ones:
 //!
-//! - The store owns `JobRecord.created_at`/`updated_at` (its clock), and a paused job
-//!   never has a pending member: `next_fire` is stored as None while `paused`.
-//! - `read_triggers` with a zero `block` does not wait.
-//! - A lease may be renewed only while unexpired (an expired lease, even with the right
-//!   token, is `StaleToken`: the orphan sweep may already be acting on it). Release
-//!   with the current token succeeds even after expiry, as long as nobody re-granted.
-//! - Run records past `run_retention` (by `created_at`) are invisible at once and
-//!   deleted lazily: each `record_run` deletes up to [`SWEEP_BATCH`] expired records.
-//!   Idempotency keys and nonces are swept the same way by the operations that write
-//!   them. A list page of zero `limit` uses [`DEFAULT_PAGE`].
+//! - A paused job never has a pending member: `next_fire` is stored as None while
+//!   `paused`, whatever the caller passed (pinned).
+//! - `read_triggers` with a zero `block` does not wait (pinned).
+//! - A lease may be renewed only while unexpired: an expired lease, even with the right
+//!   token, is `StaleToken`, because the orphan sweep may already be acting on it.
+//!   Release with the current token succeeds even after expiry, as long as nobody
+//!   re-granted (pinned).
+//! - Run records past `run_retention` (by `created_at`) are invisible at once (pinned)
+//!   and deleted lazily: each `record_run` first deletes up to [`SWEEP_BATCH`] expired
+//!   records. Idempotency keys and nonces are swept the same way by the operations that
+//!   write them. `record_run` fills `created_at` (if 0) and, for a final state,
+//!   `finished_at` (if None) from the store's clock (pinned).
+//! - The store stamps `JobRecord.created_at`/`updated_at` with its clock (create sets
+//!   both; update keeps `created_at` and sets `updated_at`).
+//! - Queue entry ids are the decimal sequence number; `trim_triggers` is a no-op since
+//!   `ack_trigger` deletes. A page `limit` of zero means [`DEFAULT_PAGE`].
+//! - Caller mistakes the trait has no variant for (a claim sent to the wrong partition,
+//!   a malformed cursor or entry id) are `Error::Corrupt`.
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -967,8 +975,13 @@ impl Inner {
                 run.reason = reason.to_owned();
                 run.finished_at = Some(now);
             }
+            // Callers leave the timestamps the store owns at zero/None (see
+            // `RunRecord::from_trigger`); a SKIPPED run is finished the moment it exists.
             if run.created_at == 0 {
                 run.created_at = now;
+            }
+            if run.state.is_final() && run.finished_at.is_none() {
+                run.finished_at = Some(now);
             }
             let json = encode("run", &run)?;
             let sid = run.schedule_id.as_str();
@@ -1481,5 +1494,266 @@ impl Store for EmbeddedStore {
         let (app_id, nonce) = (app_id.to_owned(), nonce.to_owned());
         self.blocking(move |i| i.check_nonce(&app_id, &nonce, ttl))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::schedule_id;
+    use crate::store::conformance::{self, arm, cron_trigger, job, manual_trigger, run};
+
+    // The file is unlinked as soon as it is open: the open descriptor keeps it alive
+    // until the store drops, so the suite leaves nothing behind in the temp dir.
+    crate::store::conformance::store_conformance_tests!(|opts| async move {
+        let dir = tempfile::tempdir().expect("temp dir");
+        EmbeddedStore::open(&dir.path().join("store.redb"), opts).expect("open store")
+    });
+
+    fn open(path: &Path, opts: StoreOptions) -> Arc<dyn Store> {
+        Arc::new(EmbeddedStore::open(path, opts).expect("open store"))
+    }
+
+    #[tokio::test]
+    async fn data_survives_reopen() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("store.redb");
+        let store = open(&path, conformance::options());
+        let t0 = store.now().await.expect("now");
+
+        store
+            .create_job(job("keep-due", Some(arm(t0 - 1000))))
+            .await
+            .expect("create");
+        store
+            .create_job(job("keep-later", Some(arm(t0 + 3_600_000))))
+            .await
+            .expect("create");
+        for no in ["manual-1", "manual-2", "manual-3"] {
+            store
+                .enqueue_manual(manual_trigger("keep-due", no, t0), Some(no))
+                .await
+                .expect("enqueue");
+        }
+        let delivered = store
+            .read_triggers("c", 2, Duration::ZERO)
+            .await
+            .expect("read");
+        store
+            .ack_trigger(&delivered[0].entry_id)
+            .await
+            .expect("ack");
+        let r = run("keep-due", 5000, t0);
+        store.record_run(r.clone()).await.expect("record");
+        let lease = store
+            .grant_lease(&r.schedule_id, "node-a", Duration::from_secs(60))
+            .await
+            .expect("grant");
+        assert!(
+            store
+                .check_nonce("app", "n", Duration::from_secs(60))
+                .await
+                .expect("nonce")
+        );
+        let job_before = store.get_job("keep-due").await.expect("get");
+        drop(store);
+
+        // Different options: the file keeps its partition count.
+        let store = open(
+            &path,
+            StoreOptions {
+                partitions: 9,
+                ..conformance::options()
+            },
+        );
+        assert_eq!(store.partitions(), 4);
+        assert_eq!(store.get_job("keep-due").await.expect("get"), job_before);
+        assert!(store.get_job("keep-later").await.expect("get").is_some());
+
+        let p = partition_of("keep-due", 4);
+        let batch = store.due_fires(p, 10).await.expect("due");
+        assert_eq!(batch.fires.len(), 1);
+        assert_eq!(
+            (batch.fires[0].job_id.as_str(), batch.fires[0].due),
+            ("keep-due", t0 - 1000)
+        );
+
+        // Every unacked entry is delivered again after a restart, delivered or not.
+        let again = conformance::drain_triggers(&store, "c").await;
+        let nos: Vec<_> = again
+            .iter()
+            .map(|d| d.trigger.schedule_no.as_str())
+            .collect();
+        assert_eq!(nos, ["manual-2", "manual-3"]);
+        assert_eq!(again[0].entry_id, delivered[1].entry_id);
+
+        // Sequences continue: a new entry's id is above every old one.
+        store
+            .enqueue_manual(manual_trigger("keep-due", "manual-4", t0), None)
+            .await
+            .expect("enqueue");
+        let newer = conformance::drain_triggers(&store, "c").await;
+        let newest: u64 = newer[0].entry_id.parse().expect("numeric entry id");
+        let oldest: u64 = again[1].entry_id.parse().expect("numeric entry id");
+        assert!(newest > oldest);
+
+        // Idempotency keys, runs, leases and nonces too.
+        let dup = store
+            .enqueue_manual(manual_trigger("keep-due", "manual-x", t0), Some("manual-1"))
+            .await
+            .expect("enqueue");
+        assert!(dup.duplicate);
+        assert_eq!(dup.schedule_id, schedule_id("keep-due", "manual-1"));
+        assert_eq!(
+            store.get_run(&r.schedule_id).await.expect("get"),
+            Some(r.clone())
+        );
+        assert!(matches!(
+            store
+                .grant_lease(&r.schedule_id, "node-b", Duration::from_secs(60))
+                .await,
+            Err(Error::LeaseHeld { .. })
+        ));
+        let regrant = store
+            .grant_lease(&r.schedule_id, "node-a", Duration::from_secs(60))
+            .await
+            .expect("re-grant");
+        assert!(regrant.token > lease.token);
+        assert!(
+            !store
+                .check_nonce("app", "n", Duration::from_secs(60))
+                .await
+                .expect("nonce")
+        );
+    }
+
+    #[tokio::test]
+    async fn schema_too_new_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("store.redb");
+        drop(EmbeddedStore::open(&path, StoreOptions::default()).expect("open"));
+        {
+            let db = Database::create(&path).expect("raw open");
+            let txn = db.begin_write().expect("begin");
+            {
+                let mut meta = txn.open_table(META).expect("meta");
+                meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION) + 1)
+                    .expect("write");
+            }
+            txn.commit().expect("commit");
+        }
+        match EmbeddedStore::open(&path, StoreOptions::default()) {
+            Err(Error::SchemaTooNew { found, supported }) => {
+                assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+            }
+            other => panic!("expected SchemaTooNew, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn caller_mistakes_are_errors() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = open(&dir.path().join("store.redb"), conformance::options());
+        let t0 = store.now().await.expect("now");
+        let id = conformance::ids_in_partition(4, 2, "wrong", 1).remove(0);
+        store
+            .create_job(job(&id, Some(arm(t0 - 10))))
+            .await
+            .expect("create");
+        let claim = FireClaim {
+            job_id: id.clone(),
+            expected_due: t0 - 10,
+            expected_version: 1,
+            next: None,
+            triggers: vec![cron_trigger(&id, t0 - 10, 1)],
+        };
+        assert!(matches!(
+            store.claim_fires(3, vec![claim]).await,
+            Err(Error::Corrupt(_))
+        ));
+        // Nothing was claimed.
+        assert_eq!(store.due_fires(2, 10).await.expect("due").fires.len(), 1);
+        assert!(matches!(
+            store.ack_trigger("not-a-number").await,
+            Err(Error::Corrupt(_))
+        ));
+        assert!(matches!(
+            store
+                .list_runs(
+                    &id,
+                    RunQuery {
+                        cursor: Some("garbage".into()),
+                        ..RunQuery::default()
+                    }
+                )
+                .await,
+            Err(Error::Corrupt(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn tokens_outgrow_a_clock_step_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options())
+            .expect("open");
+        // A counter ahead of the clock stands for a clock that stepped back since.
+        let ahead = now_us() + 3_600_000_000;
+        {
+            let txn = store.inner.db.begin_write().expect("begin");
+            {
+                let mut counters = txn.open_table(LEASE_COUNTERS).expect("counters");
+                counters.insert("step", ahead).expect("write");
+            }
+            txn.commit().expect("commit");
+        }
+        let l1 = store
+            .grant_lease("step@1", "a", Duration::from_secs(5))
+            .await
+            .expect("grant");
+        assert_eq!(l1.token, ahead + 1);
+        let l2 = store
+            .grant_lease("step@2", "a", Duration::from_secs(5))
+            .await
+            .expect("grant");
+        assert_eq!(l2.token, ahead + 2);
+    }
+
+    #[tokio::test]
+    async fn expired_runs_are_swept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open(
+            &dir.path().join("store.redb"),
+            conformance::short_retention_options(),
+        )
+        .expect("open");
+        let t0 = store.now().await.expect("now");
+        for i in 0..(SWEEP_BATCH as i64 + 5) {
+            store
+                .record_run(run("sweep", i, t0 - 10_000))
+                .await
+                .expect("record");
+        }
+        let count = |store: &EmbeddedStore| -> usize {
+            let txn = store.inner.db.begin_read().expect("read");
+            let runs = txn.open_table(RUNS).expect("runs");
+            runs.iter().expect("iter").count()
+        };
+        // Each record swept up to SWEEP_BATCH of the already-expired ones before it.
+        assert!(count(&store) <= 2, "left {}", count(&store));
+        store
+            .record_run(run("sweep", 1_000_000, 0))
+            .await
+            .expect("record");
+        store
+            .record_run(run("sweep", 1_000_001, 0))
+            .await
+            .expect("record");
+        assert_eq!(count(&store), 2, "only the live runs remain");
+        let txn = store.inner.db.begin_read().expect("read");
+        let counts = txn.open_table(RUN_COUNTS).expect("counts");
+        assert_eq!(
+            counts.get("sweep").expect("get").map(|g| g.value()),
+            Some(2)
+        );
     }
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_redis::{Config, Pool, PoolConfig, Runtime};
+use deadpool_redis::{Manager, Pool, Runtime};
 use futures::StreamExt;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::{AsyncCommands, Script, Value};
@@ -119,10 +119,18 @@ impl RedisStore {
     /// Connects, checks or writes the schema record, creates the consumer groups and
     /// starts the change watcher. `prefix` namespaces every key (tests use one per run).
     pub async fn connect(url: &str, prefix: &str, opts: StoreOptions) -> Result<Self> {
-        let mut cfg = Config::from_url(url);
-        cfg.pool = Some(PoolConfig::new(64));
-        let pool = cfg
-            .create_pool(Some(Runtime::Tokio1))
+        // Blocking stream reads and large claim batches outlast redis-rs's default
+        // 500 ms response timeout; a dead server is still noticed within seconds.
+        let conn_cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
+        let manager = Manager::new_with_config(url, conn_cfg).map_err(unavailable)?;
+        let pool = Pool::builder(manager)
+            .max_size(64)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .build()
             .map_err(unavailable)?;
         let partitions = Self::init_meta(&pool, prefix, opts.partitions).await?;
         let (tx, rx) = watch::channel(0u64);
@@ -415,6 +423,10 @@ impl Store for RedisStore {
         let p = self.part(&id);
         let mut job = job;
         job.version = 1;
+        if job.paused {
+            // A paused job has no pending member, whatever the record carried.
+            job.next_fire = None;
+        }
         let (planned, due) = arm_args(job.next_fire);
         let mut c = self.conn().await?;
         let r: String = self
@@ -443,6 +455,9 @@ impl Store for RedisStore {
         let p = self.part(&id);
         let mut job = job;
         job.version = expected_version + 1;
+        if job.paused {
+            job.next_fire = None;
+        }
         let (planned, due) = arm_args(job.next_fire);
         let mut c = self.conn().await?;
         let r: Vec<String> = self
@@ -564,7 +579,7 @@ impl Store for RedisStore {
             .scripts
             .due_fires
             .arg(self.pfx(partition))
-            .arg(limit.max(1))
+            .arg(limit)
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
@@ -805,49 +820,65 @@ impl Store for RedisStore {
     }
 
     async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>> {
-        // Cursor: "<to>:<offset>" — the upper bound is pinned by the first page, so runs
-        // recorded meanwhile (newer) never shift the offsets of the pages that follow.
+        // Keyset paging. Cursor: "<scheduled_at>:<schedule_id>" of the last run handed
+        // out; the next page starts strictly after it in (score desc, member desc)
+        // order, so runs recorded meanwhile never repeat or shift a listing.
         let p = self.part(job_id);
+        let index = self.key(p, &format!("runs:{job_id}"));
         let limit = query.limit.max(1);
-        let (to, offset) = match query.cursor.as_deref().and_then(|c| c.split_once(':')) {
-            Some((to, off)) => (parse_i64(to)?, off.parse::<usize>().map_err(corrupt)?),
-            None => (query.to.unwrap_or(i64::MAX), 0),
-        };
-        let max = if to == i64::MAX {
-            "+inf".to_owned()
-        } else {
-            format!("({to}")
-        };
         let min = query
             .from
             .map_or_else(|| "-inf".to_owned(), |f| f.to_string());
         let mut c = self.conn().await?;
-        let ids: Vec<String> = redis::cmd("ZREVRANGEBYSCORE")
-            .arg(self.key(p, &format!("runs:{job_id}")))
+        let (max, skip) = match query.cursor.as_deref().and_then(|c| c.split_once(':')) {
+            Some((score, member)) => {
+                let score = parse_i64(score)?;
+                let ties: Vec<String> = c
+                    .zrevrangebyscore(&index, score, score)
+                    .await
+                    .map_err(unavailable)?;
+                let skip = ties.iter().filter(|m| m.as_str() >= member).count();
+                (score.to_string(), skip)
+            }
+            None => (
+                query
+                    .to
+                    .map_or_else(|| "+inf".to_owned(), |t| format!("({t}")),
+                0,
+            ),
+        };
+        let rows: Vec<(String, i64)> = redis::cmd("ZREVRANGEBYSCORE")
+            .arg(&index)
             .arg(max)
             .arg(min)
+            .arg("WITHSCORES")
             .arg("LIMIT")
-            .arg(offset)
+            .arg(skip)
             .arg(limit)
             .query_async(&mut c)
             .await
             .map_err(unavailable)?;
-        let next_cursor = (ids.len() == limit).then(|| format!("{to}:{}", offset + limit));
-        if ids.is_empty() {
+        let next_cursor = match rows.last() {
+            Some((member, score)) if rows.len() == limit => Some(format!("{score}:{member}")),
+            _ => None,
+        };
+        if rows.is_empty() {
             return Ok(Page {
                 items: Vec::new(),
                 next_cursor,
             });
         }
-        let keys: Vec<String> = ids
+        let keys: Vec<String> = rows
             .iter()
-            .map(|id| self.key(p, &format!("run:{id}")))
+            .map(|(id, _)| self.key(p, &format!("run:{id}")))
             .collect();
         let jsons: Vec<Option<String>> = redis::cmd("MGET")
             .arg(&keys)
             .query_async(&mut c)
             .await
             .map_err(unavailable)?;
+        // Records past their retention are gone while their index entry lingers
+        // until record_run sweeps it: skip them.
         let items = jsons
             .into_iter()
             .flatten()
@@ -858,7 +889,7 @@ impl Store for RedisStore {
 
     async fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease> {
         let (job_id, _) = split_schedule_id(schedule_id)
-            .ok_or_else(|| corrupt(format!("not a schedule_id: {schedule_id:?}")))?;
+            .ok_or_else(|| Error::JobNotFound(schedule_id.to_owned()))?;
         let p = self.part(job_id);
         let mut c = self.conn().await?;
         let r: Vec<String> = self
@@ -979,5 +1010,81 @@ impl Store for RedisStore {
             .await
             .map_err(unavailable)?;
         Ok(!matches!(r, Value::Nil))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{shared_redis_url, unique_prefix};
+
+    crate::store::conformance::store_conformance_tests!(|opts| async move {
+        let url = shared_redis_url().expect("redis-server");
+        RedisStore::connect(&url, &unique_prefix("conf"), opts)
+            .await
+            .expect("connect")
+    });
+
+    #[tokio::test]
+    async fn newer_schema_is_refused_and_partitions_stick() {
+        let url = shared_redis_url().expect("redis-server");
+        let prefix = unique_prefix("schema");
+        let opts = StoreOptions {
+            partitions: 3,
+            ..StoreOptions::default()
+        };
+        let first = RedisStore::connect(&url, &prefix, opts.clone())
+            .await
+            .expect("connect");
+        assert_eq!(first.partitions(), 3);
+        // A second instance configured differently adopts the store's partition count.
+        let other = StoreOptions {
+            partitions: 8,
+            ..opts.clone()
+        };
+        let second = RedisStore::connect(&url, &prefix, other)
+            .await
+            .expect("connect");
+        assert_eq!(second.partitions(), 3);
+        let mut c = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("conn");
+        let _: () = c
+            .hset(format!("{prefix}:meta"), "schema", SCHEMA_VERSION + 1)
+            .await
+            .expect("hset");
+        match RedisStore::connect(&url, &prefix, opts).await {
+            Err(Error::SchemaTooNew { found, supported }) => {
+                assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+            }
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("a newer schema must be refused"),
+        }
+    }
+
+    #[tokio::test]
+    async fn scripts_reload_after_script_flush() {
+        let url = shared_redis_url().expect("redis-server");
+        let store = RedisStore::connect(&url, &unique_prefix("noscript"), StoreOptions::default())
+            .await
+            .expect("connect");
+        store
+            .due_fires(0, 10)
+            .await
+            .expect("first call loads the script");
+        let mut c = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("conn");
+        // What a Redis restart does to the script cache: the next EVALSHA gets NOSCRIPT.
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut c)
+            .await
+            .expect("flush");
+        store.due_fires(0, 10).await.expect("reloaded on NOSCRIPT");
     }
 }

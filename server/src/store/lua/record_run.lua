@@ -23,12 +23,16 @@ if run.state == 'SKIPPED' and (run.finished_at == nil or run.finished_at == cjso
   run.finished_at = now
 end
 local json = cjson.encode(run)
-local retention = tonumber(ARGV[6])
 redis.call('SET', runkey, json, 'PX', ARGV[6])
 local index = P .. 'runs:' .. id
 redis.call('ZADD', index, ARGV[5], sid)
--- Retention: index entries whose record expired go with it; then the count bound.
-redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. int(now - retention))
+-- Retention: records expire by themselves (PX); the index forgets them lazily, a few
+-- of the oldest entries per call. Then the count bound.
+for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
+  if redis.call('EXISTS', P .. 'run:' .. o) == 0 then
+    redis.call('ZREM', index, o)
+  end
+end
 local excess = redis.call('ZCARD', index) - tonumber(ARGV[7])
 if excess > 0 then
   local old = redis.call('ZRANGE', index, 0, excess - 1)

@@ -1,0 +1,122 @@
+//! Test support shared by the server's own tests and the `sundial-tests` crate:
+//! throwaway Redis servers on free ports. Compiled for tests and with the `testing`
+//! feature only.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+
+/// A port that was free a moment ago (bound to 0, then released).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A throwaway Redis server on a free port, killed on drop.
+pub struct RedisServer {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut last_err = anyhow!("redis-server did not start");
+        // A free port can be taken between the probe and redis's bind: try a few.
+        for _ in 0..5 {
+            let port = free_port()?;
+            let mut child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--dir"])
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting redis-server (is it installed? scripts/test installs it)")?;
+            match wait_redis_ready(&mut child, port, Duration::from_secs(5)) {
+                Ok(()) => {
+                    return Ok(RedisServer {
+                        child,
+                        port,
+                        _dir: dir,
+                    });
+                }
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    last_err = e;
+                }
+            }
+        }
+        Err(last_err)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn connection(&self) -> Result<redis::aio::MultiplexedConnection> {
+        let client = redis::Client::open(self.url())?;
+        Ok(client.get_multiplexed_async_connection().await?)
+    }
+}
+
+fn wait_redis_ready(child: &mut Child, port: u16, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!("redis-server exited: {status}");
+        }
+        if let Ok(mut c) = client.get_connection()
+            && redis::cmd("PING").query::<String>(&mut c).is_ok()
+        {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("redis-server not ready on port {port}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One Redis shared by every test of this test binary (each test uses its own key
+/// prefix). A watchdog shell kills it within a second of the test process exiting,
+/// since statics are never dropped.
+pub fn shared_redis_url() -> Result<String> {
+    static URL: OnceLock<Result<String, String>> = OnceLock::new();
+    URL.get_or_init(|| {
+        let port = free_port().map_err(|e| e.to_string())?;
+        let script = format!(
+            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & r=$!; \
+             trap 'kill $r 2>/dev/null' EXIT; \
+             while kill -0 {parent} 2>/dev/null && kill -0 $r 2>/dev/null; do sleep 0.5; done",
+            parent = std::process::id()
+        );
+        let mut child = Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting redis-server: {e}"))?;
+        wait_redis_ready(&mut child, port, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+        Ok(format!("redis://127.0.0.1:{port}"))
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+/// A key prefix no other test uses.
+pub fn unique_prefix(name: &str) -> String {
+    format!("t-{name}-{}", uuid::Uuid::now_v7().simple())
+}

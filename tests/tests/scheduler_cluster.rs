@@ -1,0 +1,251 @@
+//! Several `sundial` processes on one real Redis: every planned fire becomes exactly one
+//! run, also when an instance is SIGKILLed or stops itself at a named crash point.
+//!
+//! The witness for "exactly once" is the trigger queue itself (one stream entry per
+//! claimed fire): run records are keyed by schedule_id, so they would hide a double
+//! claim. Each job gets an end time, so the set of planned fires is known exactly.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use sundial_proto::v1 as pb;
+use sundial_tests::{
+    RedisServer, Sundial, SundialOptions, all_runs, every_second, queued_triggers, redis_now,
+    wait_for,
+};
+
+struct Scenario {
+    instances: usize,
+    jobs: usize,
+    /// How long each job fires (its end time is creation + this).
+    fire_for: Duration,
+    /// Instance 1 is started with this `SUNDIAL_FAULT`.
+    fault: Option<&'static str>,
+    /// Instance 1 is SIGKILLed this long after the jobs were created.
+    kill_after: Option<Duration>,
+}
+
+struct PlannedJob {
+    id: String,
+    created_at: i64,
+    end: i64,
+}
+
+impl PlannedJob {
+    /// Every whole second in (created_at, end]: the fires of `* * * * * *`.
+    fn expected(&self) -> BTreeSet<i64> {
+        let first = (self.created_at / 1000 + 1) * 1000;
+        (first..=self.end).step_by(1000).collect()
+    }
+}
+
+async fn run_scenario(s: Scenario) -> Result<()> {
+    let redis = RedisServer::start()?;
+    let prefix = "sundial";
+    let mut servers = Vec::new();
+    for i in 0..s.instances {
+        let mut opts = SundialOptions::redis(&redis)
+            // A starved CI machine must not turn lateness into deliberate misfire skips:
+            // this test is about claims, not the misfire policy.
+            .arg("misfire-threshold", "60s")
+            .arg("instance-id", &format!("inst-{i}"));
+        if i == 1
+            && let Some(point) = s.fault
+        {
+            opts = opts.fault(point);
+        }
+        servers.push(Sundial::start(opts)?);
+    }
+    let fire_for = i64::try_from(s.fire_for.as_millis())?;
+    let mut planned = Vec::new();
+    let mut clients = Vec::new();
+    for srv in &servers {
+        clients.push(srv.jobs().await?);
+    }
+    let start = redis_now(&redis).await?;
+    for j in 0..s.jobs {
+        let id = format!("job-{j:04}");
+        let mut spec = every_second(&id);
+        spec.end_time_ms = start + fire_for;
+        // Spread creations over the instances: they all write the same store.
+        let client = &mut clients[j % s.instances];
+        let job = client
+            .create_job(pb::CreateJobRequest { spec: Some(spec) })
+            .await?
+            .into_inner()
+            .job
+            .context("no job")?;
+        planned.push(PlannedJob {
+            id,
+            created_at: job.created_at_ms,
+            end: start + fire_for,
+        });
+    }
+    if let Some(after) = s.kill_after {
+        tokio::time::sleep(after).await;
+        servers[1].kill()?;
+    }
+    if s.fault.is_some() {
+        let status = servers[1]
+            .wait_exit(s.fire_for + Duration::from_secs(10))
+            .await
+            .context("the faulted instance should have crashed at its crash point")?;
+        ensure!(!status.success(), "crash point exit was {status}");
+        ensure!(
+            servers[1].stderr().contains("SUNDIAL_FAULT: crashing at"),
+            "the instance died, but not at its crash point"
+        );
+    }
+    // Wait until the last planned fire is past, then until every run is recorded
+    // (triggers a dead instance held are taken over after the reclaim idle time).
+    let end = start + fire_for;
+    wait_for(
+        "the last planned fire",
+        s.fire_for + Duration::from_secs(30),
+        || async { Ok((redis_now(&redis).await? > end + 500).then_some(())) },
+    )
+    .await?;
+    let live = servers
+        .iter_mut()
+        .position(|s| s.is_running())
+        .context("no live instance")?;
+    let mut runs = servers[live].runs().await?;
+    let expected_total: usize = planned.iter().map(|p| p.expected().len()).sum();
+    wait_for("every run recorded", Duration::from_secs(60), || {
+        let runs = &mut runs;
+        let planned = &planned;
+        async move {
+            let mut n = 0;
+            for p in planned {
+                n += all_runs(runs, &p.id).await?.len();
+            }
+            Ok((n >= expected_total).then_some(()))
+        }
+    })
+    .await?;
+
+    // The queue: one trigger per planned fire, none twice, none unplanned.
+    let triggers = queued_triggers(&redis, prefix).await?;
+    let mut per_schedule: BTreeMap<&str, usize> = BTreeMap::new();
+    for t in &triggers {
+        *per_schedule.entry(t.schedule_id.as_str()).or_default() += 1;
+    }
+    let dups: Vec<_> = per_schedule.iter().filter(|(_, n)| **n > 1).collect();
+    ensure!(dups.is_empty(), "fires claimed twice: {dups:?}");
+    for p in &planned {
+        let expected = p.expected();
+        let queued: BTreeSet<i64> = triggers
+            .iter()
+            .filter(|t| t.job_id == p.id)
+            .map(|t| t.scheduled_at)
+            .collect();
+        ensure!(
+            queued == expected,
+            "{}: queued fires differ from planned: missing {:?}, unplanned {:?}",
+            p.id,
+            expected.difference(&queued).collect::<Vec<_>>(),
+            queued.difference(&expected).collect::<Vec<_>>()
+        );
+        let recorded = all_runs(&mut runs, &p.id).await?;
+        let recorded_at: BTreeSet<i64> = recorded.iter().map(|r| r.scheduled_at_ms).collect();
+        ensure!(
+            recorded.len() == expected.len() && recorded_at == expected,
+            "{}: {} runs recorded for {} planned fires",
+            p.id,
+            recorded.len(),
+            expected.len()
+        );
+        ensure!(
+            recorded
+                .iter()
+                .all(|r| r.state == pb::RunState::Triggered as i32),
+            "{}: every run is TRIGGERED (no executors yet)",
+            p.id
+        );
+    }
+    println!(
+        "{} jobs, {} planned fires, {} queued triggers, 0 missing, 0 duplicated",
+        planned.len(),
+        expected_total,
+        triggers.len()
+    );
+    for srv in &mut servers {
+        if srv.is_running() {
+            let status = srv.stop()?;
+            if !status.success() {
+                bail!("graceful stop failed: {status}\n{}", srv.stderr());
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_fire_every_planned_fire_once() -> Result<()> {
+    run_scenario(Scenario {
+        instances: 3,
+        jobs: 200,
+        fire_for: Duration::from_secs(10),
+        fault: None,
+        kill_after: None,
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_one_instance_loses_and_doubles_nothing() -> Result<()> {
+    run_scenario(Scenario {
+        instances: 3,
+        jobs: 200,
+        fire_for: Duration::from_secs(10),
+        fault: None,
+        kill_after: Some(Duration::from_secs(5)),
+    })
+    .await
+}
+
+// One test per crash point of the claim path. The n-th hit makes the instance crash
+// a few seconds in, with fires claimed and dispatched before and after.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_before_claim() -> Result<()> {
+    crash_at("scheduler.before_claim@15").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_claim() -> Result<()> {
+    crash_at("scheduler.after_claim@15").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_before_record() -> Result<()> {
+    crash_at("dispatch.before_record@60").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_before_ack() -> Result<()> {
+    crash_at("dispatch.before_ack@60").await
+}
+
+async fn crash_at(point: &'static str) -> Result<()> {
+    run_scenario(Scenario {
+        instances: 3,
+        jobs: 50,
+        fire_for: Duration::from_secs(8),
+        fault: Some(point),
+        kill_after: None,
+    })
+    .await
+}
+
+#[test]
+fn every_crash_point_has_a_test() {
+    let source = include_str!("scheduler_cluster.rs");
+    for point in sundial_server::fault::POINTS {
+        assert!(
+            source.contains(&format!("\"{point}@")),
+            "crash point {point} has no test here"
+        );
+    }
+}
