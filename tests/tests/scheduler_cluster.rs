@@ -112,13 +112,14 @@ async fn run_scenario(s: Scenario) -> Result<()> {
         .context("no live instance")?;
     let mut runs = servers[live].runs().await?;
     let expected_total: usize = planned.iter().map(|p| p.expected().len()).sum();
+    let ids: Vec<String> = planned.iter().map(|p| p.id.clone()).collect();
     wait_for("every run recorded", Duration::from_secs(60), || {
-        let runs = &mut runs;
-        let planned = &planned;
+        let mut runs = runs.clone();
+        let ids = ids.clone();
         async move {
             let mut n = 0;
-            for p in planned {
-                n += all_runs(runs, &p.id).await?.len();
+            for id in &ids {
+                n += all_runs(&mut runs, id).await?.len();
             }
             Ok((n >= expected_total).then_some(()))
         }

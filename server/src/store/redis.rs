@@ -251,6 +251,9 @@ impl RedisStore {
     }
 
     async fn read_jobs(&self, p: u32, ids: &[String]) -> Result<Vec<JobRecord>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut c = self.conn().await?;
         let mut pipe = redis::pipe();
         for id in ids {

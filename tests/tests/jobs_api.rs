@@ -1,0 +1,564 @@
+//! The admin surface over real gRPC: validation that names the field and writes
+//! nothing, optimistic concurrency, manual triggers, status, health and reflection.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use sundial_proto::v1 as pb;
+use sundial_tests::{
+    RedisServer, Sundial, SundialOptions, all_runs, every_second, redis_now, wait_for,
+};
+use tonic::Code;
+
+fn spec(f: impl FnOnce(&mut pb::JobSpec)) -> pb::JobSpec {
+    let mut s = every_second("valid-id");
+    f(&mut s);
+    s
+}
+
+/// Each invalid request, the field its error must name.
+fn invalid_cases() -> Vec<(&'static str, pb::JobSpec)> {
+    use pb::job_spec::Target;
+    vec![
+        ("spec.id", spec(|s| s.id = String::new())),
+        ("spec.id", spec(|s| s.id = "has space".into())),
+        ("spec.id", spec(|s| s.id = "a@b".into())),
+        ("spec.id", spec(|s| s.id = "x".repeat(129))),
+        ("spec.name", spec(|s| s.name = "n".repeat(257))),
+        ("spec.cron", spec(|s| s.cron = String::new())),
+        ("spec.cron", spec(|s| s.cron = "not a cron".into())),
+        ("spec.cron", spec(|s| s.cron = "61 * * * *".into())),
+        ("spec.cron", spec(|s| s.cron = "* * * *".into())),
+        ("spec.cron", spec(|s| s.cron = "0 0 30 2 *".into())), // never fires
+        (
+            "spec.time_zone",
+            spec(|s| s.time_zone = "Mars/Olympus".into()),
+        ),
+        ("spec.start_time_ms", spec(|s| s.start_time_ms = -5)),
+        (
+            "spec.end_time_ms",
+            spec(|s| {
+                s.start_time_ms = 2_000_000_000_000;
+                s.end_time_ms = 1_000_000_000_000;
+            }),
+        ),
+        ("spec.jitter_ms", spec(|s| s.jitter_ms = -1)),
+        ("spec.target", spec(|s| s.target = None)),
+        (
+            "spec.executor.group",
+            spec(|s| {
+                s.target = Some(Target::Executor(pb::ExecutorTarget {
+                    group: String::new(),
+                    handler: "h".into(),
+                }))
+            }),
+        ),
+        (
+            "spec.executor.handler",
+            spec(|s| {
+                s.target = Some(Target::Executor(pb::ExecutorTarget {
+                    group: "g".into(),
+                    handler: String::new(),
+                }))
+            }),
+        ),
+        (
+            "spec.http.url",
+            spec(|s| {
+                s.target = Some(Target::Http(pb::HttpTarget {
+                    url: "ftp://example.com/x".into(),
+                    method: String::new(),
+                }))
+            }),
+        ),
+        (
+            "spec.http.method",
+            spec(|s| {
+                s.target = Some(Target::Http(pb::HttpTarget {
+                    url: "http://example.com/x".into(),
+                    method: "BREW".into(),
+                }))
+            }),
+        ),
+        ("spec.route_strategy", spec(|s| s.route_strategy = 99)),
+        ("spec.route_key", spec(|s| s.route_key = "k".repeat(257))),
+        ("spec.timeout_ms", spec(|s| s.timeout_ms = Some(0))),
+        ("spec.timeout_ms", spec(|s| s.timeout_ms = Some(-1000))),
+        (
+            "spec.retry.max_retries",
+            spec(|s| {
+                s.retry = Some(pb::RetryPolicy {
+                    max_retries: -1,
+                    ..Default::default()
+                })
+            }),
+        ),
+        (
+            "spec.retry.backoff_ms",
+            spec(|s| {
+                s.retry = Some(pb::RetryPolicy {
+                    backoff_ms: -1,
+                    ..Default::default()
+                })
+            }),
+        ),
+        (
+            "spec.retry.backoff_multiplier",
+            spec(|s| {
+                s.retry = Some(pb::RetryPolicy {
+                    backoff_multiplier: f64::NAN,
+                    ..Default::default()
+                })
+            }),
+        ),
+        ("spec.misfire_policy", spec(|s| s.misfire_policy = 42)),
+        (
+            "spec.misfire_catch_up_limit",
+            spec(|s| s.misfire_catch_up_limit = -1),
+        ),
+        ("spec.overlap_policy", spec(|s| s.overlap_policy = 42)),
+        (
+            "spec.callback_url",
+            spec(|s| s.callback_url = "mailto:ops@example.com".into()),
+        ),
+        (
+            "spec.callback_url",
+            spec(|s| s.callback_url = "not a url".into()),
+        ),
+        ("spec.app_id", spec(|s| s.app_id = "bad app".into())),
+        (
+            "spec.payload",
+            spec(|s| s.payload = vec![0u8; 64 * 1024 + 1]),
+        ),
+        (
+            "spec.labels",
+            spec(|s| {
+                s.labels.insert(String::new(), "v".into());
+            }),
+        ),
+    ]
+}
+
+async fn dbsize(redis: &RedisServer) -> Result<i64> {
+    let mut c = redis.connection().await?;
+    Ok(redis::cmd("DBSIZE").query_async(&mut c).await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_jobs_are_rejected_naming_the_field_and_change_nothing() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(SundialOptions::redis(&redis))?;
+    let mut jobs = server.jobs().await?;
+    let before = dbsize(&redis).await?;
+    for (field, spec) in invalid_cases() {
+        let err = jobs
+            .create_job(pb::CreateJobRequest {
+                spec: Some(spec.clone()),
+            })
+            .await
+            .expect_err(field);
+        ensure!(
+            err.code() == Code::InvalidArgument,
+            "{field}: expected INVALID_ARGUMENT, got {:?}: {}",
+            err.code(),
+            err.message()
+        );
+        ensure!(
+            err.message().starts_with(&format!("{field}:")),
+            "error {:?} should name {field}",
+            err.message()
+        );
+    }
+    let err = jobs
+        .create_job(pb::CreateJobRequest { spec: None })
+        .await
+        .expect_err("no spec");
+    ensure!(err.code() == Code::InvalidArgument && err.message().starts_with("spec:"));
+
+    // Nothing was written: no job listed, and not one key more in Redis.
+    let list = jobs
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner();
+    ensure!(
+        list.jobs.is_empty(),
+        "invalid requests created {:?}",
+        list.jobs
+    );
+    ensure!(
+        dbsize(&redis).await? == before,
+        "invalid requests wrote to the store"
+    );
+
+    // Update and trigger validate the same way, and also write nothing.
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(every_second("valid-id")),
+    })
+    .await?;
+    let before = dbsize(&redis).await?;
+    let err = jobs
+        .update_job(pb::UpdateJobRequest {
+            spec: Some(spec(|s| s.cron = "nope".into())),
+            expected_version: 1,
+        })
+        .await
+        .expect_err("bad cron");
+    ensure!(err.code() == Code::InvalidArgument && err.message().starts_with("spec.cron:"));
+    let err = jobs
+        .update_job(pb::UpdateJobRequest {
+            spec: Some(every_second("valid-id")),
+            expected_version: 0,
+        })
+        .await
+        .expect_err("no version");
+    ensure!(err.message().starts_with("expected_version:"));
+    let err = jobs
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: "valid-id".into(),
+            payload: vec![1; 64 * 1024 + 1],
+            ..Default::default()
+        })
+        .await
+        .expect_err("big payload");
+    ensure!(err.code() == Code::InvalidArgument && err.message().starts_with("payload:"));
+    let err = jobs
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: "valid-id".into(),
+            idempotency_key: "no spaces allowed".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("bad key");
+    ensure!(err.message().starts_with("idempotency_key:"));
+    let err = jobs
+        .get_job(pb::GetJobRequest {
+            job_id: "bad id".into(),
+        })
+        .await
+        .expect_err("bad id");
+    ensure!(err.code() == Code::InvalidArgument && err.message().starts_with("job_id:"));
+    // The job exists and keeps firing, so only compare its own record.
+    let job = jobs
+        .get_job(pb::GetJobRequest {
+            job_id: "valid-id".into(),
+        })
+        .await?
+        .into_inner()
+        .job
+        .context("job")?;
+    ensure!(
+        job.version == 1,
+        "rejected updates must not bump the version"
+    );
+    let _ = before;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crud_versions_triggers_and_status() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(SundialOptions::redis(&redis))?;
+    let mut jobs = server.jobs().await?;
+    let mut runs = server.runs().await?;
+
+    let mut s = every_second("report");
+    s.cron = "0 0 12 * * ?".into(); // noon, Quartz form
+    s.time_zone = "Asia/Shanghai".into();
+    s.labels.insert("team".into(), "billing".into());
+    let created = jobs
+        .create_job(pb::CreateJobRequest {
+            spec: Some(s.clone()),
+        })
+        .await?
+        .into_inner()
+        .job
+        .context("job")?;
+    ensure!(created.version == 1 && created.state == pb::JobState::Active as i32);
+    // 12:00 in Shanghai is 04:00 UTC.
+    ensure!(created.next_fire_time_ms % 86_400_000 == 4 * 3_600_000);
+
+    let dup = jobs
+        .create_job(pb::CreateJobRequest {
+            spec: Some(s.clone()),
+        })
+        .await
+        .expect_err("duplicate");
+    ensure!(dup.code() == Code::AlreadyExists, "{dup:?}");
+
+    // Optimistic concurrency: the version read is the version written against.
+    s.cron = "0 30 12 * * ?".into();
+    let updated = jobs
+        .update_job(pb::UpdateJobRequest {
+            spec: Some(s.clone()),
+            expected_version: 1,
+        })
+        .await?
+        .into_inner()
+        .job
+        .context("job")?;
+    ensure!(updated.version == 2);
+    let stale = jobs
+        .update_job(pb::UpdateJobRequest {
+            spec: Some(s.clone()),
+            expected_version: 1,
+        })
+        .await
+        .expect_err("stale");
+    ensure!(stale.code() == Code::Aborted, "{stale:?}");
+    let missing = jobs
+        .update_job(pb::UpdateJobRequest {
+            spec: Some(every_second("ghost")),
+            expected_version: 1,
+        })
+        .await
+        .expect_err("missing");
+    ensure!(missing.code() == Code::NotFound);
+
+    // Status: the next fires, in order, a day apart.
+    let status = runs
+        .get_job_status(pb::GetJobStatusRequest {
+            job_id: "report".into(),
+            next_fires: 3,
+        })
+        .await?
+        .into_inner();
+    ensure!(status.next_fire_times_ms.len() == 3);
+    ensure!(status.next_fire_times_ms[1] - status.next_fire_times_ms[0] == 86_400_000);
+    ensure!(status.latest_run.is_none());
+
+    // Manual triggers: an idempotency key triggers once.
+    let first = jobs
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: "report".into(),
+            idempotency_key: "invoice-42".into(),
+            payload: b"{\"n\":1}".to_vec(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(first.schedule_id == "report@manual-invoice-42" && !first.duplicate);
+    let again = jobs
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: "report".into(),
+            idempotency_key: "invoice-42".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(again.duplicate && again.schedule_id == first.schedule_id);
+    let fresh = jobs
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: "report".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        fresh.schedule_id.starts_with("report@manual-") && fresh.schedule_id != first.schedule_id
+    );
+    wait_for("both manual runs", Duration::from_secs(20), || {
+        let mut runs = runs.clone();
+        async move { Ok((all_runs(&mut runs, "report").await?.len() == 2).then_some(())) }
+    })
+    .await?;
+    let run = runs
+        .get_run(pb::GetRunRequest {
+            schedule_id: first.schedule_id.clone(),
+        })
+        .await?
+        .into_inner()
+        .run
+        .context("run")?;
+    ensure!(run.trigger_kind == pb::TriggerKind::Manual as i32);
+    ensure!(run.state == pb::RunState::Triggered as i32 && run.attempt == 1);
+    let status = runs
+        .get_job_status(pb::GetJobStatusRequest {
+            job_id: "report".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(status.latest_run.is_some() && status.next_fire_times_ms.len() == 5);
+    let trig_missing = jobs
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: "ghost".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no such job");
+    ensure!(trig_missing.code() == Code::NotFound);
+
+    // Listing filters by label and state.
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(pb::JobSpec {
+            paused: true,
+            ..every_second("other")
+        }),
+    })
+    .await?;
+    let billing = jobs
+        .list_jobs(pb::ListJobsRequest {
+            label_selector: [("team".to_owned(), "billing".to_owned())].into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(billing.jobs.len() == 1);
+    let paused = jobs
+        .list_jobs(pb::ListJobsRequest {
+            state: pb::JobState::Paused as i32,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(paused.jobs.len() == 1 && paused.jobs[0].spec.as_ref().context("spec")?.id == "other");
+
+    // Pause, resume, delete.
+    let p = jobs
+        .pause_job(pb::PauseJobRequest {
+            job_id: "report".into(),
+        })
+        .await?
+        .into_inner()
+        .job
+        .context("job")?;
+    ensure!(p.state == pb::JobState::Paused as i32 && p.next_fire_time_ms == 0 && p.version == 3);
+    let now = redis_now(&redis).await?;
+    let r = jobs
+        .resume_job(pb::ResumeJobRequest {
+            job_id: "report".into(),
+        })
+        .await?
+        .into_inner()
+        .job
+        .context("job")?;
+    ensure!(r.state == pb::JobState::Active as i32 && r.next_fire_time_ms > now && r.version == 4);
+    jobs.delete_job(pb::DeleteJobRequest {
+        job_id: "report".into(),
+    })
+    .await?;
+    let gone = jobs
+        .get_job(pb::GetJobRequest {
+            job_id: "report".into(),
+        })
+        .await
+        .expect_err("deleted");
+    ensure!(gone.code() == Code::NotFound);
+    // Its runs stay readable until retention ends.
+    ensure!(all_runs(&mut runs, "report").await?.len() == 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_v1_and_v1alpha_list_every_service() -> Result<()> {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let dir = tempfile::tempdir()?;
+    let mut server = Sundial::start(SundialOptions::embedded(dir.path()))?;
+    let channel = server.channel().await?;
+
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for service in ["", "sundial.v1.JobService", "sundial.v1.RunService"] {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await?
+            .into_inner()
+            .status;
+        ensure!(
+            status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service:?} not serving"
+        );
+    }
+
+    let expected = [
+        "grpc.health.v1.Health",
+        "sundial.v1.AppService",
+        "sundial.v1.ExecutorService",
+        "sundial.v1.JobService",
+        "sundial.v1.NodeService",
+        "sundial.v1.RunService",
+    ];
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let req = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await?
+        .into_inner();
+    let resp = stream.message().await?.context("no reflection answer")?;
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        resp.message_response
+    else {
+        anyhow::bail!("unexpected reflection answer");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for e in expected {
+        ensure!(
+            names.iter().any(|n| n == e),
+            "v1 reflection lacks {e}: {names:?}"
+        );
+    }
+
+    let mut alpha = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
+    let req = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "sundial.v1.JobService".into(),
+            ),
+        ),
+    };
+    let mut stream = alpha
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await?
+        .into_inner();
+    let resp = stream.message().await?.context("no v1alpha answer")?;
+    ensure!(
+        matches!(
+            resp.message_response,
+            Some(v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(ref f)) if !f.file_descriptor_proto.is_empty()
+        ),
+        "v1alpha reflection cannot describe JobService"
+    );
+
+    // Graceful shutdown on SIGTERM: exits cleanly, saying so.
+    let status = server.stop()?;
+    ensure!(status.success(), "exit status {status}");
+    ensure!(server.stderr().contains("health NOT_SERVING"));
+    ensure!(server.stderr().contains("stopped"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_work_answers_unimplemented_naming_what_is_missing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
+    let channel = server.channel().await?;
+    let mut nodes = pb::node_service_client::NodeServiceClient::new(channel.clone());
+    let err = nodes
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .expect_err("unimplemented");
+    ensure!(err.code() == Code::Unimplemented && err.message().contains("node registry"));
+    let mut runs = server.runs().await?;
+    let err = runs
+        .cancel_run(pb::CancelRunRequest {
+            schedule_id: "a@1".into(),
+            reason: String::new(),
+        })
+        .await
+        .expect_err("unimplemented");
+    ensure!(err.code() == Code::Unimplemented && err.message().contains("executor"));
+    let mut apps = pb::app_service_client::AppServiceClient::new(channel);
+    let err = apps
+        .create_app(pb::CreateAppRequest::default())
+        .await
+        .expect_err("unimplemented");
+    ensure!(err.code() == Code::Unimplemented && err.message().contains("webhook"));
+    Ok(())
+}
