@@ -76,6 +76,12 @@ pub struct Settings {
     /// Fires claimed per store call.
     #[arg(long, env = "SUNDIAL_SCHEDULER_BATCH")]
     pub scheduler_batch: Option<usize>,
+    /// How long an instance keeps a partition to itself while claiming (0 = never).
+    #[arg(long, env = "SUNDIAL_PARTITION_LEASE")]
+    pub partition_lease: Option<HumanDuration>,
+    /// Partitions the scheduler claims concurrently.
+    #[arg(long, env = "SUNDIAL_SCHEDULER_PARALLEL_PARTITIONS")]
+    pub scheduler_parallel_partitions: Option<usize>,
     /// A fire claimed later than this is a misfire.
     #[arg(long, env = "SUNDIAL_MISFIRE_THRESHOLD")]
     pub misfire_threshold: Option<HumanDuration>,
@@ -126,6 +132,8 @@ impl Settings {
             partitions,
             scheduler_max_sleep,
             scheduler_batch,
+            scheduler_parallel_partitions,
+            partition_lease,
             misfire_threshold,
             misfire_catch_up_limit,
             trigger_read_block,
@@ -246,6 +254,8 @@ impl Config {
                 .unwrap_or(defaults.max_runs_per_job)
                 .max(1),
             idempotency_ttl: defaults.idempotency_ttl,
+            instance_id: instance_id.clone(),
+            partition_lease: s.partition_lease.map_or(defaults.partition_lease, |d| d.0),
         };
         let sd = SchedulerOptions::default();
         let scheduler = SchedulerOptions {
@@ -255,6 +265,10 @@ impl Config {
             default_catch_up_limit: s
                 .misfire_catch_up_limit
                 .unwrap_or(sd.default_catch_up_limit),
+            parallel_partitions: s
+                .scheduler_parallel_partitions
+                .unwrap_or(sd.parallel_partitions)
+                .clamp(1, 256),
         };
         let dd = DispatchOptions::default();
         let dispatch = DispatchOptions {

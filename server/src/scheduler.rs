@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -33,6 +34,8 @@ pub struct SchedulerOptions {
     pub misfire_threshold: Duration,
     /// Catch-up limit for jobs that do not set their own.
     pub default_catch_up_limit: u32,
+    /// Partitions claimed concurrently in one pass.
+    pub parallel_partitions: usize,
 }
 
 impl Default for SchedulerOptions {
@@ -42,6 +45,7 @@ impl Default for SchedulerOptions {
             max_sleep: Duration::from_secs(1),
             misfire_threshold: Duration::from_secs(5),
             default_catch_up_limit: 10,
+            parallel_partitions: 4,
         }
     }
 }
@@ -118,22 +122,34 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     opts: SchedulerOptions,
     stats: SchedulerStats,
+    /// One state per partition, in the order this instance visits them: a random
+    /// rotation, so instances spread out instead of racing for the same batch first.
+    partitions: Vec<PartitionState>,
+}
+
+/// What the scheduler caches about one partition's jobs. A job lives in one partition,
+/// so partitions can be claimed concurrently without sharing anything.
+struct PartitionState {
+    partition: u32,
     /// Parsed plans by job id, valid for the cached version only.
     plans: HashMap<String, (u64, Option<Plan>)>,
-    /// Where this instance starts its pass over the partitions, so instances spread
-    /// out instead of racing for the same batch first.
-    start_partition: u32,
 }
 
 impl Scheduler {
     pub fn new(store: Arc<dyn Store>, opts: SchedulerOptions, stats: SchedulerStats) -> Self {
-        let start_partition = rand::random::<u32>() % store.partitions().max(1);
+        let parts = store.partitions().max(1);
+        let start = rand::random::<u32>() % parts;
+        let partitions = (0..parts)
+            .map(|i| PartitionState {
+                partition: (start + i) % parts,
+                plans: HashMap::new(),
+            })
+            .collect();
         Self {
             store,
             opts,
             stats,
-            plans: HashMap::new(),
-            start_partition,
+            partitions,
         }
     }
 
@@ -172,33 +188,57 @@ impl Scheduler {
         info!("scheduler stopped");
     }
 
-    /// One pass over every partition: claims everything due. Returns how long to sleep
-    /// before the next pass (zero when more is due right now).
+    /// One pass over every partition: claims everything due, `parallel_partitions`
+    /// partitions at a time so the store's work and ours overlap. Returns how long to
+    /// sleep before the next pass (zero when more is due right now).
     pub async fn claim_all_due(&mut self) -> Result<Duration, jobs::Error> {
-        let parts = self.store.partitions();
+        let claimer = Claimer {
+            store: &self.store,
+            opts: &self.opts,
+            stats: &self.stats,
+        };
+        // Collected first: a lazy `map` closure inside the stream would make the
+        // spawned future's Send bound unprovable (higher-ranked lifetimes).
+        let mut passes = Vec::with_capacity(self.partitions.len());
+        for st in &mut self.partitions {
+            passes.push(claimer.claim_partition(st));
+        }
+        let results: Vec<Result<Duration, jobs::Error>> = futures::stream::iter(passes)
+            .buffer_unordered(self.opts.parallel_partitions.max(1))
+            .collect()
+            .await;
         let mut sleep = self.opts.max_sleep;
-        for i in 0..parts {
-            let p = (self.start_partition + i) % parts;
-            let until_next = self.claim_partition(p).await?;
-            sleep = sleep.min(until_next);
+        for r in results {
+            sleep = sleep.min(r?);
         }
         Ok(sleep)
     }
+}
 
+/// Borrowed context of one pass.
+#[derive(Clone, Copy)]
+struct Claimer<'a> {
+    store: &'a Arc<dyn Store>,
+    opts: &'a SchedulerOptions,
+    stats: &'a SchedulerStats,
+}
+
+impl Claimer<'_> {
     /// Claims due fires in one partition until none are due; returns the delay until
     /// the partition's next due fire (by the store's clock).
-    async fn claim_partition(&mut self, p: u32) -> Result<Duration, jobs::Error> {
+    async fn claim_partition(self, st: &mut PartitionState) -> Result<Duration, jobs::Error> {
+        let p = st.partition;
         loop {
             let batch = self.store.due_fires(p, self.opts.batch_size).await?;
             if batch.fires.is_empty() {
                 return Ok(delay_until(batch.next_due, batch.now, self.opts.max_sleep));
             }
             let full = batch.fires.len() >= self.opts.batch_size;
-            self.refresh_plans(&batch.fires).await?;
+            self.refresh_plans(st, &batch.fires).await?;
             let mut claims = Vec::with_capacity(batch.fires.len());
             let mut misfires = 0;
             for fire in &batch.fires {
-                if let Some((claim, misfired)) = self.build_claim(fire, batch.now) {
+                if let Some((claim, misfired)) = self.build_claim(st, fire, batch.now) {
                     misfires += u64::from(misfired);
                     claims.push(claim);
                 }
@@ -219,13 +259,19 @@ impl Scheduler {
                         debug!(job_id = %claim.job_id, due = claim.expected_due, "fire claimed");
                     }
                     ClaimResult::VersionChanged | ClaimResult::Gone => {
-                        self.plans.remove(&claim.job_id);
+                        st.plans.remove(&claim.job_id);
                         lost += 1;
                     }
                     ClaimResult::Moved => lost += 1,
                 }
             }
             self.stats.record(&lateness, lost, misfires);
+            if lost * 2 > claims.len() as u64 {
+                // Another instance is working this partition right now: leave it to
+                // that one and come back on the next pass instead of racing batch
+                // after batch for the same fires.
+                return Ok(Duration::ZERO);
+            }
             if !full {
                 return Ok(delay_until(
                     outcome.next_due,
@@ -237,26 +283,49 @@ impl Scheduler {
     }
 
     /// Makes sure a plan for the due version of every fire is cached.
-    async fn refresh_plans(&mut self, fires: &[DueFire]) -> Result<(), jobs::Error> {
+    async fn refresh_plans(
+        self,
+        st: &mut PartitionState,
+        fires: &[DueFire],
+    ) -> Result<(), jobs::Error> {
         let missing: Vec<String> = fires
             .iter()
-            .filter(|f| self.plans.get(&f.job_id).map(|(v, _)| *v) != Some(f.version))
+            .filter(|f| st.plans.get(&f.job_id).map(|(v, _)| *v) != Some(f.version))
             .map(|f| f.job_id.clone())
             .collect();
         if missing.is_empty() {
             return Ok(());
         }
+        // Jobs often share a cron line: parse each distinct (cron, zone) once per batch.
+        let mut parsed: HashMap<(String, String), Option<Plan>> = HashMap::new();
         for job in self.store.get_jobs(&missing).await? {
-            let plan = plan_of(&job);
-            self.plans.insert(job.spec.id.clone(), (job.version, plan));
+            let key = (job.spec.cron.clone(), job.spec.time_zone.clone());
+            let plan = match parsed.get(&key) {
+                Some(Some(shared)) => Some(Plan {
+                    spec: Arc::new(job.spec.clone()),
+                    cron: shared.cron.clone(),
+                }),
+                Some(None) => None,
+                None => {
+                    let plan = plan_of(&job);
+                    parsed.insert(key, plan.clone());
+                    plan
+                }
+            };
+            st.plans.insert(job.spec.id.clone(), (job.version, plan));
         }
         Ok(())
     }
 
     /// The claim for one due fire, or None when the cached plan is for another version
     /// (the job changed between the two reads: the next pass sees the new one).
-    fn build_claim(&self, fire: &DueFire, now: Millis) -> Option<(FireClaim, bool)> {
-        let (version, plan) = self.plans.get(&fire.job_id)?;
+    fn build_claim(
+        self,
+        st: &PartitionState,
+        fire: &DueFire,
+        now: Millis,
+    ) -> Option<(FireClaim, bool)> {
+        let (version, plan) = st.plans.get(&fire.job_id)?;
         if *version != fire.version {
             return None;
         }

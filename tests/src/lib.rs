@@ -342,6 +342,8 @@ pub struct QueuedTrigger {
     pub schedule_id: String,
     pub job_id: String,
     pub scheduled_at: i64,
+    /// Claim time by the store's clock (the entry's `at` field).
+    pub triggered_at: i64,
     pub kind: String,
 }
 
@@ -371,8 +373,10 @@ pub async fn queued_triggers(redis: &RedisServer, prefix: &str) -> Result<Vec<Qu
                     .next()
                     .and_then(|m| m.parse().ok())
                     .unwrap_or(0);
+            let triggered_at: i64 = e.get("at").unwrap_or(entry_ms);
             out.push(QueuedTrigger {
                 entry_ms,
+                triggered_at,
                 schedule_id: format!("{job_id}@{schedule_no}"),
                 scheduled_at: v["scheduled_at"].as_i64().unwrap_or(0),
                 kind: v["kind"].as_str().unwrap_or_default().to_owned(),

@@ -61,6 +61,14 @@ pub struct StoreOptions {
     pub max_runs_per_job: usize,
     /// How long a manual trigger's idempotency key is remembered.
     pub idempotency_ttl: Duration,
+    /// This instance's name, for backends shared by several instances.
+    pub instance_id: String,
+    /// How long one instance keeps a partition to itself after reading its due fires
+    /// (zero: never). Only an efficiency measure, so two schedulers do not compute the
+    /// same batch and lose the race for half of it; correctness rests on the claim's
+    /// compare-and-set alone. An instance that dies delays its partitions by at most
+    /// this long.
+    pub partition_lease: Duration,
 }
 
 impl Default for StoreOptions {
@@ -70,6 +78,8 @@ impl Default for StoreOptions {
             run_retention: Duration::from_secs(7 * 24 * 3600),
             max_runs_per_job: 10_000,
             idempotency_ttl: Duration::from_secs(7 * 24 * 3600),
+            instance_id: String::from("sundial"),
+            partition_lease: Duration::from_millis(300),
         }
     }
 }
@@ -141,7 +151,7 @@ pub struct ClaimOutcome {
 /// A trigger read from the durable queue; ack it only once its run is durable.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
-    /// Opaque id of the queue entry (backend-specific, includes the partition).
+    /// Opaque id of the queue entry (backend-specific).
     pub entry_id: String,
     pub trigger: Trigger,
 }
@@ -200,7 +210,7 @@ pub trait Store: Send + Sync + 'static {
     // ---- jobs: every change is one atomic version bump that rewrites the pending member
 
     /// Creates the job at version 1 and arms `job.next_fire` (if any). `job.version`
-    /// is ignored.
+    /// is ignored. A paused job is never pending, whatever `next_fire` says.
     async fn create_job(&self, job: JobRecord) -> Result<JobRecord>;
 
     /// Replaces the job if its version is still `expected_version`; the new record gets
@@ -248,7 +258,8 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- the trigger queue
 
-    /// New triggers for this consumer, waiting at most `block` for some to arrive.
+    /// New triggers for this consumer, waiting at most `block` for some to arrive
+    /// (zero: do not wait).
     async fn read_triggers(
         &self,
         consumer: &str,
@@ -286,10 +297,12 @@ pub trait Store: Send + Sync + 'static {
     // ---- leases
 
     /// Grants the lease on a run to `holder` unless another holder's lease is unexpired.
-    /// The token is max(job counter + 1, store time in µs).
+    /// The token is max(job counter + 1, store time in µs); a re-grant to the same
+    /// holder gets a new token. A malformed schedule_id is `JobNotFound`.
     async fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease>;
 
-    /// Extends a lease if `token` is still the current one.
+    /// Extends a lease if `token` is still the current one and the lease has not
+    /// expired; otherwise `StaleToken` (an expired lease is the sweeper's to recover).
     async fn renew_lease(&self, schedule_id: &str, token: u64, ttl: Duration) -> Result<Lease>;
 
     /// Releases the lease if `token` is current; returns whether it was.

@@ -1,0 +1,162 @@
+//! The embedded store across a restart: jobs and pending fires survive, and the fires
+//! missed while the server was down follow each job's misfire policy.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, ensure};
+use sundial_proto::v1 as pb;
+use sundial_tests::{Sundial, SundialOptions, all_runs, every_second, wait_for};
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn job(id: &str, policy: pb::MisfirePolicy, catch_up: i32) -> pb::JobSpec {
+    pb::JobSpec {
+        misfire_policy: policy as i32,
+        misfire_catch_up_limit: catch_up,
+        ..every_second(id)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_and_pending_fires_survive_a_restart_and_misfires_follow_policy() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let opts = SundialOptions::embedded(dir.path()).arg("misfire-threshold", "2s");
+    let mut server = Sundial::start(opts.clone())?;
+    let mut jobs = server.jobs().await?;
+    for spec in [
+        job("once", pb::MisfirePolicy::FireOnce, 0),
+        job("skip", pb::MisfirePolicy::Skip, 0),
+        job("catch", pb::MisfirePolicy::CatchUp, 3),
+        pb::JobSpec {
+            paused: true,
+            ..every_second("sleeper")
+        },
+    ] {
+        jobs.create_job(pb::CreateJobRequest { spec: Some(spec) })
+            .await?;
+    }
+    let runs = server.runs().await?;
+    wait_for(
+        "two runs of every active job",
+        Duration::from_secs(20),
+        || {
+            let mut runs = runs.clone();
+            async move {
+                for id in ["once", "skip", "catch"] {
+                    if all_runs(&mut runs, id).await?.len() < 2 {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        },
+    )
+    .await?;
+    let before: Vec<pb::Job> = jobs
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner()
+        .jobs;
+    ensure!(before.len() == 4);
+
+    let status = server.stop()?;
+    ensure!(status.success(), "graceful stop: {status}");
+    let stopped_at = now_ms();
+    // Down for longer than the misfire threshold.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let restarted_at = now_ms();
+    let server = Sundial::start(opts)?;
+    let mut jobs = server.jobs().await?;
+    let mut runs = server.runs().await?;
+
+    let after = jobs
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner()
+        .jobs;
+    let ids = |js: &[pb::Job]| -> BTreeSet<String> {
+        js.iter()
+            .filter_map(|j| j.spec.as_ref().map(|s| s.id.clone()))
+            .collect()
+    };
+    ensure!(ids(&before) == ids(&after), "jobs lost in the restart");
+    let sleeper = after
+        .iter()
+        .find(|j| j.spec.as_ref().is_some_and(|s| s.id == "sleeper"))
+        .context("sleeper")?;
+    ensure!(sleeper.state == pb::JobState::Paused as i32);
+
+    // Let the misfires and a few regular fires after the restart land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    for (id, expect_misfires) in [("once", 1usize), ("skip", 1), ("catch", 3)] {
+        let mut list = all_runs(&mut runs, id).await?;
+        list.sort_by_key(|r| r.scheduled_at_ms);
+        let misfired: Vec<&pb::Run> = list
+            .iter()
+            .filter(|r| r.trigger_kind == pb::TriggerKind::Misfire as i32)
+            .collect();
+        ensure!(
+            misfired.len() == expect_misfires,
+            "{id}: {} misfire runs, expected {expect_misfires}",
+            misfired.len()
+        );
+        // The first misfire is the fire that was pending when the server stopped: it
+        // survived in the store.
+        let pending = misfired[0].scheduled_at_ms;
+        ensure!(
+            pending <= stopped_at + 1000,
+            "{id}: first misfire {pending} is not the fire pending at stop ({stopped_at})"
+        );
+        let last_before = list
+            .iter()
+            .filter(|r| r.scheduled_at_ms < pending)
+            .map(|r| r.scheduled_at_ms)
+            .max()
+            .context("runs before the stop")?;
+        ensure!(last_before == pending - 1000, "{id}: gap before the stop");
+        for (i, m) in misfired.iter().enumerate() {
+            ensure!(
+                m.scheduled_at_ms == pending + 1000 * i as i64,
+                "{id}: misfires not consecutive"
+            );
+        }
+        let last_misfire = misfired[misfired.len() - 1].scheduled_at_ms;
+        // Nothing else from the downtime: the chain went on from "now".
+        let from_downtime: Vec<i64> = list
+            .iter()
+            .map(|r| r.scheduled_at_ms)
+            .filter(|t| *t > last_misfire && *t < restarted_at)
+            .collect();
+        ensure!(
+            from_downtime.is_empty(),
+            "{id}: caught up {from_downtime:?}"
+        );
+        ensure!(
+            list.iter().any(|r| r.scheduled_at_ms > restarted_at
+                && r.trigger_kind == pb::TriggerKind::Cron as i32),
+            "{id}: the chain did not continue after the restart"
+        );
+        let skipped = misfired
+            .iter()
+            .all(|r| r.state == pb::RunState::Skipped as i32 && r.reason == "misfire");
+        let triggered = misfired
+            .iter()
+            .all(|r| r.state == pb::RunState::Triggered as i32);
+        ensure!(
+            if id == "skip" { skipped } else { triggered },
+            "{id}: misfire runs in the wrong state: {misfired:?}"
+        );
+    }
+    ensure!(
+        all_runs(&mut runs, "sleeper").await?.is_empty(),
+        "a paused job fired"
+    );
+    Ok(())
+}
