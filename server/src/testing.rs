@@ -18,40 +18,54 @@ pub fn free_port() -> Result<u16> {
 pub struct RedisServer {
     child: Child,
     pub port: u16,
-    _dir: tempfile::TempDir,
+    persistent: bool,
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
+    /// A Redis without persistence: fast, and a restart loses everything.
     pub fn start() -> Result<Self> {
+        Self::start_with(false)
+    }
+
+    /// A Redis with an append-only file fsynced at every write, so a SIGKILL and
+    /// [`restart`](Self::restart) keep every acknowledged write.
+    pub fn start_persistent() -> Result<Self> {
+        Self::start_with(true)
+    }
+
+    fn start_with(persistent: bool) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let mut last_err = anyhow!("redis-server did not start");
         // A free port can be taken between the probe and redis's bind: try a few.
         for _ in 0..5 {
             let port = free_port()?;
-            let mut child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--dir"])
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting redis-server (is it installed? scripts/test installs it)")?;
-            match wait_redis_ready(&mut child, port, Duration::from_secs(5)) {
-                Ok(()) => {
+            match spawn_redis(port, dir.path(), persistent) {
+                Ok(child) => {
                     return Ok(RedisServer {
                         child,
                         port,
-                        _dir: dir,
+                        persistent,
+                        dir,
                     });
                 }
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    last_err = e;
-                }
+                Err(e) => last_err = e,
             }
         }
         Err(last_err)
+    }
+
+    /// SIGKILLs the server and starts it again on the same port and directory.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.child = spawn_redis(self.port, self.dir.path(), self.persistent)?;
+        Ok(())
+    }
+
+    /// SIGKILL, no goodbye (the port stays unanswered until [`restart`](Self::restart)).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn url(&self) -> String {
@@ -62,6 +76,36 @@ impl RedisServer {
         let client = redis::Client::open(self.url())?;
         Ok(client.get_multiplexed_async_connection().await?)
     }
+}
+
+fn spawn_redis(port: u16, dir: &std::path::Path, persistent: bool) -> Result<Child> {
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ]);
+    if persistent {
+        cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+    } else {
+        cmd.args(["--appendonly", "no"]);
+    }
+    let mut child = cmd
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting redis-server (is it installed? scripts/test installs it)")?;
+    if let Err(e) = wait_redis_ready(&mut child, port, Duration::from_secs(10)) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    Ok(child)
 }
 
 fn wait_redis_ready(child: &mut Child, port: u16, timeout: Duration) -> Result<()> {

@@ -24,6 +24,9 @@ struct Scenario {
     fault: Option<&'static str>,
     /// Instance 1 is SIGKILLed this long after the jobs were created.
     kill_after: Option<Duration>,
+    /// Redis (persistent, fsync always) is SIGKILLed this long after the jobs were
+    /// created and restarted a second later.
+    redis_restart_after: Option<Duration>,
 }
 
 struct PlannedJob {
@@ -41,7 +44,11 @@ impl PlannedJob {
 }
 
 async fn run_scenario(s: Scenario) -> Result<()> {
-    let redis = RedisServer::start()?;
+    let mut redis = if s.redis_restart_after.is_some() {
+        RedisServer::start_persistent()?
+    } else {
+        RedisServer::start()?
+    };
     let prefix = "sundial";
     let mut servers = Vec::new();
     for i in 0..s.instances {
@@ -81,6 +88,12 @@ async fn run_scenario(s: Scenario) -> Result<()> {
             created_at: job.created_at_ms,
             end: start + fire_for,
         });
+    }
+    if let Some(after) = s.redis_restart_after {
+        tokio::time::sleep(after).await;
+        redis.kill();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        redis.restart()?;
     }
     if let Some(after) = s.kill_after {
         tokio::time::sleep(after).await;
@@ -190,6 +203,7 @@ async fn three_instances_fire_every_planned_fire_once() -> Result<()> {
         fire_for: Duration::from_secs(10),
         fault: None,
         kill_after: None,
+        redis_restart_after: None,
     })
     .await
 }
@@ -202,6 +216,23 @@ async fn sigkill_of_one_instance_loses_and_doubles_nothing() -> Result<()> {
         fire_for: Duration::from_secs(10),
         fault: None,
         kill_after: Some(Duration::from_secs(5)),
+        redis_restart_after: None,
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_loses_and_doubles_nothing() -> Result<()> {
+    // Scripts are gone after the restart (reloaded on NOSCRIPT), connections break
+    // (the pool replaces them), the change subscription reconnects, and the fires
+    // that came due during the outage are claimed late, once each.
+    run_scenario(Scenario {
+        instances: 2,
+        jobs: 50,
+        fire_for: Duration::from_secs(10),
+        fault: None,
+        kill_after: None,
+        redis_restart_after: Some(Duration::from_secs(4)),
     })
     .await
 }
@@ -236,6 +267,7 @@ async fn crash_at(point: &'static str) -> Result<()> {
         fire_for: Duration::from_secs(8),
         fault: Some(point),
         kill_after: None,
+        redis_restart_after: None,
     })
     .await
 }
