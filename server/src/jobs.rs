@@ -253,6 +253,33 @@ impl Jobs {
 mod tests {
     use super::*;
 
+    fn plan(cron: &str, start: Option<Millis>, end: Option<Millis>) -> Plan {
+        let mut spec = crate::store::conformance::spec("p");
+        spec.cron = cron.into();
+        spec.start_time = start;
+        spec.end_time = end;
+        Plan::new(spec).expect("valid")
+    }
+
+    #[test]
+    fn start_and_end_bound_the_fires() {
+        let t0 = 1_800_000_000_000; // a whole second
+        let p = plan("* * * * * *", Some(t0 + 10_000), Some(t0 + 12_000));
+        assert_eq!(
+            p.next_planned(t0),
+            Some(t0 + 10_000),
+            "nothing before the start"
+        );
+        assert_eq!(
+            p.upcoming(t0, 10),
+            vec![t0 + 10_000, t0 + 11_000, t0 + 12_000]
+        );
+        assert_eq!(p.next_planned(t0 + 12_000), None, "nothing after the end");
+        let open = plan("*/15 * * * *", None, None);
+        assert_eq!(open.upcoming(t0, 2).len(), 2);
+        assert_eq!(open.next_arm(t0).map(|a| a.due - a.planned), Some(0));
+    }
+
     #[test]
     fn jitter_is_stable_and_bounded() {
         assert_eq!(jitter_offset("a", 0), 0);

@@ -478,4 +478,227 @@ mod tests {
         assert_eq!(delay_until(Some(350), 100, max), Duration::from_millis(250));
         assert_eq!(delay_until(Some(10_000), 100, max), max);
     }
+
+    /// The claim logic against a real (embedded) store, with due times placed in the
+    /// past on purpose: lateness is set up, not waited for.
+    mod claims {
+        use std::sync::Arc;
+
+        use super::super::*;
+        use crate::jobs::jitter_offset;
+        use crate::model::{Arm, JobRecord, MisfirePolicy};
+        use crate::store::conformance::{drain_triggers, job};
+        use crate::store::embedded::EmbeddedStore;
+        use crate::store::{Store, StoreOptions};
+
+        struct Fixture {
+            store: Arc<dyn Store>,
+            now: Millis,
+            _dir: tempfile::TempDir,
+        }
+
+        async fn fixture() -> Fixture {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store: Arc<dyn Store> = Arc::new(
+                EmbeddedStore::open(
+                    &dir.path().join("s.redb"),
+                    StoreOptions {
+                        partitions: 2,
+                        ..StoreOptions::default()
+                    },
+                )
+                .expect("open"),
+            );
+            let now = store.now().await.expect("now");
+            Fixture {
+                store,
+                now: now / 1000 * 1000,
+                _dir: dir,
+            }
+        }
+
+        /// An every-second job armed at `planned` (due = planned + its jitter).
+        fn every_second(id: &str, planned: Millis, f: impl FnOnce(&mut JobRecord)) -> JobRecord {
+            let mut j = job(id, None);
+            j.spec.cron = "* * * * * *".into();
+            f(&mut j);
+            j.next_fire = Some(Arm {
+                planned,
+                due: planned + jitter_offset(id, j.spec.jitter_ms),
+            });
+            j
+        }
+
+        /// Passes until nothing is due right now, as the loop does between sleeps.
+        async fn pass(store: &Arc<dyn Store>) -> SchedulerStats {
+            let stats = SchedulerStats::default();
+            let mut s = Scheduler::new(store.clone(), SchedulerOptions::default(), stats.clone());
+            for _ in 0..100 {
+                if !s.claim_all_due().await.expect("pass").is_zero() {
+                    return stats;
+                }
+            }
+            panic!("still due after 100 passes");
+        }
+
+        #[tokio::test]
+        async fn misfire_policies() {
+            let fx = fixture().await;
+            let late = fx.now - 60_000;
+            for (id, policy, limit) in [
+                ("once", MisfirePolicy::FireOnce, 0),
+                ("skip", MisfirePolicy::Skip, 0),
+                ("catch-default", MisfirePolicy::CatchUp, 0),
+                ("catch-3", MisfirePolicy::CatchUp, 3),
+            ] {
+                let j = every_second(id, late, |j| {
+                    j.spec.misfire_policy = policy;
+                    j.spec.misfire_catch_up_limit = limit;
+                });
+                fx.store.create_job(j).await.expect("create");
+            }
+            let stats = pass(&fx.store).await;
+            assert_eq!(stats.snapshot().misfires, 4);
+            let triggers = drain_triggers(&fx.store, "t").await;
+            // Regular fires after "now" may follow if the pass crosses a second
+            // boundary; the misfire handling is what is under test.
+            assert!(
+                triggers
+                    .iter()
+                    .all(|d| d.trigger.kind == TriggerKind::Misfire
+                        || d.trigger.scheduled_at >= fx.now),
+                "only misfires come from the missed minute"
+            );
+            let of = |id: &str| -> Vec<Trigger> {
+                triggers
+                    .iter()
+                    .map(|d| d.trigger.clone())
+                    .filter(|t| t.job_id == id && t.kind == TriggerKind::Misfire)
+                    .collect()
+            };
+            let once = of("once");
+            assert_eq!(once.len(), 1);
+            assert_eq!(once[0].scheduled_at, late);
+            assert_eq!(once[0].skip_reason, None);
+            let skip = of("skip");
+            assert_eq!(skip.len(), 1);
+            assert_eq!(skip[0].skip_reason.as_deref(), Some("misfire"));
+            let planned = |ts: &[Trigger]| ts.iter().map(|t| t.scheduled_at).collect::<Vec<_>>();
+            assert_eq!(
+                planned(&of("catch-default")),
+                (0..10).map(|i| late + i * 1000).collect::<Vec<_>>(),
+                "catch-up defaults to 10, oldest first, one after another"
+            );
+            assert_eq!(
+                planned(&of("catch-3")),
+                vec![late, late + 1000, late + 2000]
+            );
+            // Every chain continues from now, not from the missed fires.
+            for id in ["once", "skip", "catch-default", "catch-3"] {
+                let j = fx.store.get_job(id).await.expect("get").expect("job");
+                let next = j.next_fire.expect("armed").planned;
+                assert!(
+                    next > fx.now - 1000 && next <= fx.now + 2000,
+                    "{id}: next {next}"
+                );
+            }
+        }
+
+        #[tokio::test]
+        async fn on_time_fires_chain_one_after_another_and_end_time_stops_the_chain() {
+            let fx = fixture().await;
+            // Three seconds behind but under the misfire threshold: caught up as
+            // ordinary fires, each planned second once.
+            let start = fx.now - 3000;
+            fx.store
+                .create_job(every_second("steady", start, |_| {}))
+                .await
+                .expect("create");
+            fx.store
+                .create_job(every_second("ending", start, |j| {
+                    j.spec.end_time = Some(start + 1000)
+                }))
+                .await
+                .expect("create");
+            pass(&fx.store).await;
+            let triggers = drain_triggers(&fx.store, "t").await;
+            let steady: Vec<Millis> = triggers
+                .iter()
+                .filter(|d| d.trigger.job_id == "steady")
+                .map(|d| d.trigger.scheduled_at)
+                .collect();
+            assert!(steady.len() >= 4, "{steady:?}");
+            assert!(steady.windows(2).all(|w| w[1] == w[0] + 1000), "{steady:?}");
+            assert!(triggers.iter().all(|d| d.trigger.kind == TriggerKind::Cron));
+            let ending: Vec<Millis> = triggers
+                .iter()
+                .filter(|d| d.trigger.job_id == "ending")
+                .map(|d| d.trigger.scheduled_at)
+                .collect();
+            assert_eq!(ending, vec![start, start + 1000]);
+            let j = fx.store.get_job("ending").await.expect("get").expect("job");
+            assert_eq!(j.next_fire, None, "no fire after the end time");
+        }
+
+        #[tokio::test]
+        async fn jitter_delays_the_due_time_but_not_the_schedule_no() {
+            let fx = fixture().await;
+            let planned = fx.now - 2000;
+            let j = every_second("jittery", planned, |j| {
+                j.spec.cron = "0 0 * * * *".into(); // hourly: one fire in this pass
+                j.spec.jitter_ms = 1000;
+            });
+            let offset = jitter_offset("jittery", 1000);
+            assert_eq!(j.next_fire.map(|a| a.due), Some(planned + offset));
+            fx.store.create_job(j).await.expect("create");
+            pass(&fx.store).await;
+            let t = drain_triggers(&fx.store, "t").await;
+            assert_eq!(t.len(), 1);
+            assert_eq!(t[0].trigger.schedule_no, planned.to_string());
+            let next = fx
+                .store
+                .get_job("jittery")
+                .await
+                .expect("get")
+                .expect("job")
+                .next_fire
+                .expect("armed");
+            assert_eq!(
+                next.due - next.planned,
+                offset,
+                "the same offset every fire"
+            );
+            assert_eq!(next.planned % 3_600_000, 0);
+        }
+
+        #[tokio::test]
+        async fn a_changed_job_is_not_claimed_from_its_old_version() {
+            let fx = fixture().await;
+            let planned = fx.now - 1000;
+            let created = fx
+                .store
+                .create_job(every_second("changing", planned, |_| {}))
+                .await
+                .expect("create");
+            // Paused between the read and the claim: the claim must not re-arm it.
+            let mut s = Scheduler::new(
+                fx.store.clone(),
+                SchedulerOptions::default(),
+                SchedulerStats::default(),
+            );
+            let mut paused = created.clone();
+            paused.paused = true;
+            paused.next_fire = None;
+            fx.store.update_job(paused, 1).await.expect("pause");
+            s.claim_all_due().await.expect("pass");
+            assert!(drain_triggers(&fx.store, "t").await.is_empty());
+            let j = fx
+                .store
+                .get_job("changing")
+                .await
+                .expect("get")
+                .expect("job");
+            assert_eq!(j.next_fire, None);
+        }
+    }
 }
