@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! <prefix>:meta                         schema version, partition count
-//! <prefix>:{p}:job:<job_id>             hash: rec (JSON), version, paused, next_planned, next_due
+//! <prefix>:{p}:job:<job_id>             hash: rec (JSON), version, paused, jit (due − planned)
 //! <prefix>:{p}:jobs                     zset (score 0) of job ids, for listing
 //! <prefix>:{p}:pending                  zset job_id -> due time (ms): the pending set
 //! <prefix>:{p}:claimer                  instance working the partition (short TTL)
@@ -237,40 +237,39 @@ impl RedisStore {
 
     async fn read_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
         let p = self.part(job_id);
-        let mut c = self.conn().await?;
-        let fields: (Option<String>, Option<u64>, Option<Millis>, Option<Millis>) =
-            redis::cmd("HMGET")
-                .arg(self.key(p, &format!("job:{job_id}")))
-                .arg("rec")
-                .arg("version")
-                .arg("next_planned")
-                .arg("next_due")
-                .query_async(&mut c)
-                .await
-                .map_err(unavailable)?;
-        decode_job(fields)
+        Ok(self.read_jobs(p, &[job_id.to_owned()]).await?.pop())
     }
 
+    /// Reads jobs of one partition with their armed fire, in one MULTI/EXEC so the
+    /// record and the pending score are from the same moment.
     async fn read_jobs(&self, p: u32, ids: &[String]) -> Result<Vec<JobRecord>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         let mut c = self.conn().await?;
         let mut pipe = redis::pipe();
+        pipe.atomic();
+        let pending = self.key(p, "pending");
         for id in ids {
             pipe.cmd("HMGET")
                 .arg(self.key(p, &format!("job:{id}")))
                 .arg("rec")
                 .arg("version")
-                .arg("next_planned")
-                .arg("next_due");
+                .arg("jit")
+                .cmd("ZSCORE")
+                .arg(&pending)
+                .arg(id);
         }
-        #[allow(clippy::type_complexity)]
-        let rows: Vec<(Option<String>, Option<u64>, Option<Millis>, Option<Millis>)> =
-            pipe.query_async(&mut c).await.map_err(unavailable)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            if let Some(job) = decode_job(row)? {
+        let rows: Vec<Value> = pipe.query_async(&mut c).await.map_err(unavailable)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for pair in rows.chunks(2) {
+            let [fields, score] = pair else {
+                return Err(corrupt("odd reply to a job read"));
+            };
+            let (rec, version, jit): (Option<String>, Option<u64>, Option<Millis>) =
+                redis::from_redis_value_ref(fields).map_err(corrupt)?;
+            let due: Option<Millis> = redis::from_redis_value_ref(score).map_err(corrupt)?;
+            if let Some(job) = decode_job(rec, version, due.map(|d| (d, jit.unwrap_or(0))))? {
                 out.push(job);
             }
         }
@@ -341,17 +340,18 @@ async fn watch_changes(
     }
 }
 
-#[allow(clippy::type_complexity)]
 fn decode_job(
-    (rec, version, planned, due): (Option<String>, Option<u64>, Option<Millis>, Option<Millis>),
+    rec: Option<String>,
+    version: Option<u64>,
+    armed: Option<(Millis, Millis)>,
 ) -> Result<Option<JobRecord>> {
     let Some(rec) = rec else { return Ok(None) };
     let mut job: JobRecord = serde_json::from_str(&rec).map_err(corrupt)?;
     job.version = version.ok_or_else(|| corrupt("job without version"))?;
-    job.next_fire = match (planned, due) {
-        (Some(planned), Some(due)) => Some(Arm { planned, due }),
-        _ => None,
-    };
+    job.next_fire = armed.map(|(due, jit)| Arm {
+        planned: due - jit,
+        due,
+    });
     Ok(Some(job))
 }
 
@@ -373,10 +373,11 @@ fn encode_job(job: &JobRecord) -> Result<String> {
     serde_json::to_string(&stored).map_err(corrupt)
 }
 
+/// (pending score, jitter offset) of an arm, as script arguments.
 fn arm_args(arm: Option<Arm>) -> (String, String) {
     match arm {
-        Some(a) => (a.planned.to_string(), a.due.to_string()),
-        None => (String::new(), String::new()),
+        Some(a) => (a.due.to_string(), (a.due - a.planned).to_string()),
+        None => (String::new(), "0".to_owned()),
     }
 }
 
@@ -431,7 +432,7 @@ impl Store for RedisStore {
             // A paused job has no pending member, whatever the record carried.
             job.next_fire = None;
         }
-        let (planned, due) = arm_args(job.next_fire);
+        let (due, jit) = arm_args(job.next_fire);
         let mut c = self.conn().await?;
         let r: String = self
             .inner
@@ -441,8 +442,8 @@ impl Store for RedisStore {
             .arg(&id)
             .arg(encode_job(&job)?)
             .arg(if job.paused { "1" } else { "0" })
-            .arg(planned)
             .arg(due)
+            .arg(jit)
             .arg(self.channel())
             .invoke_async(&mut c)
             .await
@@ -462,7 +463,7 @@ impl Store for RedisStore {
         if job.paused {
             job.next_fire = None;
         }
-        let (planned, due) = arm_args(job.next_fire);
+        let (due, jit) = arm_args(job.next_fire);
         let mut c = self.conn().await?;
         let r: Vec<String> = self
             .inner
@@ -473,8 +474,8 @@ impl Store for RedisStore {
             .arg(expected_version)
             .arg(encode_job(&job)?)
             .arg(if job.paused { "1" } else { "0" })
-            .arg(planned)
             .arg(due)
+            .arg(jit)
             .arg(self.channel())
             .invoke_async(&mut c)
             .await
@@ -612,12 +613,10 @@ impl Store for RedisStore {
             .arg(claims.len());
         for claim in &claims {
             debug_assert_eq!(self.part(&claim.job_id), partition);
-            let (planned, due) = arm_args(claim.next);
             inv.arg(&claim.job_id)
                 .arg(claim.expected_due)
                 .arg(claim.expected_version)
-                .arg(planned)
-                .arg(due)
+                .arg(claim.next.map_or_else(String::new, |a| a.due.to_string()))
                 .arg(claim.triggers.len());
             for t in &claim.triggers {
                 inv.arg(serde_json::to_string(t).map_err(corrupt)?);

@@ -1,5 +1,7 @@
 -- ARGV: P, channel-unused, n, then per claim:
---   job_id, expected_due, expected_version, next_planned|'', next_due|'', ntriggers, trigger_json...
+--   job_id, expected_due, expected_version, next_due|'', ntriggers, trigger_json...
+-- (A job's jitter offset is fixed per version, so the next planned time is the next
+-- due minus the offset already stored: a claim writes only the pending score.)
 -- Each claim advances the job only if its pending score and version are the ones the
 -- claimer saw and it is enabled; the next fire and the triggers are written together.
 local P = ARGV[1]
@@ -11,8 +13,8 @@ local results = {}
 local i = 4
 for c = 1, n do
   local id, exp_due, exp_ver = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local nplanned, ndue, ntrig = ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
-  i = i + 6
+  local ndue, ntrig = ARGV[i + 3], tonumber(ARGV[i + 4])
+  i = i + 5
   local job = P .. 'job:' .. id
   local f = redis.call('HMGET', job, 'version', 'paused')
   local score = redis.call('ZSCORE', pending, id)
@@ -25,12 +27,10 @@ for c = 1, n do
     r = 'version'
   else
     r = 'ok'
-    if nplanned ~= '' then
+    if ndue ~= '' then
       redis.call('ZADD', pending, ndue, id)
-      redis.call('HSET', job, 'next_planned', nplanned, 'next_due', ndue)
     else
       redis.call('ZREM', pending, id)
-      redis.call('HDEL', job, 'next_planned', 'next_due')
     end
     for k = 0, ntrig - 1 do
       redis.call('XADD', stream, '*', 't', ARGV[i + k], 'at', int(now))

@@ -20,8 +20,9 @@ end
 local due = redis.call('ZRANGEBYSCORE', pending, '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, limit)
 local fires = {}
 for i = 1, #due, 2 do
-  local f = redis.call('HMGET', P .. 'job:' .. due[i], 'version', 'next_planned')
-  fires[#fires + 1] = {due[i], due[i + 1], f[1] or '0', f[2] or due[i + 1]}
+  local f = redis.call('HMGET', P .. 'job:' .. due[i], 'version', 'jit')
+  local planned = tonumber(due[i + 1]) - tonumber(f[2] or '0')
+  fires[#fires + 1] = {due[i], due[i + 1], f[1] or '0', int(planned)}
 end
 local n = #due / 2
 local after = redis.call('ZRANGE', pending, n, n, 'WITHSCORES')

@@ -1,4 +1,4 @@
--- ARGV: P, job_id, expected_version, record_json, paused(0|1), next_planned|'', next_due|'', channel
+-- ARGV: P, job_id, expected_version, record_json, paused(0|1), next_due|'', jitter_offset, channel
 -- One atomic version bump that rewrites the pending member, so a claim computed from
 -- the old definition can never re-arm it.
 local P, id = ARGV[1], ARGV[2]
@@ -12,10 +12,9 @@ if current ~= ARGV[3] then
 end
 redis.call('HSET', job, 'rec', ARGV[4], 'version', int(tonumber(current) + 1), 'paused', ARGV[5])
 if ARGV[6] ~= '' then
-  redis.call('HSET', job, 'next_planned', ARGV[6], 'next_due', ARGV[7])
-  redis.call('ZADD', P .. 'pending', ARGV[7], id)
+  redis.call('HSET', job, 'jit', ARGV[7])
+  redis.call('ZADD', P .. 'pending', ARGV[6], id)
 else
-  redis.call('HDEL', job, 'next_planned', 'next_due')
   redis.call('ZREM', P .. 'pending', id)
 end
 redis.call('PUBLISH', ARGV[8], id)
