@@ -123,14 +123,7 @@ pub async fn run(
     let dispatch_task = dispatch::spawn(store.clone(), config.dispatch.clone(), loops.clone());
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    for s in SERVICES {
-        health
-            .set_service_status(*s, tonic_health::ServingStatus::Serving)
-            .await;
-    }
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    set_health(&health, tonic_health::ServingStatus::Serving).await;
     let reflection_v1 = reflection_builder()
         .build_v1()
         .map_err(|e| Error::Reflection(e.to_string()))?;
@@ -177,14 +170,7 @@ pub async fn run(
 
     shutdown.cancelled().await;
     info!("shutting down: health NOT_SERVING, stopping loops");
-    for s in SERVICES {
-        health
-            .set_service_status(*s, tonic_health::ServingStatus::NotServing)
-            .await;
-    }
-    health
-        .set_service_status("", tonic_health::ServingStatus::NotServing)
-        .await;
+    set_health(&health, tonic_health::ServingStatus::NotServing).await;
     loops.cancel();
     let drained = tokio::time::timeout(config.shutdown_grace, async {
         let _ = scheduler_task.await;
@@ -205,6 +191,16 @@ pub async fn run(
     }
     info!("stopped");
     Ok(())
+}
+
+/// Sets every service, and the server as a whole (""), to `status`.
+async fn set_health(
+    health: &tonic_health::server::HealthReporter,
+    status: tonic_health::ServingStatus,
+) {
+    for s in SERVICES.iter().chain(&[""]) {
+        health.set_service_status(*s, status).await;
+    }
 }
 
 /// Reflection serves Sundial's descriptors and the health descriptors, so `grpcurl

@@ -459,3 +459,106 @@ pub fn page_size(field: &'static str, v: i32) -> Result<usize, Error> {
         v => Ok(v as usize),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            ".{0,40}",
+            "[A-Za-z0-9._@ -]{0,140}",
+            Just(String::new()),
+            Just("* * * * * *".to_owned()),
+            Just("0 0 10 ? * 6#3".to_owned()),
+            Just("http://example.com/hook".to_owned()),
+        ]
+    }
+
+    fn any_spec() -> impl Strategy<Value = pb::JobSpec> {
+        (
+            (text(), text(), text(), text()),
+            (any::<i64>(), any::<i64>(), any::<i64>()),
+            (any::<i32>(), any::<i32>(), any::<i32>(), any::<i32>()),
+            (
+                proptest::option::of(any::<i64>()),
+                any::<i32>(),
+                any::<f64>(),
+            ),
+            (text(), text(), 0usize..70_000, 0u8..3),
+        )
+            .prop_map(
+                |(
+                    (id, cron, tz, url),
+                    (start, end, jitter),
+                    (strategy, misfire, overlap, catch_up),
+                    (timeout, retries, multiplier),
+                    (group, handler, payload_len, target),
+                )| pb::JobSpec {
+                    id,
+                    cron,
+                    time_zone: tz,
+                    start_time_ms: start,
+                    end_time_ms: end,
+                    jitter_ms: jitter,
+                    target: match target {
+                        0 => None,
+                        1 => Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+                            group,
+                            handler,
+                        })),
+                        _ => Some(pb::job_spec::Target::Http(pb::HttpTarget {
+                            url: url.clone(),
+                            method: handler,
+                        })),
+                    },
+                    route_strategy: strategy,
+                    timeout_ms: timeout,
+                    retry: Some(pb::RetryPolicy {
+                        max_retries: retries,
+                        backoff_ms: jitter,
+                        backoff_multiplier: multiplier,
+                        max_backoff_ms: end,
+                    }),
+                    misfire_policy: misfire,
+                    misfire_catch_up_limit: catch_up,
+                    overlap_policy: overlap,
+                    callback_url: url,
+                    payload: vec![0; payload_len],
+                    ..Default::default()
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any request either validates or is refused with a field-named error; it
+        /// never panics, and what validates round-trips through the wire form.
+        #[test]
+        fn validation_never_panics(spec in any_spec()) {
+            match job_spec(Some(spec)) {
+                Ok((spec, paused)) => {
+                    let record = JobRecord {
+                        spec: spec.clone(),
+                        version: 1,
+                        paused,
+                        next_fire: None,
+                        created_at: 0,
+                        updated_at: 0,
+                    };
+                    let wire = job_to_pb(record);
+                    let (again, _) = job_spec(wire.spec).expect("a valid spec stays valid");
+                    prop_assert_eq!(again, spec);
+                }
+                Err(Error::Invalid { field, reason }) => {
+                    prop_assert!(field.starts_with("spec"), "{field}");
+                    prop_assert!(!reason.is_empty());
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+    }
+}
