@@ -7,9 +7,10 @@
 //!
 //! ```text
 //! <prefix>:meta                         schema version, partition count
-//! <prefix>:{p}:job:<job_id>             hash: rec (JSON), version, paused, jit (due − planned)
+//! <prefix>:{p}:job:<job_id>             hash: rec (JSON), version, paused, jit (due − planned),
+//!                                       member (its pending member while armed)
 //! <prefix>:{p}:jobs                     zset (score 0) of job ids, for listing
-//! <prefix>:{p}:pending                  zset job_id -> due time (ms): the pending set
+//! <prefix>:{p}:pending                  zset "<version>:<jit>:<job_id>" -> due time (ms)
 //! <prefix>:{p}:claimer                  instance working the partition (short TTL)
 //! <prefix>:{p}:triggers                 stream of triggers, consumer group "dispatch"
 //! <prefix>:{p}:idem:<job_id>:<key>      manual-trigger idempotency key -> schedule_id
@@ -64,6 +65,7 @@ struct Scripts {
     release_lease: Script,
     expired_leases: Script,
     trim_triggers: Script,
+    read_jobs: Script,
 }
 
 impl Scripts {
@@ -81,6 +83,7 @@ impl Scripts {
             release_lease: script!("release_lease"),
             expired_leases: script!("expired_leases"),
             trim_triggers: script!("trim_triggers"),
+            read_jobs: script!("read_jobs"),
         }
     }
 }
@@ -240,35 +243,23 @@ impl RedisStore {
         Ok(self.read_jobs(p, &[job_id.to_owned()]).await?.pop())
     }
 
-    /// Reads jobs of one partition with their armed fire, in one MULTI/EXEC so the
-    /// record and the pending score are from the same moment.
+    /// Reads jobs of one partition with their armed fire, in one script so the record
+    /// and the pending score are from the same moment.
     async fn read_jobs(&self, p: u32, ids: &[String]) -> Result<Vec<JobRecord>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut c = self.conn().await?;
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        let pending = self.key(p, "pending");
+        let mut inv = self.inner.scripts.read_jobs.prepare_invoke();
+        inv.arg(self.pfx(p));
         for id in ids {
-            pipe.cmd("HMGET")
-                .arg(self.key(p, &format!("job:{id}")))
-                .arg("rec")
-                .arg("version")
-                .arg("jit")
-                .cmd("ZSCORE")
-                .arg(&pending)
-                .arg(id);
+            inv.arg(id);
         }
-        let rows: Vec<Value> = pipe.query_async(&mut c).await.map_err(unavailable)?;
-        let mut out = Vec::with_capacity(ids.len());
-        for pair in rows.chunks(2) {
-            let [fields, score] = pair else {
-                return Err(corrupt("odd reply to a job read"));
-            };
-            let (rec, version, jit): (Option<String>, Option<u64>, Option<Millis>) =
-                redis::from_redis_value_ref(fields).map_err(corrupt)?;
-            let due: Option<Millis> = redis::from_redis_value_ref(score).map_err(corrupt)?;
+        let mut c = self.conn().await?;
+        #[allow(clippy::type_complexity)]
+        let rows: Vec<(Option<String>, Option<u64>, Option<Millis>, Option<Millis>)> =
+            inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (rec, version, due, jit) in rows {
             if let Some(job) = decode_job(rec, version, due.map(|d| (d, jit.unwrap_or(0))))? {
                 out.push(job);
             }
@@ -378,6 +369,15 @@ fn arm_args(arm: Option<Arm>) -> (String, String) {
     match arm {
         Some(a) => (a.due.to_string(), (a.due - a.planned).to_string()),
         None => (String::new(), "0".to_owned()),
+    }
+}
+
+/// Splits a pending member "<version>:<jitter offset>:<job_id>".
+fn split_member(member: &str) -> Result<(u64, Millis, &str)> {
+    let mut parts = member.splitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(v), Some(j), Some(id)) => Ok((v.parse().map_err(corrupt)?, parse_i64(j)?, id)),
+        _ => Err(corrupt(format!("bad pending member {member:?}"))),
     }
 }
 
@@ -574,12 +574,7 @@ impl Store for RedisStore {
 
     async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
         let mut c = self.conn().await?;
-        #[allow(clippy::type_complexity)]
-        let (now, rows, next): (
-            String,
-            Vec<(String, String, String, String)>,
-            Option<String>,
-        ) = self
+        let (now, rows, next): (String, Vec<String>, Option<String>) = self
             .inner
             .scripts
             .due_fires
@@ -590,13 +585,18 @@ impl Store for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        let mut fires = Vec::with_capacity(rows.len());
-        for (job_id, due, version, planned) in rows {
+        let mut fires = Vec::with_capacity(rows.len() / 2);
+        for pair in rows.chunks(2) {
+            let [member, due] = pair else {
+                return Err(corrupt("odd due-fires reply"));
+            };
+            let (version, jit, job_id) = split_member(member)?;
+            let due = parse_i64(due)?;
             fires.push(DueFire {
-                job_id,
-                due: parse_i64(&due)?,
-                planned: parse_i64(&planned)?,
-                version: version.parse().map_err(corrupt)?,
+                job_id: job_id.to_owned(),
+                due,
+                planned: due - jit,
+                version,
             });
         }
         Ok(DueBatch {
@@ -613,10 +613,15 @@ impl Store for RedisStore {
             .arg(claims.len());
         for claim in &claims {
             debug_assert_eq!(self.part(&claim.job_id), partition);
+            let (next_due, jit) = match claim.next {
+                Some(a) => (a.due.to_string(), (a.due - a.planned).to_string()),
+                None => (String::new(), String::new()),
+            };
             inv.arg(&claim.job_id)
                 .arg(claim.expected_due)
                 .arg(claim.expected_version)
-                .arg(claim.next.map_or_else(String::new, |a| a.due.to_string()))
+                .arg(jit)
+                .arg(next_due)
                 .arg(claim.triggers.len());
             for t in &claim.triggers {
                 inv.arg(serde_json::to_string(t).map_err(corrupt)?);

@@ -1,5 +1,6 @@
 -- ARGV: P, limit, instance, partition_lease_ms.
--- Returns {now, {{id, due, version, planned}...}, next_due|false}
+-- Returns {now, {member, due, member, due, ...}, next_due|false}; a member is
+-- "<version>:<jitter offset>:<job_id>" (see create_job.lua).
 local P, limit = ARGV[1], tonumber(ARGV[2])
 local now = store_now_ms()
 local pending = P .. 'pending'
@@ -18,12 +19,6 @@ if tonumber(ARGV[4]) > 0 then
   redis.call('SET', lease, ARGV[3], 'PX', ARGV[4])
 end
 local due = redis.call('ZRANGEBYSCORE', pending, '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, limit)
-local fires = {}
-for i = 1, #due, 2 do
-  local f = redis.call('HMGET', P .. 'job:' .. due[i], 'version', 'jit')
-  local planned = tonumber(due[i + 1]) - tonumber(f[2] or '0')
-  fires[#fires + 1] = {due[i], due[i + 1], f[1] or '0', int(planned)}
-end
 local n = #due / 2
 local after = redis.call('ZRANGE', pending, n, n, 'WITHSCORES')
-return {int(now), fires, after[2] or false}
+return {int(now), due, after[2] or false}
