@@ -1173,6 +1173,34 @@ mod tests {
         store.ack_trigger(&last[0].entry_id).await.expect("ack");
         store.trim_triggers(0).await.expect("trim");
         assert_eq!(queue_len(&prefix).await, 1);
+        // Consumers that hold nothing and were last seen before the cutoff go.
+        let consumers = |prefix: String| async move {
+            let url = shared_redis_url().expect("redis-server");
+            let mut c = redis::Client::open(url.as_str())
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("conn");
+            let v: Vec<redis::Value> = redis::cmd("XINFO")
+                .arg("CONSUMERS")
+                .arg(format!("{prefix}:{{0}}:triggers"))
+                .arg(GROUP)
+                .query_async(&mut c)
+                .await
+                .expect("xinfo");
+            v.len()
+        };
+        // The earlier future-cutoff trims forgot c1 and c2 once they held nothing; c1's
+        // last read re-created it.
+        assert_eq!(consumers(prefix.clone()).await, 1);
+        store.trim_triggers(0).await.expect("trim");
+        assert_eq!(consumers(prefix.clone()).await, 1, "recently seen: kept");
+        store.trim_triggers(future).await.expect("trim");
+        assert_eq!(
+            consumers(prefix.clone()).await,
+            0,
+            "idle and empty: forgotten"
+        );
     }
 
     #[tokio::test]

@@ -1,5 +1,7 @@
 -- ARGV: P, group, cutoff_ms. Trims by age (MINID), never past an entry that is pending
--- (delivered, unacked) or not yet delivered to the group.
+-- (delivered, unacked) or not yet delivered to the group. Also forgets consumers (one
+-- per instance start) that hold nothing and were last seen before the cutoff; a live
+-- one idles for milliseconds between reads, and would be re-created by its next read.
 local P = ARGV[1]
 local stream = P .. 'triggers'
 if redis.call('EXISTS', stream) == 0 then
@@ -30,6 +32,16 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     if older(next_undelivered, minid) then
       minid = next_undelivered
     end
+  end
+end
+local max_idle = store_now_ms() - tonumber(ARGV[3])
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, ARGV[2])) do
+  local info = {}
+  for k = 1, #c, 2 do
+    info[c[k]] = c[k + 1]
+  end
+  if tonumber(info['pending']) == 0 and tonumber(info['idle']) > max_idle then
+    redis.call('XGROUP', 'DELCONSUMER', stream, ARGV[2], info['name'])
   end
 end
 return redis.call('XTRIM', stream, 'MINID', minid)
