@@ -244,8 +244,9 @@ impl Claimer<'_> {
                 }
             }
             if claims.is_empty() {
-                // Every due fire belonged to a job that changed under us; re-read.
-                continue;
+                // Every due fire belonged to a job that changed between the two reads
+                // (or whose record is gone): look again shortly rather than spin.
+                return Ok(Duration::from_millis(50));
             }
             crash_point("scheduler.before_claim");
             let outcome = self.store.claim_fires(p, claims.clone()).await?;
