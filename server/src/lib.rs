@@ -9,6 +9,7 @@ pub mod dispatch;
 pub mod fault;
 pub mod jobs;
 pub mod model;
+pub mod runs;
 pub mod scheduler;
 pub mod server;
 pub mod store;

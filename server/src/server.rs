@@ -149,8 +149,9 @@ pub async fn run(
     let grpc_task = tokio::spawn(grpc);
     let http_task = http_listener.map(|l| {
         let stop = servers_stop.clone();
+        let jobs = jobs.clone();
         tokio::spawn(async move {
-            let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+            let app = crate::api::rest::router(jobs);
             axum::serve(l, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
                 .await

@@ -1,12 +1,13 @@
-//! The gRPC surface: `JobService`, `RunService`, and the services whose behaviour
+//! The API surfaces. gRPC: `JobService`, `RunService`, and the services whose behaviour
 //! belongs to later work (`ExecutorService`, `NodeService`, `AppService`), which answer
 //! `UNIMPLEMENTED` naming what is missing. Handlers validate through [`convert`] and
 //! forward to the core; errors become a `tonic::Status` in exactly one place,
-//! [`status`].
+//! [`status`]. REST: [`rest`], the status API on the HTTP port.
 
 pub mod convert;
 mod jobs;
 mod pending;
+pub mod rest;
 mod runs;
 
 use tonic::{Code, Status};

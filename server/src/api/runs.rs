@@ -8,12 +8,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{convert, status};
-use crate::jobs::{Jobs, Plan};
+use crate::jobs::Jobs;
 use crate::model::split_schedule_id;
-use crate::store::{RunQuery, Store};
-
-/// Bounds how many store pages one ListRuns call scans while filtering by state.
-const MAX_SCAN_PAGES: usize = 50;
+use crate::runs::{self, RunFilter};
+use crate::store::Store;
 
 pub struct RunApi {
     store: Arc<dyn Store>,
@@ -72,34 +70,16 @@ impl RunService for RunApi {
         if req.to_ms != 0 && req.to_ms <= req.from_ms {
             return Err(Status::invalid_argument("to_ms: must be after from_ms"));
         }
-        let mut cursor = (!req.page_token.is_empty()).then_some(req.page_token);
-        let mut runs = Vec::new();
-        for _ in 0..MAX_SCAN_PAGES {
-            let page = self
-                .store
-                .list_runs(
-                    &job_id,
-                    RunQuery {
-                        from: (req.from_ms > 0).then_some(req.from_ms),
-                        to: (req.to_ms > 0).then_some(req.to_ms),
-                        limit: size - runs.len(),
-                        cursor: cursor.clone(),
-                    },
-                )
-                .await?;
-            runs.extend(
-                page.items
-                    .into_iter()
-                    .filter(|r| state.is_none_or(|s| r.state == s)),
-            );
-            cursor = page.next_cursor;
-            if cursor.is_none() || runs.len() >= size {
-                break;
-            }
-        }
+        let filter = RunFilter {
+            state,
+            from: (req.from_ms > 0).then_some(req.from_ms),
+            to: (req.to_ms > 0).then_some(req.to_ms),
+        };
+        let cursor = (!req.page_token.is_empty()).then_some(req.page_token);
+        let page = runs::list_runs(self.store.as_ref(), &job_id, &filter, size, cursor).await?;
         Ok(Response::new(pb::ListRunsResponse {
-            runs: runs.into_iter().map(convert::run_to_pb).collect(),
-            next_page_token: cursor.unwrap_or_default(),
+            runs: page.items.into_iter().map(convert::run_to_pb).collect(),
+            next_page_token: page.next_cursor.unwrap_or_default(),
         }))
     }
 
@@ -118,34 +98,15 @@ impl RunService for RunApi {
             }
             n => n as usize,
         };
-        let job = self.jobs.get(&job_id).await.map_err(status)?;
-        let latest = self
-            .store
-            .list_runs(
-                &job_id,
-                RunQuery {
-                    limit: 1,
-                    ..RunQuery::default()
-                },
-            )
-            .await?
-            .items
-            .into_iter()
-            .next();
-        let next_fire_times_ms = match (&job.next_fire, Plan::new(job.spec.clone())) {
-            (Some(arm), Ok(plan)) => {
-                let mut fires = vec![arm.planned];
-                fires.extend(plan.upcoming(arm.planned, n - 1));
-                fires
-            }
-            _ => Vec::new(),
-        };
+        let st = runs::job_status(&self.jobs, &job_id, n)
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::GetJobStatusResponse {
             job_id,
-            version: job.version,
-            paused: job.paused,
-            latest_run: latest.map(convert::run_to_pb),
-            next_fire_times_ms,
+            version: st.job.version,
+            paused: st.job.paused,
+            latest_run: st.latest_run.map(convert::run_to_pb),
+            next_fire_times_ms: st.next_fires,
         }))
     }
 

@@ -1,0 +1,423 @@
+//! The REST status API on `--http-listen`, for callers without gRPC: job status, runs,
+//! manual triggers, the OpenAPI document and `/healthz`. Handlers validate their own
+//! request shapes (errors name the parameter, as JSON) and forward to the same core as
+//! the gRPC services (`jobs`, `runs`).
+//!
+//! Not here yet: authentication (bearer tokens and app signatures) and `/metrics`, which
+//! arrive with the webhooks issue. Until then bind it to loopback (the default).
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use super::convert;
+use crate::jobs::{self, Jobs};
+use crate::model::{MAX_PAYLOAD_BYTES, RunRecord, RunState, split_schedule_id};
+use crate::runs::{self, RunFilter};
+use crate::store;
+
+/// The REST routes, over the job operations of this instance.
+pub fn router(jobs: Jobs) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/api/v1/openapi.json", get(openapi))
+        .route("/api/v1/tasks/{job_id}", get(task_status))
+        .route("/api/v1/runs/{schedule_id}", get(get_run))
+        .route("/api/v1/jobs/{job_id}/runs", get(list_runs))
+        .route("/api/v1/jobs/{job_id}/trigger", post(trigger))
+        .with_state(jobs)
+}
+
+/// An error as the REST API answers it: `{"error": {"code": …, "message": …}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn invalid(field: &str, reason: impl std::fmt::Display) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            code: "INVALID_ARGUMENT",
+            message: format!("{field}: {reason}"),
+        }
+    }
+}
+
+impl From<jobs::Error> for ApiError {
+    fn from(e: jobs::Error) -> Self {
+        let (status, code) = match &e {
+            jobs::Error::Invalid { .. } => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+            jobs::Error::Store(s) => match s {
+                store::Error::JobNotFound(_) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+                store::Error::JobExists(_) => (StatusCode::CONFLICT, "ALREADY_EXISTS"),
+                store::Error::VersionConflict { .. } => (StatusCode::CONFLICT, "ABORTED"),
+                store::Error::LeaseHeld { .. } | store::Error::StaleToken { .. } => {
+                    (StatusCode::CONFLICT, "FAILED_PRECONDITION")
+                }
+                store::Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+                store::Error::SchemaTooNew { .. } | store::Error::Corrupt(_) => {
+                    tracing::error!(error = %s, "store error");
+                    (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL")
+                }
+            },
+        };
+        Self {
+            status,
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<store::Error> for ApiError {
+    fn from(e: store::Error) -> Self {
+        jobs::Error::Store(e).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// A run as the REST API shows it (the JSON twin of `sundial.v1.Run`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RunView {
+    pub schedule_id: String,
+    pub job_id: String,
+    pub schedule_no: String,
+    pub state: RunState,
+    pub trigger_kind: String,
+    pub attempt: u32,
+    /// A decimal string: tokens exceed what JSON numbers carry exactly.
+    pub fencing_token: String,
+    pub node_id: String,
+    pub scheduled_at_ms: i64,
+    pub triggered_at_ms: i64,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub error_code: String,
+    pub error_message: String,
+    pub reason: String,
+    pub job_version: u64,
+}
+
+impl From<RunRecord> for RunView {
+    fn from(r: RunRecord) -> Self {
+        let kind = serde_json::to_value(r.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_ascii_uppercase))
+            .unwrap_or_default();
+        Self {
+            schedule_id: r.schedule_id,
+            job_id: r.job_id,
+            schedule_no: r.schedule_no,
+            state: r.state,
+            trigger_kind: kind,
+            attempt: r.attempt,
+            fencing_token: r.fencing_token.to_string(),
+            node_id: r.node_id,
+            scheduled_at_ms: r.scheduled_at,
+            triggered_at_ms: r.triggered_at,
+            started_at_ms: r.started_at,
+            finished_at_ms: r.finished_at,
+            error_code: r.error_code,
+            error_message: r.error_message,
+            reason: r.reason,
+            job_version: r.job_version,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TaskView {
+    pub job_id: String,
+    pub version: u64,
+    /// ACTIVE, PAUSED or FINISHED.
+    pub state: String,
+    pub next_fire_times_ms: Vec<i64>,
+    pub latest_run: Option<RunView>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RunsPage {
+    pub runs: Vec<RunView>,
+    /// Empty when there is nothing more.
+    pub next_page_token: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerBody {
+    pub idempotency_key: Option<String>,
+    /// The payload as text (UTF-8), instead of the job's.
+    pub payload: Option<String>,
+    /// The payload as base64, for bytes that are not text.
+    pub payload_base64: Option<String>,
+    pub route_key: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Triggered {
+    pub schedule_id: String,
+    pub duplicate: bool,
+}
+
+fn job_id(raw: &str) -> Result<String, ApiError> {
+    convert::job_id("job_id", raw).map_err(ApiError::from)
+}
+
+async fn task_status(
+    State(jobs): State<Jobs>,
+    Path(raw): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = job_id(&raw)?;
+    let st = runs::job_status(&jobs, &id, 5).await?;
+    let state = match convert::job_state(&st.job) {
+        sundial_proto::v1::JobState::Paused => "PAUSED",
+        sundial_proto::v1::JobState::Finished => "FINISHED",
+        _ => "ACTIVE",
+    };
+    Ok(Json(TaskView {
+        job_id: id,
+        version: st.job.version,
+        state: state.to_owned(),
+        next_fire_times_ms: st.next_fires,
+        latest_run: st.latest_run.map(RunView::from),
+    }))
+}
+
+async fn get_run(
+    State(jobs): State<Jobs>,
+    Path(schedule_id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    if split_schedule_id(&schedule_id).is_none() {
+        return Err(ApiError::invalid(
+            "schedule_id",
+            format!("{schedule_id:?} is not <job_id>@<schedule_no>"),
+        ));
+    }
+    let run = jobs
+        .store()
+        .get_run(&schedule_id)
+        .await?
+        .ok_or_else(|| ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "NOT_FOUND",
+            message: format!("run {schedule_id:?} not found"),
+        })?;
+    Ok(Json(run.into()))
+}
+
+fn int_param(q: &HashMap<String, String>, name: &str) -> Result<Option<i64>, ApiError> {
+    q.get(name)
+        .map(|v| {
+            v.parse::<i64>()
+                .map_err(|_| ApiError::invalid(name, format!("{v:?} is not an integer")))
+        })
+        .transpose()
+}
+
+async fn list_runs(
+    State(jobs): State<Jobs>,
+    Path(raw): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<RunsPage>, ApiError> {
+    const KNOWN: &[&str] = &["state", "from_ms", "to_ms", "page_size", "page_token"];
+    if let Some(unknown) = q.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            unknown,
+            format!("unknown parameter; known: {}", KNOWN.join(", ")),
+        ));
+    }
+    let id = job_id(&raw)?;
+    let state = match q.get("state").map(String::as_str) {
+        None | Some("") => None,
+        Some(s) => Some(
+            serde_json::from_value::<RunState>(serde_json::Value::String(s.to_ascii_uppercase()))
+                .map_err(|_| ApiError::invalid("state", format!("{s:?} is not a run state")))?,
+        ),
+    };
+    let from = int_param(&q, "from_ms")?;
+    let to = int_param(&q, "to_ms")?;
+    if from.is_some_and(|f| f < 0) || to.is_some_and(|t| t < 0) {
+        return Err(ApiError::invalid("from_ms/to_ms", "must be ≥ 0"));
+    }
+    if let (Some(f), Some(t)) = (from, to)
+        && t <= f
+    {
+        return Err(ApiError::invalid("to_ms", "must be after from_ms"));
+    }
+    let size = int_param(&q, "page_size")?.unwrap_or(0);
+    let size = convert::page_size("page_size", i32::try_from(size).unwrap_or(i32::MAX))?;
+    let cursor = q.get("page_token").filter(|t| !t.is_empty()).cloned();
+    let page = runs::list_runs(
+        jobs.store().as_ref(),
+        &id,
+        &RunFilter { state, from, to },
+        size,
+        cursor,
+    )
+    .await?;
+    Ok(Json(RunsPage {
+        runs: page.items.into_iter().map(RunView::from).collect(),
+        next_page_token: page.next_cursor.unwrap_or_default(),
+    }))
+}
+
+async fn trigger(
+    State(jobs): State<Jobs>,
+    Path(raw): Path<String>,
+    body: Option<Json<serde_json::Value>>,
+) -> Result<(StatusCode, Json<Triggered>), ApiError> {
+    let id = job_id(&raw)?;
+    let body: TriggerBody = match body {
+        None => TriggerBody::default(),
+        Some(Json(v)) => serde_json::from_value(v).map_err(|e| ApiError::invalid("body", e))?,
+    };
+    let payload = match (body.payload, body.payload_base64) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "payload_base64",
+                "give payload or payload_base64, not both",
+            ));
+        }
+        (Some(text), None) => Some(text.into_bytes()),
+        (None, Some(b64)) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| ApiError::invalid("payload_base64", e))?,
+        ),
+        (None, None) => None,
+    };
+    if payload
+        .as_ref()
+        .is_some_and(|p| p.len() > MAX_PAYLOAD_BYTES)
+    {
+        return Err(ApiError::invalid("payload", "more than 64 KiB"));
+    }
+    if body.route_key.as_ref().is_some_and(|k| k.len() > 256) {
+        return Err(ApiError::invalid("route_key", "longer than 256 bytes"));
+    }
+    let enq = jobs
+        .trigger(
+            &id,
+            body.idempotency_key.as_deref().filter(|k| !k.is_empty()),
+            payload,
+            body.route_key.filter(|k| !k.is_empty()),
+        )
+        .await?;
+    tracing::info!(job_id = %id, schedule_id = %enq.schedule_id, duplicate = enq.duplicate, "manual trigger (REST)");
+    let status = if enq.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((
+        status,
+        Json(Triggered {
+            schedule_id: enq.schedule_id,
+            duplicate: enq.duplicate,
+        }),
+    ))
+}
+
+async fn openapi() -> Json<serde_json::Value> {
+    Json(openapi_document())
+}
+
+/// The OpenAPI 3 description of this API.
+pub fn openapi_document() -> serde_json::Value {
+    use serde_json::json;
+    let error = json!({ "$ref": "#/components/schemas/Error" });
+    let errors = |extra: &[(&str, &str)]| {
+        let mut m = serde_json::Map::new();
+        m.insert(
+            "400".into(),
+            json!({"description": "invalid parameter (the message names it)", "content": {"application/json": {"schema": error}}}),
+        );
+        for (code, desc) in extra {
+            m.insert(
+                (*code).into(),
+                json!({"description": desc, "content": {"application/json": {"schema": error}}}),
+            );
+        }
+        m
+    };
+    let job_id = json!({"name": "job_id", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$"}});
+    let mut task_responses = errors(&[("404", "no such job")]);
+    task_responses.insert("200".into(), json!({"description": "status", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Task"}}}}));
+    let mut run_responses = errors(&[("404", "no such run")]);
+    run_responses.insert("200".into(), json!({"description": "the run", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}}}));
+    let mut runs_responses = errors(&[]);
+    runs_responses.insert("200".into(), json!({"description": "a page of runs, newest first", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunsPage"}}}}));
+    let mut trigger_responses = errors(&[("404", "no such job")]);
+    trigger_responses.insert("202".into(), json!({"description": "queued", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Triggered"}}}}));
+    trigger_responses.insert("200".into(), json!({"description": "the idempotency key was used before; nothing new queued", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Triggered"}}}}));
+    let run_states = json!([
+        "TRIGGERED",
+        "WAITING",
+        "DISPATCHED",
+        "RUNNING",
+        "SUCCEEDED",
+        "FAILED",
+        "TIMED_OUT",
+        "CANCELLED",
+        "SKIPPED"
+    ]);
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "Sundial status API", "version": "v1"},
+        "paths": {
+            "/api/v1/tasks/{job_id}": {"get": {"summary": "A job's status: latest run and next fire times", "parameters": [job_id], "responses": task_responses}},
+            "/api/v1/runs/{schedule_id}": {"get": {"summary": "One run", "parameters": [{"name": "schedule_id", "in": "path", "required": true, "schema": {"type": "string"}, "description": "<job_id>@<schedule_no>"}], "responses": run_responses}},
+            "/api/v1/jobs/{job_id}/runs": {"get": {"summary": "A job's runs, newest first", "parameters": [
+                job_id,
+                {"name": "state", "in": "query", "schema": {"type": "string", "enum": run_states}},
+                {"name": "from_ms", "in": "query", "schema": {"type": "integer", "format": "int64"}, "description": "scheduled at or after (epoch ms)"},
+                {"name": "to_ms", "in": "query", "schema": {"type": "integer", "format": "int64"}, "description": "scheduled before (epoch ms)"},
+                {"name": "page_size", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": 1000}},
+                {"name": "page_token", "in": "query", "schema": {"type": "string"}}
+            ], "responses": runs_responses}},
+            "/api/v1/jobs/{job_id}/trigger": {"post": {"summary": "Run the job now", "parameters": [job_id], "requestBody": {"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TriggerBody"}}}}, "responses": trigger_responses}},
+            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
+            "Run": {"type": "object", "properties": {
+                "schedule_id": {"type": "string"}, "job_id": {"type": "string"}, "schedule_no": {"type": "string"},
+                "state": {"type": "string", "enum": run_states},
+                "trigger_kind": {"type": "string", "enum": ["CRON", "MISFIRE", "MANUAL", "RETRY"]},
+                "attempt": {"type": "integer"}, "fencing_token": {"type": "string"}, "node_id": {"type": "string"},
+                "scheduled_at_ms": {"type": "integer", "format": "int64"}, "triggered_at_ms": {"type": "integer", "format": "int64"},
+                "started_at_ms": {"type": "integer", "format": "int64", "nullable": true}, "finished_at_ms": {"type": "integer", "format": "int64", "nullable": true},
+                "error_code": {"type": "string"}, "error_message": {"type": "string"}, "reason": {"type": "string"}, "job_version": {"type": "integer", "format": "int64"}
+            }},
+            "Task": {"type": "object", "properties": {
+                "job_id": {"type": "string"}, "version": {"type": "integer", "format": "int64"},
+                "state": {"type": "string", "enum": ["ACTIVE", "PAUSED", "FINISHED"]},
+                "next_fire_times_ms": {"type": "array", "items": {"type": "integer", "format": "int64"}},
+                "latest_run": {"allOf": [{"$ref": "#/components/schemas/Run"}], "nullable": true}
+            }},
+            "RunsPage": {"type": "object", "properties": {"runs": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}}, "next_page_token": {"type": "string"}}},
+            "TriggerBody": {"type": "object", "additionalProperties": false, "properties": {
+                "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$"},
+                "payload": {"type": "string", "description": "UTF-8 text payload"},
+                "payload_base64": {"type": "string", "format": "byte"},
+                "route_key": {"type": "string", "maxLength": 256}
+            }},
+            "Triggered": {"type": "object", "properties": {"schedule_id": {"type": "string"}, "duplicate": {"type": "boolean"}}}
+        }}
+    })
+}

@@ -1,0 +1,98 @@
+//! Run queries shared by the gRPC and REST surfaces: a job's runs filtered and paged,
+//! and a job's status (its latest run and next fire times). Both surfaces validate
+//! their own request shapes and then ask here, so they cannot drift apart.
+
+use crate::jobs::{self, Jobs, Plan};
+use crate::model::{JobRecord, Millis, RunRecord, RunState};
+use crate::store::{Page, RunQuery, Store};
+
+/// Bounds how many store pages one listing scans while filtering by state.
+const MAX_SCAN_PAGES: usize = 50;
+
+/// Which runs of a job to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    pub state: Option<RunState>,
+    /// scheduled_at ≥ from
+    pub from: Option<Millis>,
+    /// scheduled_at < to
+    pub to: Option<Millis>,
+}
+
+/// Up to `page_size` runs of `job_id` that pass `filter`, newest first, and the cursor
+/// to continue from. A page may be short while more follow (the scan per call is
+/// bounded); only a missing cursor means the end.
+pub async fn list_runs(
+    store: &dyn Store,
+    job_id: &str,
+    filter: &RunFilter,
+    page_size: usize,
+    mut cursor: Option<String>,
+) -> crate::store::Result<Page<RunRecord>> {
+    let mut items = Vec::new();
+    for _ in 0..MAX_SCAN_PAGES {
+        let page = store
+            .list_runs(
+                job_id,
+                RunQuery {
+                    from: filter.from,
+                    to: filter.to,
+                    limit: page_size - items.len(),
+                    cursor: cursor.clone(),
+                },
+            )
+            .await?;
+        items.extend(
+            page.items
+                .into_iter()
+                .filter(|r| filter.state.is_none_or(|s| r.state == s)),
+        );
+        cursor = page.next_cursor;
+        if cursor.is_none() || items.len() >= page_size {
+            break;
+        }
+    }
+    Ok(Page {
+        items,
+        next_cursor: cursor,
+    })
+}
+
+/// What a caller wants to know about a job at a glance.
+#[derive(Debug, Clone)]
+pub struct JobStatus {
+    pub job: JobRecord,
+    pub latest_run: Option<RunRecord>,
+    /// The armed fire and the ones after it; empty while paused or finished.
+    pub next_fires: Vec<Millis>,
+}
+
+pub async fn job_status(jobs: &Jobs, job_id: &str, next_fires: usize) -> jobs::Result<JobStatus> {
+    let job = jobs.get(job_id).await?;
+    let latest_run = jobs
+        .store()
+        .list_runs(
+            job_id,
+            RunQuery {
+                limit: 1,
+                ..RunQuery::default()
+            },
+        )
+        .await?
+        .items
+        .into_iter()
+        .next();
+    let next_fires = match (&job.next_fire, Plan::new(job.spec.clone())) {
+        (Some(arm), Ok(plan)) if next_fires > 0 => {
+            let mut fires = vec![arm.planned];
+            fires.extend(plan.upcoming(arm.planned, next_fires - 1));
+            fires
+        }
+        _ => Vec::new(),
+    };
+    Ok(JobStatus {
+        job,
+        latest_run,
+        next_fires,
+    })
+}

@@ -1,0 +1,249 @@
+//! The REST status API over real HTTP: status, runs, manual triggers, the OpenAPI
+//! document, and errors that name the parameter.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+use sundial_proto::v1 as pb;
+use sundial_tests::{Sundial, SundialOptions, every_second, wait_for};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_runs_and_triggers_over_http() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
+    let base = format!("http://{}", server.http.context("no http address")?);
+    let http = reqwest::Client::new();
+    let mut jobs = server.jobs().await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(every_second("rest-job")),
+    })
+    .await?;
+
+    // Runs accumulate; the status shows the latest and the next five fires.
+    let url = format!("{base}/api/v1/jobs/rest-job/runs?page_size=2");
+    let page: Value = wait_for("three runs", Duration::from_secs(20), || {
+        let http = http.clone();
+        let url = format!("{base}/api/v1/jobs/rest-job/runs");
+        async move {
+            let v: Value = http.get(&url).send().await?.json().await?;
+            Ok((v["runs"].as_array().map_or(0, Vec::len) >= 3).then_some(v))
+        }
+    })
+    .await?;
+    let first = page["runs"][0].clone();
+    ensure!(
+        first["state"] == "TRIGGERED" && first["trigger_kind"] == "CRON",
+        "{first}"
+    );
+    let two: Value = http.get(&url).send().await?.json().await?;
+    ensure!(two["runs"].as_array().map(Vec::len) == Some(2));
+    let token = two["next_page_token"].as_str().context("token")?;
+    ensure!(!token.is_empty());
+    let next: Value = http
+        .get(format!("{base}/api/v1/jobs/rest-job/runs"))
+        .query(&[("page_size", "2"), ("page_token", token)])
+        .send()
+        .await?
+        .json()
+        .await?;
+    let older = next["runs"][0]["scheduled_at_ms"]
+        .as_i64()
+        .context("older")?;
+    ensure!(
+        older
+            < two["runs"][1]["scheduled_at_ms"]
+                .as_i64()
+                .context("newer")?
+    );
+
+    let task: Value = http
+        .get(format!("{base}/api/v1/tasks/rest-job"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(task["state"] == "ACTIVE" && task["version"] == 1, "{task}");
+    ensure!(task["next_fire_times_ms"].as_array().map(Vec::len) == Some(5));
+    ensure!(task["latest_run"]["job_id"] == "rest-job");
+
+    let sid = first["schedule_id"].as_str().context("sid")?;
+    let run = http.get(format!("{base}/api/v1/runs/{sid}")).send().await?;
+    ensure!(run.status() == 200);
+    let run: Value = run.json().await?;
+    ensure!(run["schedule_id"] == sid);
+
+    // Manual trigger: 202 the first time, 200 + duplicate for the same key.
+    let t = http
+        .post(format!("{base}/api/v1/jobs/rest-job/trigger"))
+        .json(&serde_json::json!({"idempotency_key": "rest-1", "payload": "{\"x\":1}"}))
+        .send()
+        .await?;
+    ensure!(t.status() == 202, "{}", t.status());
+    let t: Value = t.json().await?;
+    ensure!(t["schedule_id"] == "rest-job@manual-rest-1" && t["duplicate"] == false);
+    let again = http
+        .post(format!("{base}/api/v1/jobs/rest-job/trigger"))
+        .json(&serde_json::json!({"idempotency_key": "rest-1"}))
+        .send()
+        .await?;
+    ensure!(again.status() == 200);
+    let again: Value = again.json().await?;
+    ensure!(again["duplicate"] == true && again["schedule_id"] == t["schedule_id"]);
+    let manual = wait_for("the manual run", Duration::from_secs(20), || {
+        let http = http.clone();
+        let url = format!("{base}/api/v1/runs/rest-job@manual-rest-1");
+        async move {
+            let r = http.get(&url).send().await?;
+            Ok(if r.status() == 200 {
+                Some(r.json::<Value>().await?)
+            } else {
+                None
+            })
+        }
+    })
+    .await?;
+    ensure!(manual["trigger_kind"] == "MANUAL", "{manual}");
+
+    // State filter.
+    let manual_only: Value = http
+        .get(format!("{base}/api/v1/jobs/rest-job/runs?state=skipped"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(manual_only["runs"].as_array().is_some_and(Vec::is_empty));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_name_the_parameter_and_openapi_describes_the_api() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
+    let base = format!("http://{}", server.http.context("no http address")?);
+    let http = reqwest::Client::new();
+    let mut jobs = server.jobs().await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(every_second("known")),
+    })
+    .await?;
+
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (
+            http.get(format!("{base}/api/v1/tasks/bad%20id")),
+            400,
+            "job_id:",
+        ),
+        (
+            http.get(format!("{base}/api/v1/tasks/ghost")),
+            404,
+            "job \"ghost\" not found",
+        ),
+        (
+            http.get(format!("{base}/api/v1/runs/no-at-sign")),
+            400,
+            "schedule_id:",
+        ),
+        (
+            http.get(format!("{base}/api/v1/runs/known@123")),
+            404,
+            "not found",
+        ),
+        (
+            http.get(format!("{base}/api/v1/jobs/known/runs?state=DONE")),
+            400,
+            "state:",
+        ),
+        (
+            http.get(format!("{base}/api/v1/jobs/known/runs?from_ms=abc")),
+            400,
+            "from_ms:",
+        ),
+        (
+            http.get(format!("{base}/api/v1/jobs/known/runs?from_ms=5&to_ms=4")),
+            400,
+            "to_ms:",
+        ),
+        (
+            http.get(format!("{base}/api/v1/jobs/known/runs?page_size=5000")),
+            400,
+            "page_size:",
+        ),
+        (
+            http.get(format!("{base}/api/v1/jobs/known/runs?colour=red")),
+            400,
+            "colour:",
+        ),
+        (
+            http.post(format!("{base}/api/v1/jobs/known/trigger"))
+                .json(&serde_json::json!({"idempotency_key": "has space"})),
+            400,
+            "idempotency_key:",
+        ),
+        (
+            http.post(format!("{base}/api/v1/jobs/known/trigger"))
+                .json(&serde_json::json!({"payload_base64": "!!!"})),
+            400,
+            "payload_base64:",
+        ),
+        (
+            http.post(format!("{base}/api/v1/jobs/known/trigger"))
+                .json(&serde_json::json!({"payload": "x".repeat(64 * 1024 + 1)})),
+            400,
+            "payload:",
+        ),
+        (
+            http.post(format!("{base}/api/v1/jobs/known/trigger"))
+                .json(&serde_json::json!({"surprise": 1})),
+            400,
+            "body:",
+        ),
+        (
+            http.post(format!("{base}/api/v1/jobs/ghost/trigger")),
+            404,
+            "not found",
+        ),
+    ];
+    for (req, status, needle) in cases {
+        let resp = req.send().await?;
+        let got = resp.status().as_u16();
+        let body: Value = resp.json().await.context("error bodies are JSON")?;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        ensure!(
+            got == status && message.contains(needle),
+            "expected {status} naming {needle:?}, got {got}: {body}"
+        );
+    }
+    // None of those queued anything.
+    let runs: Value = http
+        .get(format!("{base}/api/v1/jobs/known/runs"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        runs["runs"]
+            .as_array()
+            .is_some_and(|r| r.iter().all(|r| r["trigger_kind"] != "MANUAL")),
+        "a rejected trigger queued a run"
+    );
+
+    let doc: Value = http
+        .get(format!("{base}/api/v1/openapi.json"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
+    for path in [
+        "/api/v1/tasks/{job_id}",
+        "/api/v1/runs/{schedule_id}",
+        "/api/v1/jobs/{job_id}/runs",
+        "/api/v1/jobs/{job_id}/trigger",
+    ] {
+        ensure!(doc["paths"][path].is_object(), "openapi lacks {path}");
+    }
+    let health = http.get(format!("{base}/healthz")).send().await?;
+    ensure!(health.status() == 200);
+    Ok(())
+}
