@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::dispatch::DispatchOptions;
+use crate::executors::ExecutorOptions;
 use crate::scheduler::SchedulerOptions;
 use crate::store::StoreOptions;
 
@@ -106,6 +107,12 @@ pub struct Settings {
     /// At most this many runs are kept per job.
     #[arg(long, env = "SUNDIAL_MAX_RUNS_PER_JOB")]
     pub max_runs_per_job: Option<usize>,
+    /// How often executors heartbeat.
+    #[arg(long, env = "SUNDIAL_HEARTBEAT_INTERVAL")]
+    pub heartbeat_interval: Option<HumanDuration>,
+    /// An executor silent for this many heartbeat intervals is dropped.
+    #[arg(long, env = "SUNDIAL_MISSED_HEARTBEATS")]
+    pub missed_heartbeats: Option<u32>,
     /// How long graceful shutdown waits for in-flight work.
     #[arg(long, env = "SUNDIAL_SHUTDOWN_GRACE")]
     pub shutdown_grace: Option<HumanDuration>,
@@ -142,6 +149,8 @@ impl Settings {
             trigger_retention,
             run_retention,
             max_runs_per_job,
+            heartbeat_interval,
+            missed_heartbeats,
             shutdown_grace,
         )
     }
@@ -175,6 +184,7 @@ pub struct Config {
     pub store_opts: StoreOptions,
     pub scheduler: SchedulerOptions,
     pub dispatch: DispatchOptions,
+    pub executors: ExecutorOptions,
     pub shutdown_grace: Duration,
 }
 
@@ -291,7 +301,19 @@ impl Config {
                 dd.queue_retention,
             )?,
         };
+        let ed = ExecutorOptions::default();
+        let executors = ExecutorOptions {
+            instance_id: instance_id.clone(),
+            heartbeat_interval: positive(
+                "heartbeat_interval",
+                s.heartbeat_interval,
+                ed.heartbeat_interval,
+            )?,
+            missed_heartbeats: s.missed_heartbeats.unwrap_or(ed.missed_heartbeats).max(1),
+            hello_timeout: ed.hello_timeout,
+        };
         Ok(Config {
+            executors,
             listen,
             http_listen,
             instance_id,

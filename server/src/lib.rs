@@ -6,6 +6,7 @@ pub mod api;
 pub mod config;
 pub mod cron;
 pub mod dispatch;
+pub mod executors;
 pub mod fault;
 pub mod jobs;
 pub mod model;

@@ -19,8 +19,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{AppApi, ExecutorApi, JobApi, NodeApi, RunApi};
+use crate::api::{AppApi, JobApi, RunApi};
 use crate::config::{Config, StoreConfig};
+use crate::executors::Executors;
 use crate::jobs::Jobs;
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
@@ -52,6 +53,10 @@ const SERVICES: &[&str] = &[
     "sundial.v1.NodeService",
     "sundial.v1.AppService",
 ];
+
+/// The largest executor message accepted: a 64 KiB payload's result or a batch of log
+/// lines, with room to spare; anything larger ends that stream with RESOURCE_EXHAUSTED.
+const MAX_EXECUTOR_MESSAGE: usize = 2 * 1024 * 1024;
 
 /// Where a started server listens (the ports are real even when configured as 0).
 #[derive(Debug, Clone, Copy)]
@@ -132,6 +137,9 @@ pub async fn run(
         .map_err(|e| Error::Reflection(e.to_string()))?;
 
     let jobs = Jobs::new(store.clone());
+    // Executor streams end (with GoAway) together with the loops, before the servers
+    // stop taking requests.
+    let executors = Executors::new(store.clone(), config.executors.clone(), loops.clone());
     let servers_stop = CancellationToken::new();
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
@@ -139,8 +147,11 @@ pub async fn run(
         .add_service(reflection_v1alpha)
         .add_service(JobServiceServer::new(JobApi::new(jobs.clone())))
         .add_service(RunServiceServer::new(RunApi::new(jobs.clone())))
-        .add_service(ExecutorServiceServer::new(ExecutorApi))
-        .add_service(NodeServiceServer::new(NodeApi))
+        .add_service(
+            ExecutorServiceServer::new(executors.clone())
+                .max_decoding_message_size(MAX_EXECUTOR_MESSAGE),
+        )
+        .add_service(NodeServiceServer::new(executors))
         .add_service(AppServiceServer::new(AppApi))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),

@@ -1,6 +1,6 @@
-//! The API surfaces. gRPC: `JobService`, `RunService`, and the services whose behaviour
-//! belongs to later work (`ExecutorService`, `NodeService`, `AppService`), which answer
-//! `UNIMPLEMENTED` naming what is missing. Handlers validate through [`convert`] and
+//! The API surfaces. gRPC: `JobService`, `RunService`, and `AppService`, whose
+//! behaviour belongs to later work and answers `UNIMPLEMENTED` naming what is missing
+//! (`ExecutorService` and `NodeService` live in `crate::executors`). Handlers validate through [`convert`] and
 //! forward to the core; errors become a `tonic::Status` in exactly one place,
 //! [`status`]. REST: [`rest`], the status API on the HTTP port.
 
@@ -13,7 +13,7 @@ mod runs;
 use tonic::{Code, Status};
 
 pub use jobs::JobApi;
-pub use pending::{AppApi, ExecutorApi, NodeApi};
+pub use pending::AppApi;
 pub use runs::RunApi;
 
 use crate::jobs::Error;

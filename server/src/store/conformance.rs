@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    ClaimResult, Delivery, DueFire, Enqueued, Error, FireClaim, RunQuery, Store, StoreOptions,
-    partition_of,
+    ClaimResult, Delivery, DueFire, Enqueued, Error, FireClaim, NodeRecord, RunQuery, Store,
+    StoreOptions, partition_of,
 };
 use crate::model::{
     Arm, JobRecord, JobSpec, Millis, RetryPolicy, RunRecord, RunState, Target, Trigger,
@@ -53,6 +53,8 @@ macro_rules! store_conformance_tests {
             lease_expiry: options,
             lease_tokens_increase: options,
             nonces: options,
+            nodes_register_refresh_expire: options,
+            nodes_removed_only_by_their_instance: options,
         );
     };
     (@suite $make:expr; $($check:ident : $opts:ident),* $(,)?) => {
@@ -192,6 +194,26 @@ pub fn run(job_id: &str, scheduled_at: Millis, created_at: Millis) -> RunRecord 
     RunRecord {
         created_at,
         ..RunRecord::from_trigger(&cron_trigger(job_id, scheduled_at, 1))
+    }
+}
+
+/// An executor node as an instance registers it. `last_heartbeat` is a value the store
+/// must overwrite with its clock; the other fields must come back as given.
+pub fn node(id: &str, group: &str, instance: &str) -> NodeRecord {
+    NodeRecord {
+        node_id: id.to_owned(),
+        group: group.to_owned(),
+        handlers: vec!["h".to_owned()],
+        weight: 1,
+        max_concurrency: 4,
+        labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
+        instance: instance.to_owned(),
+        ready: true,
+        active: 0,
+        // Exact in binary, so no backend's number formatting can round it.
+        load: 0.25,
+        connected_at: 1_000,
+        last_heartbeat: 1,
     }
 }
 
@@ -1348,4 +1370,179 @@ pub async fn nonces(store: Arc<dyn Store>) {
     tokio::time::sleep(Duration::from_millis(350)).await;
     assert!(store.check_nonce("app-1", "n-1", ttl).await.expect("nonce"));
     assert!(!store.check_nonce("app-1", "n-1", ttl).await.expect("nonce"));
+}
+
+/// Ids of listed nodes, in the order listed.
+async fn node_ids(store: &Arc<dyn Store>, group: Option<&str>) -> Vec<String> {
+    store
+        .list_nodes(group)
+        .await
+        .expect("list nodes")
+        .into_iter()
+        .map(|n| n.node_id)
+        .collect()
+}
+
+pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(5);
+    assert_eq!(store.list_nodes(None).await.expect("list"), vec![]);
+
+    let before = now(&store).await;
+    // Registered out of order: listing sorts by node id.
+    let registered = [
+        node("n3", "g2", "i1"),
+        node("n1", "g1", "i1"),
+        node("n2", "g1", "i1"),
+    ];
+    for n in &registered {
+        store.upsert_node(n.clone(), ttl).await.expect("upsert");
+    }
+    let after = now(&store).await;
+
+    let listed = store.list_nodes(None).await.expect("list");
+    let ids: Vec<_> = listed.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, ["n1", "n2", "n3"]);
+    for got in &listed {
+        assert!(
+            (before..=after).contains(&got.last_heartbeat),
+            "{}: last_heartbeat {} not the store's now (within [{before}, {after}])",
+            got.node_id,
+            got.last_heartbeat
+        );
+        let sent = registered
+            .iter()
+            .find(|n| n.node_id == got.node_id)
+            .expect("a registered node");
+        assert_eq!(
+            *got,
+            NodeRecord {
+                last_heartbeat: got.last_heartbeat,
+                ..sent.clone()
+            },
+            "everything but last_heartbeat as sent"
+        );
+    }
+    let g1 = store.list_nodes(Some("g1")).await.expect("list");
+    assert_eq!(g1, listed[..2].to_vec());
+    assert_eq!(node_ids(&store, Some("g2")).await, ["n3"]);
+    assert_eq!(store.list_nodes(Some("nope")).await.expect("list"), vec![]);
+
+    // A refresh replaces the whole record (connected_at as the caller passes it).
+    let first_beat = listed[0].last_heartbeat;
+    let refresh = NodeRecord {
+        ready: false,
+        active: 3,
+        connected_at: 2_000,
+        ..node("n1", "g1", "i1")
+    };
+    store
+        .upsert_node(refresh.clone(), ttl)
+        .await
+        .expect("refresh");
+    let after_refresh = now(&store).await;
+    let g1 = store.list_nodes(Some("g1")).await.expect("list");
+    assert_eq!(g1.len(), 2);
+    let n1 = &g1[0];
+    assert_eq!(n1.node_id, "n1");
+    assert!(
+        (first_beat..=after_refresh).contains(&n1.last_heartbeat),
+        "refreshed last_heartbeat {} outside [{first_beat}, {after_refresh}]",
+        n1.last_heartbeat
+    );
+    assert_eq!(
+        *n1,
+        NodeRecord {
+            last_heartbeat: n1.last_heartbeat,
+            ..refresh
+        }
+    );
+    assert_eq!((n1.ready, n1.active, n1.connected_at), (false, 3, 2_000));
+    assert_eq!(g1[1], listed[1], "other nodes untouched");
+    assert_eq!(node_ids(&store, None).await, ["n1", "n2", "n3"]);
+
+    // Expiry: a node not refreshed within its TTL disappears; a refresh with a longer
+    // TTL keeps a node past its first one.
+    let short = Duration::from_millis(100);
+    store
+        .upsert_node(node("e1", "ge", "i1"), short)
+        .await
+        .expect("upsert");
+    store
+        .upsert_node(node("e2", "ge", "i1"), short)
+        .await
+        .expect("upsert");
+    assert_eq!(node_ids(&store, Some("ge")).await, ["e1", "e2"]);
+    store
+        .upsert_node(node("e2", "ge", "i1"), Duration::from_secs(5))
+        .await
+        .expect("refresh");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(node_ids(&store, Some("ge")).await, ["e2"]);
+    assert_eq!(
+        node_ids(&store, None).await,
+        ["e2", "n1", "n2", "n3"],
+        "expired nodes are not listed unfiltered either"
+    );
+    // An expired node cannot be removed: it is already gone.
+    assert!(!store.remove_node("e1", "i1").await.expect("remove"));
+
+    // A refresh with a shorter TTL shortens the expiry too.
+    store
+        .upsert_node(node("e2", "ge", "i1"), short)
+        .await
+        .expect("refresh");
+    assert_eq!(node_ids(&store, Some("ge")).await, ["e2"]);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(store.list_nodes(Some("ge")).await.expect("list"), vec![]);
+
+    // An expired node registers again like a new one.
+    store
+        .upsert_node(node("e1", "ge", "i1"), ttl)
+        .await
+        .expect("upsert");
+    assert_eq!(node_ids(&store, Some("ge")).await, ["e1"]);
+}
+
+pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(5);
+    store
+        .upsert_node(node("n1", "g1", "i1"), ttl)
+        .await
+        .expect("upsert");
+    store
+        .upsert_node(node("n2", "g1", "i1"), ttl)
+        .await
+        .expect("upsert");
+
+    assert!(
+        !store
+            .remove_node("n1", "other-instance")
+            .await
+            .expect("remove")
+    );
+    assert_eq!(node_ids(&store, None).await, ["n1", "n2"]);
+
+    // The node reconnects to instance i2: the stale instance i1 must not remove it.
+    store
+        .upsert_node(node("n1", "g1", "i2"), ttl)
+        .await
+        .expect("re-register");
+    assert!(!store.remove_node("n1", "i1").await.expect("remove"));
+    let listed = store.list_nodes(None).await.expect("list");
+    assert_eq!(listed.len(), 2);
+    assert_eq!(
+        (listed[0].node_id.as_str(), listed[0].instance.as_str()),
+        ("n1", "i2")
+    );
+
+    assert!(store.remove_node("n1", "i2").await.expect("remove"));
+    assert_eq!(node_ids(&store, None).await, ["n2"]);
+    assert!(!store.remove_node("n1", "i2").await.expect("remove again"));
+    assert!(
+        !store
+            .remove_node("never", "i1")
+            .await
+            .expect("remove unknown")
+    );
+    assert_eq!(node_ids(&store, Some("g1")).await, ["n2"]);
 }

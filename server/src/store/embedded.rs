@@ -28,6 +28,8 @@
 //! | `lease_counters` | job_id → u64 | last fencing token of a job (never deleted) |
 //! | `nonces` | (app_id, nonce) → expires_at | inbound replay protection |
 //! | `nonce_expiry` | (expires_at, app_id, nonce) → () | lazy sweep of old nonces |
+//! | `nodes` | node_id → (JSON `NodeRecord`, expires_at) | the executor node registry |
+//! | `node_expiry` | (expires_at, node_id) → () | lazy sweep of expired nodes |
 //!
 //! Choices where the trait leaves room. Those marked (pinned) are checked by the
 //! conformance suite, so the redis backend must make the same ones:
@@ -44,6 +46,12 @@
 //!   records. Idempotency keys and nonces are swept the same way by the operations that
 //!   write them. `record_run` fills `created_at` (if 0) and, for a final state,
 //!   `finished_at` (if None) from the store's clock (pinned).
+//! - An executor node past its TTL (expires_at ≤ now) is invisible at once: not listed,
+//!   and `remove_node` returns false for it (pinned). It is deleted lazily: each
+//!   `upsert_node` and `remove_node` first deletes up to [`SWEEP_BATCH`] expired nodes.
+//!   `list_nodes` only skips them, so it stays a read transaction that never waits for
+//!   the writer. A refresh replaces the record and its expiry (a shorter TTL shortens
+//!   it); `connected_at` is kept as the caller passed it.
 //! - The store stamps `JobRecord.created_at`/`updated_at` with its clock (create sets
 //!   both; update keeps `created_at` and sets `updated_at`).
 //! - Queue entry ids are the decimal sequence number; `trim_triggers` is a no-op since
@@ -68,11 +76,12 @@ use tokio::sync::{Notify, watch};
 
 use super::{
     ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued, Error, FireClaim, Lease,
-    Page, Recorded, Result, RunQuery, SCHEMA_VERSION, Store, StoreOptions, partition_of,
+    NodeRecord, Page, Recorded, Result, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
+    partition_of,
 };
 use crate::model::{JobRecord, Millis, RunRecord, RunState, Trigger, split_schedule_id};
 
-/// How many expired records (runs, idempotency keys, nonces) one write sweeps, so that a
+/// How many expired records (runs, idempotency keys, nonces, nodes) one write sweeps, so that a
 /// backlog is worked off over time without making any single operation slow.
 pub const SWEEP_BATCH: usize = 32;
 /// The page size used when a caller asks for a page of zero items.
@@ -95,6 +104,8 @@ const LEASE_EXPIRY: TableDefinition<(i64, &str), ()> = TableDefinition::new("lea
 const LEASE_COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("lease_counters");
 const NONCES: TableDefinition<(&str, &str), i64> = TableDefinition::new("nonces");
 const NONCE_EXPIRY: TableDefinition<(i64, &str, &str), ()> = TableDefinition::new("nonce_expiry");
+const NODES: TableDefinition<&str, (&str, i64)> = TableDefinition::new("nodes");
+const NODE_EXPIRY: TableDefinition<(i64, &str), ()> = TableDefinition::new("node_expiry");
 
 const META_SCHEMA: &str = "schema_version";
 const META_PARTITIONS: &str = "partitions";
@@ -270,6 +281,9 @@ fn create_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(NONCES).ctx("create nonces table")?;
     txn.open_table(NONCE_EXPIRY)
         .ctx("create nonce expiry index")?;
+    txn.open_table(NODES).ctx("create nodes table")?;
+    txn.open_table(NODE_EXPIRY)
+        .ctx("create node expiry index")?;
     Ok(())
 }
 
@@ -478,6 +492,42 @@ fn delete_run(txn: &WriteTransaction, run: &RunRecord) -> Result<()> {
             counts
                 .insert(run.job_id.as_str(), count - 1)
                 .ctx("write run count")?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes up to `SWEEP_BATCH` nodes whose expiry has passed, earliest first.
+fn sweep_nodes(txn: &WriteTransaction, now: Millis) -> Result<()> {
+    let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+    let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+    let expired: Vec<(i64, String)> = {
+        let mut out = Vec::new();
+        for item in expiry
+            .range(..(now.saturating_add(1), ""))
+            .ctx("scan node expiry")?
+        {
+            if out.len() >= SWEEP_BATCH {
+                break;
+            }
+            let (k, _) = item.ctx("scan node expiry")?;
+            let (at, node_id) = k.value();
+            out.push((at, node_id.to_owned()));
+        }
+        out
+    };
+    for (at, node_id) in expired {
+        expiry
+            .remove((at, node_id.as_str()))
+            .ctx("delete node expiry")?;
+        // Record and expiry key always change together; the check only guards against
+        // deleting a record that a damaged index no longer describes.
+        let stored_expiry = nodes
+            .get(node_id.as_str())
+            .ctx("read node")?
+            .map(|g| g.value().1);
+        if stored_expiry == Some(at) {
+            nodes.remove(node_id.as_str()).ctx("delete node")?;
         }
     }
     Ok(())
@@ -1249,6 +1299,82 @@ impl Inner {
         Ok(out)
     }
 
+    fn upsert_node(&self, mut node: NodeRecord, ttl: Duration) -> Result<()> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            sweep_nodes(txn, now)?;
+            node.last_heartbeat = now;
+            let json = encode("node", &node)?;
+            let expires_at = now.saturating_add(duration_ms(ttl));
+            let node_id = node.node_id.as_str();
+            let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+            let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+            let old_expiry = nodes.get(node_id).ctx("read node")?.map(|g| g.value().1);
+            if let Some(old) = old_expiry {
+                expiry.remove((old, node_id)).ctx("delete node expiry")?;
+            }
+            nodes
+                .insert(node_id, (json.as_str(), expires_at))
+                .ctx("write node")?;
+            expiry
+                .insert((expires_at, node_id), ())
+                .ctx("write node expiry")?;
+            Ok(())
+        })
+    }
+
+    fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            sweep_nodes(txn, now)?;
+            let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+            let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+            let current = nodes.get(node_id).ctx("read node")?.map(|g| {
+                let (json, expires_at) = g.value();
+                (json.to_owned(), expires_at)
+            });
+            let Some((json, expires_at)) = current else {
+                return Ok(false);
+            };
+            // Expired but not swept yet: it is gone as far as anyone can tell (in redis
+            // its key would have expired), so it is deleted and not reported removed.
+            let removed = if expires_at <= now {
+                false
+            } else {
+                let stored: NodeRecord = decode("node", node_id, &json)?;
+                if stored.instance != instance {
+                    return Ok(false);
+                }
+                true
+            };
+            nodes.remove(node_id).ctx("delete node")?;
+            expiry
+                .remove((expires_at, node_id))
+                .ctx("delete node expiry")?;
+            Ok(removed)
+        })
+    }
+
+    /// Unexpired nodes in node id order (the table's key order).
+    fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let nodes = txn.open_table(NODES).ctx("open nodes")?;
+        let mut out = Vec::new();
+        for item in nodes.iter().ctx("scan nodes")? {
+            let (k, v) = item.ctx("scan nodes")?;
+            let (json, expires_at) = v.value();
+            if expires_at <= now {
+                continue;
+            }
+            let node: NodeRecord = decode("node", k.value(), json)?;
+            if group.is_none_or(|g| node.group == g) {
+                out.push(node);
+            }
+        }
+        Ok(out)
+    }
+
     fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
         write(&self.db, |txn| {
             let now = now_ms();
@@ -1490,6 +1616,21 @@ impl Store for EmbeddedStore {
         self.blocking(move |i| i.expired_leases(limit)).await
     }
 
+    async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()> {
+        self.blocking(move |i| i.upsert_node(node, ttl)).await
+    }
+
+    async fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
+        let (node_id, instance) = (node_id.to_owned(), instance.to_owned());
+        self.blocking(move |i| i.remove_node(&node_id, &instance))
+            .await
+    }
+
+    async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
+        let group = group.map(str::to_owned);
+        self.blocking(move |i| i.list_nodes(group.as_deref())).await
+    }
+
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
         let (app_id, nonce) = (app_id.to_owned(), nonce.to_owned());
         self.blocking(move |i| i.check_nonce(&app_id, &nonce, ttl))
@@ -1716,6 +1857,71 @@ mod tests {
             .await
             .expect("grant");
         assert_eq!(l2.token, ahead + 2);
+    }
+
+    #[tokio::test]
+    async fn expired_nodes_are_swept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options())
+            .expect("open");
+        let count = |store: &EmbeddedStore| -> (usize, usize) {
+            let txn = store.inner.db.begin_read().expect("read");
+            let nodes = txn.open_table(NODES).expect("nodes");
+            let expiry = txn.open_table(NODE_EXPIRY).expect("node expiry");
+            (
+                nodes.iter().expect("iter").count(),
+                expiry.iter().expect("iter").count(),
+            )
+        };
+        // Refreshes replace the expiry key instead of adding one.
+        let ttl = Duration::from_secs(30);
+        for _ in 0..3 {
+            store
+                .upsert_node(conformance::node("live", "g", "i"), ttl)
+                .await
+                .expect("upsert");
+        }
+        assert_eq!(count(&store), (1, 1));
+
+        // Nodes that expired a while ago, written as upsert_node would have.
+        let past = now_ms() - 60_000;
+        {
+            let txn = store.inner.db.begin_write().expect("begin");
+            {
+                let mut nodes = txn.open_table(NODES).expect("nodes");
+                let mut expiry = txn.open_table(NODE_EXPIRY).expect("node expiry");
+                for i in 0..(SWEEP_BATCH + 5) {
+                    let id = format!("gone-{i:03}");
+                    let json =
+                        serde_json::to_string(&conformance::node(&id, "g", "i")).expect("encode");
+                    nodes
+                        .insert(id.as_str(), (json.as_str(), past))
+                        .expect("write");
+                    expiry.insert((past, id.as_str()), ()).expect("write");
+                }
+            }
+            txn.commit().expect("commit");
+        }
+        let total = SWEEP_BATCH + 6;
+        // Listing only skips them…
+        let ids = |nodes: Vec<NodeRecord>| nodes.into_iter().map(|n| n.node_id).collect::<Vec<_>>();
+        assert_eq!(ids(store.list_nodes(None).await.expect("list")), ["live"]);
+        assert_eq!(
+            ids(store.list_nodes(Some("g")).await.expect("list")),
+            ["live"]
+        );
+        assert_eq!(count(&store), (total, total));
+        // …and an expired node cannot be removed, but each write sweeps up to SWEEP_BATCH.
+        // gone-036 is beyond this sweep's batch: deleted as expired, not reported removed.
+        assert!(!store.remove_node("gone-036", "i").await.expect("remove"));
+        let left = total - SWEEP_BATCH - 1;
+        assert_eq!(count(&store), (left, left));
+        store
+            .upsert_node(conformance::node("live", "g", "i"), ttl)
+            .await
+            .expect("upsert");
+        assert_eq!(count(&store), (1, 1), "only the live node remains");
+        assert_eq!(ids(store.list_nodes(None).await.expect("list")), ["live"]);
     }
 
     #[tokio::test]

@@ -174,6 +174,29 @@ pub struct Lease {
     pub expires_at: Millis,
 }
 
+/// An executor node as the registry knows it. It disappears unless refreshed (each
+/// heartbeat) within the TTL it was written with.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeRecord {
+    pub node_id: String,
+    pub group: String,
+    pub handlers: Vec<String>,
+    pub weight: u32,
+    /// 0 = unlimited.
+    pub max_concurrency: u32,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The server instance holding the node's stream.
+    pub instance: String,
+    /// False while the executor declares itself not ready.
+    pub ready: bool,
+    /// Runs the executor reports holding.
+    pub active: u32,
+    pub load: f64,
+    pub connected_at: Millis,
+    /// Written by the store from its clock.
+    pub last_heartbeat: Millis,
+}
+
 /// Result of a manual trigger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Enqueued {
@@ -310,6 +333,19 @@ pub trait Store: Send + Sync + 'static {
 
     /// Leases whose expiry (store clock) has passed, earliest first.
     async fn expired_leases(&self, limit: usize) -> Result<Vec<Lease>>;
+
+    // ---- the executor node registry
+
+    /// Registers or refreshes a node (`last_heartbeat` = the store's now); it expires
+    /// `ttl` later unless refreshed again. A refresh replaces the whole record.
+    async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()>;
+
+    /// Removes the node if `instance` still holds it (a node that reconnected to
+    /// another instance meanwhile is left alone); returns whether it was removed.
+    async fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool>;
+
+    /// Unexpired nodes, by node id; `group` filters when given.
+    async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>>;
 
     // ---- inbound replay protection
 

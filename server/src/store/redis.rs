@@ -20,6 +20,8 @@
 //! <prefix>:{p}:leases                   zset schedule_id -> lease expiry
 //! <prefix>:{p}:tokens                   hash job_id -> last fencing token
 //! <prefix>:{n}:nonce:<app>:<nonce>      replay-protection marker with a TTL
+//! <prefix>:{nodes}:node:<node_id>       hash: rec (JSON), inst, hb (store clock); expires with its TTL
+//! <prefix>:{nodes}:ids                  set of registered node ids, pruned when listed
 //! <prefix>:changes                      pub/sub channel: a job was created or changed
 //! ```
 
@@ -36,7 +38,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued, Error, FireClaim, Lease,
-    Page, Recorded, Result, RunQuery, SCHEMA_VERSION, Store, StoreOptions, partition_of,
+    NodeRecord, Page, Recorded, Result, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
+    partition_of,
 };
 use crate::model::{Arm, JobRecord, Millis, RunRecord, Trigger, split_schedule_id};
 
@@ -66,6 +69,8 @@ struct Scripts {
     expired_leases: Script,
     trim_triggers: Script,
     read_jobs: Script,
+    upsert_node: Script,
+    remove_node: Script,
 }
 
 impl Scripts {
@@ -84,6 +89,8 @@ impl Scripts {
             expired_leases: script!("expired_leases"),
             trim_triggers: script!("trim_triggers"),
             read_jobs: script!("read_jobs"),
+            upsert_node: script!("upsert_node"),
+            remove_node: script!("remove_node"),
         }
     }
 }
@@ -232,6 +239,11 @@ impl RedisStore {
 
     fn part(&self, job_id: &str) -> u32 {
         partition_of(job_id, self.inner.partitions)
+    }
+
+    /// Nodes are not partitioned: all of them share the `{nodes}` slot.
+    fn nodes_prefix(&self) -> String {
+        format!("{}:{{nodes}}:", self.inner.prefix)
     }
 
     fn channel(&self) -> String {
@@ -1004,6 +1016,84 @@ impl Store for RedisStore {
             }
         }
         out.sort_by_key(|l| l.expires_at);
+        Ok(out)
+    }
+
+    async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()> {
+        let mut c = self.conn().await?;
+        let json = serde_json::to_string(&node).map_err(corrupt)?;
+        let _: i64 = self
+            .inner
+            .scripts
+            .upsert_node
+            .arg(self.nodes_prefix())
+            .arg(&node.node_id)
+            .arg(json)
+            .arg(&node.instance)
+            .arg(ms(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
+        let mut c = self.conn().await?;
+        let removed: i64 = self
+            .inner
+            .scripts
+            .remove_node
+            .arg(self.nodes_prefix())
+            .arg(node_id)
+            .arg(instance)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(removed == 1)
+    }
+
+    async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
+        let prefix = self.nodes_prefix();
+        let mut c = self.conn().await?;
+        let mut ids: Vec<String> = c
+            .smembers(format!("{prefix}ids"))
+            .await
+            .map_err(unavailable)?;
+        ids.sort();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("HMGET")
+                .arg(format!("{prefix}node:{id}"))
+                .arg("rec")
+                .arg("hb");
+        }
+        let rows: Vec<(Option<String>, Option<Millis>)> =
+            pipe.query_async(&mut c).await.map_err(unavailable)?;
+        let mut out = Vec::new();
+        let mut gone = Vec::new();
+        for (id, row) in ids.iter().zip(rows) {
+            match row {
+                (Some(j), hb) => {
+                    let mut node: NodeRecord = serde_json::from_str(&j).map_err(corrupt)?;
+                    node.last_heartbeat = hb.unwrap_or(node.last_heartbeat);
+                    if group.is_none_or(|g| node.group == g) {
+                        out.push(node);
+                    }
+                }
+                (None, _) => gone.push(id.clone()),
+            }
+        }
+        if !gone.is_empty() {
+            // Expired records leave their id behind; forget it (a node that came
+            // back meanwhile re-adds its id in the same script that writes it).
+            let _: i64 = c
+                .srem(format!("{prefix}ids"), &gone)
+                .await
+                .map_err(unavailable)?;
+        }
         Ok(out)
     }
 
