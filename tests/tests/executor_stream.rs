@@ -84,7 +84,7 @@ async fn nodes(channel: Channel) -> Result<Vec<pb::Node>> {
 
 fn fast(dir: &std::path::Path) -> SundialOptions {
     SundialOptions::embedded(dir)
-        .arg("heartbeat-interval", "200ms")
+        .arg("heartbeat-interval", "300ms")
         .arg("missed-heartbeats", "3")
         .arg("instance-id", "inst-a")
 }
@@ -99,7 +99,7 @@ async fn handshake_heartbeats_and_the_registry() -> Result<()> {
         bail!("expected welcome");
     };
     ensure!(
-        w.server_instance == "inst-a" && w.heartbeat_interval_ms == 200 && w.lease_ttl_ms == 600
+        w.server_instance == "inst-a" && w.heartbeat_interval_ms == 300 && w.lease_ttl_ms == 900
     );
     ensure!(w.unknown_in_flight.len() == 1 && w.unknown_in_flight[0].schedule_id == "old@1");
 

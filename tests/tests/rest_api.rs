@@ -128,81 +128,47 @@ async fn bad_requests_name_the_parameter_and_openapi_describes_the_api() -> Resu
     })
     .await?;
 
+    let get = |path: &str| http.get(format!("{base}{path}"));
+    let trigger = |job: &str| http.post(format!("{base}/api/v1/jobs/{job}/trigger"));
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (get("/api/v1/tasks/bad%20id"), 400, "job_id:"),
+        (get("/api/v1/tasks/ghost"), 404, "job \"ghost\" not found"),
+        (get("/api/v1/runs/no-at-sign"), 400, "schedule_id:"),
+        (get("/api/v1/runs/known@123"), 404, "not found"),
+        (get("/api/v1/jobs/known/runs?state=DONE"), 400, "state:"),
+        (get("/api/v1/jobs/known/runs?from_ms=abc"), 400, "from_ms:"),
         (
-            http.get(format!("{base}/api/v1/tasks/bad%20id")),
-            400,
-            "job_id:",
-        ),
-        (
-            http.get(format!("{base}/api/v1/tasks/ghost")),
-            404,
-            "job \"ghost\" not found",
-        ),
-        (
-            http.get(format!("{base}/api/v1/runs/no-at-sign")),
-            400,
-            "schedule_id:",
-        ),
-        (
-            http.get(format!("{base}/api/v1/runs/known@123")),
-            404,
-            "not found",
-        ),
-        (
-            http.get(format!("{base}/api/v1/jobs/known/runs?state=DONE")),
-            400,
-            "state:",
-        ),
-        (
-            http.get(format!("{base}/api/v1/jobs/known/runs?from_ms=abc")),
-            400,
-            "from_ms:",
-        ),
-        (
-            http.get(format!("{base}/api/v1/jobs/known/runs?from_ms=5&to_ms=4")),
+            get("/api/v1/jobs/known/runs?from_ms=5&to_ms=4"),
             400,
             "to_ms:",
         ),
         (
-            http.get(format!("{base}/api/v1/jobs/known/runs?page_size=5000")),
+            get("/api/v1/jobs/known/runs?page_size=5000"),
             400,
             "page_size:",
         ),
+        (get("/api/v1/jobs/known/runs?colour=red"), 400, "colour:"),
         (
-            http.get(format!("{base}/api/v1/jobs/known/runs?colour=red")),
-            400,
-            "colour:",
-        ),
-        (
-            http.post(format!("{base}/api/v1/jobs/known/trigger"))
-                .json(&serde_json::json!({"idempotency_key": "has space"})),
+            trigger("known").json(&serde_json::json!({"idempotency_key": "has space"})),
             400,
             "idempotency_key:",
         ),
         (
-            http.post(format!("{base}/api/v1/jobs/known/trigger"))
-                .json(&serde_json::json!({"payload_base64": "!!!"})),
+            trigger("known").json(&serde_json::json!({"payload_base64": "!!!"})),
             400,
             "payload_base64:",
         ),
         (
-            http.post(format!("{base}/api/v1/jobs/known/trigger"))
-                .json(&serde_json::json!({"payload": "x".repeat(64 * 1024 + 1)})),
+            trigger("known").json(&serde_json::json!({"payload": "x".repeat(64 * 1024 + 1)})),
             400,
             "payload:",
         ),
         (
-            http.post(format!("{base}/api/v1/jobs/known/trigger"))
-                .json(&serde_json::json!({"surprise": 1})),
+            trigger("known").json(&serde_json::json!({"surprise": 1})),
             400,
             "body:",
         ),
-        (
-            http.post(format!("{base}/api/v1/jobs/ghost/trigger")),
-            404,
-            "not found",
-        ),
+        (trigger("ghost"), 404, "not found"),
     ];
     for (req, status, needle) in cases {
         let resp = req.send().await?;
@@ -243,7 +209,7 @@ async fn bad_requests_name_the_parameter_and_openapi_describes_the_api() -> Resu
     ] {
         ensure!(doc["paths"][path].is_object(), "openapi lacks {path}");
     }
-    let health = http.get(format!("{base}/healthz")).send().await?;
+    let health = get("/healthz").send().await?;
     ensure!(health.status() == 200);
     Ok(())
 }
