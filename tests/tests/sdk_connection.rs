@@ -1,0 +1,89 @@
+//! The Rust SDK's connection against real servers: it registers and stays registered by
+//! heartbeating, follows a go-away to the next endpoint, comes back after every server
+//! was gone, and unregisters when shut down.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use sundial_proto::v1 as pb;
+use sundial_sdk::Executor;
+use sundial_tests::{RedisServer, Sundial, SundialOptions, free_port, wait_for};
+use tokio_util::sync::CancellationToken;
+
+fn server(redis: &RedisServer, name: &str, port: u16) -> Result<Sundial> {
+    let mut opts = SundialOptions::redis(redis)
+        .arg("heartbeat-interval", "300ms")
+        .arg("instance-id", name);
+    opts.port = Some(port);
+    Sundial::start(opts)
+}
+
+/// The instance holding `node`'s stream, as `via` lists it (None: not registered).
+async fn holder(via: &Sundial, node: &str) -> Result<Option<String>> {
+    let nodes = pb::node_service_client::NodeServiceClient::new(via.channel().await?)
+        .list_nodes(pb::ListNodesRequest::default())
+        .await?
+        .into_inner()
+        .nodes;
+    Ok(nodes
+        .into_iter()
+        .find(|n| n.node_id == node)
+        .map(|n| n.server_instance))
+}
+
+async fn wait_holder(via: &Sundial, node: &str, want: Option<&str>) -> Result<()> {
+    wait_for(
+        &format!("{node} held by {want:?}"),
+        Duration::from_secs(20),
+        || async { Ok((holder(via, node).await?.as_deref() == want).then_some(())) },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_stays_connected_follows_go_away_and_reconnects() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let (port_a, port_b) = (free_port()?, free_port()?);
+    let mut a = server(&redis, "inst-a", port_a)?;
+    let mut b = server(&redis, "inst-b", port_b)?;
+
+    let executor = Executor::builder()
+        .endpoint(format!("http://127.0.0.1:{port_a}"))
+        .endpoint(format!("http://127.0.0.1:{port_b}"))
+        .group("billing")
+        .node_id("sdk-node")
+        .handler("invoice")
+        .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(400))
+        .build()?;
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(executor.run(shutdown.clone()));
+
+    wait_holder(&b, "sdk-node", Some("inst-a")).await?;
+    // Several registration TTLs (3 × 300 ms) later it is still there: heartbeats work.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(holder(&b, "sdk-node").await?.as_deref() == Some("inst-a"));
+
+    // A draining server says go-away: the executor moves to the next endpoint.
+    let stopped = tokio::task::spawn_blocking(move || {
+        let status = a.stop();
+        (a, status)
+    });
+    wait_holder(&b, "sdk-node", Some("inst-b")).await?;
+    let (a, status) = stopped.await?;
+    ensure!(status?.success());
+    drop(a);
+
+    // Every server gone for a while, then one comes back on its old address.
+    b.kill()?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a = server(&redis, "inst-a", port_a)?;
+    wait_holder(&a, "sdk-node", Some("inst-a")).await?;
+
+    // Shutting the executor down ends its stream, and the server unregisters it.
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .context("executor did not stop")???;
+    wait_holder(&a, "sdk-node", None).await?;
+    Ok(())
+}
