@@ -10,6 +10,7 @@ pub mod executors;
 pub mod fault;
 pub mod jobs;
 pub mod model;
+pub mod routing;
 pub mod runs;
 pub mod scheduler;
 pub mod server;
