@@ -44,6 +44,9 @@ pub struct RouteState {
     pub counter: u64,
     /// Smooth weighted round robin's current weights, by node id.
     pub current_weights: HashMap<String, i64>,
+    /// The consistent-hash ring and the node ids it was built from: rebuilt only when
+    /// the node set changes (building it costs 200 hashes per node).
+    pub ring: Option<(Vec<String>, HashRing)>,
 }
 
 /// Virtual nodes per node on the consistent-hash ring.
@@ -90,11 +93,19 @@ pub fn route(
         RouteStrategy::ConsistentHash => {
             // The ring is over every node, slow or not: moving keys away from a node
             // because it is slow would defeat the point of the strategy.
-            let ring = HashRing::new(
-                sorted.iter().map(|n| n.node_id.as_str()),
-                DEFAULT_VIRTUAL_NODES,
-            );
-            ring.node_for(route_key)
+            let ids: Vec<String> = sorted.iter().map(|n| n.node_id.clone()).collect();
+            if state
+                .ring
+                .as_ref()
+                .is_none_or(|(built_for, _)| *built_for != ids)
+            {
+                let ring = HashRing::new(ids.iter().map(String::as_str), DEFAULT_VIRTUAL_NODES);
+                state.ring = Some((ids, ring));
+            }
+            state
+                .ring
+                .as_ref()
+                .and_then(|(_, ring)| ring.node_for(route_key))
                 .map_or(Route::NoNode, |id| Route::One(id.to_owned()))
         }
         RouteStrategy::Busyover => {
@@ -122,9 +133,17 @@ pub fn route(
 /// interleaves nodes in proportion to their weights (5:1:1 → a a b a c a a).
 fn smooth_weighted<'a>(nodes: &[&'a NodeView], state: &mut RouteState) -> &'a NodeView {
     // Forget nodes that left, so a returning node starts fresh.
-    state
-        .current_weights
-        .retain(|id, _| nodes.iter().any(|n| &n.node_id == id));
+    if state.current_weights.len() > nodes.len()
+        || nodes
+            .iter()
+            .any(|n| !state.current_weights.contains_key(&n.node_id))
+    {
+        let present: std::collections::HashSet<&str> =
+            nodes.iter().map(|n| n.node_id.as_str()).collect();
+        state
+            .current_weights
+            .retain(|id, _| present.contains(id.as_str()));
+    }
     let total: i64 = nodes.iter().map(|n| i64::from(n.weight.max(1))).sum();
     let mut best = nodes[0];
     let mut best_weight = i64::MIN;
@@ -477,6 +496,35 @@ mod tests {
             ),
             Route::All(vec!["a".into(), "b".into(), "c".into()])
         );
+    }
+
+    #[test]
+    fn consistent_hash_routes_a_key_to_the_same_node_until_that_node_leaves() {
+        let mut st = RouteState::default();
+        let nodes = vec![node("a"), node("b"), node("c")];
+        let at = |nodes: &[NodeView], st: &mut RouteState| match route(
+            RouteStrategy::ConsistentHash,
+            nodes,
+            "customer_id42",
+            st,
+            0.0,
+        ) {
+            Route::One(n) => n,
+            other => panic!("{other:?}"),
+        };
+        let owner = at(&nodes, &mut st);
+        for _ in 0..5 {
+            assert_eq!(at(&nodes, &mut st), owner);
+        }
+        // The cached ring follows the node set: without the owner the key moves.
+        let without: Vec<NodeView> = nodes
+            .iter()
+            .filter(|n| n.node_id != owner)
+            .cloned()
+            .collect();
+        let moved = at(&without, &mut st);
+        assert_ne!(moved, owner);
+        assert_eq!(at(&nodes, &mut st), owner, "and comes back with it");
     }
 
     #[test]
