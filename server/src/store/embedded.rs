@@ -315,6 +315,36 @@ impl<T, E: Into<redb::Error>> Ctx<T> for std::result::Result<T, E> {
     }
 }
 
+/// Deletes up to `SWEEP_BATCH` entries past their expiry from an expiry index keyed
+/// (expires_at, a, b) and from the table it indexes, keyed (a, b).
+fn sweep_pair_expiry<V: redb::Value + 'static>(
+    txn: &WriteTransaction,
+    index: TableDefinition<(i64, &str, &str), ()>,
+    table: TableDefinition<(&str, &str), V>,
+    now: Millis,
+    what: &str,
+) -> Result<()> {
+    let mut entries = txn.open_table(table).ctx(what)?;
+    let mut expiry = txn.open_table(index).ctx(what)?;
+    let expired: Vec<(i64, String, String)> = {
+        let mut out = Vec::new();
+        for item in expiry.range(..(now.saturating_add(1), "", "")).ctx(what)? {
+            if out.len() >= SWEEP_BATCH {
+                break;
+            }
+            let (k, _) = item.ctx(what)?;
+            let (at, a, b) = k.value();
+            out.push((at, a.to_owned(), b.to_owned()));
+        }
+        out
+    };
+    for (at, a, b) in expired {
+        expiry.remove((at, a.as_str(), b.as_str())).ctx(what)?;
+        entries.remove((a.as_str(), b.as_str())).ctx(what)?;
+    }
+    Ok(())
+}
+
 fn decode<T: DeserializeOwned>(what: &str, key: &str, json: &str) -> Result<T> {
     serde_json::from_str(json).map_err(|e| Error::Corrupt(format!("{what} {key:?}: {e}")))
 }
@@ -881,33 +911,7 @@ impl Inner {
 
     /// Deletes up to `SWEEP_BATCH` idempotency keys past their expiry.
     fn sweep_idempotency(&self, txn: &WriteTransaction, now: Millis) -> Result<()> {
-        let mut keys = txn.open_table(IDEMPOTENCY).ctx("open idempotency")?;
-        let mut expiry = txn
-            .open_table(IDEMPOTENCY_EXPIRY)
-            .ctx("open idempotency expiry")?;
-        let expired: Vec<(i64, String, String)> = {
-            let mut out = Vec::new();
-            for item in expiry
-                .range(..(now.saturating_add(1), "", ""))
-                .ctx("scan idempotency expiry")?
-            {
-                if out.len() >= SWEEP_BATCH {
-                    break;
-                }
-                let (k, _) = item.ctx("scan idempotency expiry")?;
-                let (at, job_id, key) = k.value();
-                out.push((at, job_id.to_owned(), key.to_owned()));
-            }
-            out
-        };
-        for (at, job_id, key) in expired {
-            expiry
-                .remove((at, job_id.as_str(), key.as_str()))
-                .ctx("delete idempotency expiry")?;
-            keys.remove((job_id.as_str(), key.as_str()))
-                .ctx("delete idempotency key")?;
-        }
-        Ok(())
+        sweep_pair_expiry(txn, IDEMPOTENCY_EXPIRY, IDEMPOTENCY, now, "idempotency")
     }
 
     /// Delivers up to `max` never-delivered entries, in sequence order.
@@ -1378,32 +1382,10 @@ impl Inner {
     fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
         write(&self.db, |txn| {
             let now = now_ms();
+            // Forget a few expired nonces so the table stays as small as the live window.
+            sweep_pair_expiry(txn, NONCE_EXPIRY, NONCES, now, "nonce")?;
             let mut nonces = txn.open_table(NONCES).ctx("open nonces")?;
             let mut expiry = txn.open_table(NONCE_EXPIRY).ctx("open nonce expiry")?;
-            // Forget a few expired nonces so the table stays as small as the live window.
-            let expired: Vec<(i64, String, String)> = {
-                let mut out = Vec::new();
-                for item in expiry
-                    .range(..(now.saturating_add(1), "", ""))
-                    .ctx("scan nonce expiry")?
-                {
-                    if out.len() >= SWEEP_BATCH {
-                        break;
-                    }
-                    let (k, _) = item.ctx("scan nonce expiry")?;
-                    let (at, app, n) = k.value();
-                    out.push((at, app.to_owned(), n.to_owned()));
-                }
-                out
-            };
-            for (at, app, n) in expired {
-                expiry
-                    .remove((at, app.as_str(), n.as_str()))
-                    .ctx("delete nonce expiry")?;
-                nonces
-                    .remove((app.as_str(), n.as_str()))
-                    .ctx("delete nonce")?;
-            }
             let seen = nonces
                 .get((app_id, nonce))
                 .ctx("read nonce")?
