@@ -8,17 +8,27 @@ use serde_json::Value;
 use sundial_proto::v1 as pb;
 use sundial_tests::{Sundial, SundialOptions, every_second, wait_for};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_runs_and_triggers_over_http() -> Result<()> {
+/// A server on a fresh embedded store with one every-second job; its HTTP base URL and
+/// a client. The directory and server live as long as the returned guards.
+async fn server_with_job(
+    job_id: &str,
+) -> Result<(tempfile::TempDir, Sundial, String, reqwest::Client)> {
     let dir = tempfile::tempdir()?;
     let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
     let base = format!("http://{}", server.http.context("no http address")?);
-    let http = reqwest::Client::new();
-    let mut jobs = server.jobs().await?;
-    jobs.create_job(pb::CreateJobRequest {
-        spec: Some(every_second("rest-job")),
-    })
-    .await?;
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(every_second(job_id)),
+        })
+        .await?;
+    Ok((dir, server, base, reqwest::Client::new()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_runs_and_triggers_over_http() -> Result<()> {
+    let (_dir, _server, base, http) = server_with_job("rest-job").await?;
 
     // Runs accumulate; the status shows the latest and the next five fires.
     let url = format!("{base}/api/v1/jobs/rest-job/runs?page_size=2");
@@ -118,15 +128,7 @@ async fn status_runs_and_triggers_over_http() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_name_the_parameter_and_openapi_describes_the_api() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
-    let base = format!("http://{}", server.http.context("no http address")?);
-    let http = reqwest::Client::new();
-    let mut jobs = server.jobs().await?;
-    jobs.create_job(pb::CreateJobRequest {
-        spec: Some(every_second("known")),
-    })
-    .await?;
+    let (_dir, _server, base, http) = server_with_job("known").await?;
 
     let get = |path: &str| http.get(format!("{base}{path}"));
     let trigger = |job: &str| http.post(format!("{base}/api/v1/jobs/{job}/trigger"));

@@ -1146,11 +1146,7 @@ mod tests {
             .await
             .expect("connect");
         assert_eq!(second.partitions(), 3);
-        let mut c = redis::Client::open(url.as_str())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("conn");
+        let mut c = raw_connection().await;
         let _: () = c
             .hset(format!("{prefix}:meta"), "schema", SCHEMA_VERSION + 1)
             .await
@@ -1174,11 +1170,7 @@ mod tests {
             .due_fires(0, 10)
             .await
             .expect("first call loads the script");
-        let mut c = redis::Client::open(url.as_str())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("conn");
+        let mut c = raw_connection().await;
         // What a Redis restart does to the script cache: the next EVALSHA gets NOSCRIPT.
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
@@ -1197,6 +1189,16 @@ mod tests {
         (store, prefix)
     }
 
+    /// A plain connection to the shared test Redis, for looking behind the store.
+    async fn raw_connection() -> redis::aio::MultiplexedConnection {
+        let url = shared_redis_url().expect("redis-server");
+        redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("conn")
+    }
+
     fn one_partition() -> StoreOptions {
         StoreOptions {
             partitions: 1,
@@ -1205,12 +1207,7 @@ mod tests {
     }
 
     async fn queue_len(prefix: &str) -> usize {
-        let url = shared_redis_url().expect("redis-server");
-        let mut c = redis::Client::open(url.as_str())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("conn");
+        let mut c = raw_connection().await;
         c.xlen(format!("{prefix}:{{0}}:triggers"))
             .await
             .expect("xlen")
@@ -1265,12 +1262,7 @@ mod tests {
         assert_eq!(queue_len(&prefix).await, 1);
         // Consumers that hold nothing and were last seen before the cutoff go.
         let consumers = |prefix: String| async move {
-            let url = shared_redis_url().expect("redis-server");
-            let mut c = redis::Client::open(url.as_str())
-                .expect("url")
-                .get_multiplexed_async_connection()
-                .await
-                .expect("conn");
+            let mut c = raw_connection().await;
             let v: Vec<redis::Value> = redis::cmd("XINFO")
                 .arg("CONSUMERS")
                 .arg(format!("{prefix}:{{0}}:triggers"))
