@@ -1,7 +1,11 @@
-//! The executor's connection: one `Connect` stream at a time, hello → welcome,
-//! heartbeats at the server's interval, and reconnects with jittered backoff across the
-//! endpoints (at once, to the next endpoint, after a `GoAway`).
+//! The stream to one server, and where to dial next. Opening a [`Session`] is connect,
+//! `Hello`, then waiting for `Welcome`; a session sends without ever blocking (so a
+//! stalled server cannot stall the executor loop) and remembers when each heartbeat
+//! went out, so that a lease renewal counts from then. The [`Dialer`] walks the
+//! endpoints in turn, tries a go-away's suggested endpoints first, and backs off with
+//! jitter after failures. Nothing here knows about runs.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use sundial_proto::v1 as pb;
@@ -9,172 +13,171 @@ use sundial_proto::v1::executor_message::Msg;
 use sundial_proto::v1::executor_service_client::ExecutorServiceClient;
 use sundial_proto::v1::server_message::Msg as In;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
-use tonic::transport::Endpoint;
-use tracing::{debug, info, warn};
+use tokio::time::Instant;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::{Channel, Endpoint};
 
-use crate::Error;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a server may take to answer `Hello`.
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(10);
+/// Heartbeat send times kept for matching acknowledgements; a server that stops
+/// acknowledging cannot grow this without bound.
+const MAX_UNACKED_HEARTBEATS: usize = 64;
 
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub endpoints: Vec<String>,
-    pub hello: pb::Hello,
-    pub backoff_min: Duration,
-    pub backoff_max: Duration,
+/// The stream ended under our feet: the session is over.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+/// One open, welcomed stream.
+pub(crate) struct Session {
+    pub endpoint: String,
+    pub welcome: pb::Welcome,
+    tx: mpsc::UnboundedSender<pb::ExecutorMessage>,
+    inbound: tonic::Streaming<pb::ServerMessage>,
+    /// Send times of heartbeats not yet acknowledged, oldest first. The server answers
+    /// each heartbeat in order, and an answer's remaining lease time counts from when
+    /// its heartbeat left, not from when the answer arrived: the deadline errs early.
+    heartbeats: VecDeque<Instant>,
+    /// Keeps the connection's handle for as long as the stream lives.
+    _channel: Channel,
 }
 
-/// A connected (or connecting) executor process. Build one with
-/// [`Executor::builder`], then [`run`](Executor::run) it.
-#[derive(Debug, Clone)]
-pub struct Executor {
-    settings: Settings,
+/// Connects to `endpoint`, says hello, and waits for the welcome.
+pub(crate) async fn open(endpoint: &str, hello: pb::Hello) -> Result<Session, String> {
+    let channel = Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| format!("bad endpoint: {e}"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(message(Msg::Hello(hello)))
+        .map_err(|_| "stream closed".to_owned())?;
+    let mut client = ExecutorServiceClient::new(channel.clone());
+    let welcome = async {
+        let mut inbound = client
+            .connect(UnboundedReceiverStream::new(rx))
+            .await
+            .map_err(|status| format!("hello refused: {status}"))?
+            .into_inner();
+        match inbound.message().await {
+            Ok(Some(pb::ServerMessage {
+                msg: Some(In::Welcome(w)),
+            })) => Ok((inbound, w)),
+            Ok(other) => Err(format!("expected welcome, got {other:?}")),
+            Err(status) => Err(format!("hello refused: {status}")),
+        }
+    };
+    let (inbound, welcome) = tokio::time::timeout(WELCOME_TIMEOUT, welcome)
+        .await
+        .map_err(|_| format!("no welcome within {WELCOME_TIMEOUT:?}"))??;
+    Ok(Session {
+        endpoint: endpoint.to_owned(),
+        welcome,
+        tx,
+        inbound,
+        heartbeats: VecDeque::new(),
+        _channel: channel,
+    })
 }
 
-/// Why one stream ended.
-enum Ended {
-    Shutdown,
-    /// The server asked us to go elsewhere.
-    GoAway,
-    /// The stream could not be opened or broke; `welcomed` says whether it had been
-    /// working (then the backoff starts over).
-    Lost {
-        welcomed: bool,
-        reason: String,
-    },
-}
-
-fn msg(m: Msg) -> pb::ExecutorMessage {
+fn message(m: Msg) -> pb::ExecutorMessage {
     pb::ExecutorMessage { msg: Some(m) }
 }
 
-impl Executor {
-    pub(crate) fn new(settings: Settings) -> Self {
-        Self { settings }
+impl Session {
+    /// Queues a message; it never waits.
+    pub fn send(&self, m: Msg) -> Result<(), Closed> {
+        self.tx.send(message(m)).map_err(|_| Closed)
     }
 
-    /// The node id this executor registers under.
-    pub fn node_id(&self) -> &str {
-        &self.settings.hello.node_id
-    }
-
-    /// Stays connected until `shutdown` is cancelled: reconnects after every loss, to
-    /// the next endpoint, with jittered exponential backoff.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
-        let endpoints = &self.settings.endpoints;
-        let mut next = 0usize;
-        let mut backoff = self.settings.backoff_min;
-        while !shutdown.is_cancelled() {
-            let endpoint = &endpoints[next % endpoints.len()];
-            next += 1;
-            match self.session(endpoint, &shutdown).await {
-                Ended::Shutdown => break,
-                Ended::GoAway => {
-                    info!(%endpoint, "server sent go-away; moving to the next endpoint");
-                    backoff = self.settings.backoff_min;
-                }
-                Ended::Lost { welcomed, reason } => {
-                    if welcomed {
-                        backoff = self.settings.backoff_min;
-                    }
-                    let wait = jitter(backoff);
-                    warn!(%endpoint, %reason, ?wait, "connection lost; reconnecting");
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(wait) => {}
-                    }
-                    backoff = (backoff * 2).min(self.settings.backoff_max);
-                }
-            }
+    pub fn heartbeat(&mut self, hb: pb::Heartbeat, now: Instant) -> Result<(), Closed> {
+        self.send(Msg::Heartbeat(hb))?;
+        if self.heartbeats.len() == MAX_UNACKED_HEARTBEATS {
+            self.heartbeats.pop_front();
         }
-        info!(node_id = %self.node_id(), "executor stopped");
+        self.heartbeats.push_back(now);
         Ok(())
     }
 
-    async fn session(&self, endpoint: &str, shutdown: &CancellationToken) -> Ended {
-        let lost = |welcomed, reason: String| Ended::Lost { welcomed, reason };
-        let channel = match Endpoint::from_shared(endpoint.to_owned()) {
-            Ok(e) => e.connect_timeout(Duration::from_secs(5)),
-            Err(e) => return lost(false, format!("bad endpoint: {e}")),
-        };
-        let channel = tokio::select! {
-            () = shutdown.cancelled() => return Ended::Shutdown,
-            c = channel.connect() => match c {
-                Ok(c) => c,
-                Err(e) => return lost(false, format!("connect: {e}")),
-            },
-        };
-        let (tx, rx) = mpsc::channel(64);
-        if tx
-            .send(msg(Msg::Hello(self.settings.hello.clone())))
-            .await
-            .is_err()
-        {
-            return lost(false, "stream closed".into());
+    /// A heartbeat acknowledgement arrived: when its heartbeat was sent (`now` if the
+    /// server acknowledged more than we sent).
+    pub fn heartbeat_acked(&mut self, now: Instant) -> Instant {
+        self.heartbeats.pop_front().unwrap_or(now)
+    }
+
+    /// The next server message: `Ok(None)` for an empty one (ignored), `Err` once the
+    /// stream is over.
+    pub async fn recv(&mut self) -> Result<Option<In>, String> {
+        match self.inbound.message().await {
+            Ok(Some(m)) => Ok(m.msg),
+            Ok(None) => Err("server closed the stream".into()),
+            Err(status) => Err(format!("stream failed: {status}")),
         }
-        let mut client = ExecutorServiceClient::new(channel);
-        let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
-            Ok(r) => r.into_inner(),
-            Err(status) => return lost(false, format!("hello refused: {status}")),
-        };
-        let welcome = match inbound.message().await {
-            Ok(Some(pb::ServerMessage {
-                msg: Some(In::Welcome(w)),
-            })) => w,
-            Ok(other) => return lost(false, format!("expected welcome, got {other:?}")),
-            Err(status) => return lost(false, format!("hello refused: {status}")),
-        };
-        let every =
-            Duration::from_millis(u64::try_from(welcome.heartbeat_interval_ms).unwrap_or(0))
-                .max(Duration::from_millis(50));
-        info!(%endpoint, instance = %welcome.server_instance, heartbeat = ?every, "connected");
-        let mut ticks = tokio::time::interval(every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut draining = false;
-        loop {
-            tokio::select! {
-                // Dropping the sender ends our side of the stream: the server
-                // unregisters the node at once.
-                () = shutdown.cancelled() => return Ended::Shutdown,
-                _ = ticks.tick() => {
-                    let hb = pb::Heartbeat {
-                        in_flight: Vec::new(),
-                        active: 0,
-                        load: 0.0,
-                        ready: !draining,
-                    };
-                    if tx.send(msg(Msg::Heartbeat(hb))).await.is_err() {
-                        return lost(true, "stream closed".into());
-                    }
+    }
+}
+
+/// Where to connect next, and how long to wait first.
+#[derive(Debug)]
+pub(crate) struct Dialer {
+    endpoints: Vec<String>,
+    next: usize,
+    /// Endpoints a go-away suggested, tried before resuming the rotation.
+    suggested: VecDeque<String>,
+    backoff: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Dialer {
+    /// `endpoints` must not be empty (the builder checks).
+    pub fn new(endpoints: Vec<String>, min: Duration, max: Duration) -> Self {
+        Self {
+            endpoints,
+            next: 0,
+            suggested: VecDeque::new(),
+            backoff: min,
+            min,
+            max: max.max(min),
+        }
+    }
+
+    pub fn next_endpoint(&mut self) -> String {
+        if let Some(e) = self.suggested.pop_front() {
+            return e;
+        }
+        let e = self.endpoints[self.next % self.endpoints.len()].clone();
+        self.next = self.next.wrapping_add(1);
+        e
+    }
+
+    /// The server at `from` sent go-away: reconnect at once, to one it suggested if
+    /// any (a bare `host:port` is taken as `http://host:port`), else to the next one.
+    pub fn went_away(&mut self, from: &str, suggested: Vec<String>) {
+        self.backoff = self.min;
+        self.suggested = suggested
+            .into_iter()
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                if e.contains("://") {
+                    e
+                } else {
+                    format!("http://{e}")
                 }
-                m = inbound.message() => match m {
-                    Ok(Some(pb::ServerMessage { msg: Some(m) })) => match m {
-                        In::GoAway(g) => {
-                            debug!(reason = %g.reason, "go-away");
-                            return Ended::GoAway;
-                        }
-                        In::Drain(d) => {
-                            info!(reason = %d.reason, "draining: taking no new work");
-                            draining = true;
-                        }
-                        In::Dispatch(d) => {
-                            // Running handlers is not built yet: hand the run back.
-                            let reject = pb::Reject {
-                                run: d.run,
-                                reason: "this executor SDK does not run handlers yet".into(),
-                            };
-                            if tx.send(msg(Msg::Reject(reject))).await.is_err() {
-                                return lost(true, "stream closed".into());
-                            }
-                        }
-                        In::Welcome(_) | In::HeartbeatAck(_) | In::ResultAck(_) | In::Cancel(_) => {}
-                    },
-                    Ok(Some(pb::ServerMessage { msg: None })) => {}
-                    Ok(None) => return lost(true, "server closed the stream".into()),
-                    Err(status) => return lost(true, format!("stream failed: {status}")),
-                },
-            }
+            })
+            .filter(|e| e != from)
+            .collect();
+    }
+
+    /// A connection failed or broke: how long to wait before the next attempt. A
+    /// session that had been welcomed starts the backoff over.
+    pub fn lost(&mut self, welcomed: bool) -> Duration {
+        if welcomed {
+            self.backoff = self.min;
         }
+        let wait = jitter(self.backoff);
+        self.backoff = (self.backoff * 2).min(self.max);
+        wait
     }
 }
 
@@ -182,4 +185,54 @@ impl Executor {
 fn jitter(d: Duration) -> Duration {
     let half = d / 2;
     half + half.mul_f64(rand::random::<f64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn dialer() -> Dialer {
+        Dialer::new(
+            vec!["http://a".into(), "http://b".into()],
+            100 * MS,
+            800 * MS,
+        )
+    }
+
+    #[test]
+    fn endpoints_rotate_and_go_away_suggestions_come_first() {
+        let mut d = dialer();
+        let seq: Vec<_> = (0..3).map(|_| d.next_endpoint()).collect();
+        assert_eq!(seq, ["http://a", "http://b", "http://a"]);
+        d.went_away(
+            "http://a",
+            vec![
+                "c:1".into(),
+                "http://a".into(),
+                String::new(),
+                "https://d".into(),
+            ],
+        );
+        let seq: Vec<_> = (0..3).map(|_| d.next_endpoint()).collect();
+        assert_eq!(seq, ["http://c:1", "https://d", "http://b"]);
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_up_to_the_cap_and_resets_after_a_welcome() {
+        let mut d = dialer();
+        for expected in [100, 200, 400, 800, 800] {
+            let wait = d.lost(false);
+            assert!(
+                wait >= expected / 2 * MS && wait <= expected * MS,
+                "{wait:?} outside [{}, {expected}] ms",
+                expected / 2
+            );
+        }
+        assert!(d.lost(true) <= 100 * MS);
+        d.lost(false);
+        d.went_away("http://a", Vec::new());
+        assert!(d.lost(false) <= 100 * MS);
+    }
 }

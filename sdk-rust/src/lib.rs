@@ -1,38 +1,86 @@
 //! The Sundial executor SDK for Rust.
 //!
-//! What works today: the connection. An [`Executor`] connects to one of its endpoints
-//! over the `ExecutorService.Connect` stream, says hello (node id, group, handlers,
-//! weight, max concurrency, labels, token), heartbeats at the interval the server
-//! asks for, and reconnects with jittered backoff — to the next endpoint when the
-//! server sends `GoAway` or the stream breaks — until it is shut down.
+//! An [`Executor`] serves one executor group with handlers registered by name. It
+//! connects to one of its endpoints over the `ExecutorService.Connect` stream, says
+//! hello, heartbeats at the interval the server asks for, and executes the runs the
+//! server dispatches:
 //!
-//! Not yet: running handlers. The server does not dispatch runs yet (the executors
-//! issue); should a `Dispatch` arrive, this version answers `Reject` ("this executor
-//! SDK does not run handlers yet") so the server can route the run elsewhere.
+//! - each run calls its handler, an async function of a [`RunContext`] (schedule id,
+//!   attempt, fencing token, payload, route key, shard, deadline, a cancellation
+//!   signal, log lines) returning output bytes or a [`HandlerError`]; a handler that
+//!   panics is reported FAILED with code `"panic"`;
+//! - at most `max_concurrency` handlers run at once (a dispatch beyond that is
+//!   rejected as `"busy"`, an unknown handler as `"unknown handler: <name>"`);
+//! - every heartbeat lists the runs still executing, so the server renews exactly
+//!   those leases. A handler whose lease is gone, or ran out on this process's own
+//!   monotonic clock without renewal (for example while no server can be reached), is
+//!   cancelled: self-fencing;
+//! - a result is kept until the server acknowledges it and is sent again after a
+//!   reconnect; a run's log lines are batched and always sent before its result;
+//! - it reconnects with jittered backoff, and at once to another endpoint after a
+//!   go-away;
+//! - on `Drain`, or when shut down, it takes no new work and finishes what runs
+//!   (shutdown waits at most a grace period).
 //!
 //! ```no_run
+//! use std::time::Duration;
+//!
+//! use sundial_sdk::{CancellationToken, Executor, HandlerError, LogLevel, RunContext};
+//!
+//! /// Sends the invoice named by the payload.
+//! async fn invoice(ctx: RunContext) -> Result<Vec<u8>, HandlerError> {
+//!     let customer = std::str::from_utf8(ctx.payload())?;
+//!     if customer.is_empty() {
+//!         return Err(HandlerError::new("bad_payload", "no customer given"));
+//!     }
+//!     ctx.log(LogLevel::Info, format!("invoicing {customer} (attempt {})", ctx.attempt()));
+//!     // Stop early if the run is cancelled or its lease is lost.
+//!     ctx.until_cancelled(tokio::time::sleep(Duration::from_millis(200))).await?;
+//!     Ok(format!("invoice sent to {customer}").into_bytes())
+//! }
+//!
 //! # async fn demo() -> Result<(), sundial_sdk::Error> {
-//! let executor = sundial_sdk::Executor::builder()
+//! let executor = Executor::builder()
 //!     .endpoint("http://127.0.0.1:50051")
 //!     .endpoint("http://127.0.0.1:50052")
 //!     .group("billing")
 //!     .node_id("billing-worker-1")
-//!     .handler("invoice")
+//!     .token("executor-token-of-billing")
 //!     .max_concurrency(4)
+//!     .handler("invoice", invoice)
+//!     .handler("ping", |_ctx| async { Ok(b"pong".to_vec()) })
 //!     .build()?;
-//! let shutdown = tokio_util::sync::CancellationToken::new();
+//!
+//! let shutdown = CancellationToken::new();
+//! let stop = shutdown.clone();
+//! tokio::spawn(async move {
+//!     let _ = tokio::signal::ctrl_c().await;
+//!     stop.cancel();
+//! });
 //! executor.run(shutdown).await
 //! # }
 //! ```
 
 mod connection;
+mod context;
+mod executor;
+mod handler;
+mod logs;
+mod runs;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::time::Duration;
 
-pub use connection::Executor;
+pub use context::{HandlerError, LogLevel, RunContext};
+pub use executor::{Connected, Executor};
+pub use handler::HandlerResult;
 pub use sundial_proto::v1 as proto;
+pub use tokio_util::sync::CancellationToken;
 
+use handler::Handler;
+
+/// Why an executor could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{field}: {reason}")]
@@ -45,12 +93,13 @@ pub struct ExecutorBuilder {
     endpoints: Vec<String>,
     group: String,
     node_id: Option<String>,
-    handlers: Vec<String>,
+    handlers: Vec<(String, Handler)>,
     token: String,
     weight: u32,
     max_concurrency: u32,
     labels: BTreeMap<String, String>,
     backoff: Option<(Duration, Duration)>,
+    shutdown_grace: Option<Duration>,
 }
 
 impl ExecutorBuilder {
@@ -72,9 +121,28 @@ impl ExecutorBuilder {
         self
     }
 
-    /// A handler name this executor serves.
-    pub fn handler(mut self, name: impl Into<String>) -> Self {
-        self.handlers.push(name.into());
+    /// Registers the handler for runs dispatched to `name`: an async function that
+    /// receives the run's [`RunContext`] and returns its output or a
+    /// [`HandlerError`].
+    ///
+    /// ```
+    /// use sundial_sdk::{Executor, HandlerError, RunContext};
+    ///
+    /// async fn echo(ctx: RunContext) -> Result<Vec<u8>, HandlerError> {
+    ///     Ok(ctx.payload().to_vec())
+    /// }
+    ///
+    /// let builder = Executor::builder()
+    ///     .handler("echo", echo)
+    ///     .handler("noop", |_ctx| async { Ok(Vec::new()) });
+    /// # let _ = builder;
+    /// ```
+    pub fn handler<F, Fut>(mut self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(RunContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.handlers.push((name.into(), Handler::new(f)));
         self
     }
 
@@ -90,37 +158,59 @@ impl ExecutorBuilder {
         self
     }
 
-    /// At most this many runs at once (0 = unlimited).
+    /// At most this many handlers run at once (0 = unlimited, the default); a
+    /// dispatch beyond that is rejected as `"busy"`.
     pub fn max_concurrency(mut self, n: u32) -> Self {
         self.max_concurrency = n;
         self
     }
 
+    /// A label the server may route on.
     pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.labels.insert(key.into(), value.into());
         self
     }
 
-    /// Reconnect backoff: starts at `min`, doubles up to `max`, with jitter.
+    /// Reconnect backoff: starts at `min`, doubles up to `max`, with jitter (default
+    /// 100 ms to 5 s).
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.backoff = Some((min, max.max(min)));
         self
     }
 
+    /// How long shutdown waits for running handlers and result acknowledgements
+    /// before it gives up on them (default 30 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = Some(grace);
+        self
+    }
+
     pub fn build(self) -> Result<Executor, Error> {
-        let config = |field, reason: &str| Error::Config {
-            field,
-            reason: reason.to_owned(),
-        };
+        let config = |field, reason: String| Error::Config { field, reason };
         if self.endpoints.is_empty() {
-            return Err(config("endpoint", "at least one endpoint is required"));
+            return Err(config(
+                "endpoint",
+                "at least one endpoint is required".into(),
+            ));
         }
         if self.group.is_empty() {
-            return Err(config("group", "required"));
+            return Err(config("group", "required".into()));
         }
         if self.handlers.is_empty() {
-            return Err(config("handler", "at least one handler is required"));
+            return Err(config("handler", "at least one handler is required".into()));
         }
+        let mut handlers = HashMap::new();
+        for (name, handler) in self.handlers {
+            if name.is_empty() {
+                return Err(config("handler", "a handler name must not be empty".into()));
+            }
+            if handlers.contains_key(&name) {
+                return Err(config("handler", format!("{name:?} is registered twice")));
+            }
+            handlers.insert(name, handler);
+        }
+        let mut names: Vec<String> = handlers.keys().cloned().collect();
+        names.sort();
         let node_id = self.node_id.unwrap_or_else(|| {
             format!(
                 "{}-{}-{:06x}",
@@ -132,12 +222,12 @@ impl ExecutorBuilder {
         let (min, max) = self
             .backoff
             .unwrap_or((Duration::from_millis(100), Duration::from_secs(5)));
-        Ok(Executor::new(connection::Settings {
+        let settings = executor::Settings {
             endpoints: self.endpoints,
             hello: proto::Hello {
                 node_id,
                 group: self.group,
-                handlers: self.handlers,
+                handlers: names,
                 weight: self.weight.max(1),
                 max_concurrency: self.max_concurrency,
                 labels: self.labels.into_iter().collect(),
@@ -147,11 +237,14 @@ impl ExecutorBuilder {
             },
             backoff_min: min,
             backoff_max: max,
-        }))
+            shutdown_grace: self.shutdown_grace.unwrap_or(Duration::from_secs(30)),
+        };
+        Ok(Executor::new(settings, handlers))
     }
 }
 
 impl Executor {
+    /// Starts building an executor.
     pub fn builder() -> ExecutorBuilder {
         ExecutorBuilder::default()
     }
@@ -161,17 +254,28 @@ impl Executor {
 mod tests {
     use super::*;
 
+    async fn noop(_ctx: RunContext) -> HandlerResult {
+        Ok(Vec::new())
+    }
+
     #[test]
     fn builder_names_the_missing_field() {
         let err = |b: ExecutorBuilder| b.build().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err(Executor::builder()).starts_with("endpoint:"));
         assert!(err(Executor::builder().endpoint("http://x:1")).starts_with("group:"));
         assert!(err(Executor::builder().endpoint("http://x:1").group("g")).starts_with("handler:"));
+        let twice = Executor::builder()
+            .endpoint("http://x:1")
+            .group("g")
+            .handler("h", noop)
+            .handler("h", noop);
+        assert_eq!(err(twice), "handler: \"h\" is registered twice");
         let ok = Executor::builder()
             .endpoint("http://x:1")
             .group("g")
-            .handler("h")
+            .node_id("n")
+            .handler("h", noop)
             .build();
-        assert!(ok.is_ok());
+        assert_eq!(ok.as_ref().map(Executor::node_id).ok(), Some("n"));
     }
 }

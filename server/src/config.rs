@@ -14,7 +14,9 @@ use serde::Deserialize;
 use crate::dispatch::DispatchOptions;
 use crate::executors::ExecutorOptions;
 use crate::scheduler::SchedulerOptions;
+use crate::store::LeaseTerms;
 use crate::store::StoreOptions;
+use crate::sweeper::SweepOptions;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -113,6 +115,27 @@ pub struct Settings {
     /// An executor silent for this many heartbeat intervals is dropped.
     #[arg(long, env = "SUNDIAL_MISSED_HEARTBEATS")]
     pub missed_heartbeats: Option<u32>,
+    /// Lease of a dispatched run (default: missed_heartbeats × heartbeat_interval).
+    #[arg(long, env = "SUNDIAL_LEASE_TTL")]
+    pub lease_ttl: Option<HumanDuration>,
+    /// How long a run may wait for a free executor before it fails ("no executor").
+    #[arg(long, env = "SUNDIAL_DISPATCH_WAIT")]
+    pub dispatch_wait: Option<HumanDuration>,
+    /// How soon a run that found every executor busy is routed again.
+    #[arg(long, env = "SUNDIAL_ROUTE_RETRY")]
+    pub route_retry: Option<HumanDuration>,
+    /// How often run deadlines (timeouts, retries, lease expiry) are swept.
+    #[arg(long, env = "SUNDIAL_SWEEP_EVERY")]
+    pub sweep_every: Option<HumanDuration>,
+    /// Longest queue of waiting runs per job under the serial overlap policy.
+    #[arg(long, env = "SUNDIAL_SERIAL_LIMIT")]
+    pub serial_limit: Option<u32>,
+    /// Executor log text kept per run, in bytes (the oldest lines fall out first).
+    #[arg(long, env = "SUNDIAL_MAX_LOG_BYTES")]
+    pub max_log_bytes: Option<usize>,
+    /// HTTP-target runs one instance calls at once.
+    #[arg(long, env = "SUNDIAL_HTTP_MAX_CONCURRENCY")]
+    pub http_max_concurrency: Option<u32>,
     /// How long graceful shutdown waits for in-flight work.
     #[arg(long, env = "SUNDIAL_SHUTDOWN_GRACE")]
     pub shutdown_grace: Option<HumanDuration>,
@@ -151,6 +174,13 @@ impl Settings {
             max_runs_per_job,
             heartbeat_interval,
             missed_heartbeats,
+            lease_ttl,
+            dispatch_wait,
+            route_retry,
+            sweep_every,
+            serial_limit,
+            max_log_bytes,
+            http_max_concurrency,
             shutdown_grace,
         )
     }
@@ -185,6 +215,8 @@ pub struct Config {
     pub scheduler: SchedulerOptions,
     pub dispatch: DispatchOptions,
     pub executors: ExecutorOptions,
+    pub sweep: SweepOptions,
+    pub http_max_concurrency: u32,
     pub shutdown_grace: Duration,
 }
 
@@ -280,6 +312,34 @@ impl Config {
                 .unwrap_or(sd.parallel_partitions)
                 .clamp(1, 256),
         };
+        let ed = ExecutorOptions::default();
+        let heartbeat_interval = positive(
+            "heartbeat_interval",
+            s.heartbeat_interval,
+            ed.heartbeat_interval,
+        )?;
+        let missed_heartbeats = s.missed_heartbeats.unwrap_or(ed.missed_heartbeats).max(1);
+        let lease_ttl = positive(
+            "lease_ttl",
+            s.lease_ttl,
+            heartbeat_interval * missed_heartbeats,
+        )?;
+        if lease_ttl <= heartbeat_interval {
+            return Err(Error::Invalid {
+                field: "lease_ttl",
+                reason: format!(
+                    "{lease_ttl:?} must be longer than the heartbeat interval ({heartbeat_interval:?})"
+                ),
+            });
+        }
+        let executors = ExecutorOptions {
+            instance_id: instance_id.clone(),
+            heartbeat_interval,
+            missed_heartbeats,
+            hello_timeout: ed.hello_timeout,
+            lease_ttl,
+            max_log_bytes: s.max_log_bytes.unwrap_or(ed.max_log_bytes).max(1024),
+        };
         let dd = DispatchOptions::default();
         let dispatch = DispatchOptions {
             consumer: instance_id.clone(),
@@ -300,20 +360,23 @@ impl Config {
                 s.trigger_retention,
                 dd.queue_retention,
             )?,
+            lease: LeaseTerms {
+                ttl: lease_ttl,
+                confirm_within: heartbeat_interval * 2,
+            },
+            route_retry: positive("route_retry", s.route_retry, dd.route_retry)?,
+            dispatch_wait: positive("dispatch_wait", s.dispatch_wait, dd.dispatch_wait)?,
+            serial_limit: s.serial_limit.unwrap_or(dd.serial_limit).max(1),
+            node_refresh: dd.node_refresh,
         };
-        let ed = ExecutorOptions::default();
-        let executors = ExecutorOptions {
-            instance_id: instance_id.clone(),
-            heartbeat_interval: positive(
-                "heartbeat_interval",
-                s.heartbeat_interval,
-                ed.heartbeat_interval,
-            )?,
-            missed_heartbeats: s.missed_heartbeats.unwrap_or(ed.missed_heartbeats).max(1),
-            hello_timeout: ed.hello_timeout,
+        let sweep = SweepOptions {
+            every: positive("sweep_every", s.sweep_every, SweepOptions::default().every)?,
+            ..SweepOptions::default()
         };
         Ok(Config {
             executors,
+            sweep,
+            http_max_concurrency: s.http_max_concurrency.unwrap_or(64).max(1),
             listen,
             http_listen,
             instance_id,

@@ -1,21 +1,34 @@
-//! Dispatch: turns each trigger from the durable queue into a run.
+//! Dispatch: turns each trigger into a run and each routable run into a dispatch.
 //!
-//! For now (the foundation issue) a run is only recorded, TRIGGERED or SKIPPED; the
-//! executors issue adds overlap policy, routing, leases and sending. What already holds
-//! is the queue discipline: a trigger is acknowledged only after its run is durable,
-//! and a redelivered trigger finds that run (`record_run` is idempotent), so a dispatcher
-//! that dies at any point loses no run and records none twice. Entries a dead instance
-//! left unacknowledged are reclaimed by the survivors after `reclaim_idle`.
+//! Owns the trigger-queue consumer (a trigger is acknowledged only after `begin_run`
+//! made its run durable — leased, skipped or queued — and a redelivered trigger finds
+//! that run), the overlap policy's follow-up (revoked runs are sent `Cancel`), and
+//! routing: a WAITING run goes to one healthy node of its group that serves its
+//! handler, chosen by the job's strategy, under a lease granted by the store (which
+//! also enforces the node's max concurrency across instances). The dispatch travels
+//! on the node's stream, or through the inbox of the instance the node is attached
+//! to. HTTP targets are leased to this instance's built-in HTTP executor instead.
+//!
+//! Nothing here is the only record of anything: a run that could not be routed now
+//! stays WAITING with a timer in the store, and the sweeper (`sweeper`) brings it back.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
+use sundial_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fault::crash_point;
-use crate::model::RunRecord;
-use crate::store::{Delivery, Store};
+use crate::http_target::HttpTargets;
+use crate::links::Links;
+use crate::model::{JobRecord, RunPlan, RunRecord, RunState, Target};
+use crate::routing::{self, NodeView, Route, RouteState};
+use crate::store::{
+    Assigned, Delivery, Finisher, LeaseTerms, NodeRecord, NodeSlot, Outcome, Revocation, Store,
+    Transition,
+};
 
 #[derive(Debug, Clone)]
 pub struct DispatchOptions {
@@ -31,6 +44,16 @@ pub struct DispatchOptions {
     pub reclaim_every: Duration,
     /// Acknowledged queue entries older than this are trimmed.
     pub queue_retention: Duration,
+    /// The lease a dispatch is made under.
+    pub lease: LeaseTerms,
+    /// How soon a WAITING run that could not be routed is tried again.
+    pub route_retry: Duration,
+    /// How long a run may wait for a free node before it fails with "no executor".
+    pub dispatch_wait: Duration,
+    /// Longest serial queue per job.
+    pub serial_limit: u32,
+    /// How stale the node snapshot used for routing may be.
+    pub node_refresh: Duration,
 }
 
 impl Default for DispatchOptions {
@@ -42,23 +65,103 @@ impl Default for DispatchOptions {
             reclaim_idle: Duration::from_secs(30),
             reclaim_every: Duration::from_secs(5),
             queue_retention: Duration::from_secs(3600),
+            lease: LeaseTerms {
+                ttl: Duration::from_secs(15),
+                confirm_within: Duration::from_secs(10),
+            },
+            route_retry: Duration::from_millis(500),
+            dispatch_wait: Duration::from_secs(30),
+            serial_limit: 100,
+            node_refresh: Duration::from_millis(250),
         }
+    }
+}
+
+/// The node registry as routing sees it, re-read at most every `node_refresh`.
+struct NodeCache {
+    refresh: Duration,
+    snapshot: tokio::sync::Mutex<(Option<Instant>, Arc<Vec<NodeRecord>>)>,
+}
+
+impl NodeCache {
+    async fn get(&self, store: &dyn Store) -> Arc<Vec<NodeRecord>> {
+        let mut s = self.snapshot.lock().await;
+        if s.0.is_none_or(|t| t.elapsed() >= self.refresh) {
+            match store.list_nodes(None).await {
+                Ok(nodes) => *s = (Some(Instant::now()), Arc::new(nodes)),
+                Err(e) => {
+                    warn!(error = %e, "reading the node registry failed; using the last snapshot")
+                }
+            }
+        }
+        s.1.clone()
     }
 }
 
 pub struct Dispatcher {
     store: Arc<dyn Store>,
     opts: DispatchOptions,
+    links: Arc<Links>,
+    http: Arc<HttpTargets>,
+    nodes: NodeCache,
+    /// Job definitions by id, refreshed when a run names a newer version.
+    jobs: Mutex<HashMap<String, Arc<JobRecord>>>,
+    /// Per-job routing state (round-robin position, weights, hash ring).
+    routes: Mutex<HashMap<String, RouteState>>,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The run-relevant part of a job, snapshotted into the run when it begins.
+pub fn run_plan(job: &JobRecord, opts: &DispatchOptions) -> RunPlan {
+    let s = &job.spec;
+    RunPlan {
+        max_attempts: s.retry.max_retries.saturating_add(1),
+        backoff_ms: s.retry.backoff_ms,
+        backoff_multiplier: s.retry.backoff_multiplier,
+        max_backoff_ms: s.retry.max_backoff_ms,
+        timeout_ms: s.timeout_ms,
+        overlap: s.overlap_policy,
+        serial_limit: opts.serial_limit,
+        dispatch_wait_ms: ms(opts.dispatch_wait),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Dispatcher {
-    pub fn new(store: Arc<dyn Store>, opts: DispatchOptions) -> Self {
-        Self { store, opts }
+    pub fn new(
+        store: Arc<dyn Store>,
+        opts: DispatchOptions,
+        links: Arc<Links>,
+        http: Arc<HttpTargets>,
+    ) -> Self {
+        let refresh = opts.node_refresh;
+        Self {
+            store,
+            opts,
+            links,
+            http,
+            nodes: NodeCache {
+                refresh,
+                snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
+            },
+            jobs: Mutex::new(HashMap::new()),
+            routes: Mutex::new(HashMap::new()),
+        }
     }
 
-    /// Runs until `shutdown`; the batch in hand is finished (recorded and acknowledged)
+    pub fn options(&self) -> &DispatchOptions {
+        &self.opts
+    }
+
+    /// Consumes the trigger queue until `shutdown`; the batch in hand is finished
     /// before it returns.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         info!(consumer = %self.opts.consumer, "dispatcher started");
         let mut last_reclaim = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(50);
@@ -89,7 +192,7 @@ impl Dispatcher {
                 batch.extend(self.reclaim().await);
             }
             for delivery in batch {
-                self.dispatch(delivery).await;
+                self.begin(delivery).await;
             }
         }
         info!("dispatcher stopped");
@@ -111,9 +214,11 @@ impl Dispatcher {
         if !reclaimed.is_empty() {
             info!(count = reclaimed.len(), "took over unacknowledged triggers");
         }
-        let cutoff = self.store.now().await.map(|now| {
-            now - i64::try_from(self.opts.queue_retention.as_millis()).unwrap_or(i64::MAX)
-        });
+        let cutoff = self
+            .store
+            .now()
+            .await
+            .map(|now| now - ms(self.opts.queue_retention));
         if let Ok(cutoff) = cutoff
             && let Err(e) = self.store.trim_triggers(cutoff).await
         {
@@ -122,41 +227,311 @@ impl Dispatcher {
         reclaimed
     }
 
-    /// Records the run, then acknowledges the trigger. On a store error the trigger
-    /// stays unacknowledged and comes back through reclaim.
-    async fn dispatch(&self, d: Delivery) {
+    /// The job as of at least `version` (None when it is gone).
+    async fn job(&self, job_id: &str, version: u64) -> Option<Arc<JobRecord>> {
+        if let Some(j) = lock(&self.jobs).get(job_id)
+            && j.version >= version
+        {
+            return Some(j.clone());
+        }
+        match self.store.get_job(job_id).await {
+            Ok(Some(j)) => {
+                let j = Arc::new(j);
+                lock(&self.jobs).insert(job_id.to_owned(), j.clone());
+                Some(j)
+            }
+            Ok(None) => {
+                lock(&self.jobs).remove(job_id);
+                None
+            }
+            Err(e) => {
+                warn!(%job_id, error = %e, "reading the job failed");
+                None
+            }
+        }
+    }
+
+    /// Begins the trigger's run, then acknowledges the trigger and routes the run. On
+    /// a store error the trigger stays unacknowledged and comes back through reclaim.
+    async fn begin(&self, d: Delivery) {
         let schedule_id = d.trigger.schedule_id();
         let span = info_span!("dispatch", job_id = %d.trigger.job_id, %schedule_id);
         async {
             crash_point("dispatch.before_record");
-            match self
-                .store
-                .record_run(RunRecord::from_trigger(&d.trigger))
-                .await
-            {
-                Ok(r) => debug!(created = r.created, state = %r.run.state, "run recorded"),
+            let mut run = RunRecord::from_trigger(&d.trigger);
+            if let Some(job) = self.job(&d.trigger.job_id, d.trigger.job_version).await {
+                run.plan = run_plan(&job, &self.opts);
+            }
+            let begun = match self.store.begin_run(run, self.opts.route_retry).await {
+                Ok(b) => b,
                 Err(e) => {
-                    warn!(error = %e, "recording the run failed; the trigger will be retried");
+                    warn!(error = %e, "beginning the run failed; the trigger will be retried");
                     return;
                 }
-            }
+            };
+            debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
             crash_point("dispatch.before_ack");
             if let Err(e) = self.store.ack_trigger(&d.entry_id).await {
                 warn!(error = %e, "acknowledging the trigger failed; it will be redelivered");
+            }
+            for rv in &begun.revoked {
+                self.send_cancel(rv).await;
+            }
+            if begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0 {
+                self.route(begun.run).await;
             }
         }
         .instrument(span)
         .await;
     }
+
+    /// Acts on what a transition left to do: cancel a revoked lease, route the serial
+    /// run it released, route the run itself when it is WAITING and due.
+    pub async fn follow_up(&self, t: Transition) {
+        if let Some(rv) = &t.revoked {
+            self.send_cancel(rv).await;
+        }
+        if let Some(next) = &t.next_serial {
+            match self.store.get_run(next).await {
+                Ok(Some(run)) => Box::pin(self.route(run)).await,
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(schedule_id = %next, error = %e, "reading a released serial run failed; the sweeper will route it")
+                }
+            }
+        }
+    }
+
+    /// Tells the node that held a revoked lease to stop.
+    pub async fn send_cancel(&self, rv: &Revocation) {
+        if rv.node_id == self.http.node_id() {
+            self.http.cancel(&rv.schedule_id, rv.token);
+            return;
+        }
+        let instance = self
+            .nodes
+            .get(self.store.as_ref())
+            .await
+            .iter()
+            .find(|n| n.node_id == rv.node_id)
+            .map(|n| n.instance.clone())
+            .unwrap_or_default();
+        let (job_id, _) = crate::model::split_schedule_id(&rv.schedule_id).unwrap_or(("", ""));
+        debug!(%job_id, schedule_id = %rv.schedule_id, node_id = %rv.node_id, reason = %rv.reason, "cancelling");
+        let cancel = pb::server_message::Msg::Cancel(pb::Cancel {
+            run: Some(pb::RunRef {
+                schedule_id: rv.schedule_id.clone(),
+                attempt: 0,
+                fencing_token: rv.token,
+                shard_index: 0,
+            }),
+            reason: rv.reason.clone(),
+        });
+        self.links.deliver(&rv.node_id, &instance, cancel).await;
+    }
+
+    /// Routes a WAITING run: leases it to a node and sends the dispatch. When no node
+    /// can take it now, it stays WAITING (its timer brings it back) until its wait
+    /// runs out; when its group has no healthy node at all, the attempt fails with
+    /// "no executor" (retried per the job's policy).
+    pub async fn route(&self, run: RunRecord) {
+        let span = info_span!("route", job_id = %run.job_id, schedule_id = %run.schedule_id, attempt = run.attempt);
+        async {
+            let Some(job) = self.job(&run.job_id, run.job_version).await else {
+                self.fail_waiting(&run, "no_job", "the job was deleted")
+                    .await;
+                return;
+            };
+            match &job.spec.target {
+                Target::Http { .. } => self.route_http(&run, &job).await,
+                Target::Executor { group, handler } => {
+                    self.route_executor(&run, &job, group, handler).await;
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    async fn route_http(&self, run: &RunRecord, job: &Arc<JobRecord>) {
+        let slot = NodeSlot {
+            node_id: self.http.node_id().to_owned(),
+            max_concurrency: self.http.max_concurrency(),
+        };
+        match self
+            .store
+            .assign_run(&run.schedule_id, run.attempt, &slot, self.opts.lease)
+            .await
+        {
+            Ok(Assigned::Granted(run)) => self.http.start(run, job.clone()),
+            Ok(Assigned::NodeFull) => self.still_waiting(run).await,
+            Ok(Assigned::NotWaiting(_)) => debug!("run no longer waiting"),
+            Err(e) => warn!(error = %e, "assigning the run failed; its timer will retry"),
+        }
+    }
+
+    async fn route_executor(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) {
+        let snapshot = self.nodes.get(self.store.as_ref()).await;
+        let eligible: Vec<&NodeRecord> = snapshot
+            .iter()
+            .filter(|n| n.group == group && n.ready && n.handlers.iter().any(|h| h == handler))
+            .collect();
+        if eligible.is_empty() {
+            self.fail_waiting(
+                run,
+                "no_executor",
+                &format!("no healthy executor of group {group:?} serves handler {handler:?}"),
+            )
+            .await;
+            return;
+        }
+        // A retry prefers another node than the one that just failed it.
+        let mut candidates: Vec<&NodeRecord> = eligible
+            .iter()
+            .copied()
+            .filter(|n| n.node_id != run.last_node)
+            .collect();
+        if candidates.is_empty() {
+            candidates = eligible;
+        }
+        let views: Vec<NodeView> = candidates
+            .iter()
+            .map(|n| NodeView {
+                node_id: n.node_id.clone(),
+                weight: n.weight,
+                max_concurrency: n.max_concurrency,
+                active: n.active,
+                mean_duration_ms: 0,
+                recent_errors: 0,
+                slow: false,
+            })
+            .collect();
+        let route_key = run
+            .route_key_override
+            .clone()
+            .unwrap_or_else(|| job.spec.route_key.clone());
+        let first = {
+            let mut routes = lock(&self.routes);
+            let state = routes.entry(run.job_id.clone()).or_default();
+            routing::route(
+                job.spec.route_strategy,
+                &views,
+                &route_key,
+                state,
+                rand::random::<f64>(),
+            )
+        };
+        let first = match first {
+            Route::One(id) => id,
+            // Sharding broadcast is not built yet: the run goes to the first node.
+            Route::All(ids) => ids.into_iter().next().unwrap_or_default(),
+            Route::NoNode => String::new(),
+        };
+        // The strategy's pick first; if it is full, any other candidate (busyover).
+        let mut order: Vec<&NodeRecord> = candidates.clone();
+        order.sort_by_key(|n| (n.node_id != first, n.active, n.node_id.clone()));
+        for node in order {
+            let slot = NodeSlot {
+                node_id: node.node_id.clone(),
+                max_concurrency: node.max_concurrency,
+            };
+            match self
+                .store
+                .assign_run(&run.schedule_id, run.attempt, &slot, self.opts.lease)
+                .await
+            {
+                Ok(Assigned::Granted(leased)) => {
+                    let dispatch = dispatch_message(&leased, job, &route_key);
+                    debug!(node_id = %node.node_id, token = leased.fencing_token, "dispatched");
+                    self.links
+                        .deliver(&node.node_id, &node.instance, dispatch)
+                        .await;
+                    return;
+                }
+                Ok(Assigned::NodeFull) => continue,
+                Ok(Assigned::NotWaiting(_)) => {
+                    debug!("run no longer waiting");
+                    return;
+                }
+                Err(e) => {
+                    warn!(error = %e, "assigning the run failed; its timer will retry");
+                    return;
+                }
+            }
+        }
+        self.still_waiting(run).await;
+    }
+
+    /// Every candidate is busy: keep waiting unless the wait is over.
+    async fn still_waiting(&self, run: &RunRecord) {
+        let now = self.store.now().await.unwrap_or(0);
+        if run.deadlines.wait_until > 0 && now >= run.deadlines.wait_until {
+            self.fail_waiting(run, "no_executor", "every eligible executor stayed busy")
+                .await;
+        } else {
+            debug!("every eligible node is busy; the run waits");
+        }
+    }
+
+    async fn fail_waiting(&self, run: &RunRecord, code: &str, message: &str) {
+        warn!(%code, %message, "the attempt failed before it reached an executor");
+        let outcome = Outcome {
+            state: RunState::Failed,
+            output: None,
+            error_code: code.to_owned(),
+            error_message: message.to_owned(),
+            started_at: None,
+            finished_at: None,
+        };
+        match self
+            .store
+            .finish_run(
+                &run.schedule_id,
+                Finisher::Waiting {
+                    attempt: run.attempt,
+                },
+                outcome,
+            )
+            .await
+        {
+            Ok(t) => Box::pin(self.follow_up(t)).await,
+            Err(e) => warn!(error = %e, "failing the run failed; its timer will retry"),
+        }
+    }
+}
+
+fn dispatch_message(run: &RunRecord, job: &JobRecord, route_key: &str) -> pb::server_message::Msg {
+    let handler = match &job.spec.target {
+        Target::Executor { handler, .. } => handler.clone(),
+        Target::Http { .. } => String::new(),
+    };
+    pb::server_message::Msg::Dispatch(pb::Dispatch {
+        run: Some(pb::RunRef {
+            schedule_id: run.schedule_id.clone(),
+            attempt: run.attempt,
+            fencing_token: run.fencing_token,
+            shard_index: 0,
+        }),
+        job_id: run.job_id.clone(),
+        handler,
+        payload: run
+            .payload_override
+            .clone()
+            .unwrap_or_else(|| job.spec.payload.clone()),
+        route_key: route_key.to_owned(),
+        shard_total: 1,
+        deadline_ms: run.plan.timeout_ms,
+        scheduled_at_ms: run.scheduled_at,
+        labels: job.spec.labels.clone().into_iter().collect(),
+    })
 }
 
 pub fn spawn(
-    store: Arc<dyn Store>,
-    opts: DispatchOptions,
+    dispatcher: Arc<Dispatcher>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(
-        Dispatcher::new(store, opts)
+        dispatcher
             .run(shutdown)
             .instrument(info_span!("dispatcher")),
     )

@@ -6,10 +6,12 @@
 //! go-away on shutdown. A malformed or out-of-order message ends that stream with a
 //! precise status; it never affects another stream or the server.
 //!
-//! Not built yet (the executors issue): dispatch, leases in use, results applied to
-//! runs. Until then nothing is ever leased to a node, so every heartbeat's in-flight
-//! run is acknowledged with no lease left, every result is refused as unknown, and a
-//! `Started` for a run the server never dispatched is answered with `Cancel`.
+//! Runs on the stream: a heartbeat renews exactly the leases it lists (the ack
+//! carries each one's remaining time, ≤ 0 = gone: stop it); `Started` confirms a
+//! dispatch; a `Result` finishes the attempt through the store, which refuses a stale
+//! fencing token (the ack says so); `Reject` sends the run back to be routed elsewhere
+//! without spending an attempt; progress and log lines are stored under the run's
+//! current token only. Dispatches and cancels reach the stream through [`Links`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -27,8 +29,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::model::{Millis, valid_job_id};
-use crate::store::{NodeRecord, Store};
+use crate::dispatch::Dispatcher;
+use crate::links::Links;
+use crate::model::{RunState, now_ms, valid_job_id};
+use crate::store::{Applied, Finisher, Held, LogLine, NodeRecord, Outcome, Store};
 
 #[derive(Debug, Clone)]
 pub struct ExecutorOptions {
@@ -40,6 +44,10 @@ pub struct ExecutorOptions {
     pub missed_heartbeats: u32,
     /// How long a new stream may take to say hello.
     pub hello_timeout: Duration,
+    /// The lease a heartbeat renews to.
+    pub lease_ttl: Duration,
+    /// Log text kept per run; the oldest lines fall out first.
+    pub max_log_bytes: usize,
 }
 
 impl Default for ExecutorOptions {
@@ -49,6 +57,8 @@ impl Default for ExecutorOptions {
             heartbeat_interval: Duration::from_secs(5),
             missed_heartbeats: 3,
             hello_timeout: Duration::from_secs(10),
+            lease_ttl: Duration::from_secs(15),
+            max_log_bytes: 1 << 20,
         }
     }
 }
@@ -61,29 +71,38 @@ impl ExecutorOptions {
 }
 
 const MAX_HANDLERS: usize = 256;
+/// Runs one heartbeat or hello may list.
+const MAX_IN_FLIGHT: usize = 10_000;
+/// Lines in one `LogLines` message, and bytes in one line (longer ones are cut).
+const MAX_LOG_LINES: usize = 1_000;
+const MAX_LOG_LINE_BYTES: usize = 8 * 1024;
 
 /// `ExecutorService` and `NodeService` over the store's registry.
 #[derive(Clone)]
 pub struct Executors {
     store: Arc<dyn Store>,
     opts: ExecutorOptions,
+    links: Arc<Links>,
+    dispatcher: Arc<Dispatcher>,
     shutdown: CancellationToken,
 }
 
 impl Executors {
-    pub fn new(store: Arc<dyn Store>, opts: ExecutorOptions, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        opts: ExecutorOptions,
+        links: Arc<Links>,
+        dispatcher: Arc<Dispatcher>,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
             store,
             opts,
+            links,
+            dispatcher,
             shutdown,
         }
     }
-}
-
-fn now_ms() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as Millis)
 }
 
 fn ms(d: Duration) -> i64 {
@@ -166,25 +185,37 @@ impl ExecutorService for Executors {
             }
             None => return Err(Status::invalid_argument("hello: no message")),
         };
+        if hello.in_flight.len() > MAX_IN_FLIGHT {
+            return Err(Status::invalid_argument(format!(
+                "hello.in_flight: more than {MAX_IN_FLIGHT} runs"
+            )));
+        }
         let in_flight = hello.in_flight.clone();
         let node = node_from_hello(hello, &self.opts.instance_id)?;
         self.store
             .upsert_node(node.clone(), self.opts.node_ttl())
             .await?;
+        // Runs it still holds from an earlier stream keep their leases if they are
+        // still its own; the rest are named so the executor stops them.
+        let (_, gone) = self.renew(&node.node_id, in_flight).await?;
         info!(node_id = %node.node_id, group = %node.group, handlers = ?node.handlers, "executor connected");
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(1024);
         let welcome = pb::Welcome {
             server_instance: self.opts.instance_id.clone(),
             heartbeat_interval_ms: ms(self.opts.heartbeat_interval),
-            lease_ttl_ms: ms(self.opts.node_ttl()),
-            // Nothing is leased to anyone yet, so whatever it still holds is unknown.
-            unknown_in_flight: in_flight,
+            lease_ttl_ms: ms(self.opts.lease_ttl),
+            unknown_in_flight: gone,
         };
         tx.send(out(Out::Welcome(welcome)))
             .await
             .map_err(|_| Status::cancelled("executor left"))?;
+        let conn = self.links.attach(&node.node_id, tx.clone());
         let span = info_span!("executor", node_id = %node.node_id);
-        tokio::spawn(self.clone().session(node, inbound, tx).instrument(span));
+        tokio::spawn(
+            self.clone()
+                .session(node, conn, inbound, tx)
+                .instrument(span),
+        );
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -195,6 +226,7 @@ impl Executors {
     async fn session(
         self,
         mut node: NodeRecord,
+        conn: u64,
         mut inbound: Streaming<pb::ExecutorMessage>,
         tx: mpsc::Sender<Result<pb::ServerMessage, Status>>,
     ) {
@@ -246,6 +278,7 @@ impl Executors {
                 }
             }
         }
+        self.links.detach(&node.node_id, conn);
         match self
             .store
             .remove_node(&node.node_id, &self.opts.instance_id)
@@ -256,8 +289,44 @@ impl Executors {
         }
     }
 
+    /// Renews the listed leases held by `node_id`: the lease statuses, and the runs
+    /// whose lease is gone.
+    async fn renew(
+        &self,
+        node_id: &str,
+        runs: Vec<pb::RunRef>,
+    ) -> Result<(Vec<pb::LeaseStatus>, Vec<pb::RunRef>), Status> {
+        if runs.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let held: Vec<Held> = runs
+            .iter()
+            .map(|r| Held {
+                schedule_id: r.schedule_id.clone(),
+                token: r.fencing_token,
+            })
+            .collect();
+        let remaining = self
+            .store
+            .renew_leases(node_id, &held, self.opts.lease_ttl)
+            .await?;
+        let mut statuses = Vec::with_capacity(runs.len());
+        let mut gone = Vec::new();
+        for (run, left) in runs.into_iter().zip(remaining) {
+            if left.is_none() {
+                gone.push(run.clone());
+            }
+            statuses.push(pb::LeaseStatus {
+                run: Some(run),
+                remaining_ms: left.unwrap_or(0),
+            });
+        }
+        Ok((statuses, gone))
+    }
+
     /// One message after the handshake: the replies to send, or the status that ends
-    /// the stream.
+    /// the stream. Store failures end the stream too (the executor reconnects and
+    /// re-sends what was not acknowledged).
     async fn handle(
         &self,
         node: &mut NodeRecord,
@@ -273,51 +342,183 @@ impl Executors {
                 "hello: sent twice on one stream",
             )),
             Some(Msg::Heartbeat(hb)) => {
+                if hb.in_flight.len() > MAX_IN_FLIGHT {
+                    return Err(Status::invalid_argument(format!(
+                        "heartbeat.in_flight: more than {MAX_IN_FLIGHT} runs"
+                    )));
+                }
                 node.ready = hb.ready;
                 node.active = hb.active;
                 node.load = if hb.load.is_finite() { hb.load } else { 0.0 };
                 self.store
                     .upsert_node(node.clone(), self.opts.node_ttl())
-                    .await
-                    .map_err(Status::from)?;
-                let leases = hb
-                    .in_flight
-                    .into_iter()
-                    .map(|run| pb::LeaseStatus {
-                        run: Some(run),
-                        remaining_ms: 0,
-                    })
-                    .collect();
+                    .await?;
+                let (leases, _) = self.renew(&node.node_id, hb.in_flight).await?;
                 Ok(vec![Out::HeartbeatAck(pb::HeartbeatAck { leases })])
             }
             Some(Msg::Result(r)) => {
-                let run = run_ref(r.run, "result")?;
+                let run = run_ref(r.run.clone(), "result")?;
+                let state = match pb::ResultStatus::try_from(r.status) {
+                    Ok(pb::ResultStatus::Succeeded) => RunState::Succeeded,
+                    Ok(pb::ResultStatus::Failed) => RunState::Failed,
+                    Ok(pb::ResultStatus::Cancelled) => RunState::Cancelled,
+                    _ => {
+                        return Err(Status::invalid_argument(
+                            "result.status: must be SUCCEEDED, FAILED or CANCELLED",
+                        ));
+                    }
+                };
+                let outcome = Outcome {
+                    state,
+                    output: (!r.output.is_empty()).then_some(r.output),
+                    error_code: r.error_code,
+                    error_message: r.error_message,
+                    started_at: (r.started_at_ms > 0).then_some(r.started_at_ms),
+                    finished_at: (r.finished_at_ms > 0).then_some(r.finished_at_ms),
+                };
+                let t = self
+                    .store
+                    .finish_run(
+                        &run.schedule_id,
+                        Finisher::Token(run.fencing_token),
+                        outcome,
+                    )
+                    .await?;
+                let (accepted, reason) = match &t.applied {
+                    Applied::Yes => (true, String::new()),
+                    Applied::Already => (true, "already recorded".to_owned()),
+                    Applied::No(why) => (false, why.clone()),
+                };
+                if !accepted {
+                    info!(schedule_id = %run.schedule_id, token = run.fencing_token, %reason, "result refused");
+                }
+                if t.applied == Applied::Yes {
+                    self.spawn_follow_up(t);
+                }
                 Ok(vec![Out::ResultAck(pb::ResultAck {
                     run: Some(run),
-                    accepted: false,
-                    reason: "unknown run: no lease is held for this schedule_id and token".into(),
+                    accepted,
+                    reason,
                 })])
             }
             Some(Msg::Started(s)) => {
                 let run = run_ref(s.run, "started")?;
-                Ok(vec![Out::Cancel(pb::Cancel {
-                    run: Some(run),
-                    reason: "no lease is held for this run".into(),
-                })])
+                let t = self
+                    .store
+                    .mark_started(&run.schedule_id, run.fencing_token)
+                    .await?;
+                match t.applied {
+                    Applied::Yes | Applied::Already => Ok(Vec::new()),
+                    Applied::No(why) => Ok(vec![Out::Cancel(pb::Cancel {
+                        run: Some(run),
+                        reason: format!("no lease for this run: {why}"),
+                    })]),
+                }
             }
             Some(Msg::Progress(p)) => {
-                run_ref(p.run, "progress")?;
+                let run = run_ref(p.run, "progress")?;
+                let mut message = p.message;
+                truncate_utf8(&mut message, MAX_LOG_LINE_BYTES);
+                self.store
+                    .report_progress(
+                        &run.schedule_id,
+                        run.fencing_token,
+                        p.percent.min(100),
+                        &message,
+                    )
+                    .await?;
                 Ok(Vec::new())
             }
             Some(Msg::Logs(l)) => {
-                run_ref(l.run, "logs")?;
+                let run = run_ref(l.run, "logs")?;
+                if l.lines.len() > MAX_LOG_LINES {
+                    return Err(Status::invalid_argument(format!(
+                        "logs.lines: more than {MAX_LOG_LINES} in one message"
+                    )));
+                }
+                let lines = l
+                    .lines
+                    .into_iter()
+                    .map(|e| {
+                        let mut message = e.message;
+                        truncate_utf8(&mut message, MAX_LOG_LINE_BYTES);
+                        let mut level = e.level;
+                        truncate_utf8(&mut level, 16);
+                        LogLine {
+                            seq: 0,
+                            time_ms: e.time_ms,
+                            level,
+                            message,
+                            attempt: run.attempt,
+                        }
+                    })
+                    .collect();
+                self.store
+                    .append_logs(
+                        &run.schedule_id,
+                        run.fencing_token,
+                        lines,
+                        self.opts.max_log_bytes,
+                    )
+                    .await?;
                 Ok(Vec::new())
             }
             Some(Msg::Reject(r)) => {
-                run_ref(r.run, "reject")?;
+                let run = run_ref(r.run, "reject")?;
+                let mut reason = r.reason;
+                truncate_utf8(&mut reason, 256);
+                let outcome = Outcome {
+                    state: RunState::Waiting,
+                    output: None,
+                    error_code: "rejected".into(),
+                    error_message: reason,
+                    started_at: None,
+                    finished_at: None,
+                };
+                let t = self
+                    .store
+                    .finish_run(
+                        &run.schedule_id,
+                        Finisher::Token(run.fencing_token),
+                        outcome,
+                    )
+                    .await?;
+                if t.applied == Applied::Yes {
+                    debug!(schedule_id = %run.schedule_id, "dispatch rejected; routing it again");
+                    self.spawn_follow_up(t);
+                }
                 Ok(Vec::new())
             }
         }
+    }
+
+    /// Routes what a finished or rejected attempt left behind, off the stream's task.
+    fn spawn_follow_up(&self, t: crate::store::Transition) {
+        let dispatcher = self.dispatcher.clone();
+        let route = t
+            .run
+            .clone()
+            .filter(|r| r.state == RunState::Waiting && r.reason.starts_with("rejected"));
+        tokio::spawn(
+            async move {
+                dispatcher.follow_up(t).await;
+                if let Some(run) = route {
+                    dispatcher.route(run).await;
+                }
+            }
+            .in_current_span(),
+        );
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
     }
 }
 
@@ -352,7 +553,7 @@ impl NodeService for Executors {
                     weight: n.weight,
                     max_concurrency: n.max_concurrency,
                     active: n.active,
-                    // No run has been dispatched to anyone yet: no failures observed.
+                    // Node health windows (success rate, duration) come with routing.
                     success_rate: 1.0,
                     mean_duration_ms: 0,
                     server_instance: n.instance,

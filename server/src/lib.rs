@@ -8,12 +8,15 @@ pub mod cron;
 pub mod dispatch;
 pub mod executors;
 pub mod fault;
+pub mod http_target;
 pub mod jobs;
+pub mod links;
 pub mod model;
 pub mod routing;
 pub mod runs;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod sweeper;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

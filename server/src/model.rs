@@ -12,6 +12,14 @@ use serde::{Deserialize, Serialize};
 /// Epoch milliseconds, UTC. The store's clock decides what "now" is.
 pub type Millis = i64;
 
+/// This machine's wall clock in epoch ms: for times an executor or target reports,
+/// never for decisions (those use the store's clock).
+pub fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// The longest job id we accept (`[A-Za-z0-9._-]{1,128}`).
 pub const MAX_JOB_ID_LEN: usize = 128;
 /// The largest payload a job or a manual trigger may carry.
@@ -234,6 +242,108 @@ pub struct RunRecord {
     #[serde(default, with = "b64_opt")]
     pub payload_override: Option<Vec<u8>>,
     pub route_key_override: Option<String>,
+    /// The result bytes of the final attempt, as the executor sent them.
+    #[serde(default, with = "b64_opt")]
+    pub output: Option<Vec<u8>>,
+    /// How this run executes, copied from the job when the run began.
+    #[serde(default)]
+    pub plan: RunPlan,
+    /// The run's deadlines by the store's clock; its timer is the earliest one set.
+    #[serde(default)]
+    pub deadlines: Deadlines,
+    /// The node of the previous attempt, avoided when a retry is routed.
+    #[serde(default)]
+    pub last_node: String,
+    /// The executor's last progress report.
+    #[serde(default)]
+    pub progress_percent: u32,
+    #[serde(default)]
+    pub progress_message: String,
+}
+
+/// The part of a job a run needs to execute, snapshotted when the run begins so a job
+/// edit never changes a run in flight.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunPlan {
+    /// 1 + the job's max_retries.
+    pub max_attempts: u32,
+    pub backoff_ms: i64,
+    pub backoff_multiplier: f64,
+    pub max_backoff_ms: i64,
+    /// Execution timeout per attempt, counted from dispatch (0 = none).
+    pub timeout_ms: i64,
+    pub overlap: OverlapPolicy,
+    /// Longest serial queue per job; a trigger beyond it is SKIPPED.
+    pub serial_limit: u32,
+    /// How long a run may wait for a free node before it fails with "no executor".
+    pub dispatch_wait_ms: i64,
+}
+
+impl Default for RunPlan {
+    fn default() -> Self {
+        Self {
+            max_attempts: 1,
+            backoff_ms: 1000,
+            backoff_multiplier: 1.0,
+            max_backoff_ms: 60_000,
+            timeout_ms: 0,
+            overlap: OverlapPolicy::Allow,
+            serial_limit: 100,
+            dispatch_wait_ms: 30_000,
+        }
+    }
+}
+
+impl RunPlan {
+    /// The delay before attempt `attempt + 1`, after attempt `attempt` failed.
+    pub fn backoff_after(&self, attempt: u32) -> i64 {
+        let exp = i32::try_from(attempt.saturating_sub(1)).unwrap_or(i32::MAX);
+        let mult = if self.backoff_multiplier > 1.0 {
+            self.backoff_multiplier.powi(exp)
+        } else {
+            1.0
+        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+        let delay = (self.backoff_ms as f64 * mult) as i64;
+        if self.max_backoff_ms > 0 {
+            delay.min(self.max_backoff_ms)
+        } else {
+            delay
+        }
+    }
+}
+
+/// Deadlines of a run in epoch ms by the store's clock; 0 = not set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct Deadlines {
+    /// DISPATCHED/RUNNING: the lease runs out (renewed by heartbeats).
+    pub lease_expires: Millis,
+    /// DISPATCHED: no Started or heartbeat confirmed the dispatch by then → re-route
+    /// without spending an attempt.
+    pub confirm_by: Millis,
+    /// DISPATCHED/RUNNING: the attempt times out.
+    pub timeout_at: Millis,
+    /// WAITING: route (again) at this time (retry backoff, busy nodes, a lost route).
+    pub wake_at: Millis,
+    /// WAITING: no node free by then → FAILED "no executor" (retried per policy).
+    pub wait_until: Millis,
+}
+
+impl Deadlines {
+    /// The earliest deadline set, if any: the run's timer.
+    pub fn earliest(&self) -> Option<Millis> {
+        [
+            self.lease_expires,
+            self.confirm_by,
+            self.timeout_at,
+            self.wake_at,
+        ]
+        .into_iter()
+        .filter(|&d| d > 0)
+        .min()
+    }
 }
 
 impl RunRecord {
@@ -265,6 +375,12 @@ impl RunRecord {
             job_version: t.job_version,
             payload_override: t.payload_override.clone(),
             route_key_override: t.route_key_override.clone(),
+            output: None,
+            plan: RunPlan::default(),
+            deadlines: Deadlines::default(),
+            last_node: String::new(),
+            progress_percent: 0,
+            progress_message: String::new(),
         }
     }
 }

@@ -21,11 +21,15 @@ use tracing::{info, warn};
 
 use crate::api::{AppApi, JobApi, RunApi};
 use crate::config::{Config, StoreConfig};
+use crate::dispatch::Dispatcher;
 use crate::executors::Executors;
+use crate::http_target::HttpTargets;
 use crate::jobs::Jobs;
+use crate::links::Links;
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
+use crate::sweeper::{self, Sweeper};
 use crate::{dispatch, scheduler};
 
 #[derive(Debug, thiserror::Error)]
@@ -125,7 +129,34 @@ pub async fn run(
     let loops = CancellationToken::new();
     let (scheduler_task, _stats) =
         scheduler::spawn(store.clone(), config.scheduler.clone(), loops.clone());
-    let dispatch_task = dispatch::spawn(store.clone(), config.dispatch.clone(), loops.clone());
+    let links = Arc::new(Links::new(store.clone(), config.instance_id.clone()));
+    let http_targets = Arc::new(HttpTargets::new(
+        store.clone(),
+        &config.instance_id,
+        config.http_max_concurrency,
+        config.executors.lease_ttl,
+    ));
+    let dispatcher = Arc::new(Dispatcher::new(
+        store.clone(),
+        config.dispatch.clone(),
+        links.clone(),
+        http_targets.clone(),
+    ));
+    let dispatch_task = dispatch::spawn(dispatcher.clone(), loops.clone());
+    let sweep_task = sweeper::spawn(
+        Sweeper::new(store.clone(), dispatcher.clone(), config.sweep.clone()),
+        loops.clone(),
+    );
+    let inbox_task = tokio::spawn(
+        links
+            .clone()
+            .run_inbox(config.dispatch.read_block, loops.clone()),
+    );
+    let http_targets_task = tokio::spawn(
+        http_targets
+            .clone()
+            .run(config.executors.heartbeat_interval, loops.clone()),
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, tonic_health::ServingStatus::Serving).await;
@@ -139,14 +170,24 @@ pub async fn run(
     let jobs = Jobs::new(store.clone());
     // Executor streams end (with GoAway) together with the loops, before the servers
     // stop taking requests.
-    let executors = Executors::new(store.clone(), config.executors.clone(), loops.clone());
+    let executors = Executors::new(
+        store.clone(),
+        config.executors.clone(),
+        links.clone(),
+        dispatcher.clone(),
+        loops.clone(),
+    );
     let servers_stop = CancellationToken::new();
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(JobServiceServer::new(JobApi::new(jobs.clone())))
-        .add_service(RunServiceServer::new(RunApi::new(jobs.clone())))
+        .add_service(RunServiceServer::new(RunApi::new(
+            jobs.clone(),
+            dispatcher.clone(),
+            loops.clone(),
+        )))
         .add_service(
             ExecutorServiceServer::new(executors.clone())
                 .max_decoding_message_size(MAX_EXECUTOR_MESSAGE),
@@ -187,6 +228,9 @@ pub async fn run(
     let drained = tokio::time::timeout(config.shutdown_grace, async {
         let _ = scheduler_task.await;
         let _ = dispatch_task.await;
+        let _ = sweep_task.await;
+        let _ = inbox_task.await;
+        let _ = http_targets_task.await;
     })
     .await;
     if drained.is_err() {

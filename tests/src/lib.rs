@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use sundial_proto::v1 as pb;
 use tonic::transport::Channel;
 
@@ -299,7 +299,7 @@ impl Drop for Sundial {
 }
 
 /// A job spec firing every second on an executor target (no executors are needed for
-/// the scheduler tests: runs stay TRIGGERED).
+/// the scheduler tests: with none connected, runs fail with "no_executor").
 pub fn every_second(id: &str) -> pb::JobSpec {
     pb::JobSpec {
         id: id.to_owned(),
@@ -393,4 +393,130 @@ pub async fn redis_now(redis: &RedisServer) -> Result<i64> {
     let mut c = redis.connection().await?;
     let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await?;
     Ok(s * 1000 + us / 1000)
+}
+
+/// A `test_executor` process (see `src/bin/test_executor.rs`): an SDK executor with
+/// the handlers noop/echo/sleep/fail/flaky that journals every start and finish.
+/// Killed (SIGKILL) on drop if still running.
+pub struct TestExecutor {
+    child: Child,
+    pub node_id: String,
+    pub journal: PathBuf,
+}
+
+impl TestExecutor {
+    /// Starts it (`bin` is `env!("CARGO_BIN_EXE_test_executor")` in a test) and
+    /// waits until a server welcomed it.
+    pub fn start(bin: &str, endpoints: &[String], node_id: &str, journal: &Path) -> Result<Self> {
+        let mut cmd = Command::new(bin);
+        for e in endpoints {
+            cmd.arg("--endpoint").arg(e);
+        }
+        cmd.args([
+            "--group",
+            "g",
+            "--node-id",
+            node_id,
+            "--shutdown-grace-ms",
+            "5000",
+        ])
+        .arg("--journal")
+        .arg(journal)
+        .env(
+            "RUST_LOG",
+            std::env::var("SUNDIAL_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+        let mut child = cmd.spawn().context("spawning test_executor")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("TEST_EXECUTOR_READY") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            let _ = child.kill();
+            bail!("test_executor {node_id} did not connect within 30 s");
+        }
+        Ok(Self {
+            child,
+            node_id: node_id.to_owned(),
+            journal: journal.to_owned(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) -> Result<()> {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()?
+            .success();
+        ensure!(ok, "kill -{sig} failed");
+        Ok(())
+    }
+
+    /// SIGKILL, no goodbye.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for TestExecutor {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One line of a test executor's journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub event: String,
+    pub schedule_id: String,
+    pub attempt: u32,
+    pub token: u64,
+    pub node_id: String,
+    pub unix_ms: i64,
+    pub status: String,
+}
+
+/// Every whole line of the journals at `paths`, in file order per file.
+pub fn read_journals(paths: &[PathBuf]) -> Result<Vec<JournalEntry>> {
+    let mut out = Vec::new();
+    for p in paths {
+        let text = match std::fs::read_to_string(p) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            if f.len() < 6 {
+                continue;
+            }
+            out.push(JournalEntry {
+                event: f[0].to_owned(),
+                schedule_id: f[1].to_owned(),
+                attempt: f[2].parse()?,
+                token: f[3].parse()?,
+                node_id: f[4].to_owned(),
+                unix_ms: f[5].parse()?,
+                status: f.get(6).map(|s| (*s).to_owned()).unwrap_or_default(),
+            });
+        }
+    }
+    Ok(out)
 }

@@ -388,7 +388,12 @@ async fn crud_versions_triggers_and_status() -> Result<()> {
         .run
         .context("run")?;
     ensure!(run.trigger_kind == pb::TriggerKind::Manual as i32);
-    ensure!(run.state == pb::RunState::Triggered as i32 && run.attempt == 1);
+    // No executor is connected: the run was dispatched and failed at once.
+    ensure!(
+        run.state == pb::RunState::Failed as i32 && run.error_code == "no_executor",
+        "{run:?}"
+    );
+    ensure!(run.attempt == 1);
     let status = runs
         .get_job_status(pb::GetJobStatusRequest {
             job_id: "report".into(),
@@ -553,7 +558,7 @@ async fn health_and_reflection_v1_and_v1alpha_list_every_service() -> Result<()>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn later_work_answers_unimplemented_naming_what_is_missing() -> Result<()> {
+async fn unknown_runs_and_later_work_answer_precisely() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
     let channel = server.channel().await?;
@@ -564,8 +569,30 @@ async fn later_work_answers_unimplemented_naming_what_is_missing() -> Result<()>
             reason: String::new(),
         })
         .await
-        .expect_err("unimplemented");
-    ensure!(err.code() == Code::Unimplemented && err.message().contains("executor"));
+        .expect_err("no such run");
+    ensure!(
+        err.code() == Code::NotFound && err.message().contains("a@1"),
+        "{err:?}"
+    );
+    let err = runs
+        .cancel_run(pb::CancelRunRequest {
+            schedule_id: "not a schedule id".into(),
+            reason: String::new(),
+        })
+        .await
+        .expect_err("malformed");
+    ensure!(
+        err.code() == Code::InvalidArgument && err.message().starts_with("schedule_id:"),
+        "{err:?}"
+    );
+    let err = runs
+        .get_run_logs(pb::GetRunLogsRequest {
+            schedule_id: "a@1".into(),
+            follow: true,
+        })
+        .await
+        .expect_err("no such run");
+    ensure!(err.code() == Code::NotFound, "{err:?}");
     let mut apps = pb::app_service_client::AppServiceClient::new(channel);
     let err = apps
         .create_app(pb::CreateAppRequest::default())

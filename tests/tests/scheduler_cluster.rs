@@ -173,8 +173,8 @@ async fn run_scenario(s: Scenario) -> Result<()> {
         ensure!(
             recorded
                 .iter()
-                .all(|r| r.state == pb::RunState::Triggered as i32),
-            "{}: every run is TRIGGERED (no executors yet)",
+                .all(|r| r.state == pb::RunState::Failed as i32 && r.error_code == "no_executor"),
+            "{}: every run failed \"no_executor\" (none is connected)",
             p.id
         );
     }

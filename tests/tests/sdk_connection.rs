@@ -52,7 +52,7 @@ async fn the_sdk_stays_connected_follows_go_away_and_reconnects() -> Result<()> 
         .endpoint(format!("http://127.0.0.1:{port_b}"))
         .group("billing")
         .node_id("sdk-node")
-        .handler("invoice")
+        .handler("invoice", |_ctx| async { Ok(Vec::new()) })
         .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(400))
         .build()?;
     let shutdown = CancellationToken::new();

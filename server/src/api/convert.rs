@@ -443,10 +443,12 @@ pub fn run_to_pb(r: RunRecord) -> pb::Run {
         finished_at_ms: r.finished_at.unwrap_or(0),
         error_code: r.error_code,
         error_message: r.error_message,
-        output: Vec::new(),
+        output: r.output.unwrap_or_default(),
         callback_state: pb::CallbackState::Unspecified as i32,
         job_version: r.job_version,
         reason: r.reason,
+        progress_percent: r.progress_percent,
+        progress_message: r.progress_message,
     }
 }
 

@@ -111,6 +111,10 @@ pub struct RunView {
     pub error_message: String,
     pub reason: String,
     pub job_version: u64,
+    /// The executor's output, base64.
+    pub output: String,
+    pub progress_percent: u32,
+    pub progress_message: String,
 }
 
 impl From<RunRecord> for RunView {
@@ -136,6 +140,12 @@ impl From<RunRecord> for RunView {
             error_message: r.error_message,
             reason: r.reason,
             job_version: r.job_version,
+            output: {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD.encode(r.output.unwrap_or_default())
+            },
+            progress_percent: r.progress_percent,
+            progress_message: r.progress_message,
         }
     }
 }
@@ -402,7 +412,8 @@ pub fn openapi_document() -> serde_json::Value {
                 "attempt": {"type": "integer"}, "fencing_token": {"type": "string"}, "node_id": {"type": "string"},
                 "scheduled_at_ms": {"type": "integer", "format": "int64"}, "triggered_at_ms": {"type": "integer", "format": "int64"},
                 "started_at_ms": {"type": "integer", "format": "int64", "nullable": true}, "finished_at_ms": {"type": "integer", "format": "int64", "nullable": true},
-                "error_code": {"type": "string"}, "error_message": {"type": "string"}, "reason": {"type": "string"}, "job_version": {"type": "integer", "format": "int64"}
+                "error_code": {"type": "string"}, "error_message": {"type": "string"}, "reason": {"type": "string"}, "job_version": {"type": "integer", "format": "int64"},
+                "output": {"type": "string", "format": "byte"}, "progress_percent": {"type": "integer"}, "progress_message": {"type": "string"}
             }},
             "Task": {"type": "object", "properties": {
                 "job_id": {"type": "string"}, "version": {"type": "integer", "format": "int64"},

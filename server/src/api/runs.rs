@@ -1,31 +1,47 @@
 //! `RunService`: what happened to every planned execution.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::run_service_server::RunService;
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{convert, status};
+use crate::dispatch::Dispatcher;
 use crate::jobs::Jobs;
 use crate::model::split_schedule_id;
 use crate::runs::{self, RunFilter};
-use crate::store::Store;
+use crate::store::{Applied, Store};
 
 pub struct RunApi {
     store: Arc<dyn Store>,
     jobs: Jobs,
+    dispatcher: Arc<Dispatcher>,
+    /// Ends log follows on shutdown.
+    shutdown: CancellationToken,
 }
 
 impl RunApi {
-    pub fn new(jobs: Jobs) -> Self {
+    pub fn new(jobs: Jobs, dispatcher: Arc<Dispatcher>, shutdown: CancellationToken) -> Self {
         Self {
             store: jobs.store().clone(),
             jobs,
+            dispatcher,
+            shutdown,
         }
     }
 }
+
+/// Log lines fetched per store read while streaming a run's log.
+const LOG_PAGE: usize = 500;
+/// How often a follow looks for new lines.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+/// Longest reason a caller may give for a cancel.
+const MAX_REASON_BYTES: usize = 256;
 
 fn schedule_id(raw: &str) -> Result<&str, Status> {
     if raw.is_empty() {
@@ -112,21 +128,103 @@ impl RunService for RunApi {
 
     async fn cancel_run(
         &self,
-        _req: Request<pb::CancelRunRequest>,
+        req: Request<pb::CancelRunRequest>,
     ) -> Result<Response<pb::CancelRunResponse>, Status> {
-        Err(Status::unimplemented(
-            "CancelRun needs executor dispatch and leases, which are not built yet (executors issue)",
-        ))
+        let req = req.into_inner();
+        let sid = schedule_id(&req.schedule_id)?;
+        if req.reason.len() > MAX_REASON_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "reason: longer than {MAX_REASON_BYTES} bytes"
+            )));
+        }
+        let reason = if req.reason.is_empty() {
+            "cancelled by request".to_owned()
+        } else {
+            req.reason
+        };
+        let t = self.store.cancel_run(sid, &reason).await?;
+        let Some(run) = t.run.clone() else {
+            return Err(Status::not_found(format!("run {sid:?} not found")));
+        };
+        match &t.applied {
+            Applied::Yes => {
+                tracing::info!(schedule_id = %sid, %reason, "run cancelled");
+                self.dispatcher.follow_up(t).await;
+            }
+            Applied::Already | Applied::No(_) => {
+                return Err(Status::failed_precondition(format!(
+                    "run {sid:?} is already {}",
+                    run.state
+                )));
+            }
+        }
+        Ok(Response::new(pb::CancelRunResponse {
+            run: Some(convert::run_to_pb(run)),
+        }))
     }
 
     type GetRunLogsStream = ReceiverStream<Result<pb::LogLine, Status>>;
 
     async fn get_run_logs(
         &self,
-        _req: Request<pb::GetRunLogsRequest>,
+        req: Request<pb::GetRunLogsRequest>,
     ) -> Result<Response<Self::GetRunLogsStream>, Status> {
-        Err(Status::unimplemented(
-            "GetRunLogs needs executors streaming log lines, which are not built yet (executors issue)",
-        ))
+        let req = req.into_inner();
+        let sid = schedule_id(&req.schedule_id)?.to_owned();
+        if self.store.get_run(&sid).await?.is_none() {
+            return Err(Status::not_found(format!("run {sid:?} not found")));
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let store = self.store.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut after = 0;
+            loop {
+                // Read the run's state before the lines, so the lines read after a
+                // final state include everything the executor sent.
+                let final_now = match store.get_run(&sid).await {
+                    Ok(r) => r.is_none_or(|r| r.state.is_final()),
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                };
+                loop {
+                    let lines = match store.read_logs(&sid, after, LOG_PAGE).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::from(e))).await;
+                            return;
+                        }
+                    };
+                    let n = lines.len();
+                    for l in lines {
+                        after = l.seq;
+                        let line = pb::LogLine {
+                            time_ms: l.time_ms,
+                            level: l.level,
+                            message: l.message,
+                            attempt: l.attempt,
+                            shard_index: 0,
+                        };
+                        if tx.send(Ok(line)).await.is_err() {
+                            return;
+                        }
+                    }
+                    if n < LOG_PAGE {
+                        break;
+                    }
+                }
+                if !req.follow || final_now {
+                    return;
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(FOLLOW_POLL) => {}
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

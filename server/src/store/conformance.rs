@@ -21,12 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    ClaimResult, Delivery, DueFire, Enqueued, Error, FireClaim, NodeRecord, RunQuery, Store,
-    StoreOptions, partition_of,
+    Applied, Assigned, Begun, ClaimResult, Delivery, DueFire, Enqueued, Error, Finisher, FireClaim,
+    Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Revocation, RunQuery, Store,
+    StoreOptions, Transition, partition_of,
 };
 use crate::model::{
-    Arm, JobRecord, JobSpec, Millis, RetryPolicy, RunRecord, RunState, Target, Trigger,
-    TriggerKind, schedule_id,
+    Arm, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy, RetryPolicy, RunPlan, RunRecord,
+    RunState, Target, Trigger, TriggerKind, schedule_id,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, in a `store_conformance`
@@ -49,9 +50,25 @@ macro_rules! store_conformance_tests {
             list_runs_order_filter_paging: options,
             runs_bounded_per_job: bounded_runs_options,
             run_retention: short_retention_options,
-            leases_grant_renew_release: options,
-            lease_expiry: options,
-            lease_tokens_increase: options,
+            begin_run_idempotent_and_skips: options,
+            overlap_allow_and_forbid: options,
+            overlap_serial_queue: options,
+            serial_queue_one_at_a_time: options,
+            overlap_replace: options,
+            assign_run_tokens_and_capacity: options,
+            assign_run_race: options,
+            mark_started_transitions: options,
+            renew_leases_extend_and_confirm: options,
+            finish_run_outcomes: options,
+            finish_run_retries: options,
+            finish_run_rejected: options,
+            expire_run_timeout: options,
+            expire_run_unconfirmed_and_lost: options,
+            expire_run_wakes_waiting: options,
+            due_runs_per_partition: options,
+            cancel_run_transitions: options,
+            progress_and_logs: options,
+            inbox_order_and_blocking: options,
             nonces: options,
             nodes_register_refresh_expire: options,
             nodes_removed_only_by_their_instance: options,
@@ -1177,187 +1194,1935 @@ pub async fn run_retention(store: Arc<dyn Store>) {
     assert!(store.record_run(r.clone()).await.expect("record").created);
 }
 
-// ---- leases
+// ---- the run state machine
+//
+// Shared shape of these checks: `begin_run` with a long route grace (so no timer fires
+// unless a check wants it), explicit plans, and nodes named per check. Times the store
+// stamps are checked against the store's clock read just before and after the call.
 
-pub async fn leases_grant_renew_release(store: Arc<dyn Store>) {
-    let sid = "lease-1@1000";
-    let before = now(&store).await;
-    let l1 = store
-        .grant_lease(sid, "node-a", Duration::from_secs(5))
+/// The route grace most checks use: long enough that a run's wake-up timer stays quiet.
+const GRACE: Duration = Duration::from_secs(30);
+
+/// A lease no check outlives, for checks not about expiry.
+const LONG: LeaseTerms = LeaseTerms {
+    ttl: Duration::from_secs(30),
+    confirm_within: Duration::from_secs(30),
+};
+
+/// A plan with one attempt, no timeout and a 5 s dispatch wait.
+pub fn plan(overlap: OverlapPolicy) -> RunPlan {
+    RunPlan {
+        max_attempts: 1,
+        backoff_ms: 100,
+        backoff_multiplier: 1.0,
+        max_backoff_ms: 60_000,
+        timeout_ms: 0,
+        overlap,
+        serial_limit: 10,
+        dispatch_wait_ms: 5_000,
+    }
+}
+
+/// The run `begin_run` is given for the cron fire of `job_id` planned at `planned`.
+pub fn planned_run(job_id: &str, planned: Millis, plan: RunPlan) -> RunRecord {
+    RunRecord {
+        plan,
+        ..RunRecord::from_trigger(&cron_trigger(job_id, planned, 1))
+    }
+}
+
+fn slot(node_id: &str, max_concurrency: u32) -> NodeSlot {
+    NodeSlot {
+        node_id: node_id.to_owned(),
+        max_concurrency,
+    }
+}
+
+fn terms(ttl_ms: u64, confirm_ms: u64) -> LeaseTerms {
+    LeaseTerms {
+        ttl: Duration::from_millis(ttl_ms),
+        confirm_within: Duration::from_millis(confirm_ms),
+    }
+}
+
+fn outcome(state: RunState) -> Outcome {
+    Outcome {
+        state,
+        output: None,
+        error_code: String::new(),
+        error_message: String::new(),
+        started_at: None,
+        finished_at: None,
+    }
+}
+
+fn failed(code: &str) -> Outcome {
+    Outcome {
+        error_code: code.to_owned(),
+        error_message: format!("{code} happened"),
+        ..outcome(RunState::Failed)
+    }
+}
+
+/// Begins a run that must be new.
+async fn begin(store: &Arc<dyn Store>, run: RunRecord) -> Begun {
+    let sid = run.schedule_id.clone();
+    let begun = store.begin_run(run, GRACE).await.expect("begin run");
+    assert!(begun.created, "{sid}: expected a new run");
+    begun
+}
+
+async fn get(store: &Arc<dyn Store>, sid: &str) -> RunRecord {
+    store
+        .get_run(sid)
         .await
-        .expect("grant");
-    let after = now(&store).await;
-    assert!(l1.token > 0);
-    assert_eq!(
-        (l1.schedule_id.as_str(), l1.holder.as_str()),
-        (sid, "node-a")
-    );
-    assert!(l1.expires_at >= before + 5000 && l1.expires_at <= after + 5000);
+        .expect("get run")
+        .unwrap_or_else(|| panic!("run {sid} is missing"))
+}
 
+/// Assigns a run that must be granted.
+async fn grant(
+    store: &Arc<dyn Store>,
+    sid: &str,
+    attempt: u32,
+    node: &NodeSlot,
+    terms: LeaseTerms,
+) -> RunRecord {
     match store
-        .grant_lease(sid, "node-b", Duration::from_secs(5))
+        .assign_run(sid, attempt, node, terms)
         .await
+        .expect("assign run")
     {
-        Err(Error::LeaseHeld {
-            schedule_id,
-            holder,
-        }) => assert_eq!((schedule_id.as_str(), holder.as_str()), (sid, "node-a")),
-        other => panic!("second holder: expected LeaseHeld, got {other:?}"),
+        Assigned::Granted(run) => run,
+        other => panic!("assign {sid} at attempt {attempt}: expected Granted, got {other:?}"),
+    }
+}
+
+fn not_waiting_state(a: &Assigned) -> Option<RunState> {
+    match a {
+        Assigned::NotWaiting(Some(r)) => Some(r.state),
+        _ => None,
+    }
+}
+
+/// `at` lies within `[before + offset, after + offset]`.
+fn assert_near(at: Millis, before: Millis, after: Millis, offset: i64, what: &str) {
+    assert!(
+        at >= before + offset && at <= after + offset,
+        "{what}: {at} not within [{}, {}]",
+        before + offset,
+        after + offset
+    );
+}
+
+fn revocation_of(t: &Transition) -> &Revocation {
+    t.revoked
+        .as_ref()
+        .unwrap_or_else(|| panic!("expected a revocation, got {t:?}"))
+}
+
+fn log(message: &str) -> LogLine {
+    LogLine {
+        seq: 0,
+        time_ms: 1_000,
+        level: "info".to_owned(),
+        message: message.to_owned(),
+        attempt: 1,
+    }
+}
+
+fn seqs(lines: &[LogLine]) -> Vec<u64> {
+    lines.iter().map(|l| l.seq).collect()
+}
+
+pub async fn begin_run_idempotent_and_skips(store: Arc<dyn Store>) {
+    store
+        .create_job(job("begin-1", None))
+        .await
+        .expect("create");
+
+    let before = now(&store).await;
+    let begun = begin(
+        &store,
+        planned_run("begin-1", 1000, plan(OverlapPolicy::Allow)),
+    )
+    .await;
+    let after = now(&store).await;
+    let r = begun.run.clone();
+    assert!(begun.revoked.is_empty());
+    assert_eq!(
+        (r.state, r.attempt, r.reason.as_str()),
+        (RunState::Waiting, 1, "")
+    );
+    assert_near(r.created_at, before, after, 0, "created_at");
+    assert_near(
+        r.deadlines.wake_at,
+        before,
+        after,
+        30_000,
+        "wake_at = now + grace",
+    );
+    assert_near(r.deadlines.wait_until, before, after, 5_000, "wait_until");
+    assert_eq!(
+        (
+            r.deadlines.lease_expires,
+            r.deadlines.confirm_by,
+            r.deadlines.timeout_at
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!((r.finished_at, r.fencing_token), (None, 0));
+    assert_eq!(get(&store, &r.schedule_id).await, r);
+    let listed = store
+        .list_runs("begin-1", RunQuery::default())
+        .await
+        .expect("list");
+    assert_eq!(listed.items, vec![r.clone()], "indexed under its job");
+
+    // A redelivered trigger finds the run as it is now.
+    let again = store
+        .begin_run(
+            planned_run("begin-1", 1000, plan(OverlapPolicy::Forbid)),
+            GRACE,
+        )
+        .await
+        .expect("begin again");
+    assert!(!again.created && again.revoked.is_empty());
+    assert_eq!(again.run, r);
+    grant(&store, &r.schedule_id, 1, &slot("n", 0), LONG).await;
+    let again = store
+        .begin_run(
+            planned_run("begin-1", 1000, plan(OverlapPolicy::Allow)),
+            GRACE,
+        )
+        .await
+        .expect("begin again");
+    assert!(!again.created);
+    assert_eq!(again.run.state, RunState::Dispatched);
+
+    // A trigger that says skip keeps its reason; SKIPPED runs are finished at once and
+    // never active, so they do not count for the overlap policy.
+    let mut skip = cron_trigger("begin-1", 2000, 1);
+    skip.skip_reason = Some("misfire".to_owned());
+    let before = now(&store).await;
+    let skipped = begin(
+        &store,
+        RunRecord {
+            plan: plan(OverlapPolicy::Forbid),
+            ..RunRecord::from_trigger(&skip)
+        },
+    )
+    .await
+    .run;
+    assert_eq!(
+        (skipped.state, skipped.reason.as_str()),
+        (RunState::Skipped, "misfire")
+    );
+    assert!(skipped.finished_at.expect("finished") >= before);
+    assert_eq!(skipped.deadlines.earliest(), None);
+
+    // Paused, then deleted: SKIPPED with the reason, whatever the policy.
+    let mut j = store.get_job("begin-1").await.expect("get").expect("job");
+    j.paused = true;
+    store.update_job(j, 1).await.expect("pause");
+    let paused = begin(
+        &store,
+        planned_run("begin-1", 3000, plan(OverlapPolicy::Replace)),
+    )
+    .await;
+    assert_eq!(
+        (paused.run.state, paused.run.reason.as_str()),
+        (RunState::Skipped, "paused")
+    );
+    assert!(paused.revoked.is_empty(), "a skipped run replaces nothing");
+    assert!(paused.run.finished_at.is_some());
+    store.delete_job("begin-1").await.expect("delete");
+    let deleted = begin(
+        &store,
+        planned_run("begin-1", 4000, plan(OverlapPolicy::Allow)),
+    )
+    .await;
+    assert_eq!(
+        (deleted.run.state, deleted.run.reason.as_str()),
+        (RunState::Skipped, "deleted")
+    );
+    assert_eq!(
+        get(&store, &r.schedule_id).await.state,
+        RunState::Dispatched,
+        "the replace policy of a skipped run touched nothing"
+    );
+}
+
+pub async fn overlap_allow_and_forbid(store: Arc<dyn Store>) {
+    store.create_job(job("ovl-a", None)).await.expect("create");
+    store.create_job(job("ovl-f", None)).await.expect("create");
+
+    // allow: every run starts.
+    for planned in [1000, 2000, 3000] {
+        let b = begin(
+            &store,
+            planned_run("ovl-a", planned, plan(OverlapPolicy::Allow)),
+        )
+        .await;
+        assert_eq!(b.run.state, RunState::Waiting);
     }
 
-    let renewed = store
-        .renew_lease(sid, l1.token, Duration::from_secs(10))
+    // forbid: a run while another is active (WAITING, DISPATCHED, RUNNING) is SKIPPED.
+    let first = begin(
+        &store,
+        planned_run("ovl-f", 1000, plan(OverlapPolicy::Forbid)),
+    )
+    .await
+    .run;
+    assert_eq!(first.state, RunState::Waiting);
+    let before = now(&store).await;
+    let second = begin(
+        &store,
+        planned_run("ovl-f", 2000, plan(OverlapPolicy::Forbid)),
+    )
+    .await
+    .run;
+    assert_eq!(
+        (second.state, second.reason.as_str()),
+        (RunState::Skipped, "overlap")
+    );
+    assert!(second.finished_at.expect("finished") >= before);
+    let held = grant(&store, &first.schedule_id, 1, &slot("n", 0), LONG).await;
+    assert_eq!(
+        begin(
+            &store,
+            planned_run("ovl-f", 3000, plan(OverlapPolicy::Forbid))
+        )
+        .await
+        .run
+        .state,
+        RunState::Skipped
+    );
+    store
+        .mark_started(&held.schedule_id, held.fencing_token)
+        .await
+        .expect("start");
+    assert_eq!(
+        begin(
+            &store,
+            planned_run("ovl-f", 4000, plan(OverlapPolicy::Forbid))
+        )
+        .await
+        .run
+        .reason,
+        "overlap"
+    );
+    // Once it is final the job is free again.
+    let done = store
+        .finish_run(
+            &held.schedule_id,
+            Finisher::Token(held.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(done.applied, Applied::Yes);
+    assert_eq!(done.next_serial, None);
+    assert_eq!(
+        begin(
+            &store,
+            planned_run("ovl-f", 5000, plan(OverlapPolicy::Forbid))
+        )
+        .await
+        .run
+        .state,
+        RunState::Waiting
+    );
+}
+
+pub async fn overlap_serial_queue(store: Arc<dyn Store>) {
+    store.create_job(job("ser", None)).await.expect("create");
+    let serial = RunPlan {
+        serial_limit: 2,
+        ..plan(OverlapPolicy::Serial)
+    };
+    let sid = |planned: i64| schedule_id("ser", &planned.to_string());
+    let r1 = begin(&store, planned_run("ser", 1000, serial.clone()))
+        .await
+        .run;
+    assert_eq!((r1.state, r1.reason.as_str()), (RunState::Waiting, ""));
+    assert!(r1.deadlines.wake_at > 0, "the first run routes at once");
+    for planned in [2000, 3000] {
+        let q = begin(&store, planned_run("ser", planned, serial.clone()))
+            .await
+            .run;
+        assert_eq!((q.state, q.reason.as_str()), (RunState::Waiting, "queued"));
+        assert_eq!(
+            q.deadlines,
+            Deadlines::default(),
+            "a queued run has no timer"
+        );
+    }
+    let full = begin(&store, planned_run("ser", 4000, serial.clone()))
+        .await
+        .run;
+    assert_eq!(
+        (full.state, full.reason.as_str()),
+        (RunState::Skipped, "serial queue full")
+    );
+    assert!(full.finished_at.is_some());
+
+    // A queued run cannot be routed.
+    let a = store
+        .assign_run(&sid(2000), 1, &slot("n", 0), LONG)
+        .await
+        .expect("assign");
+    assert_eq!(not_waiting_state(&a), Some(RunState::Waiting), "{a:?}");
+
+    // The running run finishes: the queue pops its head, due to route now.
+    let h1 = grant(&store, &r1.schedule_id, 1, &slot("n", 0), LONG).await;
+    let before = now(&store).await;
+    let t = store
+        .finish_run(
+            &r1.schedule_id,
+            Finisher::Token(h1.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.next_serial, Some(sid(2000)));
+    let r2 = get(&store, &sid(2000)).await;
+    assert_eq!((r2.state, r2.reason.as_str()), (RunState::Waiting, ""));
+    assert_near(r2.deadlines.wake_at, before, after, 0, "popped wake_at");
+    assert_near(
+        r2.deadlines.wait_until,
+        before,
+        after,
+        5_000,
+        "popped wait_until",
+    );
+    assert_eq!(get(&store, &sid(3000)).await.reason, "queued");
+    // The popped run is due for the sweep, so a dispatcher that died still routes it.
+    let due = store
+        .due_runs(partition_of("ser", store.partitions()), 10)
+        .await
+        .expect("due");
+    assert_eq!(due, vec![sid(2000)]);
+
+    // The queue has room again.
+    let q5 = begin(&store, planned_run("ser", 5000, serial.clone()))
+        .await
+        .run;
+    assert_eq!(q5.reason, "queued");
+
+    // Cancelling the running run pops the next one too…
+    let t = store
+        .cancel_run(&sid(2000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.next_serial, Some(sid(3000)));
+    assert!(get(&store, &sid(3000)).await.deadlines.wake_at > 0);
+    // …and so does a serial run that found no executor.
+    let t = store
+        .finish_run(
+            &sid(3000),
+            Finisher::Waiting { attempt: 1 },
+            failed("no executor"),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.run.expect("run").state, RunState::Failed);
+    assert_eq!(t.next_serial, Some(sid(5000)));
+    // The queue is empty: nothing pops, and the next run starts at once.
+    let t = store
+        .cancel_run(&sid(5000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.next_serial, None);
+    let r6 = begin(&store, planned_run("ser", 6000, serial)).await.run;
+    assert_eq!((r6.state, r6.reason.as_str()), (RunState::Waiting, ""));
+    assert!(r6.deadlines.wake_at > 0);
+}
+
+/// Serial means one at a time: a queued run leaves the queue only when no run of the
+/// job that is not queued is still active.
+pub async fn serial_queue_one_at_a_time(store: Arc<dyn Store>) {
+    store.create_job(job("one", None)).await.expect("create");
+    let serial = plan(OverlapPolicy::Serial);
+    let sid = |planned: i64| schedule_id("one", &planned.to_string());
+    for planned in [1000, 2000, 3000] {
+        begin(&store, planned_run("one", planned, serial.clone())).await;
+    }
+    assert_eq!(get(&store, &sid(3000)).await.reason, "queued");
+
+    // Nobody may route a queued run, so nobody may find that no executor takes it:
+    // failing it "for want of an executor" would release the run behind it early.
+    let t = store
+        .finish_run(
+            &sid(2000),
+            Finisher::Waiting { attempt: 1 },
+            failed("no executor"),
+        )
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    assert_eq!(t.next_serial, None);
+    let r2 = get(&store, &sid(2000)).await;
+    assert_eq!(
+        (r2.state, r2.reason.as_str()),
+        (RunState::Waiting, "queued")
+    );
+
+    // Cancelling a queued run while the first one is active releases nothing.
+    let t = store
+        .cancel_run(&sid(2000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.revoked, None);
+    assert_eq!(t.next_serial, None, "run 1000 still holds the line");
+    let r3 = get(&store, &sid(3000)).await;
+    assert_eq!(
+        (r3.reason.as_str(), r3.deadlines.wake_at),
+        ("queued", 0),
+        "still queued"
+    );
+    // The first one ends: now the queue pops.
+    let t = store
+        .cancel_run(&sid(1000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.next_serial, Some(sid(3000)));
+}
+
+pub async fn overlap_replace(store: Arc<dyn Store>) {
+    store.create_job(job("rep", None)).await.expect("create");
+    let node = slot("rep-node", 1);
+    let a = begin(
+        &store,
+        planned_run("rep", 1000, plan(OverlapPolicy::Serial)),
+    )
+    .await
+    .run;
+    let held_a = grant(&store, &a.schedule_id, 1, &node, LONG).await;
+    let b = begin(
+        &store,
+        planned_run("rep", 2000, plan(OverlapPolicy::Serial)),
+    )
+    .await
+    .run;
+    assert_eq!(b.reason, "queued");
+
+    let before = now(&store).await;
+    let c = begin(
+        &store,
+        planned_run("rep", 3000, plan(OverlapPolicy::Replace)),
+    )
+    .await;
+    assert_eq!(
+        c.revoked,
+        vec![Revocation {
+            schedule_id: a.schedule_id.clone(),
+            node_id: "rep-node".to_owned(),
+            token: held_a.fencing_token,
+            reason: "replaced".to_owned(),
+        }],
+        "only a leased run has a holder to tell"
+    );
+    assert_eq!(
+        (c.run.state, c.run.reason.as_str()),
+        (RunState::Waiting, "")
+    );
+    assert!(c.run.deadlines.wake_at > 0);
+    for old in [&a.schedule_id, &b.schedule_id] {
+        let r = get(&store, old).await;
+        assert_eq!(
+            (r.state, r.reason.as_str()),
+            (RunState::Cancelled, "replaced")
+        );
+        assert!(r.finished_at.expect("finished") >= before);
+        assert_eq!(r.deadlines, Deadlines::default());
+    }
+    // The old holder is fenced off…
+    let a_now = get(&store, &a.schedule_id).await;
+    assert!(a_now.fencing_token > held_a.fencing_token);
+    let t = store
+        .mark_started(&a.schedule_id, held_a.fencing_token)
+        .await
+        .expect("start");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    let t = store
+        .finish_run(
+            &a.schedule_id,
+            Finisher::Token(held_a.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    // …and its node slot is free for the new run.
+    grant(&store, &c.run.schedule_id, 1, &node, LONG).await;
+    // The queued run was dequeued: nothing pops when the new run ends.
+    let d = begin(
+        &store,
+        planned_run("rep", 4000, plan(OverlapPolicy::Replace)),
+    )
+    .await;
+    assert_eq!(d.revoked.len(), 1);
+    assert_eq!(d.revoked[0].schedule_id, c.run.schedule_id);
+    let t = store
+        .cancel_run(&d.run.schedule_id, "done")
+        .await
+        .expect("cancel");
+    assert_eq!(t.next_serial, None);
+    assert_eq!(get(&store, &b.schedule_id).await.state, RunState::Cancelled);
+}
+
+pub async fn assign_run_tokens_and_capacity(store: Arc<dyn Store>) {
+    store.create_job(job("asg", None)).await.expect("create");
+    let timed = RunPlan {
+        timeout_ms: 60_000,
+        ..plan(OverlapPolicy::Allow)
+    };
+    let mut sids = Vec::new();
+    for i in 1..=6 {
+        let r = begin(&store, planned_run("asg", i * 1000, timed.clone()))
+            .await
+            .run;
+        sids.push(r.schedule_id);
+    }
+    let n = slot("asg-n", 2);
+
+    let before = now(&store).await;
+    let r1 = grant(&store, &sids[0], 1, &n, terms(10_000, 4_000)).await;
+    let after = now(&store).await;
+    assert_eq!(
+        (
+            r1.state,
+            r1.node_id.as_str(),
+            r1.attempt,
+            r1.reason.as_str()
+        ),
+        (RunState::Dispatched, "asg-n", 1, "")
+    );
+    assert!(r1.fencing_token > 0);
+    assert_near(
+        r1.deadlines.lease_expires,
+        before,
+        after,
+        10_000,
+        "lease_expires",
+    );
+    assert_near(r1.deadlines.confirm_by, before, after, 4_000, "confirm_by");
+    assert_near(r1.deadlines.timeout_at, before, after, 60_000, "timeout_at");
+    assert_eq!((r1.deadlines.wake_at, r1.deadlines.wait_until), (0, 0));
+    assert_eq!(get(&store, &sids[0]).await, r1);
+
+    let r2 = grant(&store, &sids[1], 1, &n, LONG).await;
+    assert!(r2.fencing_token > r1.fencing_token, "tokens grow per job");
+    // At its max concurrency the node takes nothing more; the run is left as it was.
+    assert_eq!(
+        store
+            .assign_run(&sids[2], 1, &n, LONG)
+            .await
+            .expect("assign"),
+        Assigned::NodeFull
+    );
+    assert_eq!(get(&store, &sids[2]).await.state, RunState::Waiting);
+    // Another node (no limit) does.
+    let r3 = grant(&store, &sids[2], 1, &slot("asg-m", 0), LONG).await;
+    assert!(r3.fencing_token > r2.fencing_token);
+
+    // Not WAITING at that attempt, or gone.
+    let a = store.assign_run(&sids[0], 1, &slot("asg-m", 0), LONG).await;
+    assert_eq!(
+        not_waiting_state(&a.expect("assign")),
+        Some(RunState::Dispatched)
+    );
+    let a = store
+        .assign_run(&sids[3], 2, &slot("asg-m", 0), LONG)
+        .await
+        .expect("assign");
+    assert_eq!(
+        not_waiting_state(&a),
+        Some(RunState::Waiting),
+        "wrong attempt"
+    );
+    assert_eq!(
+        store
+            .assign_run("asg@404", 1, &slot("asg-m", 0), LONG)
+            .await
+            .expect("assign"),
+        Assigned::NotWaiting(None)
+    );
+
+    // A run that ends (finished or cancelled) frees its slot.
+    store
+        .finish_run(
+            &sids[0],
+            Finisher::Token(r1.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let r4 = grant(&store, &sids[3], 1, &n, LONG).await;
+    assert_eq!(
+        store
+            .assign_run(&sids[4], 1, &n, LONG)
+            .await
+            .expect("assign"),
+        Assigned::NodeFull
+    );
+    store.cancel_run(&sids[1], "test").await.expect("cancel");
+    let r5 = grant(&store, &sids[4], 1, &n, LONG).await;
+    assert!(r5.fencing_token > r4.fencing_token && r4.fencing_token > r3.fencing_token);
+
+    // Tokens grow across many grants of one job, whatever the run.
+    let mut last = r5.fencing_token;
+    for i in 0..20 {
+        let r = begin(
+            &store,
+            planned_run("asg", 100_000 + i, plan(OverlapPolicy::Allow)),
+        )
+        .await
+        .run;
+        let g = grant(&store, &r.schedule_id, 1, &slot("asg-many", 0), LONG).await;
+        assert!(
+            g.fencing_token > last,
+            "grant {i}: {} after {last}",
+            g.fencing_token
+        );
+        last = g.fencing_token;
+    }
+}
+
+pub async fn assign_run_race(store: Arc<dyn Store>) {
+    store.create_job(job("race", None)).await.expect("create");
+    let two = RunPlan {
+        max_attempts: 2,
+        backoff_ms: 1,
+        ..plan(OverlapPolicy::Allow)
+    };
+    let r = begin(&store, planned_run("race", 1000, two)).await.run;
+    let sid = r.schedule_id.clone();
+
+    // Eight dispatchers route the same run at once, each to its own node: exactly one
+    // wins, and the losers see it taken. Then again for the second attempt.
+    let mut last_token = 0;
+    for attempt in 1..=2u32 {
+        let barrier = Arc::new(tokio::sync::Barrier::new(8));
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let (store, barrier, sid) = (Arc::clone(&store), Arc::clone(&barrier), sid.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store
+                    .assign_run(&sid, attempt, &slot(&format!("race-{i}"), 1), LONG)
+                    .await
+                    .expect("assign")
+            }));
+        }
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.expect("task") {
+                Assigned::Granted(run) => winners.push(run),
+                Assigned::NotWaiting(Some(run)) => {
+                    assert_eq!((run.state, run.attempt), (RunState::Dispatched, attempt));
+                }
+                other => panic!("attempt {attempt}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "attempt {attempt}: one grant");
+        let won = winners.remove(0);
+        assert!(won.fencing_token > last_token);
+        last_token = won.fencing_token;
+        assert_eq!(get(&store, &sid).await, won);
+        let t = store
+            .finish_run(&sid, Finisher::Token(won.fencing_token), failed("boom"))
+            .await
+            .expect("finish");
+        assert_eq!(t.applied, Applied::Yes);
+    }
+    assert_eq!(get(&store, &sid).await.state, RunState::Failed);
+
+    // Eight runs race for a node with three slots: exactly three fit.
+    let mut sids = Vec::new();
+    for i in 0..8 {
+        let r = begin(
+            &store,
+            planned_run("race", 10_000 + i, plan(OverlapPolicy::Allow)),
+        )
+        .await
+        .run;
+        sids.push(r.schedule_id);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for sid in sids {
+        let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store
+                .assign_run(&sid, 1, &slot("race-small", 3), LONG)
+                .await
+                .expect("assign")
+        }));
+    }
+    let (mut granted, mut full) = (0, 0);
+    for t in tasks {
+        match t.await.expect("task") {
+            Assigned::Granted(_) => granted += 1,
+            Assigned::NodeFull => full += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((granted, full), (3, 5));
+}
+
+pub async fn mark_started_transitions(store: Arc<dyn Store>) {
+    store.create_job(job("start", None)).await.expect("create");
+    let r = begin(
+        &store,
+        planned_run("start", 1000, plan(OverlapPolicy::Allow)),
+    )
+    .await
+    .run;
+    let sid = r.schedule_id.as_str();
+    let t = store.mark_started(sid, 1).await.expect("start");
+    assert!(matches!(t.applied, Applied::No(_)), "WAITING: {t:?}");
+    assert_eq!(t.run.map(|r| r.state), Some(RunState::Waiting));
+
+    let g = grant(&store, sid, 1, &slot("n", 0), terms(30_000, 10_000)).await;
+    let t = store
+        .mark_started(sid, g.fencing_token + 1)
+        .await
+        .expect("start");
+    assert!(matches!(t.applied, Applied::No(_)), "wrong token: {t:?}");
+    let before = now(&store).await;
+    let t = store
+        .mark_started(sid, g.fencing_token)
+        .await
+        .expect("start");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!((t.revoked, t.next_serial), (None, None));
+    let running = t.run.expect("run");
+    assert_eq!(running.state, RunState::Running);
+    assert_near(
+        running.started_at.expect("started"),
+        before,
+        after,
+        0,
+        "started_at",
+    );
+    assert_eq!(running.deadlines.confirm_by, 0);
+    assert_eq!(running.deadlines.lease_expires, g.deadlines.lease_expires);
+    assert_eq!(get(&store, sid).await, running);
+
+    let t = store
+        .mark_started(sid, g.fencing_token)
+        .await
+        .expect("start");
+    assert_eq!(t.applied, Applied::Already);
+    assert_eq!(t.run, Some(running));
+
+    store
+        .finish_run(
+            sid,
+            Finisher::Token(g.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let t = store
+        .mark_started(sid, g.fencing_token)
+        .await
+        .expect("start");
+    assert!(matches!(t.applied, Applied::No(_)), "final: {t:?}");
+    let t = store.mark_started("start@404", 1).await.expect("start");
+    assert!(matches!(t.applied, Applied::No(_)));
+    assert_eq!(t.run, None);
+}
+
+pub async fn renew_leases_extend_and_confirm(store: Arc<dyn Store>) {
+    store.create_job(job("renew", None)).await.expect("create");
+    let mut sids = Vec::new();
+    for i in 1..=3 {
+        let r = begin(
+            &store,
+            planned_run("renew", i * 1000, plan(OverlapPolicy::Allow)),
+        )
+        .await
+        .run;
+        sids.push(r.schedule_id);
+    }
+    let n = slot("renew-n", 0);
+    let a = grant(&store, &sids[0], 1, &n, terms(500, 300)).await;
+    let b = grant(&store, &sids[1], 1, &n, terms(500, 300)).await;
+    let c = grant(&store, &sids[2], 1, &slot("renew-m", 0), terms(500, 300)).await;
+    let held = |r: &RunRecord, token: u64| Held {
+        schedule_id: r.schedule_id.clone(),
+        token,
+    };
+
+    // Current → renewed for the new ttl; a wrong token, another node's run or an
+    // unknown run → gone.
+    let before = now(&store).await;
+    let got = store
+        .renew_leases(
+            "renew-n",
+            &[
+                held(&a, a.fencing_token),
+                held(&b, b.fencing_token + 1),
+                held(&c, c.fencing_token),
+                Held {
+                    schedule_id: "renew@404".to_owned(),
+                    token: 1,
+                },
+            ],
+            Duration::from_millis(900),
+        )
         .await
         .expect("renew");
+    let after = now(&store).await;
+    assert_eq!(got, vec![Some(900), None, None, None]);
+    let a_now = get(&store, &sids[0]).await;
+    assert_near(
+        a_now.deadlines.lease_expires,
+        before,
+        after,
+        900,
+        "renewed lease",
+    );
     assert_eq!(
-        (renewed.token, renewed.holder.as_str()),
-        (l1.token, "node-a")
+        a_now.deadlines.confirm_by, 0,
+        "a listed dispatch is confirmed"
     );
-    assert!(renewed.expires_at >= before + 10_000 && renewed.expires_at > l1.expires_at);
-
-    match store
-        .renew_lease(sid, l1.token + 1, Duration::from_secs(10))
-        .await
-    {
-        Err(Error::StaleToken { schedule_id, token }) => {
-            assert_eq!((schedule_id.as_str(), token), (sid, l1.token + 1));
-        }
-        other => panic!("wrong token renew: expected StaleToken, got {other:?}"),
-    }
-
-    // The same holder re-granted (a reconnect): a new token fences the old one.
-    let l2 = store
-        .grant_lease(sid, "node-a", Duration::from_secs(5))
-        .await
-        .expect("re-grant");
-    assert!(l2.token > l1.token);
-    assert!(matches!(
+    assert_eq!(a_now.state, RunState::Dispatched);
+    assert_eq!(
         store
-            .renew_lease(sid, l1.token, Duration::from_secs(5))
-            .await,
-        Err(Error::StaleToken { .. })
-    ));
-
-    assert!(!store.release_lease(sid, l1.token).await.expect("release"));
-    assert!(store.release_lease(sid, l2.token).await.expect("release"));
-    assert!(
-        !store
-            .release_lease(sid, l2.token)
+            .renew_leases("renew-n", &[], Duration::from_millis(900))
             .await
-            .expect("release again")
+            .expect("renew"),
+        Vec::<Option<i64>>::new()
     );
-    assert!(matches!(
+
+    // Past the confirm deadline: the confirmed dispatch stays, the unconfirmed one is
+    // re-routed.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let t = store.expire_run(&sids[0], GRACE).await.expect("expire");
+    assert!(matches!(t.applied, Applied::No(_)), "confirmed: {t:?}");
+    assert_eq!(t.revoked, None);
+    assert_eq!(get(&store, &sids[0]).await.state, RunState::Dispatched);
+    let t = store.expire_run(&sids[1], GRACE).await.expect("expire");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(revocation_of(&t).reason, "unconfirmed");
+
+    // An expired lease is not renewed, even with its current token.
+    let got = store
+        .renew_leases(
+            "renew-m",
+            &[held(&c, c.fencing_token)],
+            Duration::from_millis(900),
+        )
+        .await
+        .expect("renew");
+    assert_eq!(got, vec![None]);
+    // Nor a revoked one.
+    let got = store
+        .renew_leases(
+            "renew-n",
+            &[held(&b, b.fencing_token)],
+            Duration::from_millis(900),
+        )
+        .await
+        .expect("renew");
+    assert_eq!(got, vec![None]);
+    // The confirmed run's renewed lease runs out too: that is a lost run, not an
+    // unconfirmed one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
         store
-            .renew_lease(sid, l2.token, Duration::from_secs(5))
-            .await,
-        Err(Error::StaleToken { .. })
-    ));
-
-    let l3 = store
-        .grant_lease(sid, "node-b", Duration::from_secs(5))
-        .await
-        .expect("grant after release");
-    assert!(l3.token > l2.token);
-    assert_eq!(l3.holder, "node-b");
-
-    assert!(
-        !store
-            .release_lease("lease-1@never", 1)
+            .renew_leases("renew-n", &[held(&a, a.fencing_token)], LONG.ttl)
             .await
-            .expect("release")
+            .expect("renew"),
+        vec![None]
     );
-    match store
-        .grant_lease("not a schedule id", "node-a", Duration::from_secs(5))
-        .await
-    {
-        Err(Error::JobNotFound(_)) => {}
-        other => panic!("invalid schedule id: expected JobNotFound, got {other:?}"),
-    }
-    assert_eq!(store.expired_leases(10).await.expect("expired"), vec![]);
+    let t = store.expire_run(&sids[0], GRACE).await.expect("expire");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(revocation_of(&t).reason, "lost");
+    let r = t.run.expect("run");
+    assert_eq!((r.state, r.reason.as_str()), (RunState::Failed, "lost"));
 }
 
-pub async fn lease_expiry(store: Arc<dyn Store>) {
-    let ttl = Duration::from_millis(50);
-    let x = store.grant_lease("exp-1@1", "a", ttl).await.expect("grant");
-    let y = store
-        .grant_lease("exp-1@2", "a", Duration::from_millis(80))
-        .await
-        .expect("grant");
-    let keep = store
-        .grant_lease("exp-1@3", "a", Duration::from_secs(30))
-        .await
-        .expect("grant");
-    assert_eq!(store.expired_leases(10).await.expect("expired"), vec![]);
-
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    assert_eq!(
-        store.expired_leases(10).await.expect("expired"),
-        vec![x.clone(), y.clone()],
-        "earliest first, not removed, unexpired ones left out"
-    );
-    assert_eq!(
-        store.expired_leases(1).await.expect("expired"),
-        vec![x.clone()]
-    );
-
-    // Expired: renewal is refused even with the right token…
-    match store
-        .renew_lease("exp-1@1", x.token, Duration::from_secs(5))
-        .await
-    {
-        Err(Error::StaleToken { .. }) => {}
-        other => panic!("renew after expiry: expected StaleToken, got {other:?}"),
+pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
+    store.create_job(job("fin", None)).await.expect("create");
+    let sid = |planned: i64| schedule_id("fin", &planned.to_string());
+    for planned in [1000, 2000, 3000] {
+        begin(
+            &store,
+            planned_run("fin", planned, plan(OverlapPolicy::Allow)),
+        )
+        .await;
     }
-    // …another holder may take it over, with a greater token…
-    let x2 = store
-        .grant_lease("exp-1@1", "b", Duration::from_secs(5))
+    let n = slot("fin-n", 1);
+
+    // SUCCEEDED: final, with the executor's output and times; the token stays.
+    let g = grant(&store, &sid(1000), 1, &n, LONG).await;
+    store
+        .mark_started(&sid(1000), g.fencing_token)
         .await
-        .expect("grant over an expired lease");
-    assert!(x2.token > x.token);
-    assert_eq!(x2.holder, "b");
-    // …and release with the still-current token of an expired lease succeeds.
-    assert!(
+        .expect("start");
+    let result = Outcome {
+        output: Some(b"{\"ok\":true}".to_vec()),
+        started_at: Some(1_111),
+        finished_at: Some(2_222),
+        ..outcome(RunState::Succeeded)
+    };
+    let t = store
+        .finish_run(&sid(1000), Finisher::Token(g.fencing_token), result.clone())
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (None, None));
+    let done = t.run.expect("run");
+    assert_eq!(
+        (done.state, done.fencing_token, done.reason.as_str()),
+        (RunState::Succeeded, g.fencing_token, "")
+    );
+    assert_eq!(done.output.as_deref(), Some(&b"{\"ok\":true}"[..]));
+    assert_eq!(
+        (done.started_at, done.finished_at),
+        (Some(1_111), Some(2_222))
+    );
+    assert_eq!(done.deadlines, Deadlines::default());
+    assert_eq!(get(&store, &sid(1000)).await, done);
+    assert_eq!(
         store
-            .release_lease("exp-1@2", y.token)
+            .due_runs(partition_of("fin", store.partitions()), 10)
             .await
-            .expect("release")
+            .expect("due"),
+        Vec::<String>::new()
     );
-    assert_eq!(store.expired_leases(10).await.expect("expired"), vec![]);
-    assert!(
-        !store
-            .release_lease("exp-1@1", x.token)
-            .await
-            .expect("release")
+
+    // The same result again (a reconnect re-sends it): Already, nothing changes, even
+    // if it differs. A stale token or a WAITING finisher: No.
+    let t = store
+        .finish_run(
+            &sid(1000),
+            Finisher::Token(g.fencing_token),
+            outcome(RunState::Failed),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Already);
+    assert_eq!(t.run.as_ref(), Some(&done));
+    let t = store
+        .finish_run(
+            &sid(1000),
+            Finisher::Token(g.fencing_token - 1),
+            result.clone(),
+        )
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    let t = store
+        .finish_run(&sid(1000), Finisher::Waiting { attempt: 1 }, result.clone())
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    assert_eq!(get(&store, &sid(1000)).await, done);
+
+    // Without times: the store's clock; the slot was freed by the first result.
+    let g = grant(&store, &sid(2000), 1, &n, LONG).await;
+    let before = now(&store).await;
+    let t = store
+        .finish_run(
+            &sid(2000),
+            Finisher::Token(g.fencing_token),
+            outcome(RunState::Cancelled),
+        )
+        .await
+        .expect("finish");
+    let after = now(&store).await;
+    let r = t.run.expect("run");
+    assert_eq!(r.state, RunState::Cancelled, "an executor may cancel");
+    assert_near(
+        r.finished_at.expect("finished"),
+        before,
+        after,
+        0,
+        "finished_at",
     );
-    assert!(keep.token > 0);
+    assert_eq!(r.started_at, None);
+    assert_eq!(r.output, None);
+
+    // A finisher that is not DISPATCHED/RUNNING yet: No.
+    let t = store
+        .finish_run(&sid(3000), Finisher::Token(0), outcome(RunState::Succeeded))
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    let t = store
+        .finish_run("fin@404", Finisher::Token(1), outcome(RunState::Succeeded))
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)));
+    assert_eq!(t.run, None);
 }
 
-pub async fn lease_tokens_increase(store: Arc<dyn Store>) {
-    let mut last = 0;
-    for i in 0..100 {
-        // Re-grants of one run, grants of other runs of the same job, and grants after a
-        // release alike: the job's tokens only grow.
-        let sid = format!("tok@{}", i % 7);
-        let lease = store
-            .grant_lease(&sid, "n", Duration::from_secs(30))
+pub async fn finish_run_retries(store: Arc<dyn Store>) {
+    store.create_job(job("retry", None)).await.expect("create");
+    let three = RunPlan {
+        max_attempts: 3,
+        backoff_ms: 1_000,
+        backoff_multiplier: 2.0,
+        max_backoff_ms: 60_000,
+        ..plan(OverlapPolicy::Forbid)
+    };
+    let r = begin(&store, planned_run("retry", 1000, three.clone()))
+        .await
+        .run;
+    let sid = r.schedule_id.as_str();
+    let n = slot("retry-n", 1);
+
+    // Attempt 1 fails: WAITING at attempt 2 after the backoff, under a new token.
+    let g1 = grant(&store, sid, 1, &n, LONG).await;
+    let before = now(&store).await;
+    let t = store
+        .finish_run(sid, Finisher::Token(g1.fencing_token), failed("E1"))
+        .await
+        .expect("finish");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (None, None));
+    let w = t.run.expect("run");
+    assert_eq!(
+        (w.state, w.attempt, w.reason.as_str()),
+        (RunState::Waiting, 2, "retry: E1")
+    );
+    assert!(
+        w.fencing_token > g1.fencing_token,
+        "a retry fences the old token"
+    );
+    assert_eq!(
+        (
+            w.error_code.as_str(),
+            w.error_message.as_str(),
+            w.last_node.as_str()
+        ),
+        ("E1", "E1 happened", "retry-n")
+    );
+    assert_near(
+        w.deadlines.wake_at,
+        before,
+        after,
+        1_000,
+        "backoff after attempt 1",
+    );
+    assert_eq!(w.deadlines.wait_until, w.deadlines.wake_at + 5_000);
+    assert_eq!(w.deadlines.lease_expires, 0);
+    assert_eq!(w.finished_at, None);
+    assert_eq!(get(&store, sid).await, w);
+    // Still active: the forbid policy still skips.
+    assert_eq!(
+        begin(&store, planned_run("retry", 2000, three.clone()))
             .await
-            .expect("grant");
-        assert!(
-            lease.token > last,
-            "grant {i}: token {} after {last}",
-            lease.token
+            .run
+            .reason,
+        "overlap"
+    );
+    // The old holder's re-sent result is stale now; the old attempt is not routable.
+    let t = store
+        .finish_run(sid, Finisher::Token(g1.fencing_token), failed("E1"))
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    let a = store.assign_run(sid, 1, &n, LONG).await.expect("assign");
+    assert_eq!(not_waiting_state(&a), Some(RunState::Waiting));
+
+    // Attempt 2 fails: the backoff doubles (the node slot was freed).
+    let g2 = grant(&store, sid, 2, &n, LONG).await;
+    assert!(g2.fencing_token > w.fencing_token);
+    let before = now(&store).await;
+    let t = store
+        .finish_run(sid, Finisher::Token(g2.fencing_token), failed("E2"))
+        .await
+        .expect("finish");
+    let after = now(&store).await;
+    let w = t.run.expect("run");
+    assert_eq!((w.state, w.attempt), (RunState::Waiting, 3));
+    assert_near(
+        w.deadlines.wake_at,
+        before,
+        after,
+        2_000,
+        "backoff after attempt 2",
+    );
+
+    // Attempt 3 fails: attempts are spent, FAILED is final and keeps the token.
+    let g3 = grant(&store, sid, 3, &n, LONG).await;
+    let t = store
+        .finish_run(sid, Finisher::Token(g3.fencing_token), failed("E3"))
+        .await
+        .expect("finish");
+    let f = t.run.expect("run");
+    assert_eq!(
+        (f.state, f.attempt, f.fencing_token),
+        (RunState::Failed, 3, g3.fencing_token)
+    );
+    assert_eq!((f.error_code.as_str(), f.reason.as_str()), ("E3", ""));
+    assert!(f.finished_at.is_some());
+    assert_eq!(f.deadlines, Deadlines::default());
+    let t = store
+        .finish_run(sid, Finisher::Token(g3.fencing_token), failed("E3"))
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Already);
+    // No longer active.
+    assert_eq!(
+        begin(&store, planned_run("retry", 3000, three.clone()))
+            .await
+            .run
+            .state,
+        RunState::Waiting
+    );
+
+    // The dispatcher found no executor: the same machine, by attempt.
+    let two = RunPlan {
+        max_attempts: 2,
+        ..plan(OverlapPolicy::Allow)
+    };
+    let r = begin(&store, planned_run("retry", 4000, two)).await.run;
+    let sid = r.schedule_id.as_str();
+    let t = store
+        .finish_run(sid, Finisher::Waiting { attempt: 2 }, failed("no executor"))
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "wrong attempt: {t:?}");
+    let t = store
+        .finish_run(sid, Finisher::Waiting { attempt: 1 }, failed("no executor"))
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Yes);
+    let w = t.run.expect("run");
+    assert_eq!(
+        (w.state, w.attempt, w.reason.as_str()),
+        (RunState::Waiting, 2, "retry: no executor")
+    );
+    let t = store
+        .finish_run(sid, Finisher::Waiting { attempt: 2 }, failed("no executor"))
+        .await
+        .expect("finish");
+    let f = t.run.expect("run");
+    assert_eq!((f.state, f.attempt), (RunState::Failed, 2));
+    assert_eq!(f.error_code, "no executor");
+    let t = store
+        .finish_run(sid, Finisher::Waiting { attempt: 2 }, failed("no executor"))
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "final: {t:?}");
+}
+
+pub async fn finish_run_rejected(store: Arc<dyn Store>) {
+    store.create_job(job("rej", None)).await.expect("create");
+    let r = begin(
+        &store,
+        planned_run("rej", 1000, plan(OverlapPolicy::Forbid)),
+    )
+    .await
+    .run;
+    let sid = r.schedule_id.as_str();
+    let n = slot("rej-n", 1);
+    let rejection = Outcome {
+        error_code: "rejected".to_owned(),
+        error_message: "busy".to_owned(),
+        ..outcome(RunState::Waiting)
+    };
+
+    // Only a lease holder can reject.
+    let t = store
+        .finish_run(sid, Finisher::Waiting { attempt: 1 }, rejection.clone())
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+
+    // The executor rejects its dispatch: WAITING again at the same attempt, due now,
+    // under a new token, avoiding that node; the attempt is not spent.
+    let g = grant(&store, sid, 1, &n, LONG).await;
+    let before = now(&store).await;
+    let t = store
+        .finish_run(sid, Finisher::Token(g.fencing_token), rejection.clone())
+        .await
+        .expect("finish");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (None, None));
+    let w = t.run.expect("run");
+    assert_eq!(
+        (w.state, w.attempt, w.reason.as_str()),
+        (RunState::Waiting, 1, "rejected: busy")
+    );
+    assert!(w.fencing_token > g.fencing_token);
+    assert_eq!(w.last_node, "rej-n");
+    assert_eq!((w.error_code.as_str(), w.error_message.as_str()), ("", ""));
+    assert_near(w.deadlines.wake_at, before, after, 0, "wake_at");
+    assert_near(w.deadlines.wait_until, before, after, 5_000, "wait_until");
+    assert_eq!((w.deadlines.lease_expires, w.deadlines.confirm_by), (0, 0));
+    assert_eq!(get(&store, sid).await, w);
+    // Still active, the old token stale, the node's slot free.
+    assert_eq!(
+        begin(
+            &store,
+            planned_run("rej", 2000, plan(OverlapPolicy::Forbid))
+        )
+        .await
+        .run
+        .reason,
+        "overlap"
+    );
+    let t = store
+        .finish_run(sid, Finisher::Token(g.fencing_token), rejection)
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    let g2 = grant(&store, sid, 1, &n, LONG).await;
+    assert!(g2.fencing_token > w.fencing_token);
+}
+
+pub async fn expire_run_timeout(store: Arc<dyn Store>) {
+    store.create_job(job("tmo", None)).await.expect("create");
+    let p = partition_of("tmo", store.partitions());
+    let timed = RunPlan {
+        max_attempts: 2,
+        backoff_ms: 50,
+        timeout_ms: 300,
+        ..plan(OverlapPolicy::Forbid)
+    };
+    let r = begin(&store, planned_run("tmo", 1000, timed.clone()))
+        .await
+        .run;
+    let sid = r.schedule_id.as_str();
+    let n = slot("tmo-n", 1);
+    let g1 = grant(&store, sid, 1, &n, LONG).await;
+    store
+        .mark_started(sid, g1.fencing_token)
+        .await
+        .expect("start");
+    assert_eq!(
+        store.due_runs(p, 10).await.expect("due"),
+        Vec::<String>::new()
+    );
+    let t = store.expire_run(sid, GRACE).await.expect("expire");
+    assert!(matches!(t.applied, Applied::No(_)), "too early: {t:?}");
+    assert_eq!(t.run.map(|r| r.state), Some(RunState::Running));
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        store.due_runs(p, 10).await.expect("due"),
+        vec![sid.to_owned()]
+    );
+    let before = now(&store).await;
+    let t = store.expire_run(sid, GRACE).await.expect("expire");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(
+        t.revoked,
+        Some(Revocation {
+            schedule_id: sid.to_owned(),
+            node_id: "tmo-n".to_owned(),
+            token: g1.fencing_token,
+            reason: "timeout".to_owned(),
+        })
+    );
+    let w = t.run.expect("run");
+    assert_eq!(
+        (w.state, w.attempt, w.reason.as_str(), w.error_code.as_str()),
+        (RunState::Waiting, 2, "retry: timeout", "timeout")
+    );
+    assert!(w.fencing_token > g1.fencing_token);
+    assert_eq!(w.last_node, "tmo-n");
+    assert_near(w.deadlines.wake_at, before, after, 50, "backoff");
+    // The old holder is stale everywhere.
+    for t in [
+        store
+            .mark_started(sid, g1.fencing_token)
+            .await
+            .expect("start"),
+        store
+            .finish_run(
+                sid,
+                Finisher::Token(g1.fencing_token),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish"),
+    ] {
+        assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    }
+
+    // The last attempt times out too: TIMED_OUT, final.
+    let g2 = grant(&store, sid, 2, &n, LONG).await;
+    assert_eq!(
+        g2.deadlines.timeout_at - g2.deadlines.lease_expires,
+        300 - 30_000
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let t = store.expire_run(sid, GRACE).await.expect("expire");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(revocation_of(&t).token, g2.fencing_token);
+    let f = t.run.expect("run");
+    assert_eq!(
+        (f.state, f.attempt, f.reason.as_str()),
+        (RunState::TimedOut, 2, "timeout")
+    );
+    assert!(f.finished_at.is_some());
+    assert_eq!(f.deadlines, Deadlines::default());
+    assert!(f.fencing_token > g2.fencing_token);
+    assert_eq!(
+        store.due_runs(p, 10).await.expect("due"),
+        Vec::<String>::new()
+    );
+    // Final: the timer is gone and nothing happens; the job is free again.
+    let t = store.expire_run(sid, GRACE).await.expect("expire");
+    assert!(matches!(t.applied, Applied::No(_)));
+    assert_eq!(t.revoked, None);
+    let t = store.expire_run("tmo@404", GRACE).await.expect("expire");
+    assert!(matches!(t.applied, Applied::No(_)));
+    assert_eq!(t.run, None);
+    assert_eq!(
+        begin(&store, planned_run("tmo", 2000, timed))
+            .await
+            .run
+            .state,
+        RunState::Waiting
+    );
+    // The node's slot was freed by the timeout.
+    grant(&store, &schedule_id("tmo", "2000"), 1, &n, LONG).await;
+}
+
+pub async fn expire_run_unconfirmed_and_lost(store: Arc<dyn Store>) {
+    store.create_job(job("lost", None)).await.expect("create");
+    let two = RunPlan {
+        max_attempts: 2,
+        ..plan(OverlapPolicy::Allow)
+    };
+    let sid = |planned: i64| schedule_id("lost", &planned.to_string());
+    for planned in [1000, 2000, 3000] {
+        begin(&store, planned_run("lost", planned, two.clone())).await;
+    }
+    let n = slot("lost-n", 0);
+
+    // Not confirmed by its deadline, or its lease ran out before it was: back to
+    // WAITING at the same attempt, due now, the old token revoked.
+    let a = grant(&store, &sid(1000), 1, &n, terms(30_000, 150)).await;
+    let b = grant(&store, &sid(2000), 1, &n, terms(150, 30_000)).await;
+    let c = grant(&store, &sid(3000), 1, &n, terms(200, 30_000)).await;
+    store
+        .mark_started(&sid(3000), c.fencing_token)
+        .await
+        .expect("start");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for g in [&a, &b] {
+        let before = now(&store).await;
+        let t = store
+            .expire_run(&g.schedule_id, GRACE)
+            .await
+            .expect("expire");
+        let after = now(&store).await;
+        assert_eq!(t.applied, Applied::Yes, "{t:?}");
+        assert_eq!(
+            t.revoked,
+            Some(Revocation {
+                schedule_id: g.schedule_id.clone(),
+                node_id: "lost-n".to_owned(),
+                token: g.fencing_token,
+                reason: "unconfirmed".to_owned(),
+            })
         );
-        last = lease.token;
-        if i % 3 == 0 {
-            assert!(
-                store
-                    .release_lease(&sid, lease.token)
-                    .await
-                    .expect("release")
-            );
-        }
+        let w = t.run.expect("run");
+        assert_eq!(
+            (w.state, w.attempt, w.reason.as_str()),
+            (RunState::Waiting, 1, "unconfirmed")
+        );
+        assert!(w.fencing_token > g.fencing_token);
+        assert_eq!(w.last_node, "lost-n");
+        assert_near(w.deadlines.wake_at, before, after, 0, "wake_at");
+        assert_near(w.deadlines.wait_until, before, after, 5_000, "wait_until");
+        assert_eq!(w.deadlines.lease_expires, 0);
     }
+
+    // RUNNING and its lease ran out: lost, attempt + 1 due now.
+    let before = now(&store).await;
+    let t = store.expire_run(&sid(3000), GRACE).await.expect("expire");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(
+        (revocation_of(&t).reason.as_str(), revocation_of(&t).token),
+        ("lost", c.fencing_token)
+    );
+    let w = t.run.expect("run");
+    assert_eq!(
+        (w.state, w.attempt, w.reason.as_str(), w.error_code.as_str()),
+        (RunState::Waiting, 2, "retry: lost", "lost")
+    );
+    assert_eq!(w.last_node, "lost-n");
+    assert_near(w.deadlines.wake_at, before, after, 0, "wake_at");
+
+    // Lost again with its attempts spent: FAILED (lost).
+    let c2 = grant(&store, &sid(3000), 2, &n, terms(150, 30_000)).await;
+    store
+        .mark_started(&sid(3000), c2.fencing_token)
+        .await
+        .expect("start");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let t = store.expire_run(&sid(3000), GRACE).await.expect("expire");
+    assert_eq!(revocation_of(&t).token, c2.fencing_token);
+    let f = t.run.expect("run");
+    assert_eq!(
+        (f.state, f.attempt, f.reason.as_str()),
+        (RunState::Failed, 2, "lost")
+    );
+    assert!(f.finished_at.is_some());
+    assert!(f.fencing_token > c2.fencing_token);
+    let t = store
+        .finish_run(
+            &sid(3000),
+            Finisher::Token(c2.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert!(
+        matches!(t.applied, Applied::No(_)),
+        "a revoked holder's late result: {t:?}"
+    );
 }
+
+pub async fn expire_run_wakes_waiting(store: Arc<dyn Store>) {
+    store.create_job(job("wake", None)).await.expect("create");
+    let p = partition_of("wake", store.partitions());
+    let r = store
+        .begin_run(
+            planned_run("wake", 1000, plan(OverlapPolicy::Allow)),
+            Duration::from_millis(300),
+        )
+        .await
+        .expect("begin")
+        .run;
+    let sid = r.schedule_id.as_str();
+    let t = store.expire_run(sid, GRACE).await.expect("expire");
+    assert!(matches!(t.applied, Applied::No(_)), "too early: {t:?}");
+    assert_eq!(
+        t.run.as_ref().map(|r| r.deadlines.wake_at),
+        Some(r.deadlines.wake_at)
+    );
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        store.due_runs(p, 10).await.expect("due"),
+        vec![sid.to_owned()]
+    );
+    let before = now(&store).await;
+    let t = store.expire_run(sid, GRACE).await.expect("expire");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.revoked, None);
+    let w = t.run.expect("run");
+    assert_eq!((w.state, w.attempt), (RunState::Waiting, 1));
+    assert_near(
+        w.deadlines.wake_at,
+        before,
+        after,
+        30_000,
+        "wake_at = now + grace",
+    );
+    assert_eq!(
+        w.deadlines.wait_until, r.deadlines.wait_until,
+        "wait_until stays"
+    );
+    assert_eq!(
+        store.due_runs(p, 10).await.expect("due"),
+        Vec::<String>::new()
+    );
+    // Still routable at its attempt.
+    grant(&store, sid, 1, &slot("wake-n", 0), LONG).await;
+}
+
+pub async fn due_runs_per_partition(store: Arc<dyn Store>) {
+    let parts = store.partitions();
+    let ones = ids_in_partition(parts, 1, "due-run", 2);
+    let twos = ids_in_partition(parts, 2, "due-run", 1);
+    for id in ones.iter().chain(&twos) {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    let short = Duration::from_millis(300);
+    let mut first = Vec::new();
+    for id in &ones {
+        let r = store
+            .begin_run(planned_run(id, 1000, plan(OverlapPolicy::Allow)), short)
+            .await
+            .expect("begin")
+            .run;
+        first.push(r.schedule_id);
+        // Distinct wake times, so "earliest first" is the order of begin.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let two = store
+        .begin_run(
+            planned_run(&twos[0], 1000, plan(OverlapPolicy::Allow)),
+            short,
+        )
+        .await
+        .expect("begin")
+        .run;
+    // Not due yet: a run whose timer is far off.
+    begin(
+        &store,
+        planned_run(&ones[0], 2000, plan(OverlapPolicy::Allow)),
+    )
+    .await;
+    assert_eq!(
+        store.due_runs(1, 10).await.expect("due"),
+        Vec::<String>::new()
+    );
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(store.due_runs(1, 10).await.expect("due"), first);
+    assert_eq!(store.due_runs(1, 1).await.expect("due"), first[..1]);
+    assert_eq!(
+        store.due_runs(2, 10).await.expect("due"),
+        vec![two.schedule_id.clone()]
+    );
+    assert_eq!(
+        store.due_runs(3, 10).await.expect("due"),
+        Vec::<String>::new()
+    );
+    // Due means "left for the sweep", not claimed: they stay due until acted on.
+    assert_eq!(store.due_runs(1, 10).await.expect("due"), first);
+    let g = grant(&store, &first[0], 1, &slot("due-n", 0), LONG).await;
+    assert_eq!(g.deadlines.earliest(), Some(g.deadlines.lease_expires));
+    assert_eq!(store.due_runs(1, 10).await.expect("due"), first[1..]);
+}
+
+pub async fn cancel_run_transitions(store: Arc<dyn Store>) {
+    store.create_job(job("cxl", None)).await.expect("create");
+    let sid = |planned: i64| schedule_id("cxl", &planned.to_string());
+    for planned in [1000, 2000] {
+        begin(
+            &store,
+            planned_run("cxl", planned, plan(OverlapPolicy::Allow)),
+        )
+        .await;
+    }
+    let n = slot("cxl-n", 1);
+
+    // WAITING: nothing to revoke.
+    let before = now(&store).await;
+    let t = store
+        .cancel_run(&sid(1000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (None, None));
+    let c = t.run.expect("run");
+    assert_eq!(
+        (c.state, c.reason.as_str()),
+        (RunState::Cancelled, "by user")
+    );
+    assert!(c.finished_at.expect("finished") >= before);
+    assert_eq!(c.deadlines, Deadlines::default());
+    assert_eq!(get(&store, &sid(1000)).await, c);
+
+    // DISPATCHED/RUNNING: the lease is revoked, the holder fenced, its slot freed.
+    let g = grant(&store, &sid(2000), 1, &n, LONG).await;
+    store
+        .mark_started(&sid(2000), g.fencing_token)
+        .await
+        .expect("start");
+    let t = store
+        .cancel_run(&sid(2000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(
+        t.revoked,
+        Some(Revocation {
+            schedule_id: sid(2000),
+            node_id: "cxl-n".to_owned(),
+            token: g.fencing_token,
+            reason: "by user".to_owned(),
+        })
+    );
+    let c = t.run.expect("run");
+    assert_eq!(c.state, RunState::Cancelled);
+    assert!(c.fencing_token > g.fencing_token);
+    assert!(
+        !store
+            .report_progress(&sid(2000), g.fencing_token, 10, "late")
+            .await
+            .expect("progress")
+    );
+    let r3 = begin(
+        &store,
+        planned_run("cxl", 3000, plan(OverlapPolicy::Forbid)),
+    )
+    .await
+    .run;
+    assert_eq!(r3.state, RunState::Waiting, "no longer active");
+    grant(&store, &r3.schedule_id, 1, &n, LONG).await;
+
+    // Final or unknown: No.
+    let t = store.cancel_run(&sid(2000), "again").await.expect("cancel");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    assert_eq!(t.run, Some(c));
+    let t = store.cancel_run("cxl@404", "x").await.expect("cancel");
+    assert!(matches!(t.applied, Applied::No(_)));
+    assert_eq!(t.run, None);
+}
+
+pub async fn progress_and_logs(store: Arc<dyn Store>) {
+    store.create_job(job("logs", None)).await.expect("create");
+    let r = begin(
+        &store,
+        planned_run("logs", 1000, plan(OverlapPolicy::Allow)),
+    )
+    .await
+    .run;
+    let sid = r.schedule_id.as_str();
+
+    // Before a dispatch there is no current holder to accept.
+    assert!(
+        !store
+            .report_progress(sid, 0, 5, "x")
+            .await
+            .expect("progress")
+    );
+    let g = grant(&store, sid, 1, &slot("logs-n", 0), LONG).await;
+    let token = g.fencing_token;
+    assert!(
+        store
+            .report_progress(sid, token, 50, "half way")
+            .await
+            .expect("progress")
+    );
+    let p = get(&store, sid).await;
+    assert_eq!(
+        (p.progress_percent, p.progress_message.as_str()),
+        (50, "half way")
+    );
+    assert!(
+        !store
+            .report_progress(sid, token + 1, 60, "stale")
+            .await
+            .expect("progress")
+    );
+    assert!(
+        !store
+            .report_progress("logs@404", token, 60, "none")
+            .await
+            .expect("progress")
+    );
+    assert_eq!(get(&store, sid).await.progress_percent, 50);
+
+    // Logs: seq from 1, assigned by the store; at most max_bytes of message text, the
+    // oldest lines falling out first; seqs never reused.
+    assert!(
+        !store
+            .append_logs(sid, token + 1, vec![log("stale-line")], 1000)
+            .await
+            .expect("append")
+    );
+    assert!(
+        !store
+            .append_logs("logs@404", token, vec![log("none-line")], 1000)
+            .await
+            .expect("append")
+    );
+    let ten = |c: char| c.to_string().repeat(10);
+    assert!(
+        store
+            .append_logs(
+                sid,
+                token,
+                vec![log(&ten('a')), log(&ten('b')), log(&ten('c'))],
+                25
+            )
+            .await
+            .expect("append")
+    );
+    let got = store.read_logs(sid, 0, 100).await.expect("read");
+    assert_eq!(
+        seqs(&got),
+        [2, 3],
+        "30 bytes over a 25-byte bound: the oldest fell out"
+    );
+    assert_eq!(got[0].message, ten('b'));
+    assert_eq!(
+        (got[0].level.as_str(), got[0].time_ms, got[0].attempt),
+        ("info", 1_000, 1)
+    );
+    assert!(
+        store
+            .append_logs(sid, token, vec![log(&ten('d')), log(&ten('e'))], 25)
+            .await
+            .expect("append")
+    );
+    let got = store.read_logs(sid, 0, 100).await.expect("read");
+    assert_eq!(seqs(&got), [4, 5]);
+    let messages: Vec<&str> = got.iter().map(|l| l.message.as_str()).collect();
+    assert_eq!(messages, [ten('d'), ten('e')]);
+    // A line alone over the bound does not survive, but its seq is spent.
+    assert!(
+        store
+            .append_logs(sid, token, vec![log(&"x".repeat(40))], 25)
+            .await
+            .expect("append")
+    );
+    assert_eq!(store.read_logs(sid, 0, 100).await.expect("read"), vec![]);
+    let lines: Vec<LogLine> = (0..10).map(|i| log(&format!("line {i}"))).collect();
+    assert!(
+        store
+            .append_logs(sid, token, lines, 10_000)
+            .await
+            .expect("append")
+    );
+
+    // Paging by seq.
+    let mut all = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.read_logs(sid, after, 3).await.expect("read");
+        assert!(page.len() <= 3);
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        all.extend(page);
+    }
+    assert_eq!(seqs(&all), (7..=16).collect::<Vec<u64>>());
+    assert_eq!(all[0].message, "line 0");
+    assert_eq!(all[9].message, "line 9");
+    assert_eq!(
+        seqs(&store.read_logs(sid, 14, 100).await.expect("read")),
+        [15, 16]
+    );
+    assert_eq!(store.read_logs(sid, 16, 100).await.expect("read"), vec![]);
+    assert_eq!(
+        store.read_logs("logs@404", 0, 100).await.expect("read"),
+        vec![]
+    );
+
+    // After its result the run takes no progress; late log lines of the token that
+    // finished it are still kept. Once revoked, the old token is refused.
+    store
+        .finish_run(sid, Finisher::Token(token), outcome(RunState::Succeeded))
+        .await
+        .expect("finish");
+    assert!(
+        !store
+            .report_progress(sid, token, 100, "done")
+            .await
+            .expect("progress")
+    );
+    assert!(
+        store
+            .append_logs(sid, token, vec![log("after the result")], 10_000)
+            .await
+            .expect("append")
+    );
+    assert_eq!(
+        seqs(&store.read_logs(sid, 16, 100).await.expect("read")),
+        [17]
+    );
+    let r2 = begin(
+        &store,
+        planned_run("logs", 2000, plan(OverlapPolicy::Allow)),
+    )
+    .await
+    .run;
+    let g2 = grant(&store, &r2.schedule_id, 1, &slot("logs-n", 0), LONG).await;
+    store
+        .cancel_run(&r2.schedule_id, "stop")
+        .await
+        .expect("cancel");
+    assert!(
+        !store
+            .append_logs(&r2.schedule_id, g2.fencing_token, vec![log("late")], 10_000)
+            .await
+            .expect("append")
+    );
+    assert_eq!(
+        store.read_logs(&r2.schedule_id, 0, 10).await.expect("read"),
+        vec![]
+    );
+}
+
+pub async fn inbox_order_and_blocking(store: Arc<dyn Store>) {
+    for m in ["a", "b", "c"] {
+        store
+            .push_inbox("inst-1", m.as_bytes().to_vec())
+            .await
+            .expect("push");
+    }
+    store
+        .push_inbox("inst-2", b"other".to_vec())
+        .await
+        .expect("push");
+    let pop = |instance: &'static str, max: usize, block: Duration| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .pop_inbox(instance, max, block)
+                .await
+                .expect("pop inbox")
+        }
+    };
+    assert_eq!(
+        pop("inst-1", 2, Duration::ZERO).await,
+        vec![b"a".to_vec(), b"b".to_vec()],
+        "oldest first"
+    );
+    assert_eq!(pop("inst-1", 10, Duration::ZERO).await, vec![b"c".to_vec()]);
+    assert_eq!(
+        pop("inst-1", 10, Duration::ZERO).await,
+        Vec::<Vec<u8>>::new()
+    );
+    assert_eq!(
+        pop("inst-2", 10, Duration::ZERO).await,
+        vec![b"other".to_vec()]
+    );
+
+    // Nothing arrives: it waits about `block`, then returns empty.
+    let started = Instant::now();
+    assert_eq!(
+        pop("inst-1", 10, Duration::from_millis(200)).await,
+        Vec::<Vec<u8>>::new()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(150));
+
+    // A push wakes a blocked pop at once.
+    let waiter = tokio::spawn(pop("inst-1", 10, Duration::from_secs(5)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pushed = Instant::now();
+    store
+        .push_inbox("inst-2", b"not for inst-1".to_vec())
+        .await
+        .expect("push");
+    store
+        .push_inbox("inst-1", b"wake".to_vec())
+        .await
+        .expect("push");
+    let got = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("a push wakes the waiter")
+        .expect("task");
+    assert_eq!(got, vec![b"wake".to_vec()]);
+    assert!(pushed.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        pop("inst-2", 10, Duration::ZERO).await,
+        vec![b"not for inst-1".to_vec()]
+    );
+}
+
+// ---- nonces
 
 pub async fn nonces(store: Arc<dyn Store>) {
     let ttl = Duration::from_millis(200);

@@ -23,13 +23,22 @@
 //! | `runs_by_job` | (job_id, scheduled_at, schedule_id) → () | listing, per-job bound |
 //! | `runs_by_created` | (created_at, schedule_id) → () | retention sweep |
 //! | `run_counts` | job_id → u64 | the per-job bound without counting a range |
-//! | `leases` | schedule_id → (holder, token, expires_at) | run leases |
-//! | `lease_expiry` | (expires_at, schedule_id) → () | `expired_leases` |
 //! | `lease_counters` | job_id → u64 | last fencing token of a job (never deleted) |
+//! | `active_runs` | (job_id, schedule_id) → () | the job's runs not final (overlap policy) |
+//! | `serial_queue` | (job_id, position) → schedule_id | the job's queued serial runs, FIFO |
+//! | `run_timers` | schedule_id → (partition, due) | a run's timer, to move or drop it |
+//! | `run_timer_index` | (partition, due, schedule_id) → () | `due_runs` per partition |
+//! | `node_runs` | (node_id, schedule_id) → () | runs leased to a node (max concurrency) |
+//! | `run_logs` | (schedule_id, seq) → JSON `LogLine` | executor log lines |
+//! | `run_log_meta` | schedule_id → (last seq, bytes kept) | seq allocation, the byte bound |
 //! | `nonces` | (app_id, nonce) → expires_at | inbound replay protection |
 //! | `nonce_expiry` | (expires_at, app_id, nonce) → () | lazy sweep of old nonces |
 //! | `nodes` | node_id → (JSON `NodeRecord`, expires_at) | the executor node registry |
 //! | `node_expiry` | (expires_at, node_id) → () | lazy sweep of expired nodes |
+//!
+//! Everything in the run machine's tables (`active_runs` to `run_log_meta`) hangs off a
+//! run record and goes with it (retention sweep, per-job bound). Per-instance inboxes
+//! are not stored: they live in memory (see `push_inbox`).
 //!
 //! Choices where the trait leaves room. Those marked (pinned) are checked by the
 //! conformance suite, so the redis backend must make the same ones:
@@ -37,15 +46,27 @@
 //! - A paused job never has a pending member: `next_fire` is stored as None while
 //!   `paused`, whatever the caller passed (pinned).
 //! - `read_triggers` with a zero `block` does not wait (pinned).
-//! - A lease may be renewed only while unexpired: an expired lease, even with the right
-//!   token, is `StaleToken`, because the orphan sweep may already be acting on it.
-//!   Release with the current token succeeds even after expiry, as long as nobody
-//!   re-granted (pinned).
-//! - Run records past `run_retention` (by `created_at`) are invisible at once (pinned)
-//!   and deleted lazily: each `record_run` first deletes up to [`SWEEP_BATCH`] expired
-//!   records. Idempotency keys and nonces are swept the same way by the operations that
-//!   write them. `record_run` fills `created_at` (if 0) and, for a final state,
-//!   `finished_at` (if None) from the store's clock (pinned).
+//! - Run records past `run_retention` (by `created_at`) are invisible at once (pinned),
+//!   to the run machine too, and deleted lazily: each `record_run` and `begin_run`
+//!   first deletes up to [`SWEEP_BATCH`] expired records. Idempotency keys and nonces
+//!   are swept the same way by the operations that write them. `record_run` fills
+//!   `created_at` (if 0) and, for a final state, `finished_at` (if None) from the
+//!   store's clock (pinned); `begin_run` always stamps `created_at`. A trigger that
+//!   says skip keeps its reason even if the job is paused or deleted meanwhile.
+//! - The run machine makes the choices of the redis scripts (`lua/runlib.lua` and the
+//!   run scripts), most of them pinned by the conformance suite: reasons ("retry:
+//!   <error code, or failed>", "retry: timeout", "retry: lost", "unconfirmed",
+//!   "timeout", "lost", "queued", "replaced", "overlap", "serial queue full"), a final
+//!   FAILED result with reason "", error fields set by timeouts and lost leases,
+//!   `last_node` set on every retry and re-route, `node_id` kept after the lease ends. A revoked lease and a
+//!   retried attempt each get a new token; a final result keeps its finisher's.
+//!   `append_logs` only checks the token (late lines after a result are kept);
+//!   `report_progress` also needs the run DISPATCHED/RUNNING.
+//! - Serial means one at a time (pinned): the queue pops only when no run of the job
+//!   outside the queue is still active, so cancelling a queued run releases nothing
+//!   while another runs, and a queued run cannot be finished by `Finisher::Waiting`.
+//! - A rejected dispatch (a WAITING outcome) keeps the run's error fields; any other
+//!   outcome whose state is not final is refused (`Applied::No`).
 //! - An executor node past its TTL (expires_at ≤ now) is invisible at once: not listed,
 //!   and `remove_node` returns false for it (pinned). It is deleted lazily: each
 //!   `upsert_node` and `remove_node` first deletes up to [`SWEEP_BATCH`] expired nodes.
@@ -55,11 +76,12 @@
 //! - The store stamps `JobRecord.created_at`/`updated_at` with its clock (create sets
 //!   both; update keeps `created_at` and sets `updated_at`).
 //! - Queue entry ids are the decimal sequence number; `trim_triggers` is a no-op since
-//!   `ack_trigger` deletes. A page `limit` of zero means [`DEFAULT_PAGE`].
+//!   `ack_trigger` deletes. A page `limit` of zero means [`DEFAULT_PAGE`]; a zero
+//!   `limit` for `due_runs` or `read_logs` returns nothing (as in redis).
 //! - Caller mistakes the trait has no variant for (a claim sent to the wrong partition,
 //!   a malformed cursor or entry id) are `Error::Corrupt`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -75,17 +97,21 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use super::{
-    ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued, Error, FireClaim, Lease,
-    NodeRecord, Page, Recorded, Result, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
+    Applied, Assigned, Begun, ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued,
+    Error, Finisher, FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page,
+    Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition,
     partition_of,
 };
-use crate::model::{JobRecord, Millis, RunRecord, RunState, Trigger, split_schedule_id};
+use crate::model::{Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord, RunState, Trigger};
 
 /// How many expired records (runs, idempotency keys, nonces, nodes) one write sweeps, so that a
 /// backlog is worked off over time without making any single operation slow.
 pub const SWEEP_BATCH: usize = 32;
 /// The page size used when a caller asks for a page of zero items.
 pub const DEFAULT_PAGE: usize = 100;
+/// An inbox nobody pushed to for this long is forgotten, messages and all (the redis
+/// backend lets the key expire after the same time).
+pub const INBOX_TTL: Duration = Duration::from_secs(60);
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
@@ -99,9 +125,15 @@ const RUNS: TableDefinition<&str, &str> = TableDefinition::new("runs");
 const RUNS_BY_JOB: TableDefinition<(&str, i64, &str), ()> = TableDefinition::new("runs_by_job");
 const RUNS_BY_CREATED: TableDefinition<(i64, &str), ()> = TableDefinition::new("runs_by_created");
 const RUN_COUNTS: TableDefinition<&str, u64> = TableDefinition::new("run_counts");
-const LEASES: TableDefinition<&str, (&str, u64, i64)> = TableDefinition::new("leases");
-const LEASE_EXPIRY: TableDefinition<(i64, &str), ()> = TableDefinition::new("lease_expiry");
-const LEASE_COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("lease_counters");
+/// The last fencing token of each job. The on-disk name predates the run machine.
+const TOKENS: TableDefinition<&str, u64> = TableDefinition::new("lease_counters");
+const ACTIVE: TableDefinition<(&str, &str), ()> = TableDefinition::new("active_runs");
+const SERIAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("serial_queue");
+const TIMERS: TableDefinition<&str, (u32, i64)> = TableDefinition::new("run_timers");
+const TIMER_INDEX: TableDefinition<(u32, i64, &str), ()> = TableDefinition::new("run_timer_index");
+const NODE_RUNS: TableDefinition<(&str, &str), ()> = TableDefinition::new("node_runs");
+const LOGS: TableDefinition<(&str, u64), &str> = TableDefinition::new("run_logs");
+const LOG_META: TableDefinition<&str, (u64, u64)> = TableDefinition::new("run_log_meta");
 const NONCES: TableDefinition<(&str, &str), i64> = TableDefinition::new("nonces");
 const NONCE_EXPIRY: TableDefinition<(i64, &str, &str), ()> = TableDefinition::new("nonce_expiry");
 const NODES: TableDefinition<&str, (&str, i64)> = TableDefinition::new("nodes");
@@ -150,6 +182,20 @@ pub struct EmbeddedStore {
     changes: watch::Sender<u64>,
     /// Woken after every committed trigger append, so blocked readers need not poll.
     appended: Arc<Notify>,
+    /// Per-instance inboxes. In memory on purpose: an embedded store serves one process,
+    /// and inboxes are best effort by contract (a dispatch lost with its message is
+    /// never confirmed, so it is re-routed).
+    inboxes: Mutex<HashMap<String, Inbox>>,
+    /// Woken after every push, so blocked `pop_inbox` callers need not poll.
+    inbox_pushed: Notify,
+}
+
+/// One instance's inbox: messages oldest first, forgotten once nobody pushed for
+/// [`INBOX_TTL`] (as the redis key expires).
+#[derive(Debug)]
+struct Inbox {
+    messages: VecDeque<Vec<u8>>,
+    expires: Instant,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -190,6 +236,8 @@ impl EmbeddedStore {
             }),
             changes,
             appended: Arc::new(Notify::new()),
+            inboxes: Mutex::new(HashMap::new()),
+            inbox_pushed: Notify::new(),
         })
     }
 
@@ -207,6 +255,30 @@ impl EmbeddedStore {
 
     fn job_changed(&self) {
         self.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    fn inboxes(&self) -> MutexGuard<'_, HashMap<String, Inbox>> {
+        // Each statement leaves the map consistent, so a panic elsewhere cannot leave
+        // it half-updated.
+        self.inboxes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes up to `max` messages from the instance's inbox, oldest first.
+    fn take_inbox(&self, instance: &str, max: usize) -> Vec<Vec<u8>> {
+        let mut inboxes = self.inboxes();
+        let Some(inbox) = inboxes.get_mut(instance) else {
+            return Vec::new();
+        };
+        if inbox.expires <= Instant::now() {
+            inboxes.remove(instance);
+            return Vec::new();
+        }
+        let n = max.min(inbox.messages.len());
+        let got: Vec<Vec<u8>> = inbox.messages.drain(..n).collect();
+        if inbox.messages.is_empty() {
+            inboxes.remove(instance);
+        }
+        got
     }
 }
 
@@ -273,11 +345,14 @@ fn create_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(RUNS_BY_CREATED)
         .ctx("create runs-by-created index")?;
     txn.open_table(RUN_COUNTS).ctx("create run counts table")?;
-    txn.open_table(LEASES).ctx("create leases table")?;
-    txn.open_table(LEASE_EXPIRY)
-        .ctx("create lease expiry index")?;
-    txn.open_table(LEASE_COUNTERS)
-        .ctx("create lease counters")?;
+    txn.open_table(TOKENS).ctx("create token counters")?;
+    txn.open_table(ACTIVE).ctx("create active runs table")?;
+    txn.open_table(SERIAL).ctx("create serial queue table")?;
+    txn.open_table(TIMERS).ctx("create run timers")?;
+    txn.open_table(TIMER_INDEX).ctx("create run timer index")?;
+    txn.open_table(NODE_RUNS).ctx("create node runs table")?;
+    txn.open_table(LOGS).ctx("create run logs table")?;
+    txn.open_table(LOG_META).ctx("create run log meta table")?;
     txn.open_table(NONCES).ctx("create nonces table")?;
     txn.open_table(NONCE_EXPIRY)
         .ctx("create nonce expiry index")?;
@@ -493,38 +568,519 @@ fn append_triggers(txn: &WriteTransaction, now: Millis, triggers: Vec<Trigger>) 
     Ok(())
 }
 
-/// Deletes a run record and every index entry that points at it.
-fn delete_run(txn: &WriteTransaction, run: &RunRecord) -> Result<()> {
-    let mut runs = txn.open_table(RUNS).ctx("open runs")?;
-    let mut by_job = txn.open_table(RUNS_BY_JOB).ctx("open runs-by-job")?;
-    let mut by_created = txn
-        .open_table(RUNS_BY_CREATED)
-        .ctx("open runs-by-created")?;
-    let mut counts = txn.open_table(RUN_COUNTS).ctx("open run counts")?;
-    let sid = run.schedule_id.as_str();
-    runs.remove(sid).ctx("delete run")?;
-    let indexed = by_job
-        .remove((run.job_id.as_str(), run.scheduled_at, sid))
-        .ctx("delete run index key")?
-        .is_some();
-    by_created
-        .remove((run.created_at, sid))
-        .ctx("delete run retention key")?;
-    if indexed {
-        let count = counts
-            .get(run.job_id.as_str())
-            .ctx("read run count")?
-            .map(|g| g.value())
-            .unwrap_or(0);
-        if count <= 1 {
-            counts.remove(run.job_id.as_str()).ctx("delete run count")?;
-        } else {
-            counts
-                .insert(run.job_id.as_str(), count - 1)
-                .ctx("write run count")?;
+/// A run holds a lease (and a slot on its node) in these states.
+fn held(state: RunState) -> bool {
+    matches!(state, RunState::Dispatched | RunState::Running)
+}
+
+/// The smallest key above every `(prefix, _)` key of a two-part string key.
+fn successor(prefix: &str) -> String {
+    format!("{prefix}\0")
+}
+
+/// Every table that describes runs, open together for one write transaction, with the
+/// store's clock read once for it.
+///
+/// redb hands out one handle per table at a time, so the run operations share these
+/// handles instead of each helper opening its own. It also keeps in one place the
+/// answer to "what must go when a run record goes" (`delete`).
+struct RunTables<'t> {
+    now: Millis,
+    now_us: u64,
+    partitions: u32,
+    retention_ms: i64,
+    max_runs_per_job: u64,
+    runs: Table<'t, &'static str, &'static str>,
+    by_job: Table<'t, (&'static str, i64, &'static str), ()>,
+    by_created: Table<'t, (i64, &'static str), ()>,
+    counts: Table<'t, &'static str, u64>,
+    /// (job_id, schedule_id): the job's runs that are not final, queued ones included.
+    active: Table<'t, (&'static str, &'static str), ()>,
+    /// (job_id, position) → schedule_id: the job's serial queue, popped from the front.
+    serial: Table<'t, (&'static str, u64), &'static str>,
+    /// schedule_id → (partition, due): the run's timer, so it can be found and moved.
+    timers: Table<'t, &'static str, (u32, i64)>,
+    timer_index: Table<'t, (u32, i64, &'static str), ()>,
+    /// (node_id, schedule_id): the runs leased to a node, counted for max concurrency.
+    node_runs: Table<'t, (&'static str, &'static str), ()>,
+    tokens: Table<'t, &'static str, u64>,
+    logs: Table<'t, (&'static str, u64), &'static str>,
+    /// schedule_id → (last seq, message bytes kept).
+    log_meta: Table<'t, &'static str, (u64, u64)>,
+}
+
+impl<'t> RunTables<'t> {
+    fn open(txn: &'t WriteTransaction, inner: &Inner) -> Result<Self> {
+        let now_us = now_us();
+        Ok(RunTables {
+            now: i64::try_from(now_us / 1000).unwrap_or(i64::MAX),
+            now_us,
+            partitions: inner.partitions,
+            retention_ms: inner.run_retention_ms,
+            max_runs_per_job: inner.max_runs_per_job,
+            runs: txn.open_table(RUNS).ctx("open runs")?,
+            by_job: txn.open_table(RUNS_BY_JOB).ctx("open runs-by-job")?,
+            by_created: txn
+                .open_table(RUNS_BY_CREATED)
+                .ctx("open runs-by-created")?,
+            counts: txn.open_table(RUN_COUNTS).ctx("open run counts")?,
+            active: txn.open_table(ACTIVE).ctx("open active runs")?,
+            serial: txn.open_table(SERIAL).ctx("open serial queue")?,
+            timers: txn.open_table(TIMERS).ctx("open run timers")?,
+            timer_index: txn.open_table(TIMER_INDEX).ctx("open run timer index")?,
+            node_runs: txn.open_table(NODE_RUNS).ctx("open node runs")?,
+            tokens: txn.open_table(TOKENS).ctx("open token counters")?,
+            logs: txn.open_table(LOGS).ctx("open run logs")?,
+            log_meta: txn.open_table(LOG_META).ctx("open run log meta")?,
+        })
+    }
+
+    fn expired(&self, run: &RunRecord) -> bool {
+        run.created_at.saturating_add(self.retention_ms) <= self.now
+    }
+
+    /// The run, unless it is missing or past its retention (gone as far as anyone can
+    /// tell: in redis its key would have expired).
+    fn load(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        Ok(load_run(&self.runs, schedule_id)?.filter(|r| !self.expired(r)))
+    }
+
+    /// The stored run for a schedule_id about to be recorded: a record past retention
+    /// is deleted on the spot so the new one takes its place.
+    fn existing(&mut self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        match load_run(&self.runs, schedule_id)? {
+            Some(run) if self.expired(&run) => {
+                self.delete(&run)?;
+                Ok(None)
+            }
+            other => Ok(other),
         }
     }
-    Ok(())
+
+    /// Writes the run back and re-scores its timer: the earliest deadline while it is
+    /// not final, none once it is.
+    fn save(&mut self, run: &RunRecord) -> Result<()> {
+        let json = encode("run", run)?;
+        self.runs
+            .insert(run.schedule_id.as_str(), json.as_str())
+            .ctx("write run")?;
+        let due = if run.state.is_final() {
+            None
+        } else {
+            run.deadlines.earliest()
+        };
+        self.set_timer(&run.schedule_id, &run.job_id, due)
+    }
+
+    fn set_timer(&mut self, schedule_id: &str, job_id: &str, due: Option<Millis>) -> Result<()> {
+        self.drop_timer(schedule_id)?;
+        if let Some(due) = due {
+            let p = partition_of(job_id, self.partitions);
+            self.timers
+                .insert(schedule_id, (p, due))
+                .ctx("write run timer")?;
+            self.timer_index
+                .insert((p, due, schedule_id), ())
+                .ctx("write run timer index")?;
+        }
+        Ok(())
+    }
+
+    fn drop_timer(&mut self, schedule_id: &str) -> Result<()> {
+        let old = self
+            .timers
+            .remove(schedule_id)
+            .ctx("delete run timer")?
+            .map(|g| g.value());
+        if let Some((p, due)) = old {
+            self.timer_index
+                .remove((p, due, schedule_id))
+                .ctx("delete run timer index")?;
+        }
+        Ok(())
+    }
+
+    /// A fresh fencing token for a run of `job_id`: max(counter + 1, store time in µs).
+    /// The clock keeps tokens growing even if the counter were lost; the counter keeps
+    /// them growing if the clock stepped back.
+    fn new_token(&mut self, job_id: &str) -> Result<u64> {
+        let counter = self
+            .tokens
+            .get(job_id)
+            .ctx("read token counter")?
+            .map(|g| g.value())
+            .unwrap_or(0);
+        let token = counter.saturating_add(1).max(self.now_us);
+        self.tokens
+            .insert(job_id, token)
+            .ctx("write token counter")?;
+        Ok(token)
+    }
+
+    /// How many runs are leased to the node.
+    fn busy(&self, node_id: &str) -> Result<u64> {
+        let upper = successor(node_id);
+        let mut n = 0;
+        for item in self
+            .node_runs
+            .range((node_id, "")..(upper.as_str(), ""))
+            .ctx("scan node runs")?
+        {
+            item.ctx("scan node runs")?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The run leaves DISPATCHED/RUNNING (the caller changes its state): its node's
+    /// lease count drops.
+    fn leave_node(&mut self, run: &RunRecord) -> Result<()> {
+        if held(run.state) && !run.node_id.is_empty() {
+            self.node_runs
+                .remove((run.node_id.as_str(), run.schedule_id.as_str()))
+                .ctx("delete node run")?;
+        }
+        Ok(())
+    }
+
+    /// Takes the lease away: a new token makes the holder's stale. None when the run
+    /// held no lease.
+    fn revoke(&mut self, run: &mut RunRecord, reason: &str) -> Result<Option<Revocation>> {
+        if !held(run.state) {
+            return Ok(None);
+        }
+        let revocation = Revocation {
+            schedule_id: run.schedule_id.clone(),
+            node_id: run.node_id.clone(),
+            token: run.fencing_token,
+            reason: reason.to_owned(),
+        };
+        self.leave_node(run)?;
+        run.fencing_token = self.new_token(&run.job_id)?;
+        Ok(Some(revocation))
+    }
+
+    /// The schedule_ids of the job's runs that are not final (as indexed).
+    fn active_ids(&self, job_id: &str) -> Result<Vec<String>> {
+        let upper = successor(job_id);
+        let mut out = Vec::new();
+        for item in self
+            .active
+            .range((job_id, "")..(upper.as_str(), ""))
+            .ctx("scan active runs")?
+        {
+            let (k, _) = item.ctx("scan active runs")?;
+            out.push(k.value().1.to_owned());
+        }
+        Ok(out)
+    }
+
+    /// The job's serial queue, front first: (position, schedule_id).
+    fn queue(&self, job_id: &str) -> Result<Vec<(u64, String)>> {
+        let mut out = Vec::new();
+        for item in self
+            .serial
+            .range((job_id, 0)..=(job_id, u64::MAX))
+            .ctx("scan serial queue")?
+        {
+            let (k, v) = item.ctx("scan serial queue")?;
+            out.push((k.value().1, v.value().to_owned()));
+        }
+        Ok(out)
+    }
+
+    fn enqueue(&mut self, job_id: &str, schedule_id: &str) -> Result<()> {
+        let last = self
+            .serial
+            .range((job_id, 0)..=(job_id, u64::MAX))
+            .ctx("scan serial queue")?
+            .next_back()
+            .transpose()
+            .ctx("scan serial queue")?
+            .map(|(k, _)| k.value().1);
+        let pos = last.map_or(0, |p| p.saturating_add(1));
+        self.serial
+            .insert((job_id, pos), schedule_id)
+            .ctx("write serial queue")?;
+        Ok(())
+    }
+
+    fn unqueue(&mut self, job_id: &str, schedule_id: &str) -> Result<()> {
+        for (pos, sid) in self.queue(job_id)? {
+            if sid == schedule_id {
+                self.serial
+                    .remove((job_id, pos))
+                    .ctx("delete serial queue entry")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next queued serial run of the job becomes due to route now; returns its
+    /// schedule_id. Nothing pops while another run of the job that is not queued is
+    /// still active: serial means one at a time.
+    fn pop_serial(&mut self, job_id: &str) -> Result<Option<String>> {
+        let queue = self.queue(job_id)?;
+        if queue.is_empty() {
+            return Ok(None);
+        }
+        let queued: HashSet<&str> = queue.iter().map(|(_, sid)| sid.as_str()).collect();
+        for sid in self.active_ids(job_id)? {
+            if queued.contains(sid.as_str()) {
+                continue;
+            }
+            if self.load(&sid)?.is_some_and(|r| !r.state.is_final()) {
+                return Ok(None);
+            }
+        }
+        for (pos, sid) in queue {
+            self.serial
+                .remove((job_id, pos))
+                .ctx("delete serial queue entry")?;
+            let Some(mut run) = self.load(&sid)? else {
+                continue;
+            };
+            if run.state != RunState::Waiting {
+                continue;
+            }
+            run.deadlines.wake_at = self.now;
+            run.deadlines.wait_until = self.now.saturating_add(run.plan.dispatch_wait_ms);
+            run.reason.clear();
+            self.save(&run)?;
+            return Ok(Some(sid));
+        }
+        Ok(None)
+    }
+
+    /// Makes the run final (its lease already revoked or released): no deadlines, out
+    /// of the active set and the serial queue. Returns the serial run this released,
+    /// if `pop`. The caller saves the run.
+    fn finalize(
+        &mut self,
+        run: &mut RunRecord,
+        state: RunState,
+        reason: &str,
+        pop: bool,
+    ) -> Result<Option<String>> {
+        run.deadlines = Deadlines::default();
+        run.state = state;
+        run.reason = reason.to_owned();
+        if run.finished_at.is_none_or(|f| f == 0) {
+            run.finished_at = Some(self.now);
+        }
+        let (job_id, sid) = (run.job_id.as_str(), run.schedule_id.as_str());
+        self.active.remove((job_id, sid)).ctx("delete active run")?;
+        self.unqueue(job_id, sid)?;
+        if pop {
+            self.pop_serial(job_id)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// An attempt ended badly (its lease already revoked or released): WAITING at
+    /// attempt + 1 after `delay`, with a new token, while attempts remain; otherwise
+    /// final in `final_state`. Returns the serial run a final outcome released.
+    fn retry_or_final(
+        &mut self,
+        run: &mut RunRecord,
+        final_state: RunState,
+        reason: &str,
+        delay: i64,
+    ) -> Result<Option<String>> {
+        if run.attempt < run.plan.max_attempts {
+            run.last_node = run.node_id.clone();
+            run.fencing_token = self.new_token(&run.job_id)?;
+            run.attempt += 1;
+            run.state = RunState::Waiting;
+            run.reason = format!("retry: {reason}");
+            let wake_at = self.now.saturating_add(delay);
+            run.deadlines = Deadlines {
+                wake_at,
+                wait_until: wake_at.saturating_add(run.plan.dispatch_wait_ms),
+                ..Deadlines::default()
+            };
+            return Ok(None);
+        }
+        self.finalize(run, final_state, reason, true)
+    }
+
+    /// Writes a new run record with its indexes and timer, then keeps the job's index
+    /// bounded: the oldest (by scheduled time) fall out first, with everything of theirs.
+    fn insert_new(&mut self, run: &RunRecord) -> Result<()> {
+        let sid = run.schedule_id.as_str();
+        let job_id = run.job_id.as_str();
+        self.save(run)?;
+        self.by_job
+            .insert((job_id, run.scheduled_at, sid), ())
+            .ctx("write run index key")?;
+        self.by_created
+            .insert((run.created_at, sid), ())
+            .ctx("write run retention key")?;
+        let count = self
+            .counts
+            .get(job_id)
+            .ctx("read run count")?
+            .map(|g| g.value())
+            .unwrap_or(0)
+            + 1;
+        self.counts.insert(job_id, count).ctx("write run count")?;
+        let excess = count.saturating_sub(self.max_runs_per_job);
+        if excess == 0 {
+            return Ok(());
+        }
+        let oldest: Vec<String> = {
+            let mut out = Vec::new();
+            for item in self
+                .by_job
+                .range((job_id, i64::MIN, "")..)
+                .ctx("scan runs-by-job")?
+            {
+                if out.len() as u64 >= excess {
+                    break;
+                }
+                let (k, _) = item.ctx("scan runs-by-job")?;
+                let (j, _, old_sid) = k.value();
+                if j != job_id {
+                    break;
+                }
+                out.push(old_sid.to_owned());
+            }
+            out
+        };
+        for old_sid in oldest {
+            if let Some(old) = load_run(&self.runs, &old_sid)? {
+                self.delete(&old)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a run record and everything that points at it or hangs off it: its
+    /// indexes, its place in the active set and serial queue, its timer, its node slot
+    /// and its logs.
+    fn delete(&mut self, run: &RunRecord) -> Result<()> {
+        let sid = run.schedule_id.as_str();
+        let job_id = run.job_id.as_str();
+        self.runs.remove(sid).ctx("delete run")?;
+        let indexed = self
+            .by_job
+            .remove((job_id, run.scheduled_at, sid))
+            .ctx("delete run index key")?
+            .is_some();
+        self.by_created
+            .remove((run.created_at, sid))
+            .ctx("delete run retention key")?;
+        if indexed {
+            let count = self
+                .counts
+                .get(job_id)
+                .ctx("read run count")?
+                .map(|g| g.value())
+                .unwrap_or(0);
+            if count <= 1 {
+                self.counts.remove(job_id).ctx("delete run count")?;
+            } else {
+                self.counts
+                    .insert(job_id, count - 1)
+                    .ctx("write run count")?;
+            }
+        }
+        self.active.remove((job_id, sid)).ctx("delete active run")?;
+        self.unqueue(job_id, sid)?;
+        self.drop_timer(sid)?;
+        self.leave_node(run)?;
+        let seqs: Vec<u64> = {
+            let mut out = Vec::new();
+            for item in self
+                .logs
+                .range((sid, 0)..=(sid, u64::MAX))
+                .ctx("scan run logs")?
+            {
+                let (k, _) = item.ctx("scan run logs")?;
+                out.push(k.value().1);
+            }
+            out
+        };
+        for seq in seqs {
+            self.logs.remove((sid, seq)).ctx("delete run log line")?;
+        }
+        self.log_meta.remove(sid).ctx("delete run log meta")?;
+        Ok(())
+    }
+
+    /// Deletes up to `SWEEP_BATCH` runs whose retention has passed, oldest first.
+    fn sweep(&mut self) -> Result<()> {
+        let cutoff = self.now.saturating_sub(self.retention_ms);
+        let expired: Vec<(i64, String)> = {
+            let mut out = Vec::new();
+            for item in self
+                .by_created
+                .range(..(cutoff.saturating_add(1), ""))
+                .ctx("scan runs-by-created")?
+            {
+                if out.len() >= SWEEP_BATCH {
+                    break;
+                }
+                let (k, _) = item.ctx("scan runs-by-created")?;
+                let (created_at, sid) = k.value();
+                out.push((created_at, sid.to_owned()));
+            }
+            out
+        };
+        for (created_at, sid) in expired {
+            match load_run(&self.runs, &sid)? {
+                Some(run) => self.delete(&run)?,
+                None => {
+                    // A retention key without a record: drop it so the sweep moves on.
+                    tracing::warn!(schedule_id = %sid, "run retention key without a run record");
+                    self.by_created
+                        .remove((created_at, sid.as_str()))
+                        .ctx("delete run retention key")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a run of this job must be recorded SKIPPED rather than started, if it must.
+fn job_skip_reason(job: Option<&JobRecord>) -> Option<&'static str> {
+    match job {
+        None => Some("deleted"),
+        Some(j) if j.paused => Some("paused"),
+        Some(_) => None,
+    }
+}
+
+/// What `begin_run`'s overlap policy makes of a new run.
+enum Start {
+    /// WAITING, due to be routed now.
+    Route,
+    /// WAITING at the back of the job's serial queue.
+    Queue,
+    /// SKIPPED, for this reason.
+    Skip(&'static str),
+}
+
+/// A transition that was refused.
+fn refused(reason: &str, run: Option<RunRecord>) -> Transition {
+    Transition {
+        applied: Applied::No(reason.to_owned()),
+        run,
+        revoked: None,
+        next_serial: None,
+    }
+}
+
+/// A transition that changed the run.
+fn applied(run: RunRecord, revoked: Option<Revocation>, next_serial: Option<String>) -> Transition {
+    Transition {
+        applied: Applied::Yes,
+        run: Some(run),
+        revoked,
+        next_serial,
+    }
 }
 
 /// Deletes up to `SWEEP_BATCH` nodes whose expiry has passed, earliest first.
@@ -572,49 +1128,6 @@ impl Inner {
         // The state is a watermark and a map, each always left consistent between
         // statements, so a panic elsewhere cannot leave it half-updated.
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Deletes up to `SWEEP_BATCH` runs whose retention has passed, oldest first.
-    fn sweep_runs(&self, txn: &WriteTransaction, now: Millis) -> Result<()> {
-        let cutoff = now.saturating_sub(self.run_retention_ms);
-        let expired: Vec<(i64, String)> = {
-            let by_created = txn
-                .open_table(RUNS_BY_CREATED)
-                .ctx("open runs-by-created")?;
-            let mut out = Vec::new();
-            for item in by_created
-                .range(..(cutoff.saturating_add(1), ""))
-                .ctx("scan runs-by-created")?
-            {
-                if out.len() >= SWEEP_BATCH {
-                    break;
-                }
-                let (k, _) = item.ctx("scan runs-by-created")?;
-                let (created_at, sid) = k.value();
-                out.push((created_at, sid.to_owned()));
-            }
-            out
-        };
-        for (created_at, sid) in expired {
-            let run = {
-                let runs = txn.open_table(RUNS).ctx("open runs")?;
-                load_run(&runs, &sid)?
-            };
-            match run {
-                Some(run) => delete_run(txn, &run)?,
-                None => {
-                    // A retention key without a record: drop it so the sweep moves on.
-                    tracing::warn!(schedule_id = %sid, "run retention key without a run record");
-                    let mut by_created = txn
-                        .open_table(RUNS_BY_CREATED)
-                        .ctx("open runs-by-created")?;
-                    by_created
-                        .remove((created_at, sid.as_str()))
-                        .ctx("delete run retention key")?;
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -685,8 +1198,9 @@ impl Inner {
                 return Err(Error::JobNotFound(job_id.to_owned()));
             }
             drop(jobs);
-            // Runs, leases and the lease counter stay: runs until retention ends, and the
-            // counter so that a job re-created under the same id keeps growing tokens.
+            // Runs and the token counter stay: runs (in flight or not) until retention
+            // ends, and the counter so that a job re-created under the same id keeps
+            // growing tokens.
             set_pending(txn, self.partitions, job_id, None)
         })
     }
@@ -998,33 +1512,23 @@ impl Inner {
 
     fn record_run(&self, mut run: RunRecord) -> Result<Recorded> {
         write(&self.db, |txn| {
-            let now = now_ms();
-            self.sweep_runs(txn, now)?;
-            let existing = {
-                let runs = txn.open_table(RUNS).ctx("open runs")?;
-                load_run(&runs, &run.schedule_id)?
-            };
-            if let Some(existing) = existing {
-                if !self.expired_run(&existing, now) {
-                    return Ok(Recorded {
-                        run: existing,
-                        created: false,
-                    });
-                }
-                // Past retention it no longer exists as far as readers are concerned
-                // (in redis its key would have expired): record the new one in its place.
-                delete_run(txn, &existing)?;
-            }
             let job = {
                 let jobs = txn.open_table(JOBS).ctx("open jobs")?;
                 load_job(&jobs, &run.job_id)?
             };
-            let skip = match &job {
-                None => Some("deleted"),
-                Some(j) if j.paused => Some("paused"),
-                Some(_) => None,
-            };
-            if let Some(reason) = skip {
+            let mut t = RunTables::open(txn, self)?;
+            t.sweep()?;
+            if let Some(existing) = t.existing(&run.schedule_id)? {
+                return Ok(Recorded {
+                    run: existing,
+                    created: false,
+                });
+            }
+            let now = t.now;
+            // A trigger that already says why it is skipped keeps its reason.
+            if run.state != RunState::Skipped
+                && let Some(reason) = job_skip_reason(job.as_ref())
+            {
                 run.state = RunState::Skipped;
                 run.reason = reason.to_owned();
                 run.finished_at = Some(now);
@@ -1037,61 +1541,7 @@ impl Inner {
             if run.state.is_final() && run.finished_at.is_none() {
                 run.finished_at = Some(now);
             }
-            let json = encode("run", &run)?;
-            let sid = run.schedule_id.as_str();
-            let job_id = run.job_id.as_str();
-            let mut runs = txn.open_table(RUNS).ctx("open runs")?;
-            let mut by_job = txn.open_table(RUNS_BY_JOB).ctx("open runs-by-job")?;
-            let mut by_created = txn
-                .open_table(RUNS_BY_CREATED)
-                .ctx("open runs-by-created")?;
-            let mut counts = txn.open_table(RUN_COUNTS).ctx("open run counts")?;
-            runs.insert(sid, json.as_str()).ctx("write run")?;
-            by_job
-                .insert((job_id, run.scheduled_at, sid), ())
-                .ctx("write run index key")?;
-            by_created
-                .insert((run.created_at, sid), ())
-                .ctx("write run retention key")?;
-            let count = counts
-                .get(job_id)
-                .ctx("read run count")?
-                .map(|g| g.value())
-                .unwrap_or(0)
-                + 1;
-            counts.insert(job_id, count).ctx("write run count")?;
-            // The oldest (by scheduled time) fall out first, index and record together.
-            let excess = count.saturating_sub(self.max_runs_per_job);
-            let oldest: Vec<String> = {
-                let mut out = Vec::new();
-                if excess > 0 {
-                    for item in by_job
-                        .range((job_id, i64::MIN, "")..)
-                        .ctx("scan runs-by-job")?
-                    {
-                        if out.len() as u64 >= excess {
-                            break;
-                        }
-                        let (k, _) = item.ctx("scan runs-by-job")?;
-                        let (j, _, old_sid) = k.value();
-                        if j != job_id {
-                            break;
-                        }
-                        out.push(old_sid.to_owned());
-                    }
-                }
-                out
-            };
-            drop((runs, by_job, by_created, counts));
-            for old_sid in oldest {
-                let old = {
-                    let runs = txn.open_table(RUNS).ctx("open runs")?;
-                    load_run(&runs, &old_sid)?
-                };
-                if let Some(old) = old {
-                    delete_run(txn, &old)?;
-                }
-            }
+            t.insert_new(&run)?;
             Ok(Recorded { run, created: true })
         })
     }
@@ -1165,139 +1615,497 @@ impl Inner {
         Ok(Page { items, next_cursor })
     }
 
-    fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease> {
-        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
-            // Not a schedule id, so there is no job whose counter could fence it.
-            return Err(Error::JobNotFound(schedule_id.to_owned()));
-        };
+    fn begin_run(&self, mut run: RunRecord, route_grace: Duration) -> Result<Begun> {
         write(&self.db, |txn| {
-            let now_us = now_us();
-            let now = i64::try_from(now_us / 1000).unwrap_or(i64::MAX);
-            let mut leases = txn.open_table(LEASES).ctx("open leases")?;
-            let mut expiry = txn.open_table(LEASE_EXPIRY).ctx("open lease expiry")?;
-            let mut counters = txn.open_table(LEASE_COUNTERS).ctx("open lease counters")?;
-            let current = leases.get(schedule_id).ctx("read lease")?.map(|g| {
-                let (h, _, expires_at) = g.value();
-                (h.to_owned(), expires_at)
-            });
-            if let Some((current_holder, expires_at)) = &current {
-                if *expires_at > now && current_holder != holder {
-                    return Err(Error::LeaseHeld {
-                        schedule_id: schedule_id.to_owned(),
-                        holder: current_holder.clone(),
-                    });
-                }
-                expiry
-                    .remove((*expires_at, schedule_id))
-                    .ctx("delete lease expiry")?;
-            }
-            let counter = counters
-                .get(job_id)
-                .ctx("read lease counter")?
-                .map(|g| g.value())
-                .unwrap_or(0);
-            // The µs clock keeps tokens growing even if the counter were lost; the counter
-            // keeps them growing if the clock stepped back.
-            let token = counter.saturating_add(1).max(now_us);
-            counters.insert(job_id, token).ctx("write lease counter")?;
-            let expires_at = now.saturating_add(duration_ms(ttl));
-            leases
-                .insert(schedule_id, (holder, token, expires_at))
-                .ctx("write lease")?;
-            expiry
-                .insert((expires_at, schedule_id), ())
-                .ctx("write lease expiry")?;
-            Ok(Lease {
-                schedule_id: schedule_id.to_owned(),
-                holder: holder.to_owned(),
-                token,
-                expires_at,
-            })
-        })
-    }
-
-    fn renew_lease(&self, schedule_id: &str, token: u64, ttl: Duration) -> Result<Lease> {
-        write(&self.db, |txn| {
-            let now = now_ms();
-            let mut leases = txn.open_table(LEASES).ctx("open leases")?;
-            let mut expiry = txn.open_table(LEASE_EXPIRY).ctx("open lease expiry")?;
-            let current = leases.get(schedule_id).ctx("read lease")?.map(|g| {
-                let (h, t, expires_at) = g.value();
-                (h.to_owned(), t, expires_at)
-            });
-            // Only an unexpired lease renews: once expired, the orphan sweep may already
-            // be re-queuing the run, and a late renewal must not resurrect it.
-            let Some((holder, _, old_expiry)) =
-                current.filter(|(_, t, expires_at)| *t == token && *expires_at > now)
-            else {
-                return Err(Error::StaleToken {
-                    schedule_id: schedule_id.to_owned(),
-                    token,
-                });
+            let job = {
+                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                load_job(&jobs, &run.job_id)?
             };
-            let expires_at = now.saturating_add(duration_ms(ttl));
-            expiry
-                .remove((old_expiry, schedule_id))
-                .ctx("delete lease expiry")?;
-            leases
-                .insert(schedule_id, (holder.as_str(), token, expires_at))
-                .ctx("write lease")?;
-            expiry
-                .insert((expires_at, schedule_id), ())
-                .ctx("write lease expiry")?;
-            Ok(Lease {
-                schedule_id: schedule_id.to_owned(),
-                holder,
-                token,
-                expires_at,
+            let mut t = RunTables::open(txn, self)?;
+            t.sweep()?;
+            if let Some(existing) = t.existing(&run.schedule_id)? {
+                return Ok(Begun {
+                    run: existing,
+                    created: false,
+                    revoked: Vec::new(),
+                });
+            }
+            let now = t.now;
+            run.deadlines = Deadlines::default();
+            run.created_at = now;
+            if run.state != RunState::Skipped
+                && let Some(reason) = job_skip_reason(job.as_ref())
+            {
+                run.state = RunState::Skipped;
+                run.reason = reason.to_owned();
+            }
+            let mut revoked = Vec::new();
+            if run.state != RunState::Skipped {
+                // The job's runs that are really still active; stale members (records
+                // gone or final) are dropped on the way.
+                let mut live = Vec::new();
+                for sid in t.active_ids(&run.job_id)? {
+                    match t.load(&sid)? {
+                        Some(r) if !r.state.is_final() => live.push(r),
+                        _ => {
+                            t.active
+                                .remove((run.job_id.as_str(), sid.as_str()))
+                                .ctx("delete active run")?;
+                        }
+                    }
+                }
+                let start = match run.plan.overlap {
+                    _ if live.is_empty() => Start::Route,
+                    OverlapPolicy::Allow => Start::Route,
+                    OverlapPolicy::Forbid => Start::Skip("overlap"),
+                    OverlapPolicy::Serial => {
+                        let waiting = t.queue(&run.job_id)?.len() as u64;
+                        if waiting >= u64::from(run.plan.serial_limit) {
+                            Start::Skip("serial queue full")
+                        } else {
+                            Start::Queue
+                        }
+                    }
+                    OverlapPolicy::Replace => {
+                        for mut old in live {
+                            if let Some(rv) = t.revoke(&mut old, "replaced")? {
+                                revoked.push(rv);
+                            }
+                            t.finalize(&mut old, RunState::Cancelled, "replaced", false)?;
+                            t.save(&old)?;
+                        }
+                        Start::Route
+                    }
+                };
+                match start {
+                    Start::Route => {
+                        run.state = RunState::Waiting;
+                        run.reason.clear();
+                        run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
+                        run.deadlines.wait_until = now.saturating_add(run.plan.dispatch_wait_ms);
+                    }
+                    Start::Queue => {
+                        // No timer: it waits for the run ahead of it to end and pop it.
+                        run.state = RunState::Waiting;
+                        run.reason = "queued".to_owned();
+                        t.enqueue(&run.job_id, &run.schedule_id)?;
+                    }
+                    Start::Skip(reason) => {
+                        run.state = RunState::Skipped;
+                        run.reason = reason.to_owned();
+                    }
+                }
+                if run.state == RunState::Waiting {
+                    t.active
+                        .insert((run.job_id.as_str(), run.schedule_id.as_str()), ())
+                        .ctx("write active run")?;
+                }
+            }
+            if run.state == RunState::Skipped {
+                run.finished_at = Some(now);
+            }
+            t.insert_new(&run)?;
+            Ok(Begun {
+                run,
+                created: true,
+                revoked,
             })
         })
     }
 
-    fn release_lease(&self, schedule_id: &str, token: u64) -> Result<bool> {
+    fn assign_run(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<Assigned> {
         write(&self.db, |txn| {
-            let mut leases = txn.open_table(LEASES).ctx("open leases")?;
-            let mut expiry = txn.open_table(LEASE_EXPIRY).ctx("open lease expiry")?;
-            let current = leases.get(schedule_id).ctx("read lease")?.map(|g| {
-                let (_, t, expires_at) = g.value();
-                (t, expires_at)
-            });
-            match current {
-                Some((t, expires_at)) if t == token => {
-                    leases.remove(schedule_id).ctx("delete lease")?;
-                    expiry
-                        .remove((expires_at, schedule_id))
-                        .ctx("delete lease expiry")?;
-                    Ok(true)
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                return Ok(Assigned::NotWaiting(None));
+            };
+            // wake_at 0 marks a run queued behind a serial run: not routable yet.
+            if run.state != RunState::Waiting
+                || run.attempt != attempt
+                || run.deadlines.wake_at == 0
+            {
+                return Ok(Assigned::NotWaiting(Some(run)));
+            }
+            if node.max_concurrency > 0 && t.busy(&node.node_id)? >= u64::from(node.max_concurrency)
+            {
+                return Ok(Assigned::NodeFull);
+            }
+            let now = t.now;
+            run.fencing_token = t.new_token(&run.job_id)?;
+            run.node_id = node.node_id.clone();
+            run.state = RunState::Dispatched;
+            run.reason.clear();
+            run.deadlines = Deadlines {
+                lease_expires: now.saturating_add(duration_ms(terms.ttl)),
+                confirm_by: now.saturating_add(duration_ms(terms.confirm_within)),
+                timeout_at: if run.plan.timeout_ms > 0 {
+                    now.saturating_add(run.plan.timeout_ms)
+                } else {
+                    0
+                },
+                ..Deadlines::default()
+            };
+            t.node_runs
+                .insert((node.node_id.as_str(), schedule_id), ())
+                .ctx("write node run")?;
+            t.save(&run)?;
+            Ok(Assigned::Granted(run))
+        })
+    }
+
+    fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                return Ok(refused("unknown run", None));
+            };
+            if run.fencing_token != token {
+                return Ok(refused("stale fencing token", Some(run)));
+            }
+            match run.state {
+                RunState::Running => Ok(Transition {
+                    applied: Applied::Already,
+                    ..refused("", Some(run))
+                }),
+                RunState::Dispatched => {
+                    run.state = RunState::Running;
+                    run.started_at = Some(t.now);
+                    run.deadlines.confirm_by = 0;
+                    t.save(&run)?;
+                    Ok(applied(run, None, None))
                 }
-                _ => Ok(false),
+                other => Ok(refused(&format!("run is {other}"), Some(run))),
             }
         })
     }
 
-    fn expired_leases(&self, limit: usize) -> Result<Vec<Lease>> {
+    fn renew_leases(
+        &self,
+        node_id: &str,
+        held_runs: &[Held],
+        ttl: Duration,
+    ) -> Result<Vec<Option<i64>>> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let ttl = duration_ms(ttl);
+            let mut out = Vec::with_capacity(held_runs.len());
+            for h in held_runs {
+                let renewable = t.load(&h.schedule_id)?.filter(|r| {
+                    held(r.state)
+                        && r.fencing_token == h.token
+                        && r.node_id == node_id
+                        && r.deadlines.lease_expires > t.now
+                });
+                match renewable {
+                    Some(mut run) => {
+                        run.deadlines.lease_expires = t.now.saturating_add(ttl);
+                        run.deadlines.confirm_by = 0;
+                        t.save(&run)?;
+                        out.push(Some(ttl));
+                    }
+                    None => out.push(None),
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn finish_run(&self, schedule_id: &str, by: Finisher, outcome: Outcome) -> Result<Transition> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                return Ok(refused("unknown run", None));
+            };
+            match by {
+                Finisher::Token(token) => {
+                    if run.fencing_token != token {
+                        return Ok(refused("stale fencing token", Some(run)));
+                    }
+                    if run.state.is_final() {
+                        return Ok(Transition {
+                            applied: Applied::Already,
+                            ..refused("", Some(run))
+                        });
+                    }
+                    if !held(run.state) {
+                        return Ok(refused(&format!("run is {}", run.state), Some(run)));
+                    }
+                }
+                Finisher::Waiting { attempt } => {
+                    if run.state != RunState::Waiting || run.attempt != attempt {
+                        return Ok(refused("run is no longer waiting", Some(run)));
+                    }
+                    // Queued behind a serial run: nobody may route it, so nobody may
+                    // find that no executor takes it either.
+                    if run.deadlines.wake_at == 0 {
+                        return Ok(refused("run is queued", Some(run)));
+                    }
+                }
+            }
+            if outcome.state == RunState::Waiting {
+                // The executor rejected the dispatch (busy, not ready): route it
+                // elsewhere at the same attempt; the attempt never began.
+                if !matches!(by, Finisher::Token(_)) {
+                    return Ok(refused("only a lease holder can reject", Some(run)));
+                }
+                let now = t.now;
+                t.leave_node(&run)?;
+                run.last_node = run.node_id.clone();
+                run.fencing_token = t.new_token(&run.job_id)?;
+                run.state = RunState::Waiting;
+                run.reason = format!("rejected: {}", outcome.error_message);
+                run.deadlines = Deadlines {
+                    wake_at: now,
+                    wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
+                    ..Deadlines::default()
+                };
+                t.save(&run)?;
+                return Ok(applied(run, None, None));
+            }
+            if !outcome.state.is_final() {
+                return Ok(refused(
+                    &format!("{} is not an outcome", outcome.state),
+                    Some(run),
+                ));
+            }
+            t.leave_node(&run)?;
+            if outcome.output.is_some() {
+                run.output = outcome.output;
+            }
+            run.error_code = outcome.error_code;
+            run.error_message = outcome.error_message;
+            if outcome.started_at.is_some() {
+                run.started_at = outcome.started_at;
+            }
+            let next = if outcome.state == RunState::Failed {
+                let reason = if run.error_code.is_empty() {
+                    "failed".to_owned()
+                } else {
+                    run.error_code.clone()
+                };
+                let delay = run.plan.backoff_after(run.attempt);
+                let next = t.retry_or_final(&mut run, RunState::Failed, &reason, delay)?;
+                if run.state == RunState::Failed {
+                    run.reason.clear();
+                }
+                next
+            } else {
+                if outcome.finished_at.is_some() {
+                    run.finished_at = outcome.finished_at;
+                }
+                t.finalize(&mut run, outcome.state, "", true)?
+            };
+            if run.state.is_final() && outcome.finished_at.is_some() {
+                run.finished_at = outcome.finished_at;
+            }
+            t.save(&run)?;
+            Ok(applied(run, None, next))
+        })
+    }
+
+    fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
         let txn = read(&self.db)?;
         let now = now_ms();
-        let expiry = txn.open_table(LEASE_EXPIRY).ctx("open lease expiry")?;
-        let leases = txn.open_table(LEASES).ctx("open leases")?;
+        let index = txn.open_table(TIMER_INDEX).ctx("open run timer index")?;
         let mut out = Vec::new();
-        for item in expiry
-            .range(..(now.saturating_add(1), ""))
-            .ctx("scan lease expiry")?
+        if limit == 0 {
+            return Ok(out);
+        }
+        for item in index
+            .range((partition, i64::MIN, "")..(partition, now.saturating_add(1), ""))
+            .ctx("scan run timers")?
         {
+            let (k, _) = item.ctx("scan run timers")?;
+            out.push(k.value().2.to_owned());
             if out.len() >= limit {
                 break;
             }
-            let (k, _) = item.ctx("scan lease expiry")?;
-            let (_, sid) = k.value();
-            if let Some(g) = leases.get(sid).ctx("read lease")? {
-                let (holder, token, expires_at) = g.value();
-                out.push(Lease {
-                    schedule_id: sid.to_owned(),
-                    holder: holder.to_owned(),
-                    token,
-                    expires_at,
-                });
+        }
+        Ok(out)
+    }
+
+    fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                t.drop_timer(schedule_id)?;
+                return Ok(refused("unknown run", None));
+            };
+            if run.state.is_final() {
+                t.drop_timer(schedule_id)?;
+                return Ok(refused("run is final", Some(run)));
+            }
+            let now = t.now;
+            let d = run.deadlines.clone();
+            let passed = |at: Millis| at > 0 && at <= now;
+            if held(run.state) {
+                let confirmed = run.state == RunState::Running || d.confirm_by == 0;
+                if passed(d.timeout_at) {
+                    let rv = t.revoke(&mut run, "timeout")?;
+                    run.error_code = "timeout".to_owned();
+                    run.error_message = "the attempt exceeded its timeout".to_owned();
+                    let delay = run.plan.backoff_after(run.attempt);
+                    let next = t.retry_or_final(&mut run, RunState::TimedOut, "timeout", delay)?;
+                    t.save(&run)?;
+                    return Ok(applied(run, rv, next));
+                }
+                if !confirmed && (passed(d.confirm_by) || d.lease_expires <= now) {
+                    // Never confirmed: the dispatch may not have arrived at all, so the
+                    // attempt is not spent.
+                    let rv = t.revoke(&mut run, "unconfirmed")?;
+                    run.last_node = run.node_id.clone();
+                    run.state = RunState::Waiting;
+                    run.reason = "unconfirmed".to_owned();
+                    run.deadlines = Deadlines {
+                        wake_at: now,
+                        wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
+                        ..Deadlines::default()
+                    };
+                    t.save(&run)?;
+                    return Ok(applied(run, rv, None));
+                }
+                if passed(d.lease_expires) {
+                    let rv = t.revoke(&mut run, "lost")?;
+                    run.error_code = "lost".to_owned();
+                    run.error_message = "the executor stopped renewing its lease".to_owned();
+                    let next = t.retry_or_final(&mut run, RunState::Failed, "lost", 0)?;
+                    t.save(&run)?;
+                    return Ok(applied(run, rv, next));
+                }
+            } else if run.state == RunState::Waiting && passed(d.wake_at) {
+                run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
+                t.save(&run)?;
+                return Ok(applied(run, None, None));
+            }
+            // Nothing due (the timer was early, e.g. after a renewal): re-score it.
+            t.save(&run)?;
+            Ok(refused("nothing due", Some(run)))
+        })
+    }
+
+    fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                return Ok(refused("unknown run", None));
+            };
+            if run.state.is_final() {
+                let why = format!("run is already {}", run.state);
+                return Ok(refused(&why, Some(run)));
+            }
+            let rv = t.revoke(&mut run, reason)?;
+            let next = t.finalize(&mut run, RunState::Cancelled, reason, true)?;
+            t.save(&run)?;
+            Ok(applied(run, rv, next))
+        })
+    }
+
+    fn report_progress(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        percent: u32,
+        message: &str,
+    ) -> Result<bool> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut run) = t
+                .load(schedule_id)?
+                .filter(|r| r.fencing_token == token && held(r.state))
+            else {
+                return Ok(false);
+            };
+            run.progress_percent = percent;
+            run.progress_message = message.to_owned();
+            t.save(&run)?;
+            Ok(true)
+        })
+    }
+
+    fn append_logs(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        lines: Vec<LogLine>,
+        max_bytes: usize,
+    ) -> Result<bool> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            // Any state: an executor may flush its last lines after its result.
+            if t.load(schedule_id)?
+                .is_none_or(|r| r.fencing_token != token)
+            {
+                return Ok(false);
+            }
+            let (mut seq, mut bytes) = t
+                .log_meta
+                .get(schedule_id)
+                .ctx("read run log meta")?
+                .map(|g| g.value())
+                .unwrap_or((0, 0));
+            for mut line in lines {
+                seq += 1;
+                line.seq = seq;
+                bytes = bytes.saturating_add(line.message.len() as u64);
+                let json = encode("log line", &line)?;
+                t.logs
+                    .insert((schedule_id, seq), json.as_str())
+                    .ctx("write run log line")?;
+            }
+            let max = u64::try_from(max_bytes).unwrap_or(u64::MAX);
+            if bytes > max {
+                let mut dropped = Vec::new();
+                for item in t
+                    .logs
+                    .range((schedule_id, 0)..=(schedule_id, u64::MAX))
+                    .ctx("scan run logs")?
+                {
+                    if bytes <= max {
+                        break;
+                    }
+                    let (k, v) = item.ctx("scan run logs")?;
+                    let old: LogLine = decode("log line", schedule_id, v.value())?;
+                    bytes = bytes.saturating_sub(old.message.len() as u64);
+                    dropped.push(k.value().1);
+                }
+                for s in dropped {
+                    t.logs.remove((schedule_id, s)).ctx("delete run log line")?;
+                }
+            }
+            t.log_meta
+                .insert(schedule_id, (seq, bytes))
+                .ctx("write run log meta")?;
+            Ok(true)
+        })
+    }
+
+    fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>> {
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let runs = txn.open_table(RUNS).ctx("open runs")?;
+        let logs = txn.open_table(LOGS).ctx("open run logs")?;
+        let mut out = Vec::new();
+        // Logs live as long as their run: a run past retention has none.
+        if limit == 0
+            || after == u64::MAX
+            || load_run(&runs, schedule_id)?.is_none_or(|r| self.expired_run(&r, now))
+        {
+            return Ok(out);
+        }
+        for item in logs
+            .range((schedule_id, after + 1)..=(schedule_id, u64::MAX))
+            .ctx("scan run logs")?
+        {
+            let (_, v) = item.ctx("scan run logs")?;
+            out.push(decode("log line", schedule_id, v.value())?);
+            if out.len() >= limit {
+                break;
             }
         }
         Ok(out)
@@ -1576,26 +2384,146 @@ impl Store for EmbeddedStore {
         self.blocking(move |i| i.list_runs(&job_id, query)).await
     }
 
-    async fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease> {
-        let (schedule_id, holder) = (schedule_id.to_owned(), holder.to_owned());
-        self.blocking(move |i| i.grant_lease(&schedule_id, &holder, ttl))
+    async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
+        self.blocking(move |i| i.begin_run(run, route_grace)).await
+    }
+
+    async fn assign_run(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<Assigned> {
+        let (schedule_id, node) = (schedule_id.to_owned(), node.clone());
+        self.blocking(move |i| i.assign_run(&schedule_id, attempt, &node, terms))
             .await
     }
 
-    async fn renew_lease(&self, schedule_id: &str, token: u64, ttl: Duration) -> Result<Lease> {
+    async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
         let schedule_id = schedule_id.to_owned();
-        self.blocking(move |i| i.renew_lease(&schedule_id, token, ttl))
+        self.blocking(move |i| i.mark_started(&schedule_id, token))
             .await
     }
 
-    async fn release_lease(&self, schedule_id: &str, token: u64) -> Result<bool> {
+    async fn renew_leases(
+        &self,
+        node_id: &str,
+        held: &[Held],
+        ttl: Duration,
+    ) -> Result<Vec<Option<i64>>> {
+        let (node_id, held) = (node_id.to_owned(), held.to_vec());
+        self.blocking(move |i| i.renew_leases(&node_id, &held, ttl))
+            .await
+    }
+
+    async fn finish_run(
+        &self,
+        schedule_id: &str,
+        by: Finisher,
+        outcome: Outcome,
+    ) -> Result<Transition> {
         let schedule_id = schedule_id.to_owned();
-        self.blocking(move |i| i.release_lease(&schedule_id, token))
+        self.blocking(move |i| i.finish_run(&schedule_id, by, outcome))
             .await
     }
 
-    async fn expired_leases(&self, limit: usize) -> Result<Vec<Lease>> {
-        self.blocking(move |i| i.expired_leases(limit)).await
+    async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        self.blocking(move |i| i.due_runs(partition, limit)).await
+    }
+
+    async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.expire_run(&schedule_id, route_grace))
+            .await
+    }
+
+    async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
+        let (schedule_id, reason) = (schedule_id.to_owned(), reason.to_owned());
+        self.blocking(move |i| i.cancel_run(&schedule_id, &reason))
+            .await
+    }
+
+    async fn report_progress(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        percent: u32,
+        message: &str,
+    ) -> Result<bool> {
+        let (schedule_id, message) = (schedule_id.to_owned(), message.to_owned());
+        self.blocking(move |i| i.report_progress(&schedule_id, token, percent, &message))
+            .await
+    }
+
+    async fn append_logs(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        lines: Vec<LogLine>,
+        max_bytes: usize,
+    ) -> Result<bool> {
+        // Nothing to store is vacuously stored, whoever asks (as in redis).
+        if lines.is_empty() {
+            return Ok(true);
+        }
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.append_logs(&schedule_id, token, lines, max_bytes))
+            .await
+    }
+
+    async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>> {
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.read_logs(&schedule_id, after, limit))
+            .await
+    }
+
+    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()> {
+        let now = Instant::now();
+        {
+            let mut inboxes = self.inboxes();
+            // Forget inboxes nobody wrote to for a while (their instance is gone), as
+            // redis lets the key expire.
+            inboxes.retain(|_, inbox| inbox.expires > now);
+            let inbox = inboxes.entry(instance.to_owned()).or_insert_with(|| Inbox {
+                messages: VecDeque::new(),
+                expires: now,
+            });
+            inbox.messages.push_back(message);
+            inbox.expires = now + INBOX_TTL;
+        }
+        self.inbox_pushed.notify_waiters();
+        Ok(())
+    }
+
+    async fn pop_inbox(&self, instance: &str, max: usize, block: Duration) -> Result<Vec<Vec<u8>>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        // A block too long to represent is as good as forever.
+        let deadline = Instant::now().checked_add(block);
+        loop {
+            // Registered before looking, so a push between the look and the wait still
+            // wakes us.
+            let notified = self.inbox_pushed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.take_inbox(instance, max);
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            match deadline {
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(got);
+                    }
+                    // Timing out just means nothing arrived; look once more and return.
+                    let _ = tokio::time::timeout(deadline - now, notified).await;
+                }
+                None => notified.await,
+            }
+        }
     }
 
     async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()> {
@@ -1623,7 +2551,7 @@ impl Store for EmbeddedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::schedule_id;
+    use crate::model::{RunPlan, schedule_id};
     use crate::store::conformance::{self, arm, cron_trigger, job, manual_trigger, run};
 
     // The file is unlinked as soon as it is open: the open descriptor keeps it alive
@@ -1668,10 +2596,44 @@ mod tests {
             .expect("ack");
         let r = run("keep-due", 5000, t0);
         store.record_run(r.clone()).await.expect("record");
-        let lease = store
-            .grant_lease(&r.schedule_id, "node-a", Duration::from_secs(60))
+        // A run in flight: leased, logged, with a serial run queued behind it.
+        let serial = RunPlan {
+            overlap: OverlapPolicy::Serial,
+            ..RunPlan::default()
+        };
+        let long = LeaseTerms {
+            ttl: Duration::from_secs(60),
+            confirm_within: Duration::from_secs(60),
+        };
+        let grace = Duration::from_secs(60);
+        let flying = conformance::planned_run("keep-due", 6000, serial.clone());
+        store.begin_run(flying.clone(), grace).await.expect("begin");
+        let queued = conformance::planned_run("keep-due", 7000, serial);
+        store.begin_run(queued.clone(), grace).await.expect("begin");
+        let node = NodeSlot {
+            node_id: "node-a".to_owned(),
+            max_concurrency: 1,
+        };
+        let Assigned::Granted(leased) = store
+            .assign_run(&flying.schedule_id, 1, &node, long)
             .await
-            .expect("grant");
+            .expect("assign")
+        else {
+            panic!("expected a grant");
+        };
+        let line = LogLine {
+            seq: 0,
+            time_ms: t0,
+            level: "info".to_owned(),
+            message: "hello".to_owned(),
+            attempt: 1,
+        };
+        assert!(
+            store
+                .append_logs(&flying.schedule_id, leased.fencing_token, vec![line], 1000)
+                .await
+                .expect("append")
+        );
         assert!(
             store
                 .check_nonce("app", "n", Duration::from_secs(60))
@@ -1731,17 +2693,52 @@ mod tests {
             store.get_run(&r.schedule_id).await.expect("get"),
             Some(r.clone())
         );
-        assert!(matches!(
+        assert_eq!(
+            store.get_run(&flying.schedule_id).await.expect("get"),
+            Some(leased.clone())
+        );
+        assert_eq!(
             store
-                .grant_lease(&r.schedule_id, "node-b", Duration::from_secs(60))
-                .await,
-            Err(Error::LeaseHeld { .. })
-        ));
-        let regrant = store
-            .grant_lease(&r.schedule_id, "node-a", Duration::from_secs(60))
+                .read_logs(&flying.schedule_id, 0, 10)
+                .await
+                .expect("read")
+                .len(),
+            1
+        );
+        // The node's slot, the active set, the serial queue and the token counter too.
+        let other = conformance::planned_run("keep-later", 8000, RunPlan::default());
+        store.begin_run(other.clone(), grace).await.expect("begin");
+        assert_eq!(
+            store
+                .assign_run(&other.schedule_id, 1, &node, long)
+                .await
+                .expect("assign"),
+            Assigned::NodeFull
+        );
+        let done = store
+            .finish_run(
+                &flying.schedule_id,
+                Finisher::Token(leased.fencing_token),
+                Outcome {
+                    state: RunState::Succeeded,
+                    output: None,
+                    error_code: String::new(),
+                    error_message: String::new(),
+                    started_at: None,
+                    finished_at: None,
+                },
+            )
             .await
-            .expect("re-grant");
-        assert!(regrant.token > lease.token);
+            .expect("finish");
+        assert_eq!(done.next_serial, Some(queued.schedule_id.clone()));
+        let Assigned::Granted(next) = store
+            .assign_run(&other.schedule_id, 1, &node, long)
+            .await
+            .expect("assign")
+        else {
+            panic!("expected a grant");
+        };
+        assert!(next.fencing_token > leased.fencing_token);
         assert!(
             !store
                 .check_nonce("app", "n", Duration::from_secs(60))
@@ -1819,26 +2816,40 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options())
             .expect("open");
+        store.create_job(job("step", None)).await.expect("create");
         // A counter ahead of the clock stands for a clock that stepped back since.
         let ahead = now_us() + 3_600_000_000;
         {
             let txn = store.inner.db.begin_write().expect("begin");
             {
-                let mut counters = txn.open_table(LEASE_COUNTERS).expect("counters");
+                let mut counters = txn.open_table(TOKENS).expect("counters");
                 counters.insert("step", ahead).expect("write");
             }
             txn.commit().expect("commit");
         }
-        let l1 = store
-            .grant_lease("step@1", "a", Duration::from_secs(5))
-            .await
-            .expect("grant");
-        assert_eq!(l1.token, ahead + 1);
-        let l2 = store
-            .grant_lease("step@2", "a", Duration::from_secs(5))
-            .await
-            .expect("grant");
-        assert_eq!(l2.token, ahead + 2);
+        let node = NodeSlot {
+            node_id: "a".to_owned(),
+            max_concurrency: 0,
+        };
+        let terms = LeaseTerms {
+            ttl: Duration::from_secs(5),
+            confirm_within: Duration::from_secs(5),
+        };
+        for (planned, expected) in [(1, ahead + 1), (2, ahead + 2)] {
+            let r = conformance::planned_run("step", planned, RunPlan::default());
+            store
+                .begin_run(r.clone(), Duration::from_secs(5))
+                .await
+                .expect("begin");
+            match store
+                .assign_run(&r.schedule_id, 1, &node, terms)
+                .await
+                .expect("assign")
+            {
+                Assigned::Granted(run) => assert_eq!(run.fencing_token, expected),
+                other => panic!("expected a grant, got {other:?}"),
+            }
+        }
     }
 
     #[tokio::test]

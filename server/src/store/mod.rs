@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::model::{Arm, JobRecord, Millis, RunRecord, Trigger};
+use crate::model::{Arm, JobRecord, Millis, RunRecord, RunState, Trigger};
 
 /// Version of the persisted layout. A server refuses a store written by a newer schema.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -164,14 +164,124 @@ pub struct Recorded {
     pub created: bool,
 }
 
-/// A lease on a run, held by one executor node.
+/// A run reference as an executor holds it: the schedule_id and the fencing token of
+/// its dispatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
+pub struct Held {
     pub schedule_id: String,
-    pub holder: String,
     pub token: u64,
-    /// Expiry by the store's clock.
-    pub expires_at: Millis,
+}
+
+/// The node a run is assigned to, with its concurrency limit (0 = unlimited), which
+/// the store enforces across all instances by counting the node's leased runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSlot {
+    pub node_id: String,
+    pub max_concurrency: u32,
+}
+
+/// The lease a dispatch is made under, and how soon it must be confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTerms {
+    pub ttl: Duration,
+    /// A dispatch not confirmed (Started, or listed by a heartbeat) within this is
+    /// re-routed without spending an attempt.
+    pub confirm_within: Duration,
+}
+
+/// Outcome of `begin_run`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Begun {
+    /// The run as stored: WAITING (to route now, or queued behind a serial run), or
+    /// SKIPPED. For a redelivered trigger: the run as it is now.
+    pub run: RunRecord,
+    /// False when the run already existed.
+    pub created: bool,
+    /// Runs revoked by the replace policy; each holder must be sent `Cancel`.
+    pub revoked: Vec<Revocation>,
+}
+
+/// A lease taken away from a node: the node still holds `token` and must be told to
+/// stop (`Cancel`). The run itself was already moved on by the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revocation {
+    pub schedule_id: String,
+    pub node_id: String,
+    pub token: u64,
+    pub reason: String,
+}
+
+/// Outcome of `assign_run`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Assigned {
+    /// DISPATCHED to the node under a fresh fencing token; send it the dispatch.
+    Granted(RunRecord),
+    /// The node holds `max_concurrency` leased runs already.
+    NodeFull,
+    /// The run is no longer WAITING at that attempt (someone else routed or finished
+    /// it), or it is gone.
+    NotWaiting(Option<RunRecord>),
+}
+
+/// Who finishes a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finisher {
+    /// The executor holding the lease with this token (a Result, or the server for an
+    /// HTTP target).
+    Token(u64),
+    /// The dispatcher, for a WAITING run at this attempt that found no executor.
+    Waiting { attempt: u32 },
+}
+
+/// The end of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// SUCCEEDED, FAILED or CANCELLED (by the executor). Only FAILED is retried
+    /// while attempts remain. WAITING means the executor rejected the dispatch.
+    pub state: RunState,
+    pub output: Option<Vec<u8>>,
+    pub error_code: String,
+    pub error_message: String,
+    /// Executor-reported times. Absent: `started_at` stays as recorded (by
+    /// `mark_started`), `finished_at` is the store's now.
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+}
+
+/// How a transition request went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// The run changed.
+    Yes,
+    /// The same request had already been applied (a re-sent result): nothing changed,
+    /// and the caller may treat it as done.
+    Already,
+    /// Refused, with the reason (stale token, unknown run, wrong state).
+    No(String),
+}
+
+/// What a run transition did, with the follow-up work it leaves to the caller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub applied: Applied,
+    /// The run after the call; None when there is no such run.
+    pub run: Option<RunRecord>,
+    /// A lease this call took away; its node must be sent `Cancel`.
+    pub revoked: Option<Revocation>,
+    /// A serial run this call released from the job's queue: it is WAITING and due to
+    /// be routed now.
+    pub next_serial: Option<String>,
+}
+
+/// One stored log line of a run.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogLine {
+    /// Position in the run's log, from 1, never reused even after old lines are dropped.
+    pub seq: u64,
+    pub time_ms: Millis,
+    pub level: String,
+    pub message: String,
+    pub attempt: u32,
 }
 
 /// An executor node as the registry knows it. It disappears unless refreshed (each
@@ -317,22 +427,134 @@ pub trait Store: Send + Sync + 'static {
     /// Runs of a job, newest first.
     async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>>;
 
-    // ---- leases
+    // ---- the run state machine (DESIGN.md "Life of a run")
+    //
+    // A run's timer lives in its partition's sorted set of deadlines, scored by the
+    // earliest of `run.deadlines`; `due_runs` + `expire_run` are how every instance
+    // sweeps it. A run leaving DISPATCHED/RUNNING always leaves its node's lease count.
+    // A revoked lease always gets a new token, so the old holder's messages are stale.
 
-    /// Grants the lease on a run to `holder` unless another holder's lease is unexpired.
-    /// The token is max(job counter + 1, store time in µs); a re-grant to the same
-    /// holder gets a new token. A malformed schedule_id is `JobNotFound`.
-    async fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease>;
+    /// Records a trigger's run (`run` is `RunRecord::from_trigger` with its `plan`
+    /// filled) and applies the overlap policy against the job's active runs (those not
+    /// final) in the same step:
+    /// - already recorded → returned unchanged, `created` false;
+    /// - trigger says skip, or the job is paused/deleted → SKIPPED (as `record_run`);
+    /// - allow, or no active run → WAITING, `wake_at` = now + `route_grace` (the
+    ///   caller routes it at once; the timer only matters if the caller dies),
+    ///   `wait_until` = now + plan.dispatch_wait_ms;
+    /// - forbid with an active run → SKIPPED, reason "overlap";
+    /// - serial with an active run → WAITING with no timer, reason "queued", appended
+    ///   to the job's serial queue; SKIPPED "serial queue full" past plan.serial_limit;
+    /// - replace → every active run is CANCELLED (reason "replaced"), each lease
+    ///   revoked (listed in `revoked`), queued serial runs too; then as allow.
+    ///
+    /// The new run joins the job's active set unless SKIPPED.
+    async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun>;
 
-    /// Extends a lease if `token` is still the current one and the lease has not
-    /// expired; otherwise `StaleToken` (an expired lease is the sweeper's to recover).
-    async fn renew_lease(&self, schedule_id: &str, token: u64, ttl: Duration) -> Result<Lease>;
+    /// Dispatches a WAITING run at `attempt` to `node`: a fresh fencing token
+    /// (max(job counter + 1, store time in µs)), state DISPATCHED, node_id set,
+    /// `lease_expires` = now + ttl, `confirm_by` = now + confirm_within, `timeout_at` =
+    /// now + plan.timeout_ms (if set), `wake_at`/`wait_until` cleared; the node's lease
+    /// count grows by one unless it is at its max concurrency (`NodeFull`, nothing
+    /// changes).
+    async fn assign_run(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<Assigned>;
 
-    /// Releases the lease if `token` is current; returns whether it was.
-    async fn release_lease(&self, schedule_id: &str, token: u64) -> Result<bool>;
+    /// The executor confirmed the dispatch: DISPATCHED → RUNNING with `started_at` (the
+    /// store's now), `confirm_by` cleared. RUNNING with the same token → `Already`.
+    /// Anything else (stale token, final run) → `No`.
+    async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition>;
 
-    /// Leases whose expiry (store clock) has passed, earliest first.
-    async fn expired_leases(&self, limit: usize) -> Result<Vec<Lease>>;
+    /// Renews exactly the listed leases held by `node_id` (a heartbeat's in-flight
+    /// list), each only if its token is current and the lease has not expired; a
+    /// DISPATCHED run listed here counts as confirmed (`confirm_by` cleared). Returns,
+    /// per entry in order, the lease's remaining time in ms, or None when it is gone.
+    async fn renew_leases(
+        &self,
+        node_id: &str,
+        held: &[Held],
+        ttl: Duration,
+    ) -> Result<Vec<Option<i64>>>;
+
+    /// Ends the current attempt. With `Finisher::Token`, only if the token is current
+    /// and the run DISPATCHED or RUNNING (a final run finished by that same token →
+    /// `Already`); with `Finisher::Waiting`, only if the run is WAITING at that attempt.
+    /// FAILED with attempts left → WAITING at attempt + 1, `wake_at` = now +
+    /// plan.backoff_after(attempt), `wait_until` = wake_at + dispatch_wait_ms,
+    /// `last_node` = the node, error fields kept, a new token; WAITING (only with a
+    /// token: the executor rejected the dispatch) → back to WAITING at the same
+    /// attempt with a new token, `last_node` = the node, `wake_at` = now, `wait_until`
+    /// = now + dispatch_wait_ms, reason "rejected: <error_message>"; otherwise the
+    /// outcome is final: the
+    /// run leaves the active set and the job's serial queue pops its next run (WAITING,
+    /// `wake_at` = now), named in `next_serial`.
+    async fn finish_run(
+        &self,
+        schedule_id: &str,
+        by: Finisher,
+        outcome: Outcome,
+    ) -> Result<Transition>;
+
+    /// Runs of a partition whose timer is due by the store's clock, earliest first.
+    async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>>;
+
+    /// Acts on whatever deadline of the run has passed (store clock), in this order:
+    /// - final or missing → the timer is dropped, `Applied::No`;
+    /// - DISPATCHED/RUNNING past `timeout_at` → revoked, TIMED_OUT, retried like a
+    ///   FAILED outcome (reason "timeout");
+    /// - DISPATCHED past `confirm_by`, or past `lease_expires` before it was confirmed →
+    ///   revoked, back to WAITING at the same attempt, `wake_at` = now (reason
+    ///   "unconfirmed");
+    /// - RUNNING (or confirmed DISPATCHED) past `lease_expires` → revoked; WAITING at
+    ///   attempt + 1 with `wake_at` = now and `last_node` set, or FAILED reason "lost"
+    ///   when attempts are spent;
+    /// - WAITING past `wake_at` → `wake_at` moves to now + `route_grace` and the run is
+    ///   returned (`Applied::Yes`, state WAITING) for the caller to route;
+    /// - otherwise the timer is re-scored to the earliest deadline, `Applied::No`.
+    async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition>;
+
+    /// Cancels a run that is not final: its lease (if any) is revoked, it leaves the
+    /// active set and the serial queue, state CANCELLED with `reason`; the serial queue
+    /// pops. A final run → `Applied::No` with the run.
+    async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition>;
+
+    /// Stores an executor's progress report if `token` is current; returns whether.
+    async fn report_progress(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        percent: u32,
+        message: &str,
+    ) -> Result<bool>;
+
+    /// Appends log lines (their `seq` is assigned here) if `token` is current, keeping
+    /// at most `max_bytes` of message text per run (the oldest lines fall out first);
+    /// returns whether they were stored. Logs live as long as the run record.
+    async fn append_logs(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        lines: Vec<LogLine>,
+        max_bytes: usize,
+    ) -> Result<bool>;
+
+    /// Log lines with `seq > after`, oldest first, at most `limit`.
+    async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>>;
+
+    // ---- per-instance inboxes: dispatches for executors attached to another instance
+
+    /// Queues a message for `instance`. Inboxes are best effort by design: a dispatch
+    /// lost with its instance is never confirmed and is re-routed (`confirm_by`).
+    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()>;
+
+    /// Takes up to `max` messages for `instance`, oldest first, waiting at most `block`
+    /// for the first.
+    async fn pop_inbox(&self, instance: &str, max: usize, block: Duration) -> Result<Vec<Vec<u8>>>;
 
     // ---- the executor node registry
 

@@ -37,11 +37,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued, Error, FireClaim, Lease,
-    NodeRecord, Page, Recorded, Result, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
+    Applied, Assigned, Begun, ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued,
+    Error, Finisher, FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page,
+    Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition,
     partition_of,
 };
-use crate::model::{Arm, JobRecord, Millis, RunRecord, Trigger, split_schedule_id};
+use crate::model::{Arm, JobRecord, Millis, RunRecord, RunState, Trigger, split_schedule_id};
 
 const GROUP: &str = "dispatch";
 
@@ -49,6 +50,19 @@ macro_rules! script {
     ($name:literal) => {
         Script::new(concat!(
             include_str!("lua/common.lua"),
+            "\n",
+            include_str!(concat!("lua/", $name, ".lua"))
+        ))
+    };
+}
+
+/// A run-machine script: the common prelude, then the run helpers, then its body.
+macro_rules! run_script {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("lua/common.lua"),
+            "\n",
+            include_str!("lua/runlib.lua"),
             "\n",
             include_str!(concat!("lua/", $name, ".lua"))
         ))
@@ -63,14 +77,20 @@ struct Scripts {
     claim_fires: Script,
     enqueue_manual: Script,
     record_run: Script,
-    grant_lease: Script,
-    renew_lease: Script,
-    release_lease: Script,
-    expired_leases: Script,
     trim_triggers: Script,
     read_jobs: Script,
     upsert_node: Script,
     remove_node: Script,
+    begin_run: Script,
+    assign_run: Script,
+    mark_started: Script,
+    renew_leases: Script,
+    finish_run: Script,
+    due_runs: Script,
+    expire_run: Script,
+    cancel_run: Script,
+    report_progress: Script,
+    append_logs: Script,
 }
 
 impl Scripts {
@@ -83,14 +103,20 @@ impl Scripts {
             claim_fires: script!("claim_fires"),
             enqueue_manual: script!("enqueue_manual"),
             record_run: script!("record_run"),
-            grant_lease: script!("grant_lease"),
-            renew_lease: script!("renew_lease"),
-            release_lease: script!("release_lease"),
-            expired_leases: script!("expired_leases"),
             trim_triggers: script!("trim_triggers"),
             read_jobs: script!("read_jobs"),
             upsert_node: script!("upsert_node"),
             remove_node: script!("remove_node"),
+            begin_run: run_script!("begin_run"),
+            assign_run: run_script!("assign_run"),
+            mark_started: run_script!("mark_started"),
+            renew_leases: run_script!("renew_leases"),
+            finish_run: run_script!("finish_run"),
+            due_runs: run_script!("due_runs"),
+            expire_run: run_script!("expire_run"),
+            cancel_run: run_script!("cancel_run"),
+            report_progress: run_script!("report_progress"),
+            append_logs: run_script!("append_logs"),
         }
     }
 }
@@ -391,6 +417,89 @@ fn split_member(member: &str) -> Result<(u64, Millis, &str)> {
         (Some(v), Some(j), Some(id)) => Ok((v.parse().map_err(corrupt)?, parse_i64(j)?, id)),
         _ => Err(corrupt(format!("bad pending member {member:?}"))),
     }
+}
+
+/// An outcome as the finish script reads it (payload bytes as base64, like records).
+#[derive(serde::Serialize)]
+struct OutcomeJson {
+    state: RunState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<String>,
+    error_code: String,
+    error_message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_at: Option<Millis>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finished_at: Option<Millis>,
+}
+
+impl From<Outcome> for OutcomeJson {
+    fn from(o: Outcome) -> Self {
+        use base64::Engine as _;
+        Self {
+            state: o.state,
+            output: o
+                .output
+                .map(|b| base64::engine::general_purpose::STANDARD.encode(b)),
+            error_code: o.error_code,
+            error_message: o.error_message,
+            started_at: o.started_at,
+            finished_at: o.finished_at,
+        }
+    }
+}
+
+fn unknown_run() -> Transition {
+    Transition {
+        applied: Applied::No("unknown run".to_owned()),
+        run: None,
+        revoked: None,
+        next_serial: None,
+    }
+}
+
+fn revocation(sid: &str, node: &str, token: &str, reason: &str) -> Result<Option<Revocation>> {
+    if sid.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Revocation {
+        schedule_id: sid.to_owned(),
+        node_id: node.to_owned(),
+        token: token.parse().map_err(corrupt)?,
+        reason: reason.to_owned(),
+    }))
+}
+
+/// Parses the reply every transition script gives: {applied, reason, run_json,
+/// rv_sid, rv_node, rv_token, rv_reason, next_serial}.
+fn transition(r: &[String]) -> Result<Transition> {
+    let [
+        applied,
+        reason,
+        json,
+        rv_sid,
+        rv_node,
+        rv_token,
+        rv_reason,
+        next,
+    ] = r
+    else {
+        return Err(corrupt(format!("run script answered {r:?}")));
+    };
+    Ok(Transition {
+        applied: match applied.as_str() {
+            "yes" => Applied::Yes,
+            "already" => Applied::Already,
+            _ => Applied::No(reason.clone()),
+        },
+        run: if json.is_empty() {
+            None
+        } else {
+            Some(serde_json::from_str(json).map_err(corrupt)?)
+        },
+        revoked: revocation(rv_sid, rv_node, rv_token, rv_reason)?,
+        next_serial: (!next.is_empty()).then(|| next.clone()),
+    })
 }
 
 fn parse_i64(v: &str) -> Result<i64> {
@@ -909,69 +1018,226 @@ impl Store for RedisStore {
         Ok(Page { items, next_cursor })
     }
 
-    async fn grant_lease(&self, schedule_id: &str, holder: &str, ttl: Duration) -> Result<Lease> {
-        let (job_id, _) = split_schedule_id(schedule_id)
-            .ok_or_else(|| Error::JobNotFound(schedule_id.to_owned()))?;
+    async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
+        let p = self.part(&run.job_id);
+        let json = serde_json::to_string(&run).map_err(corrupt)?;
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .begin_run
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(&run.job_id)
+            .arg(&run.schedule_id)
+            .arg(json)
+            .arg(run.scheduled_at)
+            .arg(ms(self.inner.opts.run_retention))
+            .arg(self.inner.opts.max_runs_per_job)
+            .arg(ms(route_grace))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let [created, json, rest @ ..] = r.as_slice() else {
+            return Err(corrupt(format!("begin_run answered {r:?}")));
+        };
+        let revoked = rest
+            .chunks(4)
+            .map(|f| match f {
+                [sid, node, token, reason] => revocation(sid, node, token, reason),
+                _ => Err(corrupt(format!("begin_run answered {r:?}"))),
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok(Begun {
+            run: serde_json::from_str(json).map_err(corrupt)?,
+            created: created == "1",
+            revoked,
+        })
+    }
+
+    async fn assign_run(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<Assigned> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(Assigned::NotWaiting(None));
+        };
         let p = self.part(job_id);
         let mut c = self.conn().await?;
         let r: Vec<String> = self
             .inner
             .scripts
-            .grant_lease
+            .assign_run
             .arg(self.pfx(p))
-            .arg(job_id)
+            .arg(self.nodes_prefix())
             .arg(schedule_id)
-            .arg(holder)
-            .arg(ms(ttl))
+            .arg(attempt)
+            .arg(&node.node_id)
+            .arg(node.max_concurrency)
+            .arg(ms(terms.ttl))
+            .arg(ms(terms.confirm_within))
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
         match r.as_slice() {
-            [ok, token, expires] if ok == "ok" => Ok(Lease {
-                schedule_id: schedule_id.to_owned(),
-                holder: holder.to_owned(),
-                token: token.parse().map_err(corrupt)?,
-                expires_at: parse_i64(expires)?,
-            }),
-            [held, who] if held == "held" => Err(Error::LeaseHeld {
-                schedule_id: schedule_id.to_owned(),
-                holder: who.clone(),
-            }),
-            other => Err(corrupt(format!("grant_lease answered {other:?}"))),
+            [ok, json] if ok == "ok" => Ok(Assigned::Granted(
+                serde_json::from_str(json).map_err(corrupt)?,
+            )),
+            [full] if full == "full" => Ok(Assigned::NodeFull),
+            [nw, json] if nw == "not_waiting" => Ok(Assigned::NotWaiting(if json.is_empty() {
+                None
+            } else {
+                Some(serde_json::from_str(json).map_err(corrupt)?)
+            })),
+            other => Err(corrupt(format!("assign_run answered {other:?}"))),
         }
     }
 
-    async fn renew_lease(&self, schedule_id: &str, token: u64, ttl: Duration) -> Result<Lease> {
-        let stale = || Error::StaleToken {
-            schedule_id: schedule_id.to_owned(),
-            token,
+    async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(unknown_run());
         };
-        let (job_id, _) = split_schedule_id(schedule_id).ok_or_else(stale)?;
         let p = self.part(job_id);
         let mut c = self.conn().await?;
         let r: Vec<String> = self
             .inner
             .scripts
-            .renew_lease
+            .mark_started
             .arg(self.pfx(p))
             .arg(schedule_id)
             .arg(token.to_string())
-            .arg(ms(ttl))
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        match r.as_slice() {
-            [ok, holder, expires] if ok == "ok" => Ok(Lease {
-                schedule_id: schedule_id.to_owned(),
-                holder: holder.clone(),
-                token,
-                expires_at: parse_i64(expires)?,
-            }),
-            _ => Err(stale()),
-        }
+        transition(&r)
     }
 
-    async fn release_lease(&self, schedule_id: &str, token: u64) -> Result<bool> {
+    async fn renew_leases(
+        &self,
+        node_id: &str,
+        held: &[Held],
+        ttl: Duration,
+    ) -> Result<Vec<Option<i64>>> {
+        let mut out = vec![None; held.len()];
+        // One script call per partition the held runs live in.
+        let mut by_part: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (i, h) in held.iter().enumerate() {
+            if let Some((job_id, _)) = split_schedule_id(&h.schedule_id) {
+                by_part.entry(self.part(job_id)).or_default().push(i);
+            }
+        }
+        let mut c = self.conn().await?;
+        for (p, idx) in by_part {
+            let mut inv = self.inner.scripts.renew_leases.prepare_invoke();
+            inv.arg(self.pfx(p)).arg(node_id).arg(ms(ttl));
+            for &i in &idx {
+                inv.arg(&held[i].schedule_id).arg(held[i].token.to_string());
+            }
+            let r: Vec<i64> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+            for (&i, remaining) in idx.iter().zip(r) {
+                out[i] = (remaining >= 0).then_some(remaining);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn finish_run(
+        &self,
+        schedule_id: &str,
+        by: Finisher,
+        outcome: Outcome,
+    ) -> Result<Transition> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(unknown_run());
+        };
+        let p = self.part(job_id);
+        let (kind, value) = match by {
+            Finisher::Token(t) => ("token", t.to_string()),
+            Finisher::Waiting { attempt } => ("waiting", attempt.to_string()),
+        };
+        let json = serde_json::to_string(&OutcomeJson::from(outcome)).map_err(corrupt)?;
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .finish_run
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(schedule_id)
+            .arg(kind)
+            .arg(value)
+            .arg(json)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        transition(&r)
+    }
+
+    async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        let mut c = self.conn().await?;
+        self.inner
+            .scripts
+            .due_runs
+            .arg(self.pfx(partition))
+            .arg(limit)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(unknown_run());
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .expire_run
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(schedule_id)
+            .arg(ms(route_grace))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        transition(&r)
+    }
+
+    async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(unknown_run());
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .cancel_run
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(schedule_id)
+            .arg(reason)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        transition(&r)
+    }
+
+    async fn report_progress(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        percent: u32,
+        message: &str,
+    ) -> Result<bool> {
         let Some((job_id, _)) = split_schedule_id(schedule_id) else {
             return Ok(false);
         };
@@ -980,42 +1246,110 @@ impl Store for RedisStore {
         let r: i64 = self
             .inner
             .scripts
-            .release_lease
+            .report_progress
             .arg(self.pfx(p))
             .arg(schedule_id)
             .arg(token.to_string())
+            .arg(percent)
+            .arg(message)
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
         Ok(r == 1)
     }
 
-    async fn expired_leases(&self, limit: usize) -> Result<Vec<Lease>> {
-        let mut out = Vec::new();
-        let mut c = self.conn().await?;
-        for p in 0..self.inner.partitions {
-            if out.len() >= limit {
-                break;
-            }
-            let rows: Vec<(String, String, String, String)> = self
-                .inner
-                .scripts
-                .expired_leases
-                .arg(self.pfx(p))
-                .arg(limit - out.len())
-                .invoke_async(&mut c)
-                .await
-                .map_err(unavailable)?;
-            for (schedule_id, holder, token, expires) in rows {
-                out.push(Lease {
-                    schedule_id,
-                    holder,
-                    token: token.parse().map_err(corrupt)?,
-                    expires_at: parse_i64(&expires)?,
-                });
-            }
+    async fn append_logs(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        lines: Vec<LogLine>,
+        max_bytes: usize,
+    ) -> Result<bool> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(false);
+        };
+        if lines.is_empty() {
+            return Ok(true);
         }
-        out.sort_by_key(|l| l.expires_at);
+        let p = self.part(job_id);
+        let mut inv = self.inner.scripts.append_logs.prepare_invoke();
+        inv.arg(self.pfx(p))
+            .arg(schedule_id)
+            .arg(token.to_string())
+            .arg(max_bytes);
+        for l in &lines {
+            inv.arg(serde_json::to_string(l).map_err(corrupt)?);
+        }
+        let mut c = self.conn().await?;
+        let r: i64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        Ok(r == 1)
+    }
+
+    async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let key = self.key(self.part(job_id), &format!("logs:{schedule_id}"));
+        let mut c = self.conn().await?;
+        // Sequence numbers are contiguous within the list, so the first line's seq
+        // says where `after` sits.
+        let first: Option<String> = c.lindex(&key, 0).await.map_err(unavailable)?;
+        let Some(first) = first else {
+            return Ok(Vec::new());
+        };
+        let first: LogLine = serde_json::from_str(&first).map_err(corrupt)?;
+        let start = isize::try_from(after.saturating_sub(first.seq.saturating_sub(1)))
+            .unwrap_or(isize::MAX);
+        let stop = start.saturating_add(isize::try_from(limit).unwrap_or(isize::MAX) - 1);
+        let rows: Vec<String> = c.lrange(&key, start, stop).await.map_err(unavailable)?;
+        rows.iter()
+            .map(|j| serde_json::from_str(j).map_err(corrupt))
+            .filter(|l: &Result<LogLine>| l.as_ref().map_or(true, |l| l.seq > after))
+            .collect()
+    }
+
+    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()> {
+        let key = format!("{}inbox:{instance}", self.nodes_prefix());
+        let mut c = self.conn().await?;
+        let _: () = redis::pipe()
+            .lpush(&key, message)
+            .ignore()
+            .pexpire(&key, 60_000)
+            .ignore()
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn pop_inbox(&self, instance: &str, max: usize, block: Duration) -> Result<Vec<Vec<u8>>> {
+        let key = format!("{}inbox:{instance}", self.nodes_prefix());
+        let Some(count) = std::num::NonZeroUsize::new(max) else {
+            return Ok(Vec::new());
+        };
+        let mut c = self.conn().await?;
+        let got: Option<Vec<Vec<u8>>> = c.rpop(&key, Some(count)).await.map_err(unavailable)?;
+        if let Some(got) = got.filter(|g| !g.is_empty()) {
+            return Ok(got);
+        }
+        if block.is_zero() {
+            return Ok(Vec::new());
+        }
+        let one: Option<(String, Vec<u8>)> = c
+            .brpop(&key, block.as_secs_f64())
+            .await
+            .map_err(unavailable)?;
+        let Some((_, first)) = one else {
+            return Ok(Vec::new());
+        };
+        let mut out = vec![first];
+        if let Some(more) = std::num::NonZeroUsize::new(max - 1) {
+            let rest: Option<Vec<Vec<u8>>> = c.rpop(&key, Some(more)).await.map_err(unavailable)?;
+            out.extend(rest.unwrap_or_default());
+        }
         Ok(out)
     }
 

@@ -1,0 +1,147 @@
+//! Links to executors: which node's stream is attached to this instance, and delivery
+//! of a server message to a node wherever it is attached.
+//!
+//! A node attached here gets the message on its stream directly; a node attached to
+//! another instance gets it through that instance's inbox in the store, which this
+//! module also drains for its own nodes. Delivery is best effort on purpose: a lost
+//! dispatch is never confirmed and the sweeper re-routes it, a lost cancel is repeated
+//! by the next heartbeat acknowledgement (the lease is gone), so nothing here needs to
+//! be durable.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use prost::Message as _;
+use sundial_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::store::Store;
+
+/// The sending half of an executor's stream.
+pub type StreamSender = mpsc::Sender<Result<pb::ServerMessage, tonic::Status>>;
+
+struct Link {
+    conn: u64,
+    tx: StreamSender,
+}
+
+pub struct Links {
+    store: Arc<dyn Store>,
+    instance: String,
+    local: Mutex<HashMap<String, Link>>,
+    next_conn: std::sync::atomic::AtomicU64,
+}
+
+impl Links {
+    pub fn new(store: Arc<dyn Store>, instance: String) -> Self {
+        Self {
+            store,
+            instance,
+            local: Mutex::new(HashMap::new()),
+            next_conn: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Attaches a node's stream here (replacing an older stream of the same node);
+    /// returns the connection number to detach with.
+    pub fn attach(&self, node_id: &str, tx: StreamSender) -> u64 {
+        let conn = self
+            .next_conn
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.map().insert(node_id.to_owned(), Link { conn, tx });
+        conn
+    }
+
+    /// Detaches the node unless a newer stream of it replaced `conn`.
+    pub fn detach(&self, node_id: &str, conn: u64) {
+        let mut map = self.map();
+        if map.get(node_id).is_some_and(|l| l.conn == conn) {
+            map.remove(node_id);
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Link>> {
+        self.local.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends to a node attached here; false when it is not (or its stream is full or
+    /// gone).
+    pub fn send_local(&self, node_id: &str, msg: pb::server_message::Msg) -> bool {
+        let tx = self.map().get(node_id).map(|l| l.tx.clone());
+        let Some(tx) = tx else {
+            return false;
+        };
+        tx.try_send(Ok(pb::ServerMessage { msg: Some(msg) }))
+            .is_ok()
+    }
+
+    /// Delivers to `node_id`, attached to `instance` as far as the caller knows.
+    pub async fn deliver(&self, node_id: &str, instance: &str, msg: pb::server_message::Msg) {
+        if self.send_local(node_id, msg.clone()) {
+            return;
+        }
+        if instance.is_empty() || instance == self.instance {
+            debug!(%node_id, "node not attached here; message dropped");
+            return;
+        }
+        let mut bytes = Vec::with_capacity(node_id.len() + 64);
+        bytes.extend_from_slice(node_id.as_bytes());
+        bytes.push(b'\n');
+        pb::ServerMessage { msg: Some(msg) }.encode(&mut bytes).ok();
+        if let Err(e) = self.store.push_inbox(instance, bytes).await {
+            warn!(%node_id, %instance, error = %e, "could not forward a message to another instance");
+        }
+    }
+
+    /// Drains this instance's inbox into the local streams until `shutdown`.
+    pub async fn run_inbox(self: Arc<Self>, block: Duration, shutdown: CancellationToken) {
+        info!(instance = %self.instance, "inbox started");
+        let mut backoff = Duration::from_millis(50);
+        while !shutdown.is_cancelled() {
+            let got = tokio::select! {
+                () = shutdown.cancelled() => break,
+                r = self.store.pop_inbox(&self.instance, 256, block) => r,
+            };
+            match got {
+                Ok(msgs) => {
+                    backoff = Duration::from_millis(50);
+                    for m in msgs {
+                        self.deliver_forwarded(&m);
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "reading the inbox failed; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        info!("inbox stopped");
+    }
+
+    fn deliver_forwarded(&self, raw: &[u8]) {
+        let Some(nl) = raw.iter().position(|&b| b == b'\n') else {
+            warn!("malformed inbox message dropped");
+            return;
+        };
+        let node_id = String::from_utf8_lossy(&raw[..nl]);
+        match pb::ServerMessage::decode(&raw[nl + 1..]) {
+            Ok(pb::ServerMessage { msg: Some(msg) }) => {
+                if !self.send_local(&node_id, msg) {
+                    debug!(%node_id, "forwarded message for a node no longer attached here; dropped");
+                }
+            }
+            _ => warn!("undecodable inbox message dropped"),
+        }
+    }
+}

@@ -1,0 +1,32 @@
+-- ARGV: P, schedule_id, token, max_bytes, then one JSON line each ({time_ms, level,
+-- message, attempt}). Lines get their seq here; the oldest fall out past max_bytes.
+local P, sid = ARGV[1], ARGV[2]
+local runkey = P .. 'run:' .. sid
+local run = load_run(P, sid)
+if not run or run.fencing_token ~= ARGV[3] then
+  return 0
+end
+local lkey, mkey = P .. 'logs:' .. sid, P .. 'logmeta:' .. sid
+local max = tonumber(ARGV[4])
+local bytes = tonumber(redis.call('HGET', mkey, 'bytes') or '0')
+for i = 5, #ARGV do
+  local line = cjson.decode(ARGV[i])
+  line.seq = redis.call('HINCRBY', mkey, 'seq', 1)
+  bytes = bytes + #line.message
+  redis.call('RPUSH', lkey, cjson.encode(line))
+end
+while bytes > max do
+  local old = redis.call('LPOP', lkey)
+  if not old then
+    bytes = 0
+    break
+  end
+  bytes = bytes - #cjson.decode(old).message
+end
+redis.call('HSET', mkey, 'bytes', bytes)
+local ttl = redis.call('PTTL', runkey)
+if ttl > 0 then
+  redis.call('PEXPIRE', lkey, ttl)
+  redis.call('PEXPIRE', mkey, ttl)
+end
+return 1

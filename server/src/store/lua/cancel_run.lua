@@ -1,0 +1,13 @@
+-- ARGV: P, N, schedule_id, reason
+local P, N, sid, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local run = load_run(P, sid)
+if not run then
+  return reply('no', 'unknown run')
+end
+if FINAL[run.state] then
+  return reply('no', 'run is already ' .. run.state, cjson.encode(run))
+end
+local now = store_now_ms()
+local rv = revoke(P, N, run, reason)
+local nxt = finalize(P, run, 'CANCELLED', reason, now, true)
+return reply('yes', '', save_run(P, run), rv, nxt)

@@ -1,0 +1,64 @@
+-- ARGV: P, N, schedule_id, 'token' | 'waiting', token or attempt, outcome_json
+local P, N, sid, by, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local run = load_run(P, sid)
+if not run then
+  return reply('no', 'unknown run')
+end
+if by == 'token' then
+  if run.fencing_token ~= value then
+    return reply('no', 'stale fencing token', cjson.encode(run))
+  end
+  if FINAL[run.state] then
+    return reply('already', '', cjson.encode(run))
+  end
+  if not HELD[run.state] then
+    return reply('no', 'run is ' .. run.state, cjson.encode(run))
+  end
+elseif run.state ~= 'WAITING' or run.attempt ~= tonumber(value) then
+  return reply('no', 'run is no longer waiting', cjson.encode(run))
+elseif run.deadlines.wake_at == 0 then
+  return reply('no', 'run is queued', cjson.encode(run))
+end
+local o = cjson.decode(ARGV[6])
+local now = store_now_ms()
+if o.state == 'WAITING' then
+  -- The executor rejected the dispatch: route it elsewhere, same attempt.
+  if by ~= 'token' then
+    return reply('no', 'only a lease holder can reject', cjson.encode(run))
+  end
+  leave_node(N, run)
+  run.last_node = run.node_id
+  run.fencing_token = new_token(P, run.job_id)
+  run.state = 'WAITING'
+  run.reason = 'rejected: ' .. (o.error_message or '')
+  clear_deadlines(run)
+  run.deadlines.wake_at = now
+  run.deadlines.wait_until = now + (tonumber(run.plan.dispatch_wait_ms) or 0)
+  return reply('yes', '', save_run(P, run))
+end
+leave_node(N, run)
+if o.output ~= nil and o.output ~= cjson.null then
+  run.output = o.output
+end
+run.error_code = o.error_code or ''
+run.error_message = o.error_message or ''
+if o.started_at ~= nil and o.started_at ~= cjson.null then
+  run.started_at = o.started_at
+end
+local nxt
+if o.state == 'FAILED' then
+  local reason = run.error_code ~= '' and run.error_code or 'failed'
+  nxt = retry_or_final(P, run, 'FAILED', reason, now, backoff_after(run.plan, run.attempt))
+  if run.state == 'FAILED' then
+    run.reason = ''
+  end
+else
+  if o.finished_at ~= nil and o.finished_at ~= cjson.null then
+    run.finished_at = o.finished_at
+  end
+  nxt = finalize(P, run, o.state, '', now, true)
+end
+if FINAL[run.state] and o.finished_at ~= nil and o.finished_at ~= cjson.null then
+  run.finished_at = o.finished_at
+end
+return reply('yes', '', save_run(P, run), nil, nxt)

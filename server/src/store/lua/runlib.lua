@@ -1,0 +1,193 @@
+-- The run state machine's shared helpers (prepended to the run scripts after
+-- common.lua). Keys of partition P: run:<sid> (JSON record), active:<job> (set of the
+-- job's runs not final), serial:<job> (list: queued serial runs), timers (zset: sid →
+-- earliest deadline), tokens (hash: job → fencing counter), logs:<sid> / logmeta:<sid>.
+-- Node keys (prefix N, the {nodes} slot): busy:<node> (set of runs leased to it).
+local FINAL = { SUCCEEDED = true, FAILED = true, TIMED_OUT = true, CANCELLED = true, SKIPPED = true }
+local HELD = { DISPATCHED = true, RUNNING = true }
+
+local function load_run(P, sid)
+  local j = redis.call('GET', P .. 'run:' .. sid)
+  if not j then
+    return nil
+  end
+  local run = cjson.decode(j)
+  if type(run.deadlines) ~= 'table' then
+    run.deadlines = {}
+  end
+  local d = run.deadlines
+  for _, k in ipairs({ 'lease_expires', 'confirm_by', 'timeout_at', 'wake_at', 'wait_until' }) do
+    d[k] = tonumber(d[k]) or 0
+  end
+  return run
+end
+
+local function earliest(d)
+  local m = 0
+  for _, k in ipairs({ 'lease_expires', 'confirm_by', 'timeout_at', 'wake_at' }) do
+    local v = d[k]
+    if v > 0 and (m == 0 or v < m) then
+      m = v
+    end
+  end
+  return m
+end
+
+-- Writes the record back (keeping its retention TTL) and re-scores its timer.
+local function save_run(P, run)
+  local json = cjson.encode(run)
+  redis.call('SET', P .. 'run:' .. run.schedule_id, json, 'KEEPTTL')
+  local t = earliest(run.deadlines)
+  if t > 0 and not FINAL[run.state] then
+    redis.call('ZADD', P .. 'timers', int(t), run.schedule_id)
+  else
+    redis.call('ZREM', P .. 'timers', run.schedule_id)
+  end
+  return json
+end
+
+local function clear_deadlines(run)
+  run.deadlines = { lease_expires = 0, confirm_by = 0, timeout_at = 0, wake_at = 0, wait_until = 0 }
+end
+
+local function new_token(P, job_id)
+  local counter = tonumber(redis.call('HGET', P .. 'tokens', job_id) or '0')
+  local token = math.max(counter + 1, store_now_us())
+  redis.call('HSET', P .. 'tokens', job_id, int(token))
+  return int(token)
+end
+
+-- The run leaves DISPATCHED/RUNNING: its node's lease count drops.
+local function leave_node(N, run)
+  if HELD[run.state] and run.node_id ~= '' then
+    redis.call('SREM', N .. 'busy:' .. run.node_id, run.schedule_id)
+  end
+end
+
+-- Takes the lease away: a new token makes the holder's stale. Returns the revocation
+-- {sid, node, old token, reason}, or nil when the run held no lease.
+local function revoke(P, N, run, reason)
+  if not HELD[run.state] then
+    return nil
+  end
+  local rv = { run.schedule_id, run.node_id, run.fencing_token, reason }
+  leave_node(N, run)
+  run.fencing_token = new_token(P, run.job_id)
+  return rv
+end
+
+-- The next queued serial run becomes due to route; returns its sid.
+local function pop_serial(P, job_id, now)
+  while true do
+    local nxt = redis.call('LPOP', P .. 'serial:' .. job_id)
+    if not nxt then
+      return nil
+    end
+    local r = load_run(P, nxt)
+    if r and r.state == 'WAITING' then
+      r.deadlines.wake_at = now
+      r.deadlines.wait_until = now + (tonumber(r.plan.dispatch_wait_ms) or 0)
+      r.reason = ''
+      save_run(P, r)
+      return nxt
+    end
+  end
+end
+
+-- Whether the job still has an active run that is not waiting in its serial queue
+-- (one leased, or waiting to be routed): the queue must not pop while it does.
+local function has_unqueued_active(P, job_id)
+  for _, a in ipairs(redis.call('SMEMBERS', P .. 'active:' .. job_id)) do
+    local r = load_run(P, a)
+    if r and (HELD[r.state] or (r.state == 'WAITING' and r.deadlines.wake_at > 0)) then
+      return true
+    end
+  end
+  return false
+end
+
+-- Makes the run final (the caller has already revoked or released its lease).
+-- Returns the serial run released by this one, if `pop`.
+local function finalize(P, run, state, reason, now, pop)
+  clear_deadlines(run)
+  run.state = state
+  run.reason = reason
+  if run.finished_at == nil or run.finished_at == cjson.null or run.finished_at == 0 then
+    run.finished_at = now
+  end
+  redis.call('SREM', P .. 'active:' .. run.job_id, run.schedule_id)
+  redis.call('LREM', P .. 'serial:' .. run.job_id, 0, run.schedule_id)
+  if pop and not has_unqueued_active(P, run.job_id) then
+    return pop_serial(P, run.job_id, now)
+  end
+  return nil
+end
+
+local function backoff_after(plan, attempt)
+  local base = tonumber(plan.backoff_ms) or 0
+  local mult = tonumber(plan.backoff_multiplier) or 1
+  local delay = base
+  if mult > 1 then
+    delay = base * mult ^ (attempt - 1)
+  end
+  local cap = tonumber(plan.max_backoff_ms) or 0
+  if cap > 0 and delay > cap then
+    delay = cap
+  end
+  return math.floor(delay)
+end
+
+-- An attempt ended badly: retry at attempt + 1 after `delay` while attempts remain
+-- (with a new token), else final `final_state`. Returns the released serial run.
+local function retry_or_final(P, run, final_state, reason, now, delay)
+  local max = tonumber(run.plan.max_attempts) or 1
+  if run.attempt < max then
+    run.last_node = run.node_id
+    run.fencing_token = new_token(P, run.job_id)
+    run.attempt = run.attempt + 1
+    run.state = 'WAITING'
+    run.reason = 'retry: ' .. reason
+    clear_deadlines(run)
+    run.deadlines.wake_at = now + delay
+    run.deadlines.wait_until = now + delay + (tonumber(run.plan.dispatch_wait_ms) or 0)
+    return nil
+  end
+  return finalize(P, run, final_state, reason, now, true)
+end
+
+-- The reply of every transition: {applied, reason, run_json, rv_sid, rv_node,
+-- rv_token, rv_reason, next_serial}; '' where absent.
+local function reply(applied, reason, json, rv, nxt)
+  rv = rv or { '', '', '', '' }
+  return { applied, reason or '', json or '', rv[1], rv[2], rv[3], rv[4], nxt or '' }
+end
+
+-- Stores a new run record with its retention and indexes it under its job, keeping
+-- the index bounded (the oldest records fall out first).
+local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
+  local sid = run.schedule_id
+  local json = cjson.encode(run)
+  redis.call('SET', P .. 'run:' .. sid, json, 'PX', retention_ms)
+  local index = P .. 'runs:' .. run.job_id
+  redis.call('ZADD', index, scheduled_at, sid)
+  for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
+    if redis.call('EXISTS', P .. 'run:' .. o) == 0 then
+      redis.call('ZREM', index, o)
+    end
+  end
+  local excess = redis.call('ZCARD', index) - tonumber(max_runs)
+  if excess > 0 then
+    for _, o in ipairs(redis.call('ZRANGE', index, 0, excess - 1)) do
+      local gone = load_run(P, o)
+      if gone then
+        leave_node(N, gone)
+      end
+      redis.call('DEL', P .. 'run:' .. o, P .. 'logs:' .. o, P .. 'logmeta:' .. o)
+      redis.call('ZREM', P .. 'timers', o)
+      redis.call('SREM', P .. 'active:' .. run.job_id, o)
+    end
+    redis.call('ZREMRANGEBYRANK', index, 0, excess - 1)
+  end
+  redis.call('PEXPIRE', index, retention_ms)
+  return json
+end

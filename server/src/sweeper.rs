@@ -1,0 +1,117 @@
+//! The run sweeper: every run deadline (lease expiry, unconfirmed dispatch, execution
+//! timeout, retry backoff, a wait for a free node) lives in the store's per-partition
+//! timer sets; this loop claims the due ones with `expire_run` and does what the store
+//! decided — cancel a revoked lease on its node, route a run that is WAITING again.
+//!
+//! Every instance sweeps every partition: `expire_run` is atomic and moves the timer
+//! it acted on, so two sweepers never act twice on one deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::dispatch::Dispatcher;
+use crate::model::RunState;
+use crate::store::{Applied, Store};
+
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    /// How often each partition's timers are checked.
+    pub every: Duration,
+    /// Due runs handled per partition and pass.
+    pub batch: usize,
+}
+
+impl Default for SweepOptions {
+    fn default() -> Self {
+        Self {
+            every: Duration::from_millis(200),
+            batch: 256,
+        }
+    }
+}
+
+pub struct Sweeper {
+    store: Arc<dyn Store>,
+    dispatcher: Arc<Dispatcher>,
+    opts: SweepOptions,
+}
+
+impl Sweeper {
+    pub fn new(store: Arc<dyn Store>, dispatcher: Arc<Dispatcher>, opts: SweepOptions) -> Self {
+        Self {
+            store,
+            dispatcher,
+            opts,
+        }
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) {
+        info!(every = ?self.opts.every, "sweeper started");
+        let mut tick = tokio::time::interval(self.opts.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !shutdown.is_cancelled() {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            for p in 0..self.store.partitions() {
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                self.sweep(p).await;
+            }
+        }
+        info!("sweeper stopped");
+    }
+
+    async fn sweep(&self, partition: u32) {
+        let due = match self.store.due_runs(partition, self.opts.batch).await {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(partition, error = %e, "reading due runs failed");
+                return;
+            }
+        };
+        let grace = self.dispatcher.options().route_retry;
+        for schedule_id in due {
+            let (job_id, _) = crate::model::split_schedule_id(&schedule_id).unwrap_or(("", ""));
+            let span = info_span!("deadline", %job_id, %schedule_id);
+            async {
+                let t = match self.store.expire_run(&schedule_id, grace).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        warn!(error = %e, "expiring the run failed; it stays due");
+                        return;
+                    }
+                };
+                if t.applied != Applied::Yes {
+                    return;
+                }
+                // A wake-up is routed now; a run that went back to WAITING after a
+                // revocation is routed when its own timer comes due.
+                let route = t.run.clone().filter(|r| {
+                    t.revoked.is_none() && r.state == RunState::Waiting && r.deadlines.wake_at > 0
+                });
+                if let Some(rv) = &t.revoked {
+                    info!(node_id = %rv.node_id, reason = %rv.reason, "lease revoked");
+                }
+                if let Some(run) = &t.run {
+                    debug!(state = %run.state, attempt = run.attempt, reason = %run.reason, "deadline handled");
+                }
+                self.dispatcher.follow_up(t).await;
+                if let Some(run) = route {
+                    self.dispatcher.route(run).await;
+                }
+            }
+            .instrument(span)
+            .await;
+        }
+    }
+}
+
+pub fn spawn(sweeper: Sweeper, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(sweeper.run(shutdown).instrument(info_span!("sweeper")))
+}

@@ -1,0 +1,153 @@
+//! HTTP targets: the server calls the job's URL itself, under the same state machine —
+//! a 2xx is SUCCEEDED with the body as output, a 500 is retried as the next attempt,
+//! a target slower than the timeout fails with `http_timeout`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use sundial_proto::v1 as pb;
+use sundial_tests::{RedisServer, Sundial, SundialOptions, wait_for};
+
+/// A receiver on a free port: `/ok` answers 200 with the schedule id it was called
+/// for, `/flaky` answers 500 to its first call and 200 after, `/slow` takes 3 s.
+async fn receiver() -> Result<(String, Arc<AtomicUsize>)> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let flaky_calls = calls.clone();
+    let app = Router::new()
+        .route(
+            "/ok",
+            post(|h: HeaderMap| async move {
+                let sid = h
+                    .get("x-sundial-schedule-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                (StatusCode::OK, format!("hello {sid}"))
+            }),
+        )
+        .route(
+            "/flaky",
+            post(move || {
+                let calls = flaky_calls.clone();
+                async move {
+                    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "not yet")
+                    } else {
+                        (StatusCode::OK, "now")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/slow",
+            post(|| async {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                "late"
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((format!("http://{addr}"), calls))
+}
+
+fn http_job(id: &str, url: String) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        cron: "0 0 0 1 1 ? 2099".into(),
+        target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
+            url,
+            method: "POST".into(),
+        })),
+        ..Default::default()
+    }
+}
+
+async fn run_until_final(server: &Sundial, job_id: &str) -> Result<pb::Run> {
+    let sid = server
+        .jobs()
+        .await?
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: job_id.into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .schedule_id;
+    wait_for(
+        &format!("{sid} to finish"),
+        Duration::from_secs(20),
+        || async {
+            let r = server
+                .runs()
+                .await?
+                .get_run(pb::GetRunRequest {
+                    schedule_id: sid.clone(),
+                })
+                .await?
+                .into_inner()
+                .run
+                .context("run")?;
+            Ok([4, 5, 6, 7].contains(&r.state).then_some(r))
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_targets_run_under_the_state_machine() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let (base, flaky_calls) = receiver().await?;
+    let server = Sundial::start(
+        SundialOptions::redis(&redis)
+            .arg("heartbeat-interval", "300ms")
+            .arg("sweep-every", "50ms"),
+    )?;
+    let mut jobs = server.jobs().await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(http_job("ok", format!("{base}/ok"))),
+    })
+    .await?;
+    let mut flaky = http_job("flaky", format!("{base}/flaky"));
+    flaky.retry = Some(pb::RetryPolicy {
+        max_retries: 1,
+        backoff_ms: 100,
+        ..Default::default()
+    });
+    jobs.create_job(pb::CreateJobRequest { spec: Some(flaky) })
+        .await?;
+    let mut slow = http_job("slow", format!("{base}/slow"));
+    slow.timeout_ms = Some(500);
+    jobs.create_job(pb::CreateJobRequest { spec: Some(slow) })
+        .await?;
+
+    let r = run_until_final(&server, "ok").await?;
+    ensure!(r.state == pb::RunState::Succeeded as i32, "{r:?}");
+    ensure!(
+        r.output == format!("hello {}", r.schedule_id).into_bytes(),
+        "{r:?}"
+    );
+
+    let r = run_until_final(&server, "flaky").await?;
+    ensure!(
+        r.state == pb::RunState::Succeeded as i32 && r.attempt == 2,
+        "{r:?}"
+    );
+    ensure!(r.output == b"now" && flaky_calls.load(Ordering::SeqCst) == 2);
+
+    let r = run_until_final(&server, "slow").await?;
+    ensure!(
+        r.state != pb::RunState::Succeeded as i32 && r.attempt == 1,
+        "{r:?}"
+    );
+    ensure!(
+        r.error_code == "http_timeout" || r.error_code == "timeout",
+        "{r:?}"
+    );
+    Ok(())
+}

@@ -1,0 +1,582 @@
+//! The run state machine over a raw executor stream (no SDK), on a real Redis and on
+//! the embedded store: dispatch → started → logs → result, stale tokens refused,
+//! rejects re-routed, timeouts, retries with attempts counted, CancelRun, run logs.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use sundial_proto::v1 as pb;
+use sundial_proto::v1::executor_message::Msg;
+use sundial_proto::v1::server_message::Msg as Out;
+use sundial_tests::{RedisServer, Sundial, SundialOptions, wait_for};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+/// A hand-driven executor: it heartbeats every 200 ms (listing nothing, so leases
+/// last their TTL) and otherwise does exactly what the test says.
+struct Exec {
+    tx: mpsc::Sender<pb::ExecutorMessage>,
+    rx: tonic::Streaming<pb::ServerMessage>,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        self.heartbeats.abort();
+    }
+}
+
+impl Exec {
+    async fn connect(channel: Channel, node: &str, handlers: &[&str]) -> Result<Self> {
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(msg(Msg::Hello(pb::Hello {
+            node_id: node.into(),
+            group: "g".into(),
+            handlers: handlers.iter().map(|h| (*h).to_owned()).collect(),
+            max_concurrency: 0,
+            ..Default::default()
+        })))
+        .await?;
+        let mut client = pb::executor_service_client::ExecutorServiceClient::new(channel);
+        let rx = client.connect(ReceiverStream::new(rx)).await?.into_inner();
+        let beat = tx.clone();
+        let heartbeats = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let hb = msg(Msg::Heartbeat(pb::Heartbeat {
+                    ready: true,
+                    ..Default::default()
+                }));
+                if beat.send(hb).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut e = Self { tx, rx, heartbeats };
+        let Out::Welcome(_) = e.next().await? else {
+            bail!("expected welcome");
+        };
+        Ok(e)
+    }
+
+    async fn send(&self, m: Msg) -> Result<()> {
+        self.tx.send(msg(m)).await.context("stream closed")
+    }
+
+    async fn next(&mut self) -> Result<Out> {
+        let m = tokio::time::timeout(Duration::from_secs(15), self.rx.message())
+            .await
+            .context("no message within 15 s")??
+            .context("stream ended")?;
+        m.msg.context("empty message")
+    }
+
+    /// The next dispatch, answering heartbeat acks and skipping anything else.
+    async fn dispatch(&mut self) -> Result<pb::Dispatch> {
+        loop {
+            if let Out::Dispatch(d) = self.next().await? {
+                return Ok(d);
+            }
+        }
+    }
+
+    async fn result(
+        &mut self,
+        run: &pb::RunRef,
+        status: pb::ResultStatus,
+        output: &[u8],
+    ) -> Result<pb::ResultAck> {
+        self.send(Msg::Result(pb::Result {
+            run: Some(run.clone()),
+            status: status as i32,
+            output: output.to_vec(),
+            error_code: if status == pb::ResultStatus::Failed {
+                "boom".into()
+            } else {
+                String::new()
+            },
+            ..Default::default()
+        }))
+        .await?;
+        loop {
+            if let Out::ResultAck(a) = self.next().await? {
+                return Ok(a);
+            }
+        }
+    }
+}
+
+fn msg(m: Msg) -> pb::ExecutorMessage {
+    pb::ExecutorMessage { msg: Some(m) }
+}
+
+fn manual_job(id: &str, handler: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        // Far in the future: only manual triggers run.
+        cron: "0 0 0 1 1 ? 2099".into(),
+        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+            group: "g".into(),
+            handler: handler.into(),
+        })),
+        ..Default::default()
+    }
+}
+
+async fn trigger(server: &Sundial, job_id: &str) -> Result<String> {
+    Ok(server
+        .jobs()
+        .await?
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: job_id.into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .schedule_id)
+}
+
+async fn get_run(server: &Sundial, sid: &str) -> Result<pb::Run> {
+    server
+        .runs()
+        .await?
+        .get_run(pb::GetRunRequest {
+            schedule_id: sid.into(),
+        })
+        .await?
+        .into_inner()
+        .run
+        .context("no run")
+}
+
+async fn wait_state(server: &Sundial, sid: &str, state: pb::RunState) -> Result<pb::Run> {
+    wait_for(
+        &format!("{sid} to be {state:?}"),
+        Duration::from_secs(15),
+        || async {
+            let r = get_run(server, sid).await?;
+            Ok((r.state == state as i32).then_some(r))
+        },
+    )
+    .await
+}
+
+fn servers(redis: Option<&RedisServer>, dir: &std::path::Path) -> SundialOptions {
+    match redis {
+        Some(r) => SundialOptions::redis(r),
+        None => SundialOptions::embedded(dir),
+    }
+    .arg("heartbeat-interval", "300ms")
+    .arg("sweep-every", "50ms")
+    .arg("route-retry", "200ms")
+}
+
+async fn happy_path_and_stale_tokens(opts: SundialOptions) -> Result<()> {
+    let server = Sundial::start(opts)?;
+    let channel = server.channel().await?;
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(manual_job("j1", "work")),
+        })
+        .await?;
+    let mut e = Exec::connect(channel.clone(), "n1", &["work"]).await?;
+    let sid = trigger(&server, "j1").await?;
+    let d = e.dispatch().await?;
+    let run = d.run.clone().context("run ref")?;
+    ensure!(
+        run.schedule_id == sid && run.attempt == 1 && run.fencing_token > 0 && d.handler == "work"
+    );
+    e.send(Msg::Started(pb::Started {
+        run: Some(run.clone()),
+    }))
+    .await?;
+    wait_state(&server, &sid, pb::RunState::Running).await?;
+    e.send(Msg::Logs(pb::LogLines {
+        run: Some(run.clone()),
+        lines: (0..3)
+            .map(|i| pb::LogEntry {
+                time_ms: 1,
+                level: "info".into(),
+                message: format!("line {i}"),
+            })
+            .collect(),
+    }))
+    .await?;
+    // A wrong token is refused and changes nothing.
+    let mut stale = run.clone();
+    stale.fencing_token -= 1;
+    let a = e.result(&stale, pb::ResultStatus::Failed, b"").await?;
+    ensure!(!a.accepted && a.reason.contains("stale"), "{a:?}");
+    let a = e.result(&run, pb::ResultStatus::Succeeded, b"done").await?;
+    ensure!(a.accepted, "{a:?}");
+    let r = wait_state(&server, &sid, pb::RunState::Succeeded).await?;
+    ensure!(r.output == b"done" && r.node_id == "n1" && r.attempt == 1);
+    // A re-sent result (lost ack) is acknowledged again, nothing changes.
+    let a = e.result(&run, pb::ResultStatus::Succeeded, b"done").await?;
+    ensure!(a.accepted && a.reason.contains("already"), "{a:?}");
+    let logs: Vec<pb::LogLine> = collect_logs(&server, &sid).await?;
+    ensure!(
+        logs.iter().map(|l| l.message.as_str()).collect::<Vec<_>>()
+            == ["line 0", "line 1", "line 2"],
+        "{logs:?}"
+    );
+    Ok(())
+}
+
+async fn collect_logs(server: &Sundial, sid: &str) -> Result<Vec<pb::LogLine>> {
+    let mut s = server
+        .runs()
+        .await?
+        .get_run_logs(pb::GetRunLogsRequest {
+            schedule_id: sid.into(),
+            follow: false,
+        })
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(l) = s.message().await? {
+        out.push(l);
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn happy_path_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = tempfile::tempdir()?;
+    happy_path_and_stale_tokens(servers(Some(&redis), dir.path())).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn happy_path_embedded() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    happy_path_and_stale_tokens(servers(None, dir.path())).await
+}
+
+/// Timeouts, retries with attempts counted, rejects, CancelRun — one server on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(servers(Some(&redis), dir.path()))?;
+    let channel = server.channel().await?;
+    let mut jobs = server.jobs().await?;
+    let mut flaky = manual_job("flaky", "work");
+    flaky.retry = Some(pb::RetryPolicy {
+        max_retries: 2,
+        backoff_ms: 100,
+        ..Default::default()
+    });
+    jobs.create_job(pb::CreateJobRequest { spec: Some(flaky) })
+        .await?;
+    let mut slow = manual_job("slow", "work");
+    slow.timeout_ms = Some(500);
+    slow.retry = Some(pb::RetryPolicy {
+        max_retries: 1,
+        backoff_ms: 100,
+        ..Default::default()
+    });
+    jobs.create_job(pb::CreateJobRequest { spec: Some(slow) })
+        .await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(manual_job("cancel-me", "work")),
+    })
+    .await?;
+    let mut e = Exec::connect(channel.clone(), "n1", &["work"]).await?;
+
+    // Retries: attempt 1 and 2 fail, attempt 3 succeeds; each attempt has a new token.
+    let sid = trigger(&server, "flaky").await?;
+    let mut tokens = Vec::new();
+    for attempt in 1..=3u32 {
+        let d = e.dispatch().await?;
+        let run = d.run.context("run ref")?;
+        ensure!(run.schedule_id == sid && run.attempt == attempt, "{run:?}");
+        tokens.push(run.fencing_token);
+        let status = if attempt < 3 {
+            pb::ResultStatus::Failed
+        } else {
+            pb::ResultStatus::Succeeded
+        };
+        ensure!(e.result(&run, status, b"").await?.accepted);
+    }
+    ensure!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let r = wait_state(&server, &sid, pb::RunState::Succeeded).await?;
+    ensure!(r.attempt == 3, "{r:?}");
+
+    // A failure with no attempts left is final.
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(manual_job("once", "work")),
+    })
+    .await?;
+    let sid = trigger(&server, "once").await?;
+    let run = e.dispatch().await?.run.context("run ref")?;
+    ensure!(
+        e.result(&run, pb::ResultStatus::Failed, b"")
+            .await?
+            .accepted
+    );
+    let r = wait_state(&server, &sid, pb::RunState::Failed).await?;
+    ensure!(r.attempt == 1 && r.error_code == "boom", "{r:?}");
+
+    // Timeout: the executor never answers; the server cancels attempt 1, retries
+    // once, and records TIMED_OUT after attempt 2 times out too.
+    let sid = trigger(&server, "slow").await?;
+    let mut cancelled = Vec::new();
+    let mut dispatched = Vec::new();
+    while cancelled.len() < 2 {
+        match e.next().await? {
+            Out::Dispatch(d) => {
+                let run = d.run.context("run ref")?;
+                ensure!(d.deadline_ms == 500);
+                e.send(Msg::Started(pb::Started {
+                    run: Some(run.clone()),
+                }))
+                .await?;
+                dispatched.push(run);
+            }
+            Out::Cancel(c) => cancelled.push(c.run.context("run ref")?),
+            _ => {}
+        }
+    }
+    let r = wait_state(&server, &sid, pb::RunState::TimedOut).await?;
+    ensure!(
+        r.attempt == 2 && dispatched.len() == 2,
+        "{r:?} {dispatched:?}"
+    );
+    ensure!(cancelled[0].fencing_token == dispatched[0].fencing_token);
+    // The late result of the timed-out attempt is refused.
+    let a = e
+        .result(&dispatched[1], pb::ResultStatus::Succeeded, b"")
+        .await?;
+    ensure!(!a.accepted, "{a:?}");
+    ensure!(get_run(&server, &sid).await?.state == pb::RunState::TimedOut as i32);
+
+    // Reject: the dispatch goes to another node, same attempt.
+    let sid = trigger(&server, "once").await?;
+    let run = e.dispatch().await?.run.context("run ref")?;
+    let mut e2 = Exec::connect(channel.clone(), "n2", &["work"]).await?;
+    // Let routing's node snapshot (refreshed every 250 ms) see n2.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    e.send(Msg::Reject(pb::Reject {
+        run: Some(run.clone()),
+        reason: "busy".into(),
+    }))
+    .await?;
+    let again = e2.dispatch().await?.run.context("run ref")?;
+    ensure!(
+        again.schedule_id == sid && again.attempt == 1 && again.fencing_token > run.fencing_token
+    );
+    ensure!(
+        e2.result(&again, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    let r = wait_state(&server, &sid, pb::RunState::Succeeded).await?;
+    ensure!(r.node_id == "n2", "{r:?}");
+    drop(e2);
+
+    // CancelRun: the executor is told, its later result is refused.
+    let sid = trigger(&server, "cancel-me").await?;
+    let run = e.dispatch().await?.run.context("run ref")?;
+    let cancelled = server
+        .runs()
+        .await?
+        .cancel_run(pb::CancelRunRequest {
+            schedule_id: sid.clone(),
+            reason: "operator".into(),
+        })
+        .await?
+        .into_inner()
+        .run
+        .context("run")?;
+    ensure!(cancelled.state == pb::RunState::Cancelled as i32 && cancelled.reason == "operator");
+    loop {
+        if let Out::Cancel(c) = e.next().await? {
+            ensure!(c.run.map(|r| r.fencing_token) == Some(run.fencing_token));
+            break;
+        }
+    }
+    ensure!(
+        !e.result(&run, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    let again = server
+        .runs()
+        .await?
+        .cancel_run(pb::CancelRunRequest {
+            schedule_id: sid.clone(),
+            reason: String::new(),
+        })
+        .await
+        .expect_err("a final run cannot be cancelled");
+    ensure!(again.code() == tonic::Code::FailedPrecondition, "{again:?}");
+    Ok(())
+}
+
+async fn all_job_runs(server: &Sundial, job_id: &str) -> Result<Vec<pb::Run>> {
+    sundial_tests::all_runs(&mut server.runs().await?, job_id).await
+}
+
+fn count(runs: &[pb::Run], state: pb::RunState) -> usize {
+    runs.iter().filter(|r| r.state == state as i32).count()
+}
+
+/// Fires `n` manual triggers of `job_id`, alternating between the two instances, all
+/// at once.
+async fn trigger_racing(a: &Sundial, b: &Sundial, job_id: &str, n: usize) -> Result<Vec<String>> {
+    let mut clients = vec![a.jobs().await?, b.jobs().await?];
+    let calls = (0..n).map(|i| {
+        let mut c = clients[i % 2].clone();
+        let job_id = job_id.to_owned();
+        async move {
+            Ok::<_, anyhow::Error>(
+                c.trigger_job(pb::TriggerJobRequest {
+                    job_id,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner()
+                .schedule_id,
+            )
+        }
+    });
+    let out = futures::future::try_join_all(calls).await?;
+    clients.clear();
+    Ok(out)
+}
+
+/// Each overlap policy with two server instances racing to begin runs of one job;
+/// the executor is attached to instance A, so B's dispatches travel through A's inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_policies_hold_across_two_instances() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let a = Sundial::start(servers(Some(&redis), dir.path()).arg("instance-id", "a"))?;
+    let b = Sundial::start(servers(Some(&redis), dir.path()).arg("instance-id", "b"))?;
+    let mut jobs = a.jobs().await?;
+    for (id, policy) in [
+        ("forbid", pb::OverlapPolicy::Forbid),
+        ("serial", pb::OverlapPolicy::Serial),
+        ("replace", pb::OverlapPolicy::Replace),
+        ("allow", pb::OverlapPolicy::Allow),
+    ] {
+        let mut spec = manual_job(id, id);
+        spec.overlap_policy = policy as i32;
+        jobs.create_job(pb::CreateJobRequest { spec: Some(spec) })
+            .await?;
+    }
+    let mut e = Exec::connect(
+        a.channel().await?,
+        "n1",
+        &["forbid", "serial", "replace", "allow"],
+    )
+    .await?;
+
+    // forbid: one run executes, every other trigger is SKIPPED "overlap".
+    let sids = trigger_racing(&a, &b, "forbid", 8).await?;
+    let d = e.dispatch().await?.run.context("run ref")?;
+    let runs = wait_for("forbid runs to settle", Duration::from_secs(15), || async {
+        let runs = all_job_runs(&a, "forbid").await?;
+        Ok((runs.len() == 8 && count(&runs, pb::RunState::Skipped) == 7).then_some(runs))
+    })
+    .await?;
+    ensure!(
+        runs.iter()
+            .filter(|r| r.state == pb::RunState::Skipped as i32)
+            .all(|r| r.reason == "overlap")
+    );
+    ensure!(sids.contains(&d.schedule_id));
+    ensure!(
+        e.result(&d, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+
+    // serial: one at a time, in a queue, every run executes.
+    trigger_racing(&a, &b, "serial", 5).await?;
+    let mut done = Vec::new();
+    for _ in 0..5 {
+        let d = e.dispatch().await?.run.context("run ref")?;
+        // While it runs, nothing else of the job is dispatched or running.
+        let runs = all_job_runs(&a, "serial").await?;
+        let busy = runs
+            .iter()
+            .filter(|r| {
+                [
+                    pb::RunState::Dispatched as i32,
+                    pb::RunState::Running as i32,
+                ]
+                .contains(&r.state)
+            })
+            .count();
+        ensure!(busy == 1, "{runs:?}");
+        ensure!(
+            e.result(&d, pb::ResultStatus::Succeeded, b"")
+                .await?
+                .accepted
+        );
+        done.push(d.schedule_id);
+    }
+    let runs = all_job_runs(&a, "serial").await?;
+    ensure!(
+        count(&runs, pb::RunState::Succeeded) == 5 && done.len() == 5,
+        "{runs:?}"
+    );
+
+    // replace: each new run cancels the running one; the last one standing executes.
+    let first = trigger(&a, "replace").await?;
+    let d1 = e.dispatch().await?.run.context("run ref")?;
+    ensure!(d1.schedule_id == first);
+    let second = trigger(&b, "replace").await?;
+    let mut cancelled = false;
+    let mut d2 = None;
+    while !cancelled || d2.is_none() {
+        match e.next().await? {
+            Out::Cancel(c) => {
+                ensure!(c.run.map(|r| r.schedule_id) == Some(first.clone()));
+                cancelled = true;
+            }
+            Out::Dispatch(d) => d2 = d.run,
+            _ => {}
+        }
+    }
+    let d2 = d2.context("second dispatch")?;
+    ensure!(d2.schedule_id == second);
+    ensure!(
+        !e.result(&d1, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    ensure!(
+        e.result(&d2, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    let r1 = get_run(&a, &first).await?;
+    ensure!(
+        r1.state == pb::RunState::Cancelled as i32 && r1.reason == "replaced",
+        "{r1:?}"
+    );
+    wait_state(&a, &second, pb::RunState::Succeeded).await?;
+
+    // allow: runs overlap freely.
+    trigger_racing(&a, &b, "allow", 4).await?;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(e.dispatch().await?.run.context("run ref")?);
+    }
+    for d in &held {
+        ensure!(
+            e.result(d, pb::ResultStatus::Succeeded, b"")
+                .await?
+                .accepted
+        );
+    }
+    let runs = all_job_runs(&a, "allow").await?;
+    ensure!(count(&runs, pb::RunState::Succeeded) == 4, "{runs:?}");
+    Ok(())
+}
