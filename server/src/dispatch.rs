@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use sundial_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -110,6 +111,9 @@ pub struct Dispatcher {
     routes: Mutex<HashMap<String, RouteState>>,
 }
 
+/// Jobs whose triggers one dispatcher begins at once.
+const BEGIN_CONCURRENCY: usize = 64;
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -191,9 +195,19 @@ impl Dispatcher {
                 last_reclaim = tokio::time::Instant::now();
                 batch.extend(self.reclaim().await);
             }
-            for delivery in batch {
-                self.begin(delivery).await;
+            // Runs of different jobs begin concurrently; one job's triggers keep
+            // their queue order (it matters to the serial policy).
+            let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
+            for d in batch {
+                by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
             }
+            futures::stream::iter(by_job.into_values())
+                .for_each_concurrent(BEGIN_CONCURRENCY, |group| async {
+                    for d in group {
+                        self.begin(d).await;
+                    }
+                })
+                .await;
         }
         info!("dispatcher stopped");
     }
@@ -401,8 +415,8 @@ impl Dispatcher {
                 weight: n.weight,
                 max_concurrency: n.max_concurrency,
                 active: n.active,
-                mean_duration_ms: 0,
-                recent_errors: 0,
+                mean_duration_ms: n.mean_duration_ms,
+                recent_errors: n.recent_errors,
                 slow: false,
             })
             .collect();

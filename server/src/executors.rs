@@ -148,6 +148,9 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
         ready: true,
         active: 0,
         load: 0.0,
+        mean_duration_ms: 0,
+        recent_errors: 0,
+        recent_results: 0,
         connected_at: now_ms(),
         last_heartbeat: 0,
     })
@@ -231,6 +234,7 @@ impl Executors {
         tx: mpsc::Sender<Result<pb::ServerMessage, Status>>,
     ) {
         let silence = self.opts.node_ttl();
+        let mut window = ResultWindow::default();
         loop {
             let next = tokio::select! {
                 () = self.shutdown.cancelled() => {
@@ -263,7 +267,7 @@ impl Executors {
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(m))) => m,
             };
-            match self.handle(&mut node, msg).await {
+            match self.handle(&mut node, &mut window, msg).await {
                 Ok(replies) => {
                     for r in replies {
                         if tx.send(out(r)).await.is_err() {
@@ -330,6 +334,7 @@ impl Executors {
     async fn handle(
         &self,
         node: &mut NodeRecord,
+        window: &mut ResultWindow,
         msg: pb::ExecutorMessage,
     ) -> Result<Vec<Out>, Status> {
         let run_ref = |r: Option<pb::RunRef>, what: &str| {
@@ -368,6 +373,8 @@ impl Executors {
                         ));
                     }
                 };
+                let duration = (r.started_at_ms > 0 && r.finished_at_ms >= r.started_at_ms)
+                    .then(|| u64::try_from(r.finished_at_ms - r.started_at_ms).unwrap_or(0));
                 let outcome = Outcome {
                     state,
                     output: (!r.output.is_empty()).then_some(r.output),
@@ -393,6 +400,8 @@ impl Executors {
                     info!(schedule_id = %run.schedule_id, token = run.fencing_token, %reason, "result refused");
                 }
                 if t.applied == Applied::Yes {
+                    window.record(state == RunState::Succeeded, duration);
+                    window.apply(node);
                     self.spawn_follow_up(t);
                 }
                 Ok(vec![Out::ResultAck(pb::ResultAck {
@@ -511,6 +520,37 @@ impl Executors {
     }
 }
 
+/// The node's last results as this stream saw them: what the registry reports as its
+/// recent mean duration and errors.
+#[derive(Debug, Default)]
+struct ResultWindow {
+    recent: std::collections::VecDeque<(bool, Option<u64>)>,
+}
+
+impl ResultWindow {
+    const LEN: usize = 50;
+
+    fn record(&mut self, ok: bool, duration_ms: Option<u64>) {
+        if self.recent.len() == Self::LEN {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((ok, duration_ms));
+    }
+
+    /// Writes the window into the node record (sent with the next heartbeat).
+    fn apply(&self, node: &mut NodeRecord) {
+        let durations: Vec<u64> = self.recent.iter().filter_map(|(_, d)| *d).collect();
+        node.mean_duration_ms = if durations.is_empty() {
+            0
+        } else {
+            durations.iter().sum::<u64>() / durations.len() as u64
+        };
+        node.recent_results = u32::try_from(self.recent.len()).unwrap_or(u32::MAX);
+        node.recent_errors =
+            u32::try_from(self.recent.iter().filter(|(ok, _)| !ok).count()).unwrap_or(u32::MAX);
+    }
+}
+
 /// Cuts `s` to at most `max` bytes on a character boundary.
 fn truncate_utf8(s: &mut String, max: usize) {
     if s.len() > max {
@@ -553,9 +593,12 @@ impl NodeService for Executors {
                     weight: n.weight,
                     max_concurrency: n.max_concurrency,
                     active: n.active,
-                    // Node health windows (success rate, duration) come with routing.
-                    success_rate: 1.0,
-                    mean_duration_ms: 0,
+                    success_rate: if n.recent_results == 0 {
+                        1.0
+                    } else {
+                        1.0 - f64::from(n.recent_errors) / f64::from(n.recent_results)
+                    },
+                    mean_duration_ms: i64::try_from(n.mean_duration_ms).unwrap_or(i64::MAX),
                     server_instance: n.instance,
                     last_heartbeat_ms: n.last_heartbeat,
                     labels: n.labels.into_iter().collect(),

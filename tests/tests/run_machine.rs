@@ -194,6 +194,16 @@ async fn happy_path_and_stale_tokens(opts: SundialOptions) -> Result<()> {
     }))
     .await?;
     wait_state(&server, &sid, pb::RunState::Running).await?;
+    // A follower sees lines as they arrive and its stream ends once the run is final.
+    let mut follow = server
+        .runs()
+        .await?
+        .get_run_logs(pb::GetRunLogsRequest {
+            schedule_id: sid.clone(),
+            follow: true,
+        })
+        .await?
+        .into_inner();
     e.send(Msg::Logs(pb::LogLines {
         run: Some(run.clone()),
         lines: (0..3)
@@ -210,8 +220,21 @@ async fn happy_path_and_stale_tokens(opts: SundialOptions) -> Result<()> {
     stale.fencing_token -= 1;
     let a = e.result(&stale, pb::ResultStatus::Failed, b"").await?;
     ensure!(!a.accepted && a.reason.contains("stale"), "{a:?}");
+    let first = tokio::time::timeout(Duration::from_secs(10), follow.message())
+        .await
+        .context("no live log line")??
+        .context("follow ended early")?;
+    ensure!(first.message == "line 0" && first.attempt == 1, "{first:?}");
     let a = e.result(&run, pb::ResultStatus::Succeeded, b"done").await?;
     ensure!(a.accepted, "{a:?}");
+    let mut followed = vec![first.message];
+    while let Some(l) = tokio::time::timeout(Duration::from_secs(10), follow.message())
+        .await
+        .context("the follow did not end after the run finished")??
+    {
+        followed.push(l.message);
+    }
+    ensure!(followed == ["line 0", "line 1", "line 2"], "{followed:?}");
     let r = wait_state(&server, &sid, pb::RunState::Succeeded).await?;
     ensure!(r.output == b"done" && r.node_id == "n1" && r.attempt == 1);
     // A re-sent result (lost ack) is acknowledged again, nothing changes.
@@ -320,6 +343,26 @@ async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
     );
     let r = wait_state(&server, &sid, pb::RunState::Failed).await?;
     ensure!(r.attempt == 1 && r.error_code == "boom", "{r:?}");
+    // The registry keeps the node's recent results: failed, failed, succeeded, failed.
+    wait_for(
+        "n1's recent results in the registry",
+        Duration::from_secs(10),
+        || {
+            let channel = channel.clone();
+            async move {
+                let nodes = pb::node_service_client::NodeServiceClient::new(channel)
+                    .list_nodes(pb::ListNodesRequest::default())
+                    .await?
+                    .into_inner()
+                    .nodes;
+                Ok(nodes
+                    .iter()
+                    .any(|n| n.node_id == "n1" && (n.success_rate - 0.25).abs() < 1e-9)
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
 
     // Timeout: the executor never answers; the server cancels attempt 1, retries
     // once, and records TIMED_OUT after attempt 2 times out too.

@@ -229,6 +229,9 @@ pub fn node(id: &str, group: &str, instance: &str) -> NodeRecord {
         active: 0,
         // Exact in binary, so no backend's number formatting can round it.
         load: 0.25,
+        mean_duration_ms: 0,
+        recent_errors: 0,
+        recent_results: 0,
         connected_at: 1_000,
         last_heartbeat: 1,
     }

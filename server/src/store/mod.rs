@@ -302,6 +302,15 @@ pub struct NodeRecord {
     /// Runs the executor reports holding.
     pub active: u32,
     pub load: f64,
+    /// Mean duration (ms) of the node's recent results, as seen by the instance that
+    /// holds its stream (the last 50; reset when it reconnects).
+    #[serde(default)]
+    pub mean_duration_ms: u64,
+    /// Of those recent results, how many were not SUCCEEDED.
+    #[serde(default)]
+    pub recent_errors: u32,
+    #[serde(default)]
+    pub recent_results: u32,
     pub connected_at: Millis,
     /// Written by the store from its clock.
     pub last_heartbeat: Millis,

@@ -120,13 +120,14 @@ async fn main() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(wait + 2000)).await;
     let mut client = server.runs().await?;
     let mut runs = Vec::new();
-    for attempt in 0..60 {
+    for attempt in 0..120 {
         runs.clear();
         for i in 0..args.jobs {
             runs.extend(sundial_tests::all_runs(&mut client, &format!("bench-{i}")).await?);
         }
         let open = runs.iter().filter(|r| !(4..=8).contains(&r.state)).count();
-        if open == 0 || attempt == 59 {
+        // Triggers still queued have no run yet: wait for every planned one.
+        if (open == 0 && runs.len() >= expected) || attempt == 119 {
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
