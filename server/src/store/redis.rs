@@ -272,6 +272,30 @@ impl RedisStore {
         format!("{}:{{nodes}}:", self.inner.prefix)
     }
 
+    /// Calls a run-transition script with (partition prefix, nodes prefix,
+    /// schedule_id, `extra`…) and parses its reply; a malformed schedule_id is an
+    /// unknown run.
+    async fn run_transition(
+        &self,
+        script: &Script,
+        schedule_id: &str,
+        extra: &[String],
+    ) -> Result<Transition> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(unknown_run());
+        };
+        let mut inv = script.prepare_invoke();
+        inv.arg(self.pfx(self.part(job_id)))
+            .arg(self.nodes_prefix())
+            .arg(schedule_id);
+        for a in extra {
+            inv.arg(a);
+        }
+        let mut c = self.conn().await?;
+        let r: Vec<String> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        transition(&r)
+    }
+
     fn channel(&self) -> String {
         format!("{}:changes", self.inner.prefix)
     }
@@ -1100,22 +1124,9 @@ impl Store for RedisStore {
     }
 
     async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
-        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
-            return Ok(unknown_run());
-        };
-        let p = self.part(job_id);
-        let mut c = self.conn().await?;
-        let r: Vec<String> = self
-            .inner
-            .scripts
-            .mark_started
-            .arg(self.pfx(p))
-            .arg(schedule_id)
-            .arg(token.to_string())
-            .invoke_async(&mut c)
+        let script = &self.inner.scripts.mark_started;
+        self.run_transition(script, schedule_id, &[token.to_string()])
             .await
-            .map_err(unavailable)?;
-        transition(&r)
     }
 
     async fn renew_leases(
@@ -1153,30 +1164,14 @@ impl Store for RedisStore {
         by: Finisher,
         outcome: Outcome,
     ) -> Result<Transition> {
-        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
-            return Ok(unknown_run());
-        };
-        let p = self.part(job_id);
         let (kind, value) = match by {
             Finisher::Token(t) => ("token", t.to_string()),
             Finisher::Waiting { attempt } => ("waiting", attempt.to_string()),
         };
         let json = serde_json::to_string(&OutcomeJson::from(outcome)).map_err(corrupt)?;
-        let mut c = self.conn().await?;
-        let r: Vec<String> = self
-            .inner
-            .scripts
-            .finish_run
-            .arg(self.pfx(p))
-            .arg(self.nodes_prefix())
-            .arg(schedule_id)
-            .arg(kind)
-            .arg(value)
-            .arg(json)
-            .invoke_async(&mut c)
+        let script = &self.inner.scripts.finish_run;
+        self.run_transition(script, schedule_id, &[kind.to_owned(), value, json])
             .await
-            .map_err(unavailable)?;
-        transition(&r)
     }
 
     async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
@@ -1192,43 +1187,15 @@ impl Store for RedisStore {
     }
 
     async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
-        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
-            return Ok(unknown_run());
-        };
-        let p = self.part(job_id);
-        let mut c = self.conn().await?;
-        let r: Vec<String> = self
-            .inner
-            .scripts
-            .expire_run
-            .arg(self.pfx(p))
-            .arg(self.nodes_prefix())
-            .arg(schedule_id)
-            .arg(ms(route_grace))
-            .invoke_async(&mut c)
+        let script = &self.inner.scripts.expire_run;
+        self.run_transition(script, schedule_id, &[ms(route_grace).to_string()])
             .await
-            .map_err(unavailable)?;
-        transition(&r)
     }
 
     async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
-        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
-            return Ok(unknown_run());
-        };
-        let p = self.part(job_id);
-        let mut c = self.conn().await?;
-        let r: Vec<String> = self
-            .inner
-            .scripts
-            .cancel_run
-            .arg(self.pfx(p))
-            .arg(self.nodes_prefix())
-            .arg(schedule_id)
-            .arg(reason)
-            .invoke_async(&mut c)
+        let script = &self.inner.scripts.cancel_run;
+        self.run_transition(script, schedule_id, &[reason.to_owned()])
             .await
-            .map_err(unavailable)?;
-        transition(&r)
     }
 
     async fn report_progress(

@@ -1,5 +1,5 @@
--- ARGV: P, schedule_id, token
-local P, sid, token = ARGV[1], ARGV[2], ARGV[3]
+-- ARGV: P, N (unused), schedule_id, token
+local P, sid, token = ARGV[1], ARGV[3], ARGV[4]
 local run = load_run(P, sid)
 if not run then
   return reply('no', 'unknown run')
