@@ -24,7 +24,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::fault::crash_point;
 use crate::http_target::HttpTargets;
 use crate::links::Links;
-use crate::model::{JobRecord, RunPlan, RunRecord, RunState, Target};
+use crate::model::{JobRecord, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::routing::{self, NodeView, Route, RouteState};
 use crate::store::{
     Assigned, Delivery, Finisher, LeaseTerms, NodeRecord, NodeSlot, Outcome, Revocation, Store,
@@ -114,10 +114,6 @@ pub struct Dispatcher {
 /// Jobs whose triggers one dispatcher begins at once.
 const BEGIN_CONCURRENCY: usize = 64;
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// The run-relevant part of a job, snapshotted into the run when it begins.
 pub fn run_plan(job: &JobRecord, opts: &DispatchOptions) -> RunPlan {
     let s = &job.spec;
@@ -129,7 +125,7 @@ pub fn run_plan(job: &JobRecord, opts: &DispatchOptions) -> RunPlan {
         timeout_ms: s.timeout_ms,
         overlap: s.overlap_policy,
         serial_limit: opts.serial_limit,
-        dispatch_wait_ms: ms(opts.dispatch_wait),
+        dispatch_wait_ms: duration_ms(opts.dispatch_wait),
     }
 }
 
@@ -232,7 +228,7 @@ impl Dispatcher {
             .store
             .now()
             .await
-            .map(|now| now - ms(self.opts.queue_retention));
+            .map(|now| now - duration_ms(self.opts.queue_retention));
         if let Ok(cutoff) = cutoff
             && let Err(e) = self.store.trim_triggers(cutoff).await
         {

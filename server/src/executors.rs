@@ -31,7 +31,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::dispatch::Dispatcher;
 use crate::links::Links;
-use crate::model::{RunState, now_ms, valid_job_id};
+use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
 use crate::store::{Applied, Finisher, Held, LogLine, NodeRecord, Outcome, Store};
 
 #[derive(Debug, Clone)]
@@ -103,10 +103,6 @@ impl Executors {
             shutdown,
         }
     }
-}
-
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Validates a hello into the node it registers.
@@ -205,8 +201,8 @@ impl ExecutorService for Executors {
         let (tx, rx) = mpsc::channel(1024);
         let welcome = pb::Welcome {
             server_instance: self.opts.instance_id.clone(),
-            heartbeat_interval_ms: ms(self.opts.heartbeat_interval),
-            lease_ttl_ms: ms(self.opts.lease_ttl),
+            heartbeat_interval_ms: duration_ms(self.opts.heartbeat_interval),
+            lease_ttl_ms: duration_ms(self.opts.lease_ttl),
             unknown_in_flight: gone,
         };
         tx.send(out(Out::Welcome(welcome)))

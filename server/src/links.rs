@@ -71,20 +71,25 @@ impl Links {
         self.local.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends to a node attached here; false when it is not (or its stream is full or
-    /// gone).
-    pub fn send_local(&self, node_id: &str, msg: pb::server_message::Msg) -> bool {
-        let tx = self.map().get(node_id).map(|l| l.tx.clone());
-        let Some(tx) = tx else {
-            return false;
-        };
-        tx.try_send(Ok(pb::ServerMessage { msg: Some(msg) }))
-            .is_ok()
+    /// The stream of a node attached here.
+    fn attached(&self, node_id: &str) -> Option<StreamSender> {
+        self.map().get(node_id).map(|l| l.tx.clone())
+    }
+
+    /// Sends on a local stream; a message for a stream that is full or gone is dropped.
+    fn send_on(tx: &StreamSender, node_id: &str, msg: pb::server_message::Msg) {
+        if tx
+            .try_send(Ok(pb::ServerMessage { msg: Some(msg) }))
+            .is_err()
+        {
+            debug!(%node_id, "the node's stream is full or closed; message dropped");
+        }
     }
 
     /// Delivers to `node_id`, attached to `instance` as far as the caller knows.
     pub async fn deliver(&self, node_id: &str, instance: &str, msg: pb::server_message::Msg) {
-        if self.send_local(node_id, msg.clone()) {
+        if let Some(tx) = self.attached(node_id) {
+            Self::send_on(&tx, node_id, msg);
             return;
         }
         if instance.is_empty() || instance == self.instance {
@@ -136,11 +141,12 @@ impl Links {
         };
         let node_id = String::from_utf8_lossy(&raw[..nl]);
         match pb::ServerMessage::decode(&raw[nl + 1..]) {
-            Ok(pb::ServerMessage { msg: Some(msg) }) => {
-                if !self.send_local(&node_id, msg) {
+            Ok(pb::ServerMessage { msg: Some(msg) }) => match self.attached(&node_id) {
+                Some(tx) => Self::send_on(&tx, &node_id, msg),
+                None => {
                     debug!(%node_id, "forwarded message for a node no longer attached here; dropped");
                 }
-            }
+            },
             _ => warn!("undecodable inbox message dropped"),
         }
     }

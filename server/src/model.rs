@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 /// Epoch milliseconds, UTC. The store's clock decides what "now" is.
 pub type Millis = i64;
 
+/// A duration in whole milliseconds, saturating.
+pub fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// This machine's wall clock in epoch ms: for times an executor or target reports,
 /// never for decisions (those use the store's clock).
 pub fn now_ms() -> Millis {

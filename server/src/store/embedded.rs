@@ -102,7 +102,9 @@ use super::{
     Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition,
     partition_of,
 };
-use crate::model::{Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord, RunState, Trigger};
+use crate::model::{
+    Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord, RunState, Trigger, duration_ms,
+};
 
 /// How many expired records (runs, idempotency keys, nonces, nodes) one write sweeps, so that a
 /// backlog is worked off over time without making any single operation slow.
@@ -440,10 +442,6 @@ fn now_us() -> u64 {
 
 fn now_ms() -> Millis {
     i64::try_from(now_us() / 1000).unwrap_or(i64::MAX)
-}
-
-fn duration_ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn page_limit(limit: usize) -> usize {
@@ -1012,22 +1010,7 @@ impl<'t> RunTables<'t> {
     /// Deletes up to `SWEEP_BATCH` runs whose retention has passed, oldest first.
     fn sweep(&mut self) -> Result<()> {
         let cutoff = self.now.saturating_sub(self.retention_ms);
-        let expired: Vec<(i64, String)> = {
-            let mut out = Vec::new();
-            for item in self
-                .by_created
-                .range(..(cutoff.saturating_add(1), ""))
-                .ctx("scan runs-by-created")?
-            {
-                if out.len() >= SWEEP_BATCH {
-                    break;
-                }
-                let (k, _) = item.ctx("scan runs-by-created")?;
-                let (created_at, sid) = k.value();
-                out.push((created_at, sid.to_owned()));
-            }
-            out
-        };
+        let expired = due_keys(&self.by_created, cutoff, "scan runs-by-created")?;
         for (created_at, sid) in expired {
             match load_run(&self.runs, &sid)? {
                 Some(run) => self.delete(&run)?,
@@ -1083,25 +1066,30 @@ fn applied(run: RunRecord, revoked: Option<Revocation>, next_serial: Option<Stri
     }
 }
 
+/// Up to `SWEEP_BATCH` keys of a `(time, id)` index whose time is ≤ `until`,
+/// earliest first.
+fn due_keys(
+    index: &impl ReadableTable<(i64, &'static str), ()>,
+    until: Millis,
+    what: &str,
+) -> Result<Vec<(i64, String)>> {
+    let mut out = Vec::new();
+    for item in index.range(..(until.saturating_add(1), "")).ctx(what)? {
+        if out.len() >= SWEEP_BATCH {
+            break;
+        }
+        let (k, _) = item.ctx(what)?;
+        let (at, id) = k.value();
+        out.push((at, id.to_owned()));
+    }
+    Ok(out)
+}
+
 /// Deletes up to `SWEEP_BATCH` nodes whose expiry has passed, earliest first.
 fn sweep_nodes(txn: &WriteTransaction, now: Millis) -> Result<()> {
     let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
     let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
-    let expired: Vec<(i64, String)> = {
-        let mut out = Vec::new();
-        for item in expiry
-            .range(..(now.saturating_add(1), ""))
-            .ctx("scan node expiry")?
-        {
-            if out.len() >= SWEEP_BATCH {
-                break;
-            }
-            let (k, _) = item.ctx("scan node expiry")?;
-            let (at, node_id) = k.value();
-            out.push((at, node_id.to_owned()));
-        }
-        out
-    };
+    let expired = due_keys(&expiry, now, "scan node expiry")?;
     for (at, node_id) in expired {
         expiry
             .remove((at, node_id.as_str()))
