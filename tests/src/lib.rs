@@ -237,6 +237,33 @@ impl Sundial {
         Ok(RunServiceClient::new(self.channel().await?))
     }
 
+    /// Triggers `job_id` now (no idempotency key): the new run's schedule_id.
+    pub async fn trigger(&self, job_id: &str) -> Result<String> {
+        Ok(self
+            .jobs()
+            .await?
+            .trigger_job(pb::TriggerJobRequest {
+                job_id: job_id.into(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .schedule_id)
+    }
+
+    /// The run of `schedule_id`.
+    pub async fn run(&self, schedule_id: &str) -> Result<pb::Run> {
+        self.runs()
+            .await?
+            .get_run(pb::GetRunRequest {
+                schedule_id: schedule_id.into(),
+            })
+            .await?
+            .into_inner()
+            .run
+            .context("GetRun answered without a run")
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -297,6 +324,9 @@ impl Drop for Sundial {
         }
     }
 }
+
+/// A cron line that does not fire for decades: jobs with it run only when triggered.
+pub const MANUAL_ONLY: &str = "0 0 0 1 1 ? 2099";
 
 /// A job spec firing every second on an executor target (no executors are needed for
 /// the scheduler tests: with none connected, runs fail with "no_executor").

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use sundial_proto::v1 as pb;
 use sundial_tests::{
     JournalEntry, RedisServer, Sundial, SundialOptions, TestExecutor, read_journals, wait_for,
@@ -25,7 +25,7 @@ fn opts(redis: &RedisServer, instance: &str) -> SundialOptions {
 fn sleep_job(id: &str, ms: u64, max_retries: i32) -> pb::JobSpec {
     pb::JobSpec {
         id: id.into(),
-        cron: "0 0 0 1 1 ? 2099".into(),
+        cron: sundial_tests::MANUAL_ONLY.into(),
         target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
             group: "g".into(),
             handler: "sleep".into(),
@@ -38,32 +38,6 @@ fn sleep_job(id: &str, ms: u64, max_retries: i32) -> pb::JobSpec {
         }),
         ..Default::default()
     }
-}
-
-async fn get_run(server: &Sundial, sid: &str) -> Result<pb::Run> {
-    server
-        .runs()
-        .await?
-        .get_run(pb::GetRunRequest {
-            schedule_id: sid.into(),
-        })
-        .await?
-        .into_inner()
-        .run
-        .context("no run")
-}
-
-async fn trigger(server: &Sundial, job_id: &str) -> Result<String> {
-    Ok(server
-        .jobs()
-        .await?
-        .trigger_job(pb::TriggerJobRequest {
-            job_id: job_id.into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .schedule_id)
 }
 
 fn journal_of(entries: &[JournalEntry], sid: &str) -> Vec<JournalEntry> {
@@ -109,7 +83,7 @@ async fn killed_executor_run_completes_elsewhere_as_attempt_2() -> Result<()> {
             spec: Some(sleep_job("long", 2000, 1)),
         })
         .await?;
-    let sid = trigger(&server, "long").await?;
+    let sid = server.trigger("long").await?;
     let first = wait_journal_start(&journals, &sid, 1).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let victim_is_x = first.node_id == "x";
@@ -126,7 +100,7 @@ async fn killed_executor_run_completes_elsewhere_as_attempt_2() -> Result<()> {
         "attempt 2 started before attempt 1 died"
     );
     let run = wait_for("the run to succeed", Duration::from_secs(20), || async {
-        let r = get_run(&server, &sid).await?;
+        let r = server.run(&sid).await?;
         Ok((r.state == pb::RunState::Succeeded as i32).then_some(r))
     })
     .await?;
@@ -164,7 +138,7 @@ async fn frozen_executor_is_fenced_off() -> Result<()> {
             spec: Some(sleep_job("long", 1500, 1)),
         })
         .await?;
-    let sid = trigger(&server, "long").await?;
+    let sid = server.trigger("long").await?;
     let first = wait_journal_start(&journals, &sid, 1).await?;
     let frozen = if first.node_id == "x" { &x } else { &y };
     frozen.signal("STOP")?;
@@ -175,13 +149,13 @@ async fn frozen_executor_is_fenced_off() -> Result<()> {
     // result races the real one.
     frozen.signal("CONT")?;
     let run = wait_for("the run to succeed", Duration::from_secs(20), || async {
-        let r = get_run(&server, &sid).await?;
+        let r = server.run(&sid).await?;
         Ok((r.state == pb::RunState::Succeeded as i32).then_some(r))
     })
     .await?;
     // Give the thawed node time to report whatever it has.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = get_run(&server, &sid).await?;
+    let after = server.run(&sid).await?;
     ensure!(
         after == run,
         "the run changed after it succeeded: {after:?}"

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use axum::Router;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
@@ -59,7 +59,7 @@ async fn receiver() -> Result<(String, Arc<AtomicUsize>)> {
 fn http_job(id: &str, url: String) -> pb::JobSpec {
     pb::JobSpec {
         id: id.into(),
-        cron: "0 0 0 1 1 ? 2099".into(),
+        cron: sundial_tests::MANUAL_ONLY.into(),
         target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
             url,
             method: "POST".into(),
@@ -69,30 +69,12 @@ fn http_job(id: &str, url: String) -> pb::JobSpec {
 }
 
 async fn run_until_final(server: &Sundial, job_id: &str) -> Result<pb::Run> {
-    let sid = server
-        .jobs()
-        .await?
-        .trigger_job(pb::TriggerJobRequest {
-            job_id: job_id.into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .schedule_id;
+    let sid = server.trigger(job_id).await?;
     wait_for(
         &format!("{sid} to finish"),
         Duration::from_secs(20),
         || async {
-            let r = server
-                .runs()
-                .await?
-                .get_run(pb::GetRunRequest {
-                    schedule_id: sid.clone(),
-                })
-                .await?
-                .into_inner()
-                .run
-                .context("run")?;
+            let r = server.run(&sid).await?;
             Ok([4, 5, 6, 7].contains(&r.state).then_some(r))
         },
     )

@@ -115,7 +115,7 @@ fn manual_job(id: &str, handler: &str) -> pb::JobSpec {
     pb::JobSpec {
         id: id.into(),
         // Far in the future: only manual triggers run.
-        cron: "0 0 0 1 1 ? 2099".into(),
+        cron: sundial_tests::MANUAL_ONLY.into(),
         target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
             group: "g".into(),
             handler: handler.into(),
@@ -124,38 +124,12 @@ fn manual_job(id: &str, handler: &str) -> pb::JobSpec {
     }
 }
 
-async fn trigger(server: &Sundial, job_id: &str) -> Result<String> {
-    Ok(server
-        .jobs()
-        .await?
-        .trigger_job(pb::TriggerJobRequest {
-            job_id: job_id.into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .schedule_id)
-}
-
-async fn get_run(server: &Sundial, sid: &str) -> Result<pb::Run> {
-    server
-        .runs()
-        .await?
-        .get_run(pb::GetRunRequest {
-            schedule_id: sid.into(),
-        })
-        .await?
-        .into_inner()
-        .run
-        .context("no run")
-}
-
 async fn wait_state(server: &Sundial, sid: &str, state: pb::RunState) -> Result<pb::Run> {
     wait_for(
         &format!("{sid} to be {state:?}"),
         Duration::from_secs(15),
         || async {
-            let r = get_run(server, sid).await?;
+            let r = server.run(sid).await?;
             Ok((r.state == state as i32).then_some(r))
         },
     )
@@ -183,7 +157,7 @@ async fn happy_path_and_stale_tokens(opts: SundialOptions) -> Result<()> {
         })
         .await?;
     let mut e = Exec::connect(channel.clone(), "n1", &["work"]).await?;
-    let sid = trigger(&server, "j1").await?;
+    let sid = server.trigger("j1").await?;
     let d = e.dispatch().await?;
     let run = d.run.clone().context("run ref")?;
     ensure!(
@@ -311,7 +285,7 @@ async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
     let mut e = Exec::connect(channel.clone(), "n1", &["work"]).await?;
 
     // Retries: attempt 1 and 2 fail, attempt 3 succeeds; each attempt has a new token.
-    let sid = trigger(&server, "flaky").await?;
+    let sid = server.trigger("flaky").await?;
     let mut tokens = Vec::new();
     for attempt in 1..=3u32 {
         let d = e.dispatch().await?;
@@ -334,7 +308,7 @@ async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
         spec: Some(manual_job("once", "work")),
     })
     .await?;
-    let sid = trigger(&server, "once").await?;
+    let sid = server.trigger("once").await?;
     let run = e.dispatch().await?.run.context("run ref")?;
     ensure!(
         e.result(&run, pb::ResultStatus::Failed, b"")
@@ -366,7 +340,7 @@ async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
 
     // Timeout: the executor never answers; the server cancels attempt 1, retries
     // once, and records TIMED_OUT after attempt 2 times out too.
-    let sid = trigger(&server, "slow").await?;
+    let sid = server.trigger("slow").await?;
     let mut cancelled = Vec::new();
     let mut dispatched = Vec::new();
     while cancelled.len() < 2 {
@@ -395,10 +369,10 @@ async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
         .result(&dispatched[1], pb::ResultStatus::Succeeded, b"")
         .await?;
     ensure!(!a.accepted, "{a:?}");
-    ensure!(get_run(&server, &sid).await?.state == pb::RunState::TimedOut as i32);
+    ensure!(server.run(&sid).await?.state == pb::RunState::TimedOut as i32);
 
     // Reject: the dispatch goes to another node, same attempt.
-    let sid = trigger(&server, "once").await?;
+    let sid = server.trigger("once").await?;
     let run = e.dispatch().await?.run.context("run ref")?;
     let mut e2 = Exec::connect(channel.clone(), "n2", &["work"]).await?;
     // Let routing's node snapshot (refreshed every 250 ms) see n2.
@@ -422,7 +396,7 @@ async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
     drop(e2);
 
     // CancelRun: the executor is told, its later result is refused.
-    let sid = trigger(&server, "cancel-me").await?;
+    let sid = server.trigger("cancel-me").await?;
     let run = e.dispatch().await?.run.context("run ref")?;
     let cancelled = server
         .runs()
@@ -571,10 +545,10 @@ async fn overlap_policies_hold_across_two_instances() -> Result<()> {
     );
 
     // replace: each new run cancels the running one; the last one standing executes.
-    let first = trigger(&a, "replace").await?;
+    let first = a.trigger("replace").await?;
     let d1 = e.dispatch().await?.run.context("run ref")?;
     ensure!(d1.schedule_id == first);
-    let second = trigger(&b, "replace").await?;
+    let second = b.trigger("replace").await?;
     let mut cancelled = false;
     let mut d2 = None;
     while !cancelled || d2.is_none() {
@@ -599,7 +573,7 @@ async fn overlap_policies_hold_across_two_instances() -> Result<()> {
             .await?
             .accepted
     );
-    let r1 = get_run(&a, &first).await?;
+    let r1 = a.run(&first).await?;
     ensure!(
         r1.state == pb::RunState::Cancelled as i32 && r1.reason == "replaced",
         "{r1:?}"
