@@ -24,11 +24,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::fault::crash_point;
 use crate::http_target::HttpTargets;
 use crate::links::Links;
-use crate::model::{JobRecord, RunPlan, RunRecord, RunState, Target, duration_ms};
+use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::routing::{self, NodeView, Route, RouteState};
 use crate::store::{
-    Assigned, Delivery, Finisher, LeaseTerms, NodeRecord, NodeSlot, Outcome, Revocation, Store,
-    Transition,
+    Assigned, Delivery, FannedOut, Finisher, LeaseTerms, NodeRecord, NodeSlot, Outcome, Revocation,
+    Store, Transition,
 };
 
 #[derive(Debug, Clone)]
@@ -298,7 +298,7 @@ impl Dispatcher {
     /// Acts on what a transition left to do: cancel a revoked lease, route the serial
     /// run it released, route the run itself when it is WAITING and due.
     pub async fn follow_up(&self, t: Transition) {
-        if let Some(rv) = &t.revoked {
+        for rv in &t.revoked {
             self.send_cancel(rv).await;
         }
         if let Some(next) = &t.next_serial {
@@ -328,12 +328,13 @@ impl Dispatcher {
             .unwrap_or_default();
         let (job_id, _) = crate::model::split_schedule_id(&rv.schedule_id).unwrap_or(("", ""));
         debug!(%job_id, schedule_id = %rv.schedule_id, node_id = %rv.node_id, reason = %rv.reason, "cancelling");
+        let (schedule_id, shard_index) = RunRecord::wire_ref(&rv.schedule_id);
         let cancel = pb::server_message::Msg::Cancel(pb::Cancel {
             run: Some(pb::RunRef {
-                schedule_id: rv.schedule_id.clone(),
+                schedule_id: schedule_id.to_owned(),
                 attempt: 0,
                 fencing_token: rv.token,
-                shard_index: 0,
+                shard_index,
             }),
             reason: rv.reason.clone(),
         });
@@ -404,6 +405,21 @@ impl Dispatcher {
         if candidates.is_empty() {
             candidates = eligible;
         }
+        let route_key = run
+            .route_key_override
+            .clone()
+            .unwrap_or_else(|| job.spec.route_key.clone());
+        let strategy = match job.spec.route_strategy {
+            // A shard (a broadcast sub-run being routed again) goes to one node.
+            RouteStrategy::ShardingBroadcast if !run.parent.is_empty() => {
+                RouteStrategy::LeastActive
+            }
+            RouteStrategy::ShardingBroadcast => {
+                self.broadcast(run, job, candidates, &route_key).await;
+                return;
+            }
+            other => other,
+        };
         let views: Vec<NodeView> = candidates
             .iter()
             .map(|n| NodeView {
@@ -416,60 +432,98 @@ impl Dispatcher {
                 slow: false,
             })
             .collect();
-        let route_key = run
-            .route_key_override
-            .clone()
-            .unwrap_or_else(|| job.spec.route_key.clone());
         let first = {
             let mut routes = lock(&self.routes);
             let state = routes.entry(run.job_id.clone()).or_default();
-            routing::route(
-                job.spec.route_strategy,
-                &views,
-                &route_key,
-                state,
-                rand::random::<f64>(),
-            )
+            routing::route(strategy, &views, &route_key, state, rand::random::<f64>())
         };
         let first = match first {
             Route::One(id) => id,
-            // Sharding broadcast is not built yet: the run goes to the first node.
-            Route::All(ids) => ids.into_iter().next().unwrap_or_default(),
-            Route::NoNode => String::new(),
+            Route::All(_) | Route::NoNode => String::new(),
         };
         // The strategy's pick first; if it is full, any other candidate (busyover).
         let mut order: Vec<&NodeRecord> = candidates.clone();
         order.sort_by_key(|n| (n.node_id != first, n.active, n.node_id.clone()));
         for node in order {
-            let slot = NodeSlot {
-                node_id: node.node_id.clone(),
-                max_concurrency: node.max_concurrency,
-            };
-            match self
-                .store
-                .assign_run(&run.schedule_id, run.attempt, &slot, self.opts.lease)
-                .await
-            {
-                Ok(Assigned::Granted(leased)) => {
-                    let dispatch = dispatch_message(&leased, job, &route_key);
-                    debug!(node_id = %node.node_id, token = leased.fencing_token, "dispatched");
-                    self.links
-                        .deliver(&node.node_id, &node.instance, dispatch)
-                        .await;
-                    return;
-                }
-                Ok(Assigned::NodeFull) => continue,
-                Ok(Assigned::NotWaiting(_)) => {
-                    debug!("run no longer waiting");
-                    return;
-                }
-                Err(e) => {
-                    warn!(error = %e, "assigning the run failed; its timer will retry");
-                    return;
-                }
+            match self.assign_to(run, job, node, &route_key).await {
+                Placed::Done => return,
+                Placed::Full => continue,
             }
         }
         self.still_waiting(run).await;
+    }
+
+    /// Sharding broadcast: one shard per node (in node-id order, shard i to the i-th
+    /// node), each then leased like any run; a shard whose node is full is routed on
+    /// its own.
+    async fn broadcast(
+        &self,
+        run: &RunRecord,
+        job: &JobRecord,
+        mut nodes: Vec<&NodeRecord>,
+        route_key: &str,
+    ) {
+        nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        let total = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+        let shards = match self
+            .store
+            .fan_out(&run.schedule_id, run.attempt, total, self.opts.route_retry)
+            .await
+        {
+            Ok(FannedOut::Shards { shards, .. }) => shards,
+            Ok(FannedOut::NotWaiting(_)) => {
+                debug!("run no longer waiting");
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "fanning the run out failed; its timer will retry");
+                return;
+            }
+        };
+        info!(shards = total, "broadcast fanned out");
+        for (shard, node) in shards.into_iter().zip(nodes) {
+            if let Placed::Full = self.assign_to(&shard, job, node, route_key).await {
+                Box::pin(self.route(shard)).await;
+            }
+        }
+    }
+
+    /// Leases the run to `node` and sends the dispatch. `Full` when the node is at its
+    /// max concurrency; every other outcome ends the attempt to place it here.
+    async fn assign_to(
+        &self,
+        run: &RunRecord,
+        job: &JobRecord,
+        node: &NodeRecord,
+        route_key: &str,
+    ) -> Placed {
+        let slot = NodeSlot {
+            node_id: node.node_id.clone(),
+            max_concurrency: node.max_concurrency,
+        };
+        match self
+            .store
+            .assign_run(&run.schedule_id, run.attempt, &slot, self.opts.lease)
+            .await
+        {
+            Ok(Assigned::Granted(leased)) => {
+                let dispatch = dispatch_message(&leased, job, route_key);
+                debug!(node_id = %node.node_id, token = leased.fencing_token, shard = leased.shard_index, "dispatched");
+                self.links
+                    .deliver(&node.node_id, &node.instance, dispatch)
+                    .await;
+                Placed::Done
+            }
+            Ok(Assigned::NodeFull) => Placed::Full,
+            Ok(Assigned::NotWaiting(_)) => {
+                debug!("run no longer waiting");
+                Placed::Done
+            }
+            Err(e) => {
+                warn!(error = %e, "assigning the run failed; its timer will retry");
+                Placed::Done
+            }
+        }
     }
 
     /// Every candidate is busy: keep waiting unless the wait is over.
@@ -510,6 +564,15 @@ impl Dispatcher {
     }
 }
 
+/// Where an attempt to lease a run to one node left it.
+enum Placed {
+    /// Dispatched, or nothing more to do here (someone else moved the run on, or the
+    /// store failed and the run's timer will bring it back).
+    Done,
+    /// The node is at its max concurrency: try another.
+    Full,
+}
+
 fn dispatch_message(run: &RunRecord, job: &JobRecord, route_key: &str) -> pb::server_message::Msg {
     let handler = match &job.spec.target {
         Target::Executor { handler, .. } => handler.clone(),
@@ -517,10 +580,10 @@ fn dispatch_message(run: &RunRecord, job: &JobRecord, route_key: &str) -> pb::se
     };
     pb::server_message::Msg::Dispatch(pb::Dispatch {
         run: Some(pb::RunRef {
-            schedule_id: run.schedule_id.clone(),
+            schedule_id: run.wire_id().to_owned(),
             attempt: run.attempt,
             fencing_token: run.fencing_token,
-            shard_index: 0,
+            shard_index: run.shard_index,
         }),
         job_id: run.job_id.clone(),
         handler,
@@ -529,7 +592,7 @@ fn dispatch_message(run: &RunRecord, job: &JobRecord, route_key: &str) -> pb::se
             .clone()
             .unwrap_or_else(|| job.spec.payload.clone()),
         route_key: route_key.to_owned(),
-        shard_total: 1,
+        shard_total: run.shard_total.max(1),
         deadline_ms: run.plan.timeout_ms,
         scheduled_at_ms: run.scheduled_at,
         labels: job.spec.labels.clone().into_iter().collect(),

@@ -302,7 +302,7 @@ impl Executors {
         let held: Vec<Held> = runs
             .iter()
             .map(|r| Held {
-                schedule_id: r.schedule_id.clone(),
+                schedule_id: stored_id(r),
                 token: r.fencing_token,
             })
             .collect();
@@ -382,7 +382,7 @@ impl Executors {
                 let t = self
                     .store
                     .finish_run(
-                        &run.schedule_id,
+                        &stored_id(&run),
                         Finisher::Token(run.fencing_token),
                         outcome,
                     )
@@ -410,7 +410,7 @@ impl Executors {
                 let run = run_ref(s.run, "started")?;
                 let t = self
                     .store
-                    .mark_started(&run.schedule_id, run.fencing_token)
+                    .mark_started(&stored_id(&run), run.fencing_token)
                     .await?;
                 match t.applied {
                     Applied::Yes | Applied::Already => Ok(Vec::new()),
@@ -426,7 +426,7 @@ impl Executors {
                 truncate_utf8(&mut message, MAX_LOG_LINE_BYTES);
                 self.store
                     .report_progress(
-                        &run.schedule_id,
+                        &stored_id(&run),
                         run.fencing_token,
                         p.percent.min(100),
                         &message,
@@ -460,7 +460,7 @@ impl Executors {
                     .collect();
                 self.store
                     .append_logs(
-                        &run.schedule_id,
+                        &stored_id(&run),
                         run.fencing_token,
                         lines,
                         self.opts.max_log_bytes,
@@ -483,7 +483,7 @@ impl Executors {
                 let t = self
                     .store
                     .finish_run(
-                        &run.schedule_id,
+                        &stored_id(&run),
                         Finisher::Token(run.fencing_token),
                         outcome,
                     )
@@ -514,6 +514,12 @@ impl Executors {
             .in_current_span(),
         );
     }
+}
+
+/// The stored run an executor's reference names: a shard's own record when it names
+/// a shard other than 0 (shard 0 travels under its parent's id; the store resolves it).
+fn stored_id(r: &pb::RunRef) -> String {
+    crate::model::RunRecord::held_id(&r.schedule_id, r.shard_index)
 }
 
 /// The node's last results as this stream saw them: what the registry reports as its

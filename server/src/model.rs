@@ -264,6 +264,62 @@ pub struct RunRecord {
     pub progress_percent: u32,
     #[serde(default)]
     pub progress_message: String,
+    /// Sharding broadcast. On a shard (a sub-run, schedule_id `{parent}#{index}`): its
+    /// index from 0 and the number of shards. On the parent: `shard_total` shards were
+    /// fanned out (0 = not a broadcast run).
+    #[serde(default)]
+    pub shard_index: u32,
+    #[serde(default)]
+    pub shard_total: u32,
+    /// On a shard: the parent run's schedule_id (empty on every other run).
+    #[serde(default)]
+    pub parent: String,
+    /// On a parent: shards that reached a final state, and how many of them succeeded.
+    #[serde(default)]
+    pub shards_done: u32,
+    #[serde(default)]
+    pub shards_succeeded: u32,
+}
+
+impl RunRecord {
+    /// The schedule_id of shard `index` of the broadcast run `parent`.
+    pub fn shard_id(parent: &str, index: u32) -> String {
+        format!("{parent}#{index}")
+    }
+
+    /// The record an executor's (schedule_id, shard_index) names: the shard's when the
+    /// index is not 0; for index 0 the caller asks the store, which resolves a fanned
+    /// out parent to its shard 0.
+    pub fn held_id(schedule_id: &str, shard_index: u32) -> String {
+        if shard_index == 0 {
+            schedule_id.to_owned()
+        } else {
+            Self::shard_id(schedule_id, shard_index)
+        }
+    }
+
+    /// The (schedule_id, shard_index) an executor knows a stored schedule_id by: a
+    /// shard's `{parent}#{index}` is (parent, index); any other id is (id, 0).
+    pub fn wire_ref(stored_id: &str) -> (&str, u32) {
+        stored_id
+            .rsplit_once('#')
+            .and_then(|(parent, i)| Some((parent, i.parse().ok()?)))
+            .unwrap_or((stored_id, 0))
+    }
+
+    /// The schedule_id the executor is told: a shard's parent, otherwise its own.
+    pub fn wire_id(&self) -> &str {
+        if self.parent.is_empty() {
+            &self.schedule_id
+        } else {
+            &self.parent
+        }
+    }
+
+    /// A broadcast parent whose shards were fanned out: it holds no lease itself.
+    pub fn is_fanned_out(&self) -> bool {
+        self.parent.is_empty() && self.shard_total > 0
+    }
 }
 
 /// The part of a job a run needs to execute, snapshotted when the run begins so a job
@@ -386,6 +442,11 @@ impl RunRecord {
             last_node: String::new(),
             progress_percent: 0,
             progress_message: String::new(),
+            shard_index: 0,
+            shard_total: 0,
+            parent: String::new(),
+            shards_done: 0,
+            shards_succeeded: 0,
         }
     }
 }

@@ -93,9 +93,9 @@ impl Sweeper {
                 // A wake-up is routed now; a run that went back to WAITING after a
                 // revocation is routed when its own timer comes due.
                 let route = t.run.clone().filter(|r| {
-                    t.revoked.is_none() && r.state == RunState::Waiting && r.deadlines.wake_at > 0
+                    t.revoked.is_empty() && r.state == RunState::Waiting && r.deadlines.wake_at > 0
                 });
-                if let Some(rv) = &t.revoked {
+                for rv in &t.revoked {
                     info!(node_id = %rv.node_id, reason = %rv.reason, "lease revoked");
                 }
                 if let Some(run) = &t.run {

@@ -449,6 +449,11 @@ pub fn run_to_pb(r: RunRecord) -> pb::Run {
         reason: r.reason,
         progress_percent: r.progress_percent,
         progress_message: r.progress_message,
+        shard_total: r.shard_total,
+        shards_done: r.shards_done,
+        shards_succeeded: r.shards_succeeded,
+        shard_index: r.shard_index,
+        parent_schedule_id: r.parent,
     }
 }
 

@@ -115,6 +115,18 @@ pub struct RunView {
     pub output: String,
     pub progress_percent: u32,
     pub progress_message: String,
+    /// Sharding broadcast: shards fanned out (0: not a broadcast), ended, succeeded.
+    #[serde(default)]
+    pub shard_total: u32,
+    #[serde(default)]
+    pub shards_done: u32,
+    #[serde(default)]
+    pub shards_succeeded: u32,
+    /// On a shard ("<parent>#<index>"): its index and its parent.
+    #[serde(default)]
+    pub shard_index: u32,
+    #[serde(default)]
+    pub parent_schedule_id: String,
 }
 
 impl From<RunRecord> for RunView {
@@ -146,6 +158,11 @@ impl From<RunRecord> for RunView {
             },
             progress_percent: r.progress_percent,
             progress_message: r.progress_message,
+            shard_total: r.shard_total,
+            shards_done: r.shards_done,
+            shards_succeeded: r.shards_succeeded,
+            shard_index: r.shard_index,
+            parent_schedule_id: r.parent,
         }
     }
 }
@@ -413,7 +430,9 @@ pub fn openapi_document() -> serde_json::Value {
                 "scheduled_at_ms": {"type": "integer", "format": "int64"}, "triggered_at_ms": {"type": "integer", "format": "int64"},
                 "started_at_ms": {"type": "integer", "format": "int64", "nullable": true}, "finished_at_ms": {"type": "integer", "format": "int64", "nullable": true},
                 "error_code": {"type": "string"}, "error_message": {"type": "string"}, "reason": {"type": "string"}, "job_version": {"type": "integer", "format": "int64"},
-                "output": {"type": "string", "format": "byte"}, "progress_percent": {"type": "integer"}, "progress_message": {"type": "string"}
+                "output": {"type": "string", "format": "byte"}, "progress_percent": {"type": "integer"}, "progress_message": {"type": "string"},
+                "shard_total": {"type": "integer"}, "shards_done": {"type": "integer"}, "shards_succeeded": {"type": "integer"},
+                "shard_index": {"type": "integer"}, "parent_schedule_id": {"type": "string"}
             }},
             "Task": {"type": "object", "properties": {
                 "job_id": {"type": "string"}, "version": {"type": "integer", "format": "int64"},

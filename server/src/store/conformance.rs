@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    Applied, Assigned, Begun, ClaimResult, Delivery, DueFire, Enqueued, Error, Finisher, FireClaim,
-    Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Revocation, RunQuery, Store,
-    StoreOptions, Transition, partition_of,
+    Applied, Assigned, Begun, ClaimResult, Delivery, DueFire, Enqueued, Error, FannedOut, Finisher,
+    FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Revocation, RunQuery,
+    Store, StoreOptions, Transition, partition_of,
 };
 use crate::model::{
     Arm, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy, RetryPolicy, RunPlan, RunRecord,
@@ -67,6 +67,8 @@ macro_rules! store_conformance_tests {
             expire_run_wakes_waiting: options,
             due_runs_per_partition: options,
             cancel_run_transitions: options,
+            broadcast_shards: options,
+            broadcast_cancel_and_replace: options,
             progress_and_logs: options,
             inbox_order_and_blocking: options,
             nonces: options,
@@ -1319,9 +1321,10 @@ fn assert_near(at: Millis, before: Millis, after: Millis, offset: i64, what: &st
 }
 
 fn revocation_of(t: &Transition) -> &Revocation {
-    t.revoked
-        .as_ref()
-        .unwrap_or_else(|| panic!("expected a revocation, got {t:?}"))
+    match t.revoked.as_slice() {
+        [rv] => rv,
+        _ => panic!("expected one revocation, got {t:?}"),
+    }
 }
 
 fn log(message: &str) -> LogLine {
@@ -1681,7 +1684,7 @@ pub async fn serial_queue_one_at_a_time(store: Arc<dyn Store>) {
         .await
         .expect("cancel");
     assert_eq!(t.applied, Applied::Yes);
-    assert_eq!(t.revoked, None);
+    assert_eq!(t.revoked, vec![]);
     assert_eq!(t.next_serial, None, "run 1000 still holds the line");
     let r3 = get(&store, &sid(3000)).await;
     assert_eq!(
@@ -2007,7 +2010,7 @@ pub async fn mark_started_transitions(store: Arc<dyn Store>) {
         .expect("start");
     let after = now(&store).await;
     assert_eq!(t.applied, Applied::Yes);
-    assert_eq!((t.revoked, t.next_serial), (None, None));
+    assert_eq!((t.revoked, t.next_serial), (vec![], None));
     let running = t.run.expect("run");
     assert_eq!(running.state, RunState::Running);
     assert_near(
@@ -2114,7 +2117,7 @@ pub async fn renew_leases_extend_and_confirm(store: Arc<dyn Store>) {
     tokio::time::sleep(Duration::from_millis(600)).await;
     let t = store.expire_run(&sids[0], GRACE).await.expect("expire");
     assert!(matches!(t.applied, Applied::No(_)), "confirmed: {t:?}");
-    assert_eq!(t.revoked, None);
+    assert_eq!(t.revoked, vec![]);
     assert_eq!(get(&store, &sids[0]).await.state, RunState::Dispatched);
     let t = store.expire_run(&sids[1], GRACE).await.expect("expire");
     assert_eq!(t.applied, Applied::Yes);
@@ -2186,7 +2189,7 @@ pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
         .await
         .expect("finish");
     assert_eq!(t.applied, Applied::Yes);
-    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (None, None));
+    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (vec![], None));
     let done = t.run.expect("run");
     assert_eq!(
         (done.state, done.fencing_token, done.reason.as_str()),
@@ -2297,7 +2300,7 @@ pub async fn finish_run_retries(store: Arc<dyn Store>) {
         .expect("finish");
     let after = now(&store).await;
     assert_eq!(t.applied, Applied::Yes);
-    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (None, None));
+    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (vec![], None));
     let w = t.run.expect("run");
     assert_eq!(
         (w.state, w.attempt, w.reason.as_str()),
@@ -2459,7 +2462,7 @@ pub async fn finish_run_rejected(store: Arc<dyn Store>) {
         .expect("finish");
     let after = now(&store).await;
     assert_eq!(t.applied, Applied::Yes);
-    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (None, None));
+    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (vec![], None));
     let w = t.run.expect("run");
     assert_eq!(
         (w.state, w.attempt, w.reason.as_str()),
@@ -2530,12 +2533,12 @@ pub async fn expire_run_timeout(store: Arc<dyn Store>) {
     assert_eq!(t.applied, Applied::Yes);
     assert_eq!(
         t.revoked,
-        Some(Revocation {
+        vec![Revocation {
             schedule_id: sid.to_owned(),
             node_id: "tmo-n".to_owned(),
             token: g1.fencing_token,
             reason: "timeout".to_owned(),
-        })
+        }]
     );
     let w = t.run.expect("run");
     assert_eq!(
@@ -2588,7 +2591,7 @@ pub async fn expire_run_timeout(store: Arc<dyn Store>) {
     // Final: the timer is gone and nothing happens; the job is free again.
     let t = store.expire_run(sid, GRACE).await.expect("expire");
     assert!(matches!(t.applied, Applied::No(_)));
-    assert_eq!(t.revoked, None);
+    assert_eq!(t.revoked, vec![]);
     let t = store.expire_run("tmo@404", GRACE).await.expect("expire");
     assert!(matches!(t.applied, Applied::No(_)));
     assert_eq!(t.run, None);
@@ -2635,12 +2638,12 @@ pub async fn expire_run_unconfirmed_and_lost(store: Arc<dyn Store>) {
         assert_eq!(t.applied, Applied::Yes, "{t:?}");
         assert_eq!(
             t.revoked,
-            Some(Revocation {
+            vec![Revocation {
                 schedule_id: g.schedule_id.clone(),
                 node_id: "lost-n".to_owned(),
                 token: g.fencing_token,
                 reason: "unconfirmed".to_owned(),
-            })
+            }]
         );
         let w = t.run.expect("run");
         assert_eq!(
@@ -2729,7 +2732,7 @@ pub async fn expire_run_wakes_waiting(store: Arc<dyn Store>) {
     let t = store.expire_run(sid, GRACE).await.expect("expire");
     let after = now(&store).await;
     assert_eq!(t.applied, Applied::Yes);
-    assert_eq!(t.revoked, None);
+    assert_eq!(t.revoked, vec![]);
     let w = t.run.expect("run");
     assert_eq!((w.state, w.attempt), (RunState::Waiting, 1));
     assert_near(
@@ -2826,7 +2829,7 @@ pub async fn cancel_run_transitions(store: Arc<dyn Store>) {
         .await
         .expect("cancel");
     assert_eq!(t.applied, Applied::Yes);
-    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (None, None));
+    assert_eq!((t.revoked.clone(), t.next_serial.clone()), (vec![], None));
     let c = t.run.expect("run");
     assert_eq!(
         (c.state, c.reason.as_str()),
@@ -2849,12 +2852,12 @@ pub async fn cancel_run_transitions(store: Arc<dyn Store>) {
     assert_eq!(t.applied, Applied::Yes);
     assert_eq!(
         t.revoked,
-        Some(Revocation {
+        vec![Revocation {
             schedule_id: sid(2000),
             node_id: "cxl-n".to_owned(),
             token: g.fencing_token,
             reason: "by user".to_owned(),
-        })
+        }]
     );
     let c = t.run.expect("run");
     assert_eq!(c.state, RunState::Cancelled);
@@ -2881,6 +2884,259 @@ pub async fn cancel_run_transitions(store: Arc<dyn Store>) {
     let t = store.cancel_run("cxl@404", "x").await.expect("cancel");
     assert!(matches!(t.applied, Applied::No(_)));
     assert_eq!(t.run, None);
+}
+
+async fn fan(store: &Arc<dyn Store>, sid: &str, shards: u32) -> (RunRecord, Vec<RunRecord>) {
+    match store.fan_out(sid, 1, shards, GRACE).await.expect("fan out") {
+        FannedOut::Shards { parent, shards } => (parent, shards),
+        other => panic!("fan out {sid}: expected shards, got {other:?}"),
+    }
+}
+
+pub async fn broadcast_shards(store: Arc<dyn Store>) {
+    store.create_job(job("bc", None)).await.expect("create");
+    let sid = |planned: i64| schedule_id("bc", &planned.to_string());
+    let two_attempts = RunPlan {
+        max_attempts: 2,
+        ..plan(OverlapPolicy::Forbid)
+    };
+    begin(&store, planned_run("bc", 1000, two_attempts.clone())).await;
+    let before = now(&store).await;
+    let (parent, shards) = fan(&store, &sid(1000), 3).await;
+    assert_eq!(
+        (parent.state, parent.shard_total, parent.node_id.as_str()),
+        (RunState::Running, 3, "")
+    );
+    assert!(parent.started_at.expect("started") >= before);
+    assert_eq!(parent.deadlines, Deadlines::default());
+    assert_eq!(get(&store, &sid(1000)).await, parent);
+    let ids: Vec<&str> = shards.iter().map(|s| s.schedule_id.as_str()).collect();
+    assert_eq!(ids, ["bc@1000#0", "bc@1000#1", "bc@1000#2"]);
+    for (i, s) in shards.iter().enumerate() {
+        assert_eq!(
+            (
+                s.state,
+                s.attempt,
+                s.parent.as_str(),
+                s.shard_index,
+                s.shard_total
+            ),
+            (RunState::Waiting, 1, sid(1000).as_str(), i as u32, 3)
+        );
+        assert!(s.deadlines.wake_at > 0 && s.deadlines.wait_until > 0);
+        assert_eq!(get(&store, &s.schedule_id).await, *s);
+    }
+    // Fanned out once only; the run list shows the parent alone.
+    let again = store
+        .fan_out(&sid(1000), 1, 3, GRACE)
+        .await
+        .expect("fan out");
+    assert!(
+        matches!(&again, FannedOut::NotWaiting(Some(r)) if r.state == RunState::Running),
+        "{again:?}"
+    );
+    let listed = list_all_runs(
+        &store,
+        "bc",
+        RunQuery {
+            limit: 100,
+            ..RunQuery::default()
+        },
+    )
+    .await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    // Each shard is leased on its own; shard 0 answers to the parent's id.
+    let nodes = [slot("bc-0", 1), slot("bc-1", 1), slot("bc-2", 1)];
+    let mut granted = Vec::new();
+    for (s, n) in shards.iter().zip(&nodes) {
+        granted.push(grant(&store, &s.schedule_id, 1, n, LONG).await);
+    }
+    let t0 = granted[0].fencing_token;
+    let t = store.mark_started(&sid(1000), t0).await.expect("start");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.run.as_ref().map(|r| r.state), Some(RunState::Running));
+    assert_eq!(get(&store, "bc@1000#0").await.state, RunState::Running);
+    let renewed = store
+        .renew_leases(
+            "bc-0",
+            &[Held {
+                schedule_id: sid(1000),
+                token: t0,
+            }],
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("renew");
+    assert!(renewed[0].is_some(), "{renewed:?}");
+    // Shard 0 succeeds: counted on the parent, which keeps running.
+    let t = store
+        .finish_run(
+            &sid(1000),
+            Finisher::Token(t0),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(
+        t.run.as_ref().map(|r| r.schedule_id.as_str()),
+        Some("bc@1000#0")
+    );
+    let p = get(&store, &sid(1000)).await;
+    assert_eq!(
+        (p.state, p.shards_done, p.shards_succeeded),
+        (RunState::Running, 1, 1)
+    );
+    // Shard 1 fails once: it retries on its own; the parent does not count it yet.
+    let t = store
+        .finish_run(
+            "bc@1000#1",
+            Finisher::Token(granted[1].fencing_token),
+            failed("boom"),
+        )
+        .await
+        .expect("finish");
+    let s1 = t.run.expect("shard");
+    assert_eq!((s1.state, s1.attempt), (RunState::Waiting, 2));
+    assert_eq!(get(&store, &sid(1000)).await.shards_done, 1);
+    let g1 = grant(&store, "bc@1000#1", 2, &nodes[0], LONG).await;
+    store
+        .finish_run(
+            "bc@1000#1",
+            Finisher::Token(g1.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    // While a shard runs, the parent is active: forbid skips the next fire.
+    let skipped = begin(&store, planned_run("bc", 2000, two_attempts.clone()))
+        .await
+        .run;
+    assert_eq!(
+        (skipped.state, skipped.reason.as_str()),
+        (RunState::Skipped, "overlap")
+    );
+    // Shard 2 fails for good: the parent ends FAILED, naming it.
+    let t = store
+        .finish_run(
+            "bc@1000#2",
+            Finisher::Token(granted[2].fencing_token),
+            failed("disk"),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(t.run.expect("shard").state, RunState::Waiting);
+    let g2 = grant(&store, "bc@1000#2", 2, &nodes[1], LONG).await;
+    store
+        .finish_run(
+            "bc@1000#2",
+            Finisher::Token(g2.fencing_token),
+            failed("disk"),
+        )
+        .await
+        .expect("finish");
+    let p = get(&store, &sid(1000)).await;
+    assert_eq!(
+        (
+            p.state,
+            p.shards_done,
+            p.shards_succeeded,
+            p.error_code.as_str()
+        ),
+        (RunState::Failed, 3, 2, "shards_failed")
+    );
+    assert!(p.error_message.contains("shard 2 FAILED (disk)"), "{p:?}");
+    assert!(p.finished_at.is_some());
+    // No longer active: the next fire starts.
+    let next = begin(&store, planned_run("bc", 3000, two_attempts))
+        .await
+        .run;
+    assert_eq!(next.state, RunState::Waiting);
+    // A broadcast where every shard succeeds ends SUCCEEDED.
+    let (_, shards) = fan(&store, &sid(3000), 2).await;
+    for (s, n) in shards.iter().zip(&nodes) {
+        let g = grant(&store, &s.schedule_id, 1, n, LONG).await;
+        store
+            .finish_run(
+                &s.schedule_id,
+                Finisher::Token(g.fencing_token),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish");
+    }
+    let p = get(&store, &sid(3000)).await;
+    assert_eq!(
+        (
+            p.state,
+            p.shards_done,
+            p.shards_succeeded,
+            p.error_code.as_str()
+        ),
+        (RunState::Succeeded, 2, 2, "")
+    );
+}
+
+pub async fn broadcast_cancel_and_replace(store: Arc<dyn Store>) {
+    store.create_job(job("bx", None)).await.expect("create");
+    let sid = |planned: i64| schedule_id("bx", &planned.to_string());
+    begin(&store, planned_run("bx", 1000, plan(OverlapPolicy::Allow))).await;
+    let (_, shards) = fan(&store, &sid(1000), 2).await;
+    let g = grant(&store, &shards[0].schedule_id, 1, &slot("bx-0", 1), LONG).await;
+    // Cancelling the parent cancels every shard; only the leased one is revoked.
+    let t = store
+        .cancel_run(&sid(1000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(
+        t.revoked,
+        vec![Revocation {
+            schedule_id: "bx@1000#0".to_owned(),
+            node_id: "bx-0".to_owned(),
+            token: g.fencing_token,
+            reason: "by user".to_owned(),
+        }]
+    );
+    let p = t.run.expect("parent");
+    assert_eq!((p.state, p.shards_done), (RunState::Cancelled, 0));
+    for s in &shards {
+        let s = get(&store, &s.schedule_id).await;
+        assert_eq!(
+            (s.state, s.reason.as_str()),
+            (RunState::Cancelled, "by user")
+        );
+    }
+    // Replace takes a fanned-out run's shards down with it; the slot is free again.
+    let replace = || planned_run("bx", 0, plan(OverlapPolicy::Replace));
+    let r2 = RunRecord {
+        scheduled_at: 2000,
+        schedule_id: sid(2000),
+        schedule_no: "2000".to_owned(),
+        ..replace()
+    };
+    begin(&store, r2).await;
+    let (_, shards) = fan(&store, &sid(2000), 2).await;
+    let g = grant(&store, &shards[1].schedule_id, 1, &slot("bx-0", 1), LONG).await;
+    let r3 = RunRecord {
+        scheduled_at: 3000,
+        schedule_id: sid(3000),
+        schedule_no: "3000".to_owned(),
+        ..replace()
+    };
+    let b = begin(&store, r3).await;
+    assert_eq!(
+        b.revoked,
+        vec![Revocation {
+            schedule_id: "bx@2000#1".to_owned(),
+            node_id: "bx-0".to_owned(),
+            token: g.fencing_token,
+            reason: "replaced".to_owned(),
+        }]
+    );
+    assert_eq!(get(&store, &sid(2000)).await.state, RunState::Cancelled);
+    assert_eq!(get(&store, "bx@2000#0").await.state, RunState::Cancelled);
+    grant(&store, &sid(3000), 1, &slot("bx-0", 1), LONG).await;
 }
 
 pub async fn progress_and_logs(store: Arc<dyn Store>) {

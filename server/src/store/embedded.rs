@@ -98,9 +98,9 @@ use tokio::sync::{Notify, watch};
 
 use super::{
     Applied, Assigned, Begun, ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued,
-    Error, Finisher, FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page,
-    Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition,
-    partition_of,
+    Error, FannedOut, Finisher, FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot,
+    Outcome, Page, Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
+    Transition, partition_of,
 };
 use crate::model::{
     Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord, RunState, Trigger, duration_ms,
@@ -643,6 +643,15 @@ impl<'t> RunTables<'t> {
         Ok(load_run(&self.runs, schedule_id)?.filter(|r| !self.expired(r)))
     }
 
+    /// The run an executor's message names: shard 0 of a fanned-out broadcast run
+    /// travels under the parent's schedule_id.
+    fn load_held(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        match self.load(schedule_id)? {
+            Some(run) if run.is_fanned_out() => self.load(&RunRecord::shard_id(schedule_id, 0)),
+            other => Ok(other),
+        }
+    }
+
     /// The stored run for a schedule_id about to be recorded: a record past retention
     /// is deleted on the spot so the new one takes its place.
     fn existing(&mut self, schedule_id: &str) -> Result<Option<RunRecord>> {
@@ -744,7 +753,7 @@ impl<'t> RunTables<'t> {
     /// Takes the lease away: a new token makes the holder's stale. None when the run
     /// held no lease.
     fn revoke(&mut self, run: &mut RunRecord, reason: &str) -> Result<Option<Revocation>> {
-        if !held(run.state) {
+        if !held(run.state) || run.node_id.is_empty() {
             return Ok(None);
         }
         let revocation = Revocation {
@@ -866,6 +875,9 @@ impl<'t> RunTables<'t> {
         if run.finished_at.is_none_or(|f| f == 0) {
             run.finished_at = Some(self.now);
         }
+        if !run.parent.is_empty() {
+            return self.count_shard(run);
+        }
         let (job_id, sid) = (run.job_id.as_str(), run.schedule_id.as_str());
         self.active.remove((job_id, sid)).ctx("delete active run")?;
         self.unqueue(job_id, sid)?;
@@ -874,6 +886,70 @@ impl<'t> RunTables<'t> {
         } else {
             Ok(None)
         }
+    }
+
+    /// A shard became final: it counts on its parent, which ends with its last shard
+    /// (SUCCEEDED only if every shard did). Returns the serial run the parent released.
+    fn count_shard(&mut self, shard: &RunRecord) -> Result<Option<String>> {
+        let Some(mut parent) = self.load(&shard.parent)? else {
+            return Ok(None);
+        };
+        if parent.state.is_final() {
+            return Ok(None);
+        }
+        parent.shards_done += 1;
+        if shard.state == RunState::Succeeded {
+            parent.shards_succeeded += 1;
+        } else {
+            let mut note = format!("shard {} {}", shard.shard_index, shard.state);
+            if !shard.error_code.is_empty() {
+                note.push_str(&format!(" ({})", shard.error_code));
+            }
+            if !parent.error_message.is_empty() {
+                parent.error_message.push_str("; ");
+            }
+            parent.error_message.push_str(&note);
+        }
+        let mut next = None;
+        if parent.shards_done >= parent.shard_total {
+            let state = if parent.shards_succeeded >= parent.shard_total {
+                RunState::Succeeded
+            } else {
+                parent.error_code = "shards_failed".to_owned();
+                RunState::Failed
+            };
+            next = self.finalize(&mut parent, state, "", true)?;
+        }
+        self.save(&parent)?;
+        Ok(next)
+    }
+
+    /// Cancels a run that is not final and, for a fanned-out broadcast run, each of its
+    /// shards still going (the parent first, so they do not count on it). Returns the
+    /// revocations and the serial run released (if `pop`). The caller saves `run`.
+    fn cancel_tree(
+        &mut self,
+        run: &mut RunRecord,
+        reason: &str,
+        pop: bool,
+    ) -> Result<(Vec<Revocation>, Option<String>)> {
+        let mut revoked: Vec<Revocation> = self.revoke(run, reason)?.into_iter().collect();
+        let next = self.finalize(run, RunState::Cancelled, reason, pop)?;
+        if run.is_fanned_out() {
+            self.save(run)?;
+            for i in 0..run.shard_total {
+                let Some(mut shard) = self.load(&RunRecord::shard_id(&run.schedule_id, i))? else {
+                    continue;
+                };
+                if shard.state.is_final() {
+                    continue;
+                }
+                revoked.extend(self.revoke(&mut shard, reason)?);
+                self.finalize(&mut shard, RunState::Cancelled, reason, false)?;
+                self.save(&shard)?;
+            }
+        }
+        Ok((revoked, next))
     }
 
     /// An attempt ended badly (its lease already revoked or released): WAITING at
@@ -958,6 +1034,15 @@ impl<'t> RunTables<'t> {
     /// indexes, its place in the active set and serial queue, its timer, its node slot
     /// and its logs.
     fn delete(&mut self, run: &RunRecord) -> Result<()> {
+        if run.is_fanned_out() {
+            for i in 0..run.shard_total {
+                if let Some(shard) =
+                    load_run(&self.runs, &RunRecord::shard_id(&run.schedule_id, i))?
+                {
+                    self.delete(&shard)?;
+                }
+            }
+        }
         let sid = run.schedule_id.as_str();
         let job_id = run.job_id.as_str();
         self.runs.remove(sid).ctx("delete run")?;
@@ -1051,17 +1136,21 @@ fn refused(reason: &str, run: Option<RunRecord>) -> Transition {
     Transition {
         applied: Applied::No(reason.to_owned()),
         run,
-        revoked: None,
+        revoked: Vec::new(),
         next_serial: None,
     }
 }
 
 /// A transition that changed the run.
-fn applied(run: RunRecord, revoked: Option<Revocation>, next_serial: Option<String>) -> Transition {
+fn applied(
+    run: RunRecord,
+    revoked: impl IntoIterator<Item = Revocation>,
+    next_serial: Option<String>,
+) -> Transition {
     Transition {
         applied: Applied::Yes,
         run: Some(run),
-        revoked,
+        revoked: revoked.into_iter().collect(),
         next_serial,
     }
 }
@@ -1656,10 +1745,8 @@ impl Inner {
                     }
                     OverlapPolicy::Replace => {
                         for mut old in live {
-                            if let Some(rv) = t.revoke(&mut old, "replaced")? {
-                                revoked.push(rv);
-                            }
-                            t.finalize(&mut old, RunState::Cancelled, "replaced", false)?;
+                            let (rvs, _) = t.cancel_tree(&mut old, "replaced", false)?;
+                            revoked.extend(rvs);
                             t.save(&old)?;
                         }
                         Start::Route
@@ -1750,7 +1837,7 @@ impl Inner {
     fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
         write(&self.db, |txn| {
             let mut t = RunTables::open(txn, self)?;
-            let Some(mut run) = t.load(schedule_id)? else {
+            let Some(mut run) = t.load_held(schedule_id)? else {
                 return Ok(refused("unknown run", None));
             };
             if run.fencing_token != token {
@@ -1766,7 +1853,7 @@ impl Inner {
                     run.started_at = Some(t.now);
                     run.deadlines.confirm_by = 0;
                     t.save(&run)?;
-                    Ok(applied(run, None, None))
+                    Ok(applied(run, [], None))
                 }
                 other => Ok(refused(&format!("run is {other}"), Some(run))),
             }
@@ -1784,7 +1871,7 @@ impl Inner {
             let ttl = duration_ms(ttl);
             let mut out = Vec::with_capacity(held_runs.len());
             for h in held_runs {
-                let renewable = t.load(&h.schedule_id)?.filter(|r| {
+                let renewable = t.load_held(&h.schedule_id)?.filter(|r| {
                     held(r.state)
                         && r.fencing_token == h.token
                         && r.node_id == node_id
@@ -1807,7 +1894,11 @@ impl Inner {
     fn finish_run(&self, schedule_id: &str, by: Finisher, outcome: Outcome) -> Result<Transition> {
         write(&self.db, |txn| {
             let mut t = RunTables::open(txn, self)?;
-            let Some(mut run) = t.load(schedule_id)? else {
+            let found = match by {
+                Finisher::Token(_) => t.load_held(schedule_id)?,
+                Finisher::Waiting { .. } => t.load(schedule_id)?,
+            };
+            let Some(mut run) = found else {
                 return Ok(refused("unknown run", None));
             };
             match by {
@@ -1854,7 +1945,7 @@ impl Inner {
                     ..Deadlines::default()
                 };
                 t.save(&run)?;
-                return Ok(applied(run, None, None));
+                return Ok(applied(run, [], None));
             }
             if !outcome.state.is_final() {
                 return Ok(refused(
@@ -1893,7 +1984,7 @@ impl Inner {
                 run.finished_at = outcome.finished_at;
             }
             t.save(&run)?;
-            Ok(applied(run, None, next))
+            Ok(applied(run, [], next))
         })
     }
 
@@ -1969,7 +2060,7 @@ impl Inner {
             } else if run.state == RunState::Waiting && passed(d.wake_at) {
                 run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
                 t.save(&run)?;
-                return Ok(applied(run, None, None));
+                return Ok(applied(run, [], None));
             }
             // Nothing due (the timer was early, e.g. after a renewal): re-score it.
             t.save(&run)?;
@@ -1987,10 +2078,74 @@ impl Inner {
                 let why = format!("run is already {}", run.state);
                 return Ok(refused(&why, Some(run)));
             }
-            let rv = t.revoke(&mut run, reason)?;
-            let next = t.finalize(&mut run, RunState::Cancelled, reason, true)?;
+            let (revoked, next) = t.cancel_tree(&mut run, reason, true)?;
             t.save(&run)?;
-            Ok(applied(run, rv, next))
+            Ok(applied(run, revoked, next))
+        })
+    }
+
+    fn fan_out(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        shards: u32,
+        route_grace: Duration,
+    ) -> Result<FannedOut> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                return Ok(FannedOut::NotWaiting(None));
+            };
+            if run.state != RunState::Waiting
+                || run.attempt != attempt
+                || run.deadlines.wake_at == 0
+            {
+                return Ok(FannedOut::NotWaiting(Some(run)));
+            }
+            let now = t.now;
+            let mut out = Vec::with_capacity(shards as usize);
+            for i in 0..shards {
+                let mut shard = run.clone();
+                shard.schedule_id = RunRecord::shard_id(schedule_id, i);
+                shard.parent = schedule_id.to_owned();
+                shard.shard_index = i;
+                shard.shard_total = shards;
+                shard.shards_done = 0;
+                shard.shards_succeeded = 0;
+                shard.attempt = 1;
+                shard.state = RunState::Waiting;
+                shard.reason.clear();
+                shard.node_id.clear();
+                shard.last_node.clear();
+                shard.started_at = None;
+                shard.finished_at = None;
+                shard.created_at = now;
+                shard.fencing_token = t.new_token(&run.job_id)?;
+                shard.deadlines = Deadlines {
+                    wake_at: now.saturating_add(duration_ms(route_grace)),
+                    wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
+                    ..Deadlines::default()
+                };
+                t.save(&shard)?;
+                // Retention like any run; not in the job's run list.
+                t.by_created
+                    .insert((shard.created_at, shard.schedule_id.as_str()), ())
+                    .ctx("write run retention key")?;
+                out.push(shard);
+            }
+            run.state = RunState::Running;
+            run.reason.clear();
+            run.node_id.clear();
+            run.shard_total = shards;
+            run.shards_done = 0;
+            run.shards_succeeded = 0;
+            run.started_at = Some(now);
+            run.deadlines = Deadlines::default();
+            t.save(&run)?;
+            Ok(FannedOut::Shards {
+                parent: run,
+                shards: out,
+            })
         })
     }
 
@@ -2004,7 +2159,7 @@ impl Inner {
         write(&self.db, |txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut run) = t
-                .load(schedule_id)?
+                .load_held(schedule_id)?
                 .filter(|r| r.fencing_token == token && held(r.state))
             else {
                 return Ok(false);
@@ -2026,11 +2181,13 @@ impl Inner {
         write(&self.db, |txn| {
             let mut t = RunTables::open(txn, self)?;
             // Any state: an executor may flush its last lines after its result.
-            if t.load(schedule_id)?
-                .is_none_or(|r| r.fencing_token != token)
-            {
+            let Some(run) = t
+                .load_held(schedule_id)?
+                .filter(|r| r.fencing_token == token)
+            else {
                 return Ok(false);
-            }
+            };
+            let schedule_id = run.schedule_id.as_str();
             let (mut seq, mut bytes) = t
                 .log_meta
                 .get(schedule_id)
@@ -2423,6 +2580,18 @@ impl Store for EmbeddedStore {
     async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
         let schedule_id = schedule_id.to_owned();
         self.blocking(move |i| i.expire_run(&schedule_id, route_grace))
+            .await
+    }
+
+    async fn fan_out(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        shards: u32,
+        route_grace: Duration,
+    ) -> Result<FannedOut> {
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.fan_out(&schedule_id, attempt, shards, route_grace))
             .await
     }
 

@@ -223,6 +223,18 @@ pub enum Assigned {
     NotWaiting(Option<RunRecord>),
 }
 
+/// Outcome of `fan_out`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FannedOut {
+    /// The parent (RUNNING) and its shards (WAITING, by index), to route now.
+    Shards {
+        parent: RunRecord,
+        shards: Vec<RunRecord>,
+    },
+    /// The run is not WAITING at that attempt (or queued), or it is gone.
+    NotWaiting(Option<RunRecord>),
+}
+
 /// Who finishes a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finisher {
@@ -266,8 +278,9 @@ pub struct Transition {
     pub applied: Applied,
     /// The run after the call; None when there is no such run.
     pub run: Option<RunRecord>,
-    /// A lease this call took away; its node must be sent `Cancel`.
-    pub revoked: Option<Revocation>,
+    /// Leases this call took away (several when a broadcast run's shards are
+    /// cancelled with it); each node must be sent `Cancel`.
+    pub revoked: Vec<Revocation>,
     /// A serial run this call released from the job's queue: it is WAITING and due to
     /// be routed now.
     pub next_serial: Option<String>,
@@ -509,6 +522,29 @@ pub trait Store: Send + Sync + 'static {
         outcome: Outcome,
     ) -> Result<Transition>;
 
+    /// Sharding broadcast: fans a WAITING run at `attempt` (not queued) out into
+    /// `shards` sub-runs `{schedule_id}#{i}` (i from 0), each WAITING at attempt 1 with
+    /// the parent's plan, payload and route key, `shard_index`/`shard_total` set,
+    /// `wake_at` = now + `route_grace`, `wait_until` = now + dispatch_wait_ms, and its
+    /// own token, timer and retries. The parent becomes RUNNING with no lease and no
+    /// deadlines (`shard_total` = shards, `started_at` = now) and stays active for the
+    /// overlap policy. Shards are not in the job's run list. When a shard becomes
+    /// final, the same step counts it on the parent; when the last one does, the
+    /// parent becomes SUCCEEDED if every shard did, else FAILED "shards_failed" with
+    /// the failed shards named in its error message — and only then leaves the active
+    /// set and pops the serial queue.
+    ///
+    /// Executor-facing calls (`mark_started`, `renew_leases`, `finish_run` by token,
+    /// `report_progress`, `append_logs`) given a fanned-out parent's schedule_id act
+    /// on its shard 0, because shard 0 travels under the parent's schedule_id.
+    async fn fan_out(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        shards: u32,
+        route_grace: Duration,
+    ) -> Result<FannedOut>;
+
     /// Runs of a partition whose timer is due by the store's clock, earliest first.
     async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>>;
 
@@ -529,7 +565,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Cancels a run that is not final: its lease (if any) is revoked, it leaves the
     /// active set and the serial queue, state CANCELLED with `reason`; the serial queue
-    /// pops. A final run → `Applied::No` with the run.
+    /// pops. A fanned-out broadcast run takes its unfinished shards with it (each
+    /// revoked and CANCELLED; their revocations listed). A final run → `Applied::No`
+    /// with the run.
     async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition>;
 
     /// Stores an executor's progress report if `token` is current; returns whether.

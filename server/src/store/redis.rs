@@ -38,9 +38,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Applied, Assigned, Begun, ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued,
-    Error, Finisher, FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page,
-    Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition,
-    partition_of,
+    Error, FannedOut, Finisher, FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot,
+    Outcome, Page, Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
+    Transition, partition_of,
 };
 use crate::model::{Arm, JobRecord, Millis, RunRecord, RunState, Trigger, split_schedule_id};
 
@@ -91,6 +91,7 @@ struct Scripts {
     cancel_run: Script,
     report_progress: Script,
     append_logs: Script,
+    fan_out: Script,
 }
 
 impl Scripts {
@@ -117,6 +118,7 @@ impl Scripts {
             cancel_run: run_script!("cancel_run"),
             report_progress: run_script!("report_progress"),
             append_logs: run_script!("append_logs"),
+            fan_out: run_script!("fan_out"),
         }
     }
 }
@@ -477,7 +479,7 @@ fn unknown_run() -> Transition {
     Transition {
         applied: Applied::No("unknown run".to_owned()),
         run: None,
-        revoked: None,
+        revoked: Vec::new(),
         next_serial: None,
     }
 }
@@ -494,20 +496,22 @@ fn revocation(sid: &str, node: &str, token: &str, reason: &str) -> Result<Option
     }))
 }
 
+/// Revocations as the run scripts list them: 4 fields each (sid, node, token, reason).
+fn revocations(fields: &[String]) -> Result<Vec<Revocation>> {
+    fields
+        .chunks(4)
+        .map(|f| match f {
+            [sid, node, token, reason] => revocation(sid, node, token, reason),
+            _ => Err(corrupt(format!("a revocation of {} fields", f.len()))),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(|v| v.into_iter().flatten().collect())
+}
+
 /// Parses the reply every transition script gives: {applied, reason, run_json,
-/// rv_sid, rv_node, rv_token, rv_reason, next_serial}.
+/// next_serial, then 4 fields per revoked lease}.
 fn transition(r: &[String]) -> Result<Transition> {
-    let [
-        applied,
-        reason,
-        json,
-        rv_sid,
-        rv_node,
-        rv_token,
-        rv_reason,
-        next,
-    ] = r
-    else {
+    let [applied, reason, json, next, rest @ ..] = r else {
         return Err(corrupt(format!("run script answered {r:?}")));
     };
     Ok(Transition {
@@ -521,7 +525,7 @@ fn transition(r: &[String]) -> Result<Transition> {
         } else {
             Some(serde_json::from_str(json).map_err(corrupt)?)
         },
-        revoked: revocation(rv_sid, rv_node, rv_token, rv_reason)?,
+        revoked: revocations(rest)?,
         next_serial: (!next.is_empty()).then(|| next.clone()),
     })
 }
@@ -1065,16 +1069,7 @@ impl Store for RedisStore {
         let [created, json, rest @ ..] = r.as_slice() else {
             return Err(corrupt(format!("begin_run answered {r:?}")));
         };
-        let revoked = rest
-            .chunks(4)
-            .map(|f| match f {
-                [sid, node, token, reason] => revocation(sid, node, token, reason),
-                _ => Err(corrupt(format!("begin_run answered {r:?}"))),
-            })
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-            .collect();
+        let revoked = revocations(rest)?;
         Ok(Begun {
             run: serde_json::from_str(json).map_err(corrupt)?,
             created: created == "1",
@@ -1120,6 +1115,47 @@ impl Store for RedisStore {
                 Some(serde_json::from_str(json).map_err(corrupt)?)
             })),
             other => Err(corrupt(format!("assign_run answered {other:?}"))),
+        }
+    }
+
+    async fn fan_out(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        shards: u32,
+        route_grace: Duration,
+    ) -> Result<FannedOut> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(FannedOut::NotWaiting(None));
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .fan_out
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(schedule_id)
+            .arg(attempt)
+            .arg(shards)
+            .arg(ms(route_grace))
+            .arg(ms(self.inner.opts.run_retention))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let decode = |j: &String| serde_json::from_str::<RunRecord>(j).map_err(corrupt);
+        match r.as_slice() {
+            [yes, _, parent, shards @ ..] if yes == "yes" => Ok(FannedOut::Shards {
+                parent: decode(parent)?,
+                shards: shards.iter().map(decode).collect::<Result<_>>()?,
+            }),
+            [_, _, json] => Ok(FannedOut::NotWaiting(if json.is_empty() {
+                None
+            } else {
+                Some(decode(json)?)
+            })),
+            other => Err(corrupt(format!("fan_out answered {other:?}"))),
         }
     }
 

@@ -1,11 +1,12 @@
 -- ARGV: P, schedule_id, token, max_bytes, then one JSON line each ({time_ms, level,
 -- message, attempt}). Lines get their seq here; the oldest fall out past max_bytes.
-local P, sid = ARGV[1], ARGV[2]
-local runkey = P .. 'run:' .. sid
-local run = load_run(P, sid)
+local P = ARGV[1]
+local run = load_held(P, ARGV[2])
 if not run or run.fencing_token ~= ARGV[3] then
   return 0
 end
+local sid = run.schedule_id
+local runkey = P .. 'run:' .. sid
 local lkey, mkey = P .. 'logs:' .. sid, P .. 'logmeta:' .. sid
 local max = tonumber(ARGV[4])
 local bytes = tonumber(redis.call('HGET', mkey, 'bytes') or '0')

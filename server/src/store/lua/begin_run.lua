@@ -46,10 +46,9 @@ if run.state ~= 'SKIPPED' then
   else
     if #live > 0 and policy == 'replace' then
       for _, r in ipairs(live) do
-        local rv = revoke(P, N, r, 'replaced')
-        finalize(P, r, 'CANCELLED', 'replaced', now, false)
+        local rvs = cancel_tree(P, N, r, 'replaced', now, false)
         save_run(P, r)
-        if rv then
+        for _, rv in ipairs(rvs) do
           for _, f in ipairs(rv) do
             out[#out + 1] = f
           end

@@ -8,6 +8,5 @@ if FINAL[run.state] then
   return reply('no', 'run is already ' .. run.state, cjson.encode(run))
 end
 local now = store_now_ms()
-local rv = revoke(P, N, run, reason)
-local nxt = finalize(P, run, 'CANCELLED', reason, now, true)
-return reply('yes', '', save_run(P, run), rv, nxt)
+local rvs, nxt = cancel_tree(P, N, run, reason, now, true)
+return reply('yes', '', save_run(P, run), rvs, nxt)

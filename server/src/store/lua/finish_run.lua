@@ -1,6 +1,11 @@
 -- ARGV: P, N, schedule_id, 'token' | 'waiting', token or attempt, outcome_json
 local P, N, sid, by, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local run = load_run(P, sid)
+local run
+if by == 'token' then
+  run = load_held(P, sid)
+else
+  run = load_run(P, sid)
+end
 if not run then
   return reply('no', 'unknown run')
 end

@@ -1,6 +1,6 @@
 -- ARGV: P, N (unused), schedule_id, token
 local P, sid, token = ARGV[1], ARGV[3], ARGV[4]
-local run = load_run(P, sid)
+local run = load_held(P, sid)
 if not run then
   return reply('no', 'unknown run')
 end

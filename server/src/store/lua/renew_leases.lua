@@ -4,7 +4,7 @@ local P, node, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = store_now_ms()
 local out = {}
 for i = 4, #ARGV, 2 do
-  local run = load_run(P, ARGV[i])
+  local run = load_held(P, ARGV[i])
   if run and HELD[run.state] and run.fencing_token == ARGV[i + 1] and run.node_id == node
       and run.deadlines.lease_expires > now then
     run.deadlines.lease_expires = now + ttl

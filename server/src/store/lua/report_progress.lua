@@ -1,6 +1,6 @@
 -- ARGV: P, schedule_id, token, percent, message
 local P, sid = ARGV[1], ARGV[2]
-local run = load_run(P, sid)
+local run = load_held(P, sid)
 if not run or run.fencing_token ~= ARGV[3] or not HELD[run.state] then
   return 0
 end

@@ -22,6 +22,16 @@ local function load_run(P, sid)
   return run
 end
 
+-- The run an executor's message names: shard 0 of a fanned-out broadcast run travels
+-- under the parent's schedule_id.
+local function load_held(P, sid)
+  local run = load_run(P, sid)
+  if run and (run.parent == nil or run.parent == '') and (tonumber(run.shard_total) or 0) > 0 then
+    return load_run(P, sid .. '#0')
+  end
+  return run
+end
+
 local function earliest(d)
   local m = 0
   for _, k in ipairs({ 'lease_expires', 'confirm_by', 'timeout_at', 'wake_at' }) do
@@ -67,7 +77,7 @@ end
 -- Takes the lease away: a new token makes the holder's stale. Returns the revocation
 -- {sid, node, old token, reason}, or nil when the run held no lease.
 local function revoke(P, N, run, reason)
-  if not HELD[run.state] then
+  if not HELD[run.state] or run.node_id == '' then
     return nil
   end
   local rv = { run.schedule_id, run.node_id, run.fencing_token, reason }
@@ -115,12 +125,70 @@ local function finalize(P, run, state, reason, now, pop)
   if run.finished_at == nil or run.finished_at == cjson.null or run.finished_at == 0 then
     run.finished_at = now
   end
+  if run.parent ~= nil and run.parent ~= '' then
+    -- A shard: count it on its parent, which ends with its last shard.
+    local parent = load_run(P, run.parent)
+    if not parent or FINAL[parent.state] then
+      return nil
+    end
+    parent.shards_done = (tonumber(parent.shards_done) or 0) + 1
+    if state == 'SUCCEEDED' then
+      parent.shards_succeeded = (tonumber(parent.shards_succeeded) or 0) + 1
+    else
+      local note = 'shard ' .. run.shard_index .. ' ' .. state
+      if run.error_code ~= nil and run.error_code ~= '' then
+        note = note .. ' (' .. run.error_code .. ')'
+      end
+      if parent.error_message == nil or parent.error_message == '' then
+        parent.error_message = note
+      else
+        parent.error_message = parent.error_message .. '; ' .. note
+      end
+    end
+    local nxt = nil
+    if parent.shards_done >= tonumber(parent.shard_total) then
+      local ok = parent.shards_succeeded >= tonumber(parent.shard_total)
+      if not ok then
+        parent.error_code = 'shards_failed'
+      end
+      nxt = finalize(P, parent, ok and 'SUCCEEDED' or 'FAILED', '', now, true)
+    end
+    save_run(P, parent)
+    return nxt
+  end
   redis.call('SREM', P .. 'active:' .. run.job_id, run.schedule_id)
   redis.call('LREM', P .. 'serial:' .. run.job_id, 0, run.schedule_id)
   if pop and not has_unqueued_active(P, run.job_id) then
     return pop_serial(P, run.job_id, now)
   end
   return nil
+end
+
+-- Cancels a run that is not final and, for a fanned-out broadcast run, each of its
+-- shards still going (the parent first, so they do not count on it). Returns the
+-- revocations and the serial run released (if `pop`).
+local function cancel_tree(P, N, run, reason, now, pop)
+  local rvs = {}
+  local rv = revoke(P, N, run, reason)
+  if rv then
+    rvs[#rvs + 1] = rv
+  end
+  local nxt = finalize(P, run, 'CANCELLED', reason, now, pop)
+  if (run.parent == nil or run.parent == '') and (tonumber(run.shard_total) or 0) > 0 then
+    save_run(P, run)
+    for i = 0, tonumber(run.shard_total) - 1 do
+      local s = load_run(P, run.schedule_id .. '#' .. i)
+      if s and not FINAL[s.state] then
+        local srv = revoke(P, N, s, reason)
+        if srv then
+          rvs[#rvs + 1] = srv
+        end
+        finalize(P, s, 'CANCELLED', reason, now, false)
+        save_run(P, s)
+      end
+    end
+  end
+  return rvs, nxt
 end
 
 local function backoff_after(plan, attempt)
@@ -155,11 +223,20 @@ local function retry_or_final(P, run, final_state, reason, now, delay)
   return finalize(P, run, final_state, reason, now, true)
 end
 
--- The reply of every transition: {applied, reason, run_json, rv_sid, rv_node,
--- rv_token, rv_reason, next_serial}; '' where absent.
+-- The reply of every transition: {applied, reason, run_json, next_serial, then 4
+-- fields (sid, node, token, reason) per revoked lease}; '' where absent. `rv` is one
+-- revocation, a list of them, or nil.
 local function reply(applied, reason, json, rv, nxt)
-  rv = rv or { '', '', '', '' }
-  return { applied, reason or '', json or '', rv[1], rv[2], rv[3], rv[4], nxt or '' }
+  local out = { applied, reason or '', json or '', nxt or '' }
+  if rv and type(rv[1]) ~= 'table' then
+    rv = { rv }
+  end
+  for _, r in ipairs(rv or {}) do
+    for _, f in ipairs(r) do
+      out[#out + 1] = f
+    end
+  end
+  return out
 end
 
 -- Stores a new run record with its retention and indexes it under its job, keeping
@@ -181,6 +258,14 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
       local gone = load_run(P, o)
       if gone then
         leave_node(N, gone)
+        for i = 0, (tonumber(gone.shard_total) or 0) - 1 do
+          local shard = load_run(P, o .. '#' .. i)
+          if shard then
+            leave_node(N, shard)
+            redis.call('DEL', P .. 'run:' .. shard.schedule_id)
+            redis.call('ZREM', P .. 'timers', shard.schedule_id)
+          end
+        end
       end
       redis.call('DEL', P .. 'run:' .. o, P .. 'logs:' .. o, P .. 'logmeta:' .. o)
       redis.call('ZREM', P .. 'timers', o)
