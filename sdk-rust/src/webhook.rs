@@ -104,8 +104,9 @@ pub struct Secret {
 pub enum SecretError {
     #[error("a webhook secret starts with \"whsec_\"")]
     MissingPrefix,
+    /// Says where the base64 is broken without echoing any of the secret's characters.
     #[error("the part after \"whsec_\" is not standard base64: {0}")]
-    NotBase64(base64::DecodeError),
+    NotBase64(String),
     #[error("the key is {0} bytes; a webhook secret's key has 24 to 64 bytes")]
     BadLength(usize),
 }
@@ -148,7 +149,18 @@ impl FromStr for Secret {
             .trim()
             .strip_prefix(SECRET_PREFIX)
             .ok_or(SecretError::MissingPrefix)?;
-        let key = BASE64.decode(encoded).map_err(SecretError::NotBase64)?;
+        let key = BASE64.decode(encoded).map_err(|e| {
+            SecretError::NotBase64(match e {
+                base64::DecodeError::InvalidByte(at, _) => format!("bad character at offset {at}"),
+                base64::DecodeError::InvalidLength(n) => {
+                    format!("{n} symbols is not a valid length")
+                }
+                base64::DecodeError::InvalidLastSymbol(at, _) => {
+                    format!("bad last character at offset {at}")
+                }
+                base64::DecodeError::InvalidPadding => "bad padding".to_owned(),
+            })
+        })?;
         Secret::from_bytes(key)
     }
 }

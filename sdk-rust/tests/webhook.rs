@@ -111,6 +111,22 @@ fn malformed_secret_says_what_is_wrong() {
     assert!(message.contains("3 bytes"), "{message}");
     let message = err("nope").map(|e| e.to_string()).unwrap_or_default();
     assert!(message.contains("whsec_"), "{message}");
+    // Errors say where, never echoing the secret's own characters.
+    let message = err("whsec_AAECAwQF#GcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert_eq!(
+        message,
+        "the part after \"whsec_\" is not standard base64: bad character at offset 8"
+    );
+    let message = err("whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh9=")
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        message.ends_with("bad last character at offset 42"),
+        "{message}"
+    );
+    assert!(!message.contains('9'), "{message}");
 }
 
 #[test]
