@@ -22,6 +22,9 @@
 //! - on `Drain`, or when shut down, it takes no new work and finishes what runs
 //!   (shutdown waits at most a grace period).
 //!
+//! Receivers of Sundial's result webhooks verify them with [`webhook::Verifier`]; the
+//! [`webhook`] module also holds the signing functions the server uses.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //!
@@ -67,6 +70,7 @@ mod executor;
 mod handler;
 mod logs;
 mod runs;
+pub mod webhook;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
