@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::dispatch::DispatchOptions;
 use crate::executors::ExecutorOptions;
+use crate::health::HealthPolicy;
 use crate::scheduler::SchedulerOptions;
 use crate::store::LeaseTerms;
 use crate::store::StoreOptions;
@@ -139,6 +140,18 @@ pub struct Settings {
     /// How long graceful shutdown waits for in-flight work.
     #[arg(long, env = "SUNDIAL_SHUTDOWN_GRACE")]
     pub shutdown_grace: Option<HumanDuration>,
+    /// A node's results older than this no longer count toward its health (default 1h).
+    #[arg(long, env = "SUNDIAL_HEALTH_WINDOW")]
+    pub health_window: Option<HumanDuration>,
+    /// Results a node needs in the window before its success rate is judged (default 5).
+    #[arg(long, env = "SUNDIAL_HEALTH_MIN_RESULTS")]
+    pub health_min_results: Option<u32>,
+    /// Success rate under which a node is SLOW: work goes to other nodes first (default 0.9).
+    #[arg(long, env = "SUNDIAL_SLOW_BELOW")]
+    pub slow_below: Option<f64>,
+    /// Success rate under which a node is FAILING: it gets no work (default 0.5).
+    #[arg(long, env = "SUNDIAL_DROP_BELOW")]
+    pub drop_below: Option<f64>,
 }
 
 macro_rules! overlay {
@@ -182,6 +195,10 @@ impl Settings {
             max_log_bytes,
             http_max_concurrency,
             shutdown_grace,
+            health_window,
+            health_min_results,
+            slow_below,
+            drop_below,
         )
     }
 
@@ -332,7 +349,32 @@ impl Config {
                 ),
             });
         }
+        let hd = HealthPolicy::default();
+        let rate = |field: &'static str, v: Option<f64>, default: f64| match v {
+            None => Ok(default),
+            Some(r) if (0.0..=1.0).contains(&r) => Ok(r),
+            Some(r) => Err(Error::Invalid {
+                field,
+                reason: format!("{r} is not a rate between 0 and 1"),
+            }),
+        };
+        let health = HealthPolicy {
+            window: positive("health_window", s.health_window, hd.window)?,
+            min_results: s.health_min_results.unwrap_or(hd.min_results).max(1),
+            slow_below: rate("slow_below", s.slow_below, hd.slow_below)?,
+            drop_below: rate("drop_below", s.drop_below, hd.drop_below)?,
+        };
+        if health.drop_below > health.slow_below {
+            return Err(Error::Invalid {
+                field: "drop_below",
+                reason: format!(
+                    "{} is above slow_below ({}): a node must turn slow before it is dropped",
+                    health.drop_below, health.slow_below
+                ),
+            });
+        }
         let executors = ExecutorOptions {
+            health,
             instance_id: instance_id.clone(),
             heartbeat_interval,
             missed_heartbeats,
@@ -368,6 +410,7 @@ impl Config {
             dispatch_wait: positive("dispatch_wait", s.dispatch_wait, dd.dispatch_wait)?,
             serial_limit: s.serial_limit.unwrap_or(dd.serial_limit).max(1),
             node_refresh: dd.node_refresh,
+            health,
         };
         let sweep = SweepOptions {
             every: positive("sweep_every", s.sweep_every, SweepOptions::default().every)?,

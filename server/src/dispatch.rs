@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fault::crash_point;
+use crate::health::{self, Health, HealthPolicy};
 use crate::http_target::HttpTargets;
 use crate::links::Links;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
@@ -55,6 +56,8 @@ pub struct DispatchOptions {
     pub serial_limit: u32,
     /// How stale the node snapshot used for routing may be.
     pub node_refresh: Duration,
+    /// Which nodes get work: slow ones last, failing, draining and not-ready ones none.
+    pub health: HealthPolicy,
 }
 
 impl Default for DispatchOptions {
@@ -74,6 +77,7 @@ impl Default for DispatchOptions {
             dispatch_wait: Duration::from_secs(30),
             serial_limit: 100,
             node_refresh: Duration::from_millis(250),
+            health: HealthPolicy::default(),
         }
     }
 }
@@ -383,9 +387,14 @@ impl Dispatcher {
 
     async fn route_executor(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) {
         let snapshot = self.nodes.get(self.store.as_ref()).await;
+        let policy = &self.opts.health;
         let eligible: Vec<&NodeRecord> = snapshot
             .iter()
-            .filter(|n| n.group == group && n.ready && n.handlers.iter().any(|h| h == handler))
+            .filter(|n| {
+                n.group == group
+                    && n.handlers.iter().any(|h| h == handler)
+                    && health::classify(n, policy).routable()
+            })
             .collect();
         if eligible.is_empty() {
             self.fail_waiting(
@@ -429,12 +438,30 @@ impl Dispatcher {
                 active: n.active,
                 mean_duration_ms: n.mean_duration_ms,
                 recent_errors: n.recent_errors,
-                slow: false,
+                slow: health::classify(n, policy) == Health::Slow,
             })
             .collect();
+        // Turn-taking strategies draw their position from the job's shared counter,
+        // so instances routing the same job do not start on the same node; if the
+        // store cannot say, this instance's own counter goes on.
+        let shared = match strategy {
+            RouteStrategy::RoundRobin
+            | RouteStrategy::WeightedRoundRobin
+            | RouteStrategy::Busyover => match self.store.next_route_counter(&run.job_id).await {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    debug!(error = %e, "shared route counter unavailable; using this instance's");
+                    None
+                }
+            },
+            _ => None,
+        };
         let first = {
             let mut routes = lock(&self.routes);
             let state = routes.entry(run.job_id.clone()).or_default();
+            if let Some(n) = shared {
+                state.counter = n;
+            }
             routing::route(strategy, &views, &route_key, state, rand::random::<f64>())
         };
         let first = match first {
@@ -443,7 +470,10 @@ impl Dispatcher {
         };
         // The strategy's pick first; if it is full, any other candidate (busyover).
         let mut order: Vec<&NodeRecord> = candidates.clone();
-        order.sort_by_key(|n| (n.node_id != first, n.active, n.node_id.clone()));
+        order.sort_by_key(|n| {
+            let slow = health::classify(n, policy) == Health::Slow;
+            (n.node_id != first, slow, n.active, n.node_id.clone())
+        });
         for node in order {
             match self.assign_to(run, job, node, &route_key).await {
                 Placed::Done => return,

@@ -30,6 +30,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::dispatch::Dispatcher;
+use crate::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::links::Links;
 use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
 use crate::store::{Applied, Finisher, Held, LogLine, NodeRecord, Outcome, Store};
@@ -48,6 +49,8 @@ pub struct ExecutorOptions {
     pub lease_ttl: Duration,
     /// Log text kept per run; the oldest lines fall out first.
     pub max_log_bytes: usize,
+    /// The health window and thresholds `ListNodes` reports by.
+    pub health: HealthPolicy,
 }
 
 impl Default for ExecutorOptions {
@@ -59,6 +62,7 @@ impl Default for ExecutorOptions {
             hello_timeout: Duration::from_secs(10),
             lease_ttl: Duration::from_secs(15),
             max_log_bytes: 1 << 20,
+            health: HealthPolicy::default(),
         }
     }
 }
@@ -142,6 +146,7 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
         labels: h.labels.into_iter().collect(),
         instance: instance.to_owned(),
         ready: true,
+        draining: false,
         active: 0,
         load: 0.0,
         mean_duration_ms: 0,
@@ -349,7 +354,9 @@ impl Executors {
                     )));
                 }
                 node.ready = hb.ready;
+                node.draining = self.links.draining(&node.node_id);
                 node.active = hb.active;
+                window.apply(node, now_ms(), self.opts.health.window);
                 node.load = if hb.load.is_finite() { hb.load } else { 0.0 };
                 self.store
                     .upsert_node(node.clone(), self.opts.node_ttl())
@@ -396,8 +403,9 @@ impl Executors {
                     info!(schedule_id = %run.schedule_id, token = run.fencing_token, %reason, "result refused");
                 }
                 if t.applied == Applied::Yes {
-                    window.record(state == RunState::Succeeded, duration);
-                    window.apply(node);
+                    let now = now_ms();
+                    window.record(now, state == RunState::Succeeded, duration);
+                    window.apply(node, now, self.opts.health.window);
                     self.spawn_follow_up(t);
                 }
                 Ok(vec![Out::ResultAck(pb::ResultAck {
@@ -522,34 +530,28 @@ fn stored_id(r: &pb::RunRef) -> String {
     crate::model::RunRecord::held_id(&r.schedule_id, r.shard_index)
 }
 
-/// The node's last results as this stream saw them: what the registry reports as its
-/// recent mean duration and errors.
-#[derive(Debug, Default)]
-struct ResultWindow {
-    recent: std::collections::VecDeque<(bool, Option<u64>)>,
-}
-
-impl ResultWindow {
-    const LEN: usize = 50;
-
-    fn record(&mut self, ok: bool, duration_ms: Option<u64>) {
-        if self.recent.len() == Self::LEN {
-            self.recent.pop_front();
-        }
-        self.recent.push_back((ok, duration_ms));
-    }
-
-    /// Writes the window into the node record (sent with the next heartbeat).
-    fn apply(&self, node: &mut NodeRecord) {
-        let durations: Vec<u64> = self.recent.iter().filter_map(|(_, d)| *d).collect();
-        node.mean_duration_ms = if durations.is_empty() {
-            0
-        } else {
-            durations.iter().sum::<u64>() / durations.len() as u64
-        };
-        node.recent_results = u32::try_from(self.recent.len()).unwrap_or(u32::MAX);
-        node.recent_errors =
-            u32::try_from(self.recent.iter().filter(|(ok, _)| !ok).count()).unwrap_or(u32::MAX);
+/// A registry record as `ListNodes` shows it.
+fn node_view(n: NodeRecord, policy: &HealthPolicy) -> pb::Node {
+    let health = match health::classify(&n, policy) {
+        Health::Healthy => pb::NodeHealth::Healthy,
+        Health::Slow => pb::NodeHealth::Slow,
+        Health::Failing => pb::NodeHealth::Failing,
+        Health::NotReady => pb::NodeHealth::NotReady,
+        Health::Draining => pb::NodeHealth::Draining,
+    };
+    pb::Node {
+        health: health as i32,
+        success_rate: health::success_rate(&n),
+        node_id: n.node_id,
+        group: n.group,
+        handlers: n.handlers,
+        weight: n.weight,
+        max_concurrency: n.max_concurrency,
+        active: n.active,
+        mean_duration_ms: i64::try_from(n.mean_duration_ms).unwrap_or(i64::MAX),
+        server_instance: n.instance,
+        last_heartbeat_ms: n.last_heartbeat,
+        labels: n.labels.into_iter().collect(),
     }
 }
 
@@ -583,29 +585,41 @@ impl NodeService for Executors {
         Ok(Response::new(pb::ListNodesResponse {
             nodes: nodes
                 .into_iter()
-                .map(|n| pb::Node {
-                    health: if n.ready {
-                        pb::NodeHealth::Healthy
-                    } else {
-                        pb::NodeHealth::NotReady
-                    } as i32,
-                    node_id: n.node_id,
-                    group: n.group,
-                    handlers: n.handlers,
-                    weight: n.weight,
-                    max_concurrency: n.max_concurrency,
-                    active: n.active,
-                    success_rate: if n.recent_results == 0 {
-                        1.0
-                    } else {
-                        1.0 - f64::from(n.recent_errors) / f64::from(n.recent_results)
-                    },
-                    mean_duration_ms: i64::try_from(n.mean_duration_ms).unwrap_or(i64::MAX),
-                    server_instance: n.instance,
-                    last_heartbeat_ms: n.last_heartbeat,
-                    labels: n.labels.into_iter().collect(),
-                })
+                .map(|n| node_view(n, &self.opts.health))
                 .collect(),
+        }))
+    }
+
+    async fn drain_node(
+        &self,
+        req: Request<pb::DrainNodeRequest>,
+    ) -> Result<Response<pb::DrainNodeResponse>, Status> {
+        let req = req.into_inner();
+        if req.node_id.is_empty() || req.node_id.len() > 256 {
+            return Err(Status::invalid_argument(
+                "node_id: required, at most 256 bytes",
+            ));
+        }
+        let mut reason = req.reason;
+        truncate_utf8(&mut reason, 256);
+        let nodes = self.store.list_nodes(None).await?;
+        let Some(mut node) = nodes.into_iter().find(|n| n.node_id == req.node_id) else {
+            return Err(Status::not_found(format!(
+                "node_id: no connected node {:?}",
+                req.node_id
+            )));
+        };
+        info!(node_id = %node.node_id, %reason, "draining node");
+        self.links
+            .deliver(
+                &node.node_id,
+                &node.instance,
+                Out::Drain(pb::Drain { reason }),
+            )
+            .await;
+        node.draining = true;
+        Ok(Response::new(pb::DrainNodeResponse {
+            node: Some(node_view(node, &self.opts.health)),
         }))
     }
 }

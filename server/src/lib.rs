@@ -8,6 +8,7 @@ pub mod cron;
 pub mod dispatch;
 pub mod executors;
 pub mod fault;
+pub mod health;
 pub mod http_target;
 pub mod jobs;
 pub mod links;

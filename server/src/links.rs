@@ -26,6 +26,8 @@ pub type StreamSender = mpsc::Sender<Result<pb::ServerMessage, tonic::Status>>;
 struct Link {
     conn: u64,
     tx: StreamSender,
+    /// A `Drain` went down this stream: the node reports draining from now on.
+    draining: bool,
 }
 
 pub struct Links {
@@ -55,7 +57,14 @@ impl Links {
         let conn = self
             .next_conn
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.map().insert(node_id.to_owned(), Link { conn, tx });
+        self.map().insert(
+            node_id.to_owned(),
+            Link {
+                conn,
+                tx,
+                draining: false,
+            },
+        );
         conn
     }
 
@@ -71,9 +80,30 @@ impl Links {
         self.local.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The stream of a node attached here.
-    fn attached(&self, node_id: &str) -> Option<StreamSender> {
-        self.map().get(node_id).map(|l| l.tx.clone())
+    /// Whether a `Drain` was sent down the node's stream attached here.
+    pub fn draining(&self, node_id: &str) -> bool {
+        self.map().get(node_id).is_some_and(|l| l.draining)
+    }
+
+    /// Sends on the node's stream if it is attached here (a `Drain` also marks it
+    /// draining); gives the message back if it is not.
+    fn send_local(
+        &self,
+        node_id: &str,
+        msg: pb::server_message::Msg,
+    ) -> Option<pb::server_message::Msg> {
+        let tx = {
+            let mut map = self.map();
+            let Some(link) = map.get_mut(node_id) else {
+                return Some(msg);
+            };
+            if matches!(msg, pb::server_message::Msg::Drain(_)) {
+                link.draining = true;
+            }
+            link.tx.clone()
+        };
+        Self::send_on(&tx, node_id, msg);
+        None
     }
 
     /// Sends on a local stream; a message for a stream that is full or gone is dropped.
@@ -88,10 +118,9 @@ impl Links {
 
     /// Delivers to `node_id`, attached to `instance` as far as the caller knows.
     pub async fn deliver(&self, node_id: &str, instance: &str, msg: pb::server_message::Msg) {
-        if let Some(tx) = self.attached(node_id) {
-            Self::send_on(&tx, node_id, msg);
+        let Some(msg) = self.send_local(node_id, msg) else {
             return;
-        }
+        };
         if instance.is_empty() || instance == self.instance {
             debug!(%node_id, "node not attached here; message dropped");
             return;
@@ -141,12 +170,11 @@ impl Links {
         };
         let node_id = String::from_utf8_lossy(&raw[..nl]);
         match pb::ServerMessage::decode(&raw[nl + 1..]) {
-            Ok(pb::ServerMessage { msg: Some(msg) }) => match self.attached(&node_id) {
-                Some(tx) => Self::send_on(&tx, &node_id, msg),
-                None => {
+            Ok(pb::ServerMessage { msg: Some(msg) }) => {
+                if self.send_local(&node_id, msg).is_some() {
                     debug!(%node_id, "forwarded message for a node no longer attached here; dropped");
                 }
-            },
+            }
             _ => warn!("undecodable inbox message dropped"),
         }
     }

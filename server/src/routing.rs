@@ -4,7 +4,9 @@
 //! in, so every strategy is unit-tested exactly and the caller decides where that state
 //! lives (see ARCHITECTURE.md once dispatch uses this module).
 //!
-//! Not wired into dispatch yet: dispatch arrives with the executors issue.
+//! Dispatch seeds `RouteState::counter` from the store's shared per-job counter before
+//! every round-robin, weighted or busyover decision, so instances take turns from one
+//! sequence (ARCHITECTURE.md, "Routing").
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -42,12 +44,25 @@ pub struct RouteState {
     /// Round-robin position; the caller may seed it from shared state so that several
     /// server instances do not start on the same node.
     pub counter: u64,
-    /// Smooth weighted round robin's current weights, by node id.
+    /// Smooth weighted round robin's sequence for one node set (ids and weights): one
+    /// full cycle of picks, indexed by `counter`, so any instance holding the same
+    /// counter picks the same node. Built when the node set changes.
+    pub weighted: Option<WeightedCycle>,
+    /// Past `MAX_WEIGHTED_CYCLE` total weight no cycle is built: the current weights of
+    /// the classic algorithm are kept here instead (per instance).
     pub current_weights: HashMap<String, i64>,
     /// The consistent-hash ring and the node ids it was built from: rebuilt only when
     /// the node set changes (building it costs 200 hashes per node).
     pub ring: Option<(Vec<String>, HashRing)>,
 }
+
+/// A smooth-weighted cycle: the (node id, weight) set it was built for, and the picks
+/// of one full cycle as indexes into that set.
+pub type WeightedCycle = (Vec<(String, u32)>, Vec<u32>);
+
+/// Longest smooth-weighted cycle built (the sum of the weights); building one costs
+/// cycle × nodes steps, once per node-set change.
+pub const MAX_WEIGHTED_CYCLE: u64 = 10_000;
 
 /// Virtual nodes per node on the consistent-hash ring.
 pub const DEFAULT_VIRTUAL_NODES: u32 = 200;
@@ -130,8 +145,44 @@ pub fn route(
 
 /// Nginx's smooth weighted round robin: each pick adds every node's weight to its
 /// current weight, takes the largest, and subtracts the total from the winner, which
-/// interleaves nodes in proportion to their weights (5:1:1 → a a b a c a a).
+/// interleaves nodes in proportion to their weights (5:1:1 → a a b a c a a). One full
+/// cycle is precomputed and indexed by the (shared) counter.
 fn smooth_weighted<'a>(nodes: &[&'a NodeView], state: &mut RouteState) -> &'a NodeView {
+    let key: Vec<(String, u32)> = nodes
+        .iter()
+        .map(|n| (n.node_id.clone(), n.weight.max(1)))
+        .collect();
+    let total: u64 = key.iter().map(|(_, w)| u64::from(*w)).sum();
+    if total > MAX_WEIGHTED_CYCLE {
+        return smooth_weighted_step(nodes, state);
+    }
+    if state.weighted.as_ref().is_none_or(|(k, _)| *k != key) {
+        let mut current = vec![0i64; nodes.len()];
+        let mut cycle = Vec::with_capacity(total as usize);
+        for _ in 0..total {
+            let mut best = 0;
+            for (i, (_, w)) in key.iter().enumerate() {
+                current[i] += i64::from(*w);
+                if current[i] > current[best] {
+                    best = i;
+                }
+            }
+            current[best] -= total as i64;
+            cycle.push(best as u32);
+        }
+        state.weighted = Some((key, cycle));
+    }
+    let pick = state
+        .weighted
+        .as_ref()
+        .and_then(|(_, cycle)| cycle.get((state.counter % total) as usize))
+        .map_or(0, |&i| i as usize);
+    state.counter = state.counter.wrapping_add(1);
+    nodes[pick.min(nodes.len() - 1)]
+}
+
+/// The classic step-by-step form, for node sets whose cycle is too long to build.
+fn smooth_weighted_step<'a>(nodes: &[&'a NodeView], state: &mut RouteState) -> &'a NodeView {
     // Forget nodes that left, so a returning node starts fresh.
     if state.current_weights.len() > nodes.len()
         || nodes
@@ -344,6 +395,36 @@ mod tests {
             .map(|_| pick(RouteStrategy::WeightedRoundRobin, &zero, &mut st))
             .collect();
         assert_eq!(got.iter().filter(|n| *n == "z").count(), 2);
+        // Two instances sharing one counter pick from one sequence: together they
+        // keep the 5:1:1 interleaving instead of each starting on "a".
+        let (mut one, mut two) = (RouteState::default(), RouteState::default());
+        let mut got = Vec::new();
+        for shared in 0..7u64 {
+            let st = if shared % 2 == 0 { &mut one } else { &mut two };
+            st.counter = shared;
+            got.push(pick(RouteStrategy::WeightedRoundRobin, &nodes, st));
+        }
+        assert_eq!(got, ["a", "a", "b", "a", "c", "a", "a"]);
+        // A cycle too long to build falls back to per-instance steps, same shares.
+        let heavy = [
+            NodeView {
+                weight: 9_000,
+                ..node("h")
+            },
+            NodeView {
+                weight: 3_000,
+                ..node("l")
+            },
+        ];
+        let mut st = RouteState::default();
+        let mut h = 0;
+        for _ in 0..12_000 {
+            if pick(RouteStrategy::WeightedRoundRobin, &heavy, &mut st) == "h" {
+                h += 1;
+            }
+        }
+        assert_eq!(h, 9_000);
+        assert!(st.weighted.is_none());
     }
 
     #[test]

@@ -72,6 +72,7 @@ macro_rules! store_conformance_tests {
             progress_and_logs: options,
             inbox_order_and_blocking: options,
             nonces: options,
+            route_counters: options,
             nodes_register_refresh_expire: options,
             nodes_removed_only_by_their_instance: options,
         );
@@ -228,6 +229,7 @@ pub fn node(id: &str, group: &str, instance: &str) -> NodeRecord {
         labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
         instance: instance.to_owned(),
         ready: true,
+        draining: false,
         active: 0,
         // Exact in binary, so no backend's number formatting can round it.
         load: 0.25,
@@ -3383,6 +3385,22 @@ pub async fn inbox_order_and_blocking(store: Arc<dyn Store>) {
 
 // ---- nonces
 
+pub async fn route_counters(store: Arc<dyn Store>) {
+    let next = |job: &'static str| {
+        let store = store.clone();
+        async move { store.next_route_counter(job).await.expect("counter") }
+    };
+    assert_eq!(next("rr-a").await, 0);
+    assert_eq!(next("rr-a").await, 1);
+    assert_eq!(next("rr-b").await, 0, "one counter per job");
+    // Concurrent callers each get their own value.
+    let got: BTreeSet<u64> = futures::future::join_all((0..20).map(|_| next("rr-a")))
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(got, (2..22).collect());
+}
+
 pub async fn nonces(store: Arc<dyn Store>) {
     let ttl = Duration::from_millis(200);
     assert!(store.check_nonce("app-1", "n-1", ttl).await.expect("nonce"));
@@ -3455,6 +3473,7 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
     let first_beat = listed[0].last_heartbeat;
     let refresh = NodeRecord {
         ready: false,
+        draining: false,
         active: 3,
         connected_at: 2_000,
         ..node("n1", "g1", "i1")

@@ -190,6 +190,8 @@ pub struct EmbeddedStore {
     inboxes: Mutex<HashMap<String, Inbox>>,
     /// Woken after every push, so blocked `pop_inbox` callers need not poll.
     inbox_pushed: Notify,
+    /// Round-robin counters by job: in memory, as only this process routes.
+    route_counters: Mutex<HashMap<String, u64>>,
 }
 
 /// One instance's inbox: messages oldest first, forgotten once nobody pushed for
@@ -240,6 +242,7 @@ impl EmbeddedStore {
             appended: Arc::new(Notify::new()),
             inboxes: Mutex::new(HashMap::new()),
             inbox_pushed: Notify::new(),
+            route_counters: Mutex::new(HashMap::new()),
         })
     }
 
@@ -2696,6 +2699,17 @@ impl Store for EmbeddedStore {
     async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
         let group = group.map(str::to_owned);
         self.blocking(move |i| i.list_nodes(group.as_deref())).await
+    }
+
+    async fn next_route_counter(&self, job_id: &str) -> Result<u64> {
+        let mut counters = self
+            .route_counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let c = counters.entry(job_id.to_owned()).or_insert(0);
+        let n = *c;
+        *c = c.wrapping_add(1);
+        Ok(n)
     }
 
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {

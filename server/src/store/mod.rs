@@ -312,11 +312,14 @@ pub struct NodeRecord {
     pub instance: String,
     /// False while the executor declares itself not ready.
     pub ready: bool,
+    /// Asked to drain (`DrainNode`): it finishes what it holds and gets no new work.
+    #[serde(default)]
+    pub draining: bool,
     /// Runs the executor reports holding.
     pub active: u32,
     pub load: f64,
-    /// Mean duration (ms) of the node's recent results, as seen by the instance that
-    /// holds its stream (the last 50; reset when it reconnects).
+    /// Mean duration (ms) of the node's results in the health window, as seen by the
+    /// instance that holds its stream (reset when it reconnects).
     #[serde(default)]
     pub mean_duration_ms: u64,
     /// Of those recent results, how many were not SUCCEEDED.
@@ -615,6 +618,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Unexpired nodes, by node id; `group` filters when given.
     async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>>;
+
+    // ---- routing
+
+    /// The next value (from 0) of the job's round-robin counter, shared by every
+    /// instance, so the instances routing one job's runs take turns from a single
+    /// sequence instead of each starting on the same node.
+    async fn next_route_counter(&self, job_id: &str) -> Result<u64>;
 
     // ---- inbound replay protection
 

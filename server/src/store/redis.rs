@@ -1434,6 +1434,13 @@ impl Store for RedisStore {
         Ok(out)
     }
 
+    async fn next_route_counter(&self, job_id: &str) -> Result<u64> {
+        let mut c = self.conn().await?;
+        let key = format!("{}rr", self.pfx(self.part(job_id)));
+        let n: i64 = c.hincr(key, job_id, 1).await.map_err(unavailable)?;
+        Ok(u64::try_from(n.saturating_sub(1)).unwrap_or(0))
+    }
+
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
         let mut c = self.conn().await?;
         let key = format!("{}:{{n}}:nonce:{app_id}:{nonce}", self.inner.prefix);
