@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::dispatch::DispatchOptions;
+use crate::egress::IpNet;
 use crate::executors::ExecutorOptions;
 use crate::health::HealthPolicy;
 use crate::scheduler::SchedulerOptions;
@@ -152,6 +153,15 @@ pub struct Settings {
     /// Success rate under which a node is FAILING: it gets no work (default 0.5).
     #[arg(long, env = "SUNDIAL_DROP_BELOW")]
     pub drop_below: Option<f64>,
+    /// Addresses HTTP targets may reach beyond public and private ones, comma-separated
+    /// CIDRs or addresses (e.g. `127.0.0.1/32,fd00:ec2::254`). Loopback, link-local and
+    /// metadata addresses are reached only when listed here.
+    #[arg(long, env = "SUNDIAL_HTTP_TARGET_ALLOW")]
+    pub http_target_allow: Option<String>,
+    /// Addresses webhooks may reach beyond public ones, comma-separated CIDRs or
+    /// addresses (e.g. `10.0.0.0/8`).
+    #[arg(long, env = "SUNDIAL_WEBHOOK_ALLOW")]
+    pub webhook_allow: Option<String>,
 }
 
 macro_rules! overlay {
@@ -199,6 +209,8 @@ impl Settings {
             health_min_results,
             slow_below,
             drop_below,
+            http_target_allow,
+            webhook_allow,
         )
     }
 
@@ -235,12 +247,23 @@ pub struct Config {
     pub sweep: SweepOptions,
     pub http_max_concurrency: u32,
     pub shutdown_grace: Duration,
+    /// Allow list of the HTTP-target egress policy.
+    pub http_target_allow: Vec<IpNet>,
+    /// Allow list of the webhook egress policy.
+    pub webhook_allow: Vec<IpNet>,
 }
 
 fn addr(field: &'static str, v: &str) -> Result<SocketAddr, Error> {
     v.parse().map_err(|e| Error::Invalid {
         field,
         reason: format!("{v:?} is not host:port: {e}"),
+    })
+}
+
+fn allow_list(field: &'static str, v: Option<&str>) -> Result<Vec<IpNet>, Error> {
+    crate::egress::parse_allow_list(v.unwrap_or("")).map_err(|e| Error::Invalid {
+        field,
+        reason: e.to_string(),
     })
 }
 
@@ -428,6 +451,8 @@ impl Config {
             scheduler,
             dispatch,
             shutdown_grace: positive("shutdown_grace", s.shutdown_grace, Duration::from_secs(10))?,
+            http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
+            webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
         })
     }
 }
@@ -498,6 +523,20 @@ mod tests {
                 },
                 "scheduler_max_sleep",
             ),
+            (
+                Settings {
+                    http_target_allow: Some("127.0.0.1/32,10.0.0.0/99".into()),
+                    ..Default::default()
+                },
+                "http_target_allow",
+            ),
+            (
+                Settings {
+                    webhook_allow: Some("localhost".into()),
+                    ..Default::default()
+                },
+                "webhook_allow",
+            ),
         ];
         for (s, field) in cases {
             let err = Config::from_settings(s).expect_err(field);
@@ -506,6 +545,15 @@ mod tests {
                 "{err} should name {field}"
             );
         }
+        let err = Config::from_settings(Settings {
+            http_target_allow: Some("127.0.0.1/32,10.0.0.0/99".into()),
+            ..Default::default()
+        })
+        .expect_err("bad CIDR");
+        assert!(
+            err.to_string().contains("10.0.0.0/99"),
+            "{err} names the entry"
+        );
         assert!(
             toml::from_str::<Settings>("lisen = \"x\"").is_err(),
             "unknown keys are refused"

@@ -7,6 +7,11 @@
 //! finishes them with the response: 2xx → SUCCEEDED with the body as output, anything
 //! else → FAILED (`http_<status>`, or `http_error` when no response came). If this
 //! instance dies mid-request its leases run out and another instance retries the run.
+//!
+//! Every call goes through the HTTP-target [`EgressPolicy`]: a URL whose address is
+//! refused (checked on the IP literal before the request, and on the resolved
+//! addresses at connect time) is never connected to and the attempt FAILS with
+//! `egress_refused`, under the job's retry policy like any other failure.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span, warn};
 
+use crate::egress::{self, EgressPolicy};
 use crate::model::{JobRecord, RunRecord, RunState, Target};
 use crate::store::{Finisher, Held, Outcome, Store};
 
@@ -27,6 +33,9 @@ pub struct HttpTargets {
     node_id: String,
     max_concurrency: u32,
     lease_ttl: Duration,
+    /// Checked on IP-literal URLs before each request; the client's resolver checks
+    /// host names.
+    egress: Arc<EgressPolicy>,
     client: reqwest::Client,
     in_flight: Mutex<HashMap<String, (u64, CancellationToken)>>,
     tasks: TaskTracker,
@@ -38,21 +47,22 @@ impl HttpTargets {
         instance: &str,
         max_concurrency: u32,
         lease_ttl: Duration,
-    ) -> Self {
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
+        egress: Arc<EgressPolicy>,
+    ) -> Result<Self, reqwest::Error> {
+        // No fallback to a default client: it would bypass the egress policy.
+        let client = egress::client_builder(egress.clone())
             .connect_timeout(Duration::from_secs(10))
-            .build()
-            .unwrap_or_default();
-        Self {
+            .build()?;
+        Ok(Self {
             store,
             node_id: format!("http@{instance}"),
             max_concurrency,
             lease_ttl,
+            egress,
             client,
             in_flight: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
-        }
+        })
     }
 
     pub fn node_id(&self) -> &str {
@@ -121,6 +131,16 @@ impl HttpTargets {
         {
             warn!(error = %e, "confirming the http run failed");
         }
+        let url = match url::Url::parse(url) {
+            Ok(u) => u,
+            Err(e) => {
+                let message = format!("the target URL {url:?} does not parse: {e}");
+                return outcome(RunState::Failed, None, "http_error", &message, started);
+            }
+        };
+        if let Err(e) = self.egress.check_url(&url) {
+            return egress_refused(&e, started);
+        }
         let method =
             reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::POST);
         let body = run
@@ -162,20 +182,23 @@ impl HttpTargets {
                 &format!("the target answered {status}"),
                 started,
             ),
-            Err(e) if e.is_timeout() => outcome(
-                RunState::Failed,
-                None,
-                "http_timeout",
-                &e.to_string(),
-                started,
-            ),
-            Err(e) => outcome(
-                RunState::Failed,
-                None,
-                "http_error",
-                &e.to_string(),
-                started,
-            ),
+            Err(e) => match egress::refusal(&e) {
+                Some(refused) => egress_refused(refused, started),
+                None if e.is_timeout() => outcome(
+                    RunState::Failed,
+                    None,
+                    "http_timeout",
+                    &e.to_string(),
+                    started,
+                ),
+                None => outcome(
+                    RunState::Failed,
+                    None,
+                    "http_error",
+                    &e.to_string(),
+                    started,
+                ),
+            },
         }
     }
 
@@ -218,6 +241,18 @@ impl HttpTargets {
         self.tasks.close();
         self.tasks.wait().await;
     }
+}
+
+/// The attempt failed before any connection: the policy refused the address.
+fn egress_refused(refusal: &egress::Error, started: i64) -> Outcome {
+    warn!(error = %refusal, "http target refused by the egress policy");
+    outcome(
+        RunState::Failed,
+        None,
+        "egress_refused",
+        &refusal.to_string(),
+        started,
+    )
 }
 
 fn outcome(

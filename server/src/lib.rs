@@ -6,6 +6,7 @@ pub mod api;
 pub mod config;
 pub mod cron;
 pub mod dispatch;
+pub mod egress;
 pub mod executors;
 pub mod fault;
 pub mod health;

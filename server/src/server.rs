@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use crate::api::{AppApi, JobApi, RunApi};
 use crate::config::{Config, StoreConfig};
 use crate::dispatch::Dispatcher;
+use crate::egress::EgressPolicy;
 use crate::executors::Executors;
 use crate::http_target::HttpTargets;
 use crate::jobs::Jobs;
@@ -47,6 +48,8 @@ pub enum Error {
     Grpc(#[from] tonic::transport::Error),
     #[error("{0}")]
     Fault(String),
+    #[error("http client: {0}")]
+    HttpClient(reqwest::Error),
 }
 
 /// The fully-qualified names of the services this server registers with health.
@@ -126,16 +129,22 @@ pub async fn run(
     };
     let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
 
+    // Built before any loop starts, so that failing here leaves nothing running.
+    let http_targets = Arc::new(
+        HttpTargets::new(
+            store.clone(),
+            &config.instance_id,
+            config.http_max_concurrency,
+            config.executors.lease_ttl,
+            Arc::new(EgressPolicy::http_targets(config.http_target_allow.clone())),
+        )
+        .map_err(Error::HttpClient)?,
+    );
+
     let loops = CancellationToken::new();
     let (scheduler_task, _stats) =
         scheduler::spawn(store.clone(), config.scheduler.clone(), loops.clone());
     let links = Arc::new(Links::new(store.clone(), config.instance_id.clone()));
-    let http_targets = Arc::new(HttpTargets::new(
-        store.clone(),
-        &config.instance_id,
-        config.http_max_concurrency,
-        config.executors.lease_ttl,
-    ));
     let dispatcher = Arc::new(Dispatcher::new(
         store.clone(),
         config.dispatch.clone(),

@@ -1,6 +1,8 @@
 //! HTTP targets: the server calls the job's URL itself, under the same state machine —
 //! a 2xx is SUCCEEDED with the body as output, a 500 is retried as the next attempt,
-//! a target slower than the timeout fails with `http_timeout`.
+//! a target slower than the timeout fails with `http_timeout`. Loopback is outside the
+//! HTTP-target egress policy, so these servers allow-list it (`--http-target-allow`);
+//! without that, a target on 127.0.0.1 fails with `egress_refused` and is never called.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,7 +90,8 @@ async fn http_targets_run_under_the_state_machine() -> Result<()> {
     let server = Sundial::start(
         SundialOptions::redis(&redis)
             .arg("heartbeat-interval", "300ms")
-            .arg("sweep-every", "50ms"),
+            .arg("sweep-every", "50ms")
+            .arg("http-target-allow", "127.0.0.1/32"),
     )?;
     let mut jobs = server.jobs().await?;
     jobs.create_job(pb::CreateJobRequest {
@@ -130,6 +133,68 @@ async fn http_targets_run_under_the_state_machine() -> Result<()> {
     ensure!(
         r.error_code == "http_timeout" || r.error_code == "timeout",
         "{r:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_targets_are_refused_without_the_allow_list() -> Result<()> {
+    let redis = RedisServer::start()?;
+    // A bare listener counting connections: refused means not even a TCP connect.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let server = Sundial::start(
+        SundialOptions::redis(&redis)
+            .arg("heartbeat-interval", "300ms")
+            .arg("sweep-every", "50ms"),
+    )?;
+    let mut jobs = server.jobs().await?;
+    // An IP literal (checked before the request) and a host name (checked by the
+    // resolver); the first retries once, as its retry policy says, and is refused again.
+    let mut literal = http_job("literal", format!("http://127.0.0.1:{port}/ok"));
+    literal.retry = Some(pb::RetryPolicy {
+        max_retries: 1,
+        backoff_ms: 100,
+        ..Default::default()
+    });
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(literal),
+    })
+    .await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(http_job("named", format!("http://localhost:{port}/ok"))),
+    })
+    .await?;
+
+    let r = run_until_final(&server, "literal").await?;
+    ensure!(
+        r.state == pb::RunState::Failed as i32 && r.attempt == 2,
+        "{r:?}"
+    );
+    ensure!(r.error_code == "egress_refused", "{r:?}");
+    ensure!(
+        r.error_message.contains("127.0.0.1") && r.error_message.contains("loopback"),
+        "{r:?}"
+    );
+
+    let r = run_until_final(&server, "named").await?;
+    ensure!(r.state == pb::RunState::Failed as i32, "{r:?}");
+    ensure!(r.error_code == "egress_refused", "{r:?}");
+    ensure!(
+        r.error_message.contains("localhost") && r.error_message.contains("127.0.0.1"),
+        "{r:?}"
+    );
+
+    ensure!(
+        connections.load(Ordering::SeqCst) == 0,
+        "the receiver was connected to"
     );
     Ok(())
 }
