@@ -438,7 +438,19 @@ impl TestExecutor {
     /// Starts it (`bin` is `env!("CARGO_BIN_EXE_test_executor")` in a test) and
     /// waits until a server welcomed it.
     pub fn start(bin: &str, endpoints: &[String], node_id: &str, journal: &Path) -> Result<Self> {
+        Self::start_with(bin, endpoints, node_id, journal, &[])
+    }
+
+    /// As `start`, with extra command-line arguments (e.g. `--failing`).
+    pub fn start_with(
+        bin: &str,
+        endpoints: &[String],
+        node_id: &str,
+        journal: &Path,
+        extra: &[&str],
+    ) -> Result<Self> {
         let mut cmd = Command::new(bin);
+        cmd.args(extra);
         for e in endpoints {
             cmd.arg("--endpoint").arg(e);
         }

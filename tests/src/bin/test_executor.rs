@@ -2,7 +2,8 @@
 //!
 //! Handlers: `noop` (empty output), `echo` (the payload), `sleep` (payload = ASCII
 //! milliseconds; stops early when cancelled, answering CANCELLED), `fail` (always
-//! FAILED, code `boom`), `flaky` (FAILED on attempt 1, then succeeds).
+//! FAILED, code `boom`), `flaky` (FAILED on attempt 1, then succeeds), `shard`
+//! (output `<shard_index>/<shard_total>`). With `--failing`, every handler fails.
 //!
 //! With `--journal <path>` every handler start and return is appended as one line,
 //! written and flushed at once, so that a SIGKILLed process leaves only whole lines:
@@ -44,6 +45,9 @@ struct Args {
     /// Append start/finish lines here.
     #[arg(long)]
     journal: Option<PathBuf>,
+    /// Every handler fails (code `boom`): a sick node.
+    #[arg(long)]
+    failing: bool,
     /// How long a shutdown waits for running handlers and acknowledgements.
     #[arg(long, default_value_t = 30_000)]
     shutdown_grace_ms: u64,
@@ -106,6 +110,7 @@ enum Behaviour {
     Sleep,
     Fail,
     Flaky,
+    Shard,
 }
 
 async fn behave(ctx: &RunContext, behaviour: Behaviour) -> Result<Vec<u8>, HandlerError> {
@@ -127,6 +132,7 @@ async fn behave(ctx: &RunContext, behaviour: Behaviour) -> Result<Vec<u8>, Handl
             Err(HandlerError::new("flaky", "fails on the first attempt"))
         }
         Behaviour::Flaky => Ok(Vec::new()),
+        Behaviour::Shard => Ok(format!("{}/{}", ctx.shard_index(), ctx.shard_total()).into_bytes()),
     }
 }
 
@@ -177,7 +183,13 @@ async fn main() -> Result<()> {
         ("sleep", Behaviour::Sleep),
         ("fail", Behaviour::Fail),
         ("flaky", Behaviour::Flaky),
+        ("shard", Behaviour::Shard),
     ] {
+        let behaviour = if args.failing {
+            Behaviour::Fail
+        } else {
+            behaviour
+        };
         builder = register(builder, name, behaviour, &journal);
     }
     let executor = builder.build()?;

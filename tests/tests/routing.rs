@@ -1,0 +1,455 @@
+//! Routing and node health with real executor processes (`test_executor`, the Rust
+//! SDK) on real gRPC streams and a real Redis: consistent hashing keeps a key on its
+//! node until that node dies, least-active goes around a busy node, a node that fails
+//! every run stops getting work, a drained node gets none, broadcast reaches every
+//! node with its shard, and two server instances share one round-robin sequence.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use sundial_proto::v1 as pb;
+use sundial_proto::v1::node_service_client::NodeServiceClient;
+use sundial_tests::{RedisServer, Sundial, SundialOptions, TestExecutor, wait_for};
+
+const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
+
+fn opts(redis: &RedisServer, instance: &str) -> SundialOptions {
+    SundialOptions::redis(redis)
+        .arg("instance-id", instance)
+        .arg("heartbeat-interval", "300ms")
+        .arg("sweep-every", "50ms")
+        .arg("route-retry", "200ms")
+}
+
+fn job(id: &str, handler: &str, strategy: pb::RouteStrategy, route_key: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        cron: sundial_tests::MANUAL_ONLY.into(),
+        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+            group: "g".into(),
+            handler: handler.into(),
+        })),
+        route_strategy: strategy as i32,
+        route_key: route_key.into(),
+        ..Default::default()
+    }
+}
+
+async fn create(server: &Sundial, spec: pb::JobSpec) -> Result<()> {
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest { spec: Some(spec) })
+        .await?;
+    Ok(())
+}
+
+async fn trigger_with_key(server: &Sundial, job_id: &str, route_key: &str) -> Result<String> {
+    Ok(server
+        .jobs()
+        .await?
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: job_id.into(),
+            route_key: route_key.into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .schedule_id)
+}
+
+fn is_final(state: i32) -> bool {
+    use pb::RunState as S;
+    [
+        S::Succeeded,
+        S::Failed,
+        S::TimedOut,
+        S::Cancelled,
+        S::Skipped,
+    ]
+    .iter()
+    .any(|s| *s as i32 == state)
+}
+
+/// Waits until the run is final and returns it.
+async fn finished(server: &Sundial, sid: &str) -> Result<pb::Run> {
+    wait_for(
+        &format!("{sid} to finish"),
+        Duration::from_secs(20),
+        || async { Ok(Some(server.run(sid).await?).filter(|r| is_final(r.state))) },
+    )
+    .await
+}
+
+async fn nodes(server: &Sundial) -> Result<Vec<pb::Node>> {
+    Ok(NodeServiceClient::new(server.channel().await?)
+        .list_nodes(pb::ListNodesRequest::default())
+        .await?
+        .into_inner()
+        .nodes)
+}
+
+async fn node(server: &Sundial, id: &str) -> Result<Option<pb::Node>> {
+    Ok(nodes(server).await?.into_iter().find(|n| n.node_id == id))
+}
+
+fn start_executors(
+    endpoints: &[String],
+    dir: &std::path::Path,
+    ids: &[&str],
+) -> Result<Vec<TestExecutor>> {
+    ids.iter()
+        .map(|id| TestExecutor::start(EXECUTOR, endpoints, id, &dir.join(format!("{id}.log"))))
+        .collect()
+}
+
+/// 100 triggers with one route key land on one node; keys spread over the nodes; when
+/// a node dies its keys move and no other key does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_hash_keeps_keys_on_their_node_until_it_dies() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(opts(&redis, "a"))?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![format!("http://{}", server.grpc)];
+    let mut execs = start_executors(&endpoints, dir.path(), &["n1", "n2", "n3"])?;
+    create(
+        &server,
+        job(
+            "ch",
+            "noop",
+            pb::RouteStrategy::ConsistentHash,
+            "customer_id42",
+        ),
+    )
+    .await?;
+
+    let mut sids = Vec::new();
+    for _ in 0..100 {
+        sids.push(server.trigger("ch").await?);
+    }
+    let mut on = BTreeSet::new();
+    for sid in &sids {
+        let run = finished(&server, sid).await?;
+        ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
+        on.insert(run.node_id);
+    }
+    ensure!(on.len() == 1, "one key went to {on:?}");
+    let home = on.into_iter().next().context("no node")?;
+
+    // Twenty other keys, once each: where each one lives.
+    let keys: Vec<String> = (1..=20).map(|i| format!("customer_id{i}")).collect();
+    let mut before = BTreeMap::new();
+    for k in &keys {
+        let sid = trigger_with_key(&server, "ch", k).await?;
+        before.insert(k.clone(), finished(&server, &sid).await?.node_id);
+    }
+    let used: BTreeSet<&String> = before.values().collect();
+    ensure!(used.len() >= 2, "20 keys all on {used:?}");
+
+    // Kill the home node; wait until the registry drops it.
+    let victim = execs
+        .iter()
+        .position(|e| e.node_id == home)
+        .context("home node is not ours")?;
+    execs[victim].kill()?;
+    wait_for(
+        "the dead node to leave",
+        Duration::from_secs(10),
+        || async { Ok(node(&server, &home).await?.is_none().then_some(())) },
+    )
+    .await?;
+
+    let sid = server.trigger("ch").await?;
+    let moved_to = finished(&server, &sid).await?.node_id;
+    ensure!(moved_to != home && !moved_to.is_empty(), "{moved_to}");
+    for k in &keys {
+        let sid = trigger_with_key(&server, "ch", k).await?;
+        let now = finished(&server, &sid).await?.node_id;
+        if before[k] == home {
+            ensure!(now != home, "{k} still on the dead node");
+        } else {
+            ensure!(
+                now == before[k],
+                "{k} moved from {} to {now} though its node lives",
+                before[k]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A node busy with long runs: least-active sends new work to the idle one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_active_goes_around_a_busy_node() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(opts(&redis, "a"))?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![format!("http://{}", server.grpc)];
+    let _execs = start_executors(&endpoints, dir.path(), &["busy", "idle"])?;
+    // FIRST puts every long run on "busy" (first in node-id order).
+    let long = pb::JobSpec {
+        payload: b"8000".to_vec(),
+        ..job("long", "sleep", pb::RouteStrategy::First, "")
+    };
+    create(&server, long).await?;
+    create(
+        &server,
+        job("quick", "noop", pb::RouteStrategy::LeastActive, ""),
+    )
+    .await?;
+    let mut long_runs = Vec::new();
+    for _ in 0..3 {
+        long_runs.push(server.trigger("long").await?);
+    }
+    wait_for(
+        "busy to report 3 active",
+        Duration::from_secs(10),
+        || async {
+            Ok(node(&server, "busy")
+                .await?
+                .filter(|n| n.active == 3)
+                .map(|_| ()))
+        },
+    )
+    .await?;
+    for sid in &long_runs {
+        let run = server.run(sid).await?;
+        ensure!(run.node_id == "busy", "{run:?}");
+    }
+    for _ in 0..10 {
+        let sid = server.trigger("quick").await?;
+        let run = finished(&server, &sid).await?;
+        ensure!(
+            run.state == pb::RunState::Succeeded as i32 && run.node_id == "idle",
+            "a quick run went to {:?}: {run:?}",
+            run.node_id
+        );
+    }
+    Ok(())
+}
+
+/// A node that fails every run is dropped from routing once it has enough results in
+/// the window; ListNodes says so; work goes to the healthy node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_node_stops_getting_work() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(
+        opts(&redis, "a")
+            .arg("health-window", "1m")
+            .arg("health-min-results", "3")
+            .arg("slow-below", "0.9")
+            .arg("drop-below", "0.5"),
+    )?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![format!("http://{}", server.grpc)];
+    let _sick = TestExecutor::start_with(
+        EXECUTOR,
+        &endpoints,
+        "a-sick",
+        &dir.path().join("sick.log"),
+        &["--failing"],
+    )?;
+    let _well = TestExecutor::start(EXECUTOR, &endpoints, "b-well", &dir.path().join("well.log"))?;
+    create(
+        &server,
+        job("rr", "noop", pb::RouteStrategy::RoundRobin, ""),
+    )
+    .await?;
+
+    let mut on_sick = 0;
+    let mut order = Vec::new();
+    for _ in 0..20 {
+        let sid = server.trigger("rr").await?;
+        let run = finished(&server, &sid).await?;
+        if run.node_id == "a-sick" {
+            ensure!(run.state == pb::RunState::Failed as i32, "{run:?}");
+            on_sick += 1;
+        }
+        order.push(run.node_id);
+    }
+    // Round robin alternates until the sick node has 3 failed results, then it gets
+    // nothing more (a result can land between a decision and the next snapshot, so
+    // allow one in flight).
+    ensure!(
+        (3..=4).contains(&on_sick),
+        "the sick node ran {on_sick} of 20: {order:?}"
+    );
+    ensure!(
+        order[order.len() - 10..].iter().all(|n| n == "b-well"),
+        "{order:?}"
+    );
+    let sick = node(&server, "a-sick").await?.context("sick node listed")?;
+    ensure!(
+        sick.health == pb::NodeHealth::Failing as i32 && sick.success_rate == 0.0,
+        "{sick:?}"
+    );
+    let well = node(&server, "b-well").await?.context("well node listed")?;
+    ensure!(
+        well.health == pb::NodeHealth::Healthy as i32 && well.success_rate == 1.0,
+        "{well:?}"
+    );
+    Ok(())
+}
+
+/// DrainNode: the node finishes what it holds and gets no new work; ListNodes shows
+/// it draining; an unknown node is NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_node_gets_no_new_work() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(opts(&redis, "a"))?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![format!("http://{}", server.grpc)];
+    let _execs = start_executors(&endpoints, dir.path(), &["d1", "d2"])?;
+    let long = pb::JobSpec {
+        payload: b"1500".to_vec(),
+        ..job("held", "sleep", pb::RouteStrategy::First, "")
+    };
+    create(&server, long).await?;
+    create(
+        &server,
+        job("rr", "noop", pb::RouteStrategy::RoundRobin, ""),
+    )
+    .await?;
+    let held = server.trigger("held").await?;
+    wait_for("held to run on d1", Duration::from_secs(10), || async {
+        let run = server.run(&held).await?;
+        Ok((run.state == pb::RunState::Running as i32 && run.node_id == "d1").then_some(()))
+    })
+    .await?;
+
+    let mut admin = NodeServiceClient::new(server.channel().await?);
+    let drained = admin
+        .drain_node(pb::DrainNodeRequest {
+            node_id: "d1".into(),
+            reason: "maintenance".into(),
+        })
+        .await?
+        .into_inner()
+        .node
+        .context("no node")?;
+    ensure!(
+        drained.health == pb::NodeHealth::Draining as i32,
+        "{drained:?}"
+    );
+    let unknown = admin
+        .drain_node(pb::DrainNodeRequest {
+            node_id: "nope".into(),
+            reason: String::new(),
+        })
+        .await
+        .expect_err("unknown node");
+    ensure!(unknown.code() == tonic::Code::NotFound, "{unknown:?}");
+    wait_for("d1 to report draining", Duration::from_secs(10), || async {
+        Ok(node(&server, "d1")
+            .await?
+            .filter(|n| n.health == pb::NodeHealth::Draining as i32)
+            .map(|_| ()))
+    })
+    .await?;
+    for _ in 0..8 {
+        let sid = server.trigger("rr").await?;
+        let run = finished(&server, &sid).await?;
+        ensure!(
+            run.state == pb::RunState::Succeeded as i32 && run.node_id == "d2",
+            "{run:?}"
+        );
+    }
+    // The run it held still finishes there.
+    let run = finished(&server, &held).await?;
+    ensure!(
+        run.state == pb::RunState::Succeeded as i32 && run.node_id == "d1",
+        "{run:?}"
+    );
+    Ok(())
+}
+
+/// Sharding broadcast: every node runs one shard with the right numbers; the run
+/// succeeds when all do, and fails naming the shard when one fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_reaches_every_node_with_its_shard() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(opts(&redis, "a"))?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![format!("http://{}", server.grpc)];
+    let mut execs = start_executors(&endpoints, dir.path(), &["s1", "s2", "s3"])?;
+    create(
+        &server,
+        job("bc", "shard", pb::RouteStrategy::ShardingBroadcast, ""),
+    )
+    .await?;
+    let sid = server.trigger("bc").await?;
+    let run = finished(&server, &sid).await?;
+    ensure!(
+        run.state == pb::RunState::Succeeded as i32
+            && (run.shard_total, run.shards_done, run.shards_succeeded) == (3, 3, 3),
+        "{run:?}"
+    );
+    let mut nodes_seen = BTreeSet::new();
+    for i in 0..3u32 {
+        let shard = server.run(&format!("{sid}#{i}")).await?;
+        ensure!(
+            shard.state == pb::RunState::Succeeded as i32
+                && shard.shard_index == i
+                && shard.parent_schedule_id == sid
+                && shard.output == format!("{i}/3").into_bytes(),
+            "{shard:?}"
+        );
+        nodes_seen.insert(shard.node_id);
+    }
+    ensure!(
+        nodes_seen == BTreeSet::from(["s1".to_owned(), "s2".to_owned(), "s3".to_owned()]),
+        "{nodes_seen:?}"
+    );
+    // The run list shows the run, not its shards.
+    let listed = sundial_tests::all_runs(&mut server.runs().await?, "bc").await?;
+    ensure!(listed.len() == 1, "{listed:?}");
+
+    // One node that fails every run: the broadcast fails and names its shard.
+    execs.truncate(2);
+    let _sick = TestExecutor::start_with(
+        EXECUTOR,
+        &endpoints,
+        "s3",
+        &dir.path().join("s3-sick.log"),
+        &["--failing"],
+    )?;
+    let sid = server.trigger("bc").await?;
+    let run = finished(&server, &sid).await?;
+    ensure!(
+        run.state == pb::RunState::Failed as i32
+            && run.error_code == "shards_failed"
+            && run.error_message.contains("shard 2 FAILED (boom)")
+            && (run.shards_done, run.shards_succeeded) == (3, 2),
+        "{run:?}"
+    );
+    Ok(())
+}
+
+/// Two server instances route one round-robin job: dispatches decided one at a time
+/// follow one cycle over the nodes, whichever instance decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_is_shared_across_instances() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let a = Sundial::start(opts(&redis, "a"))?;
+    let b = Sundial::start(opts(&redis, "b"))?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![format!("http://{}", a.grpc), format!("http://{}", b.grpc)];
+    let _execs = start_executors(&endpoints, dir.path(), &["r1", "r2", "r3"])?;
+    create(&a, job("rr", "noop", pb::RouteStrategy::RoundRobin, "")).await?;
+    let mut order = Vec::new();
+    for i in 0..12 {
+        let via = if i % 2 == 0 { &a } else { &b };
+        let sid = via.trigger("rr").await?;
+        let run = finished(via, &sid).await?;
+        ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
+        order.push(run.node_id);
+    }
+    // One cycle, wherever it started: each node exactly every third run.
+    for (i, n) in order.iter().enumerate() {
+        ensure!(*n == order[i % 3], "not one shared cycle: {order:?}");
+    }
+    let distinct: BTreeSet<&String> = order.iter().collect();
+    ensure!(distinct.len() == 3, "{order:?}");
+    Ok(())
+}
