@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::auth::{ANY_GROUP, AuthOptions, Secret};
 use crate::dispatch::DispatchOptions;
 use crate::egress::IpNet;
 use crate::executors::ExecutorOptions;
@@ -162,6 +163,38 @@ pub struct Settings {
     /// addresses (e.g. `10.0.0.0/8`).
     #[arg(long, env = "SUNDIAL_WEBHOOK_ALLOW")]
     pub webhook_allow: Option<String>,
+    /// A token admin and status callers may present as `Authorization: Bearer <token>`
+    /// (repeatable; the variable takes a comma-separated list). With no bearer token
+    /// and no app secret, admin authentication is OFF (dev mode).
+    #[arg(
+        long,
+        env = "SUNDIAL_BEARER_TOKENS",
+        value_name = "TOKEN",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub bearer_token: Option<Vec<Secret>>,
+    /// An app that may sign requests, as `APP_ID=whsec_<base64 key>` (repeatable; two
+    /// for one app while its secret rotates; the variable takes a comma-separated list).
+    #[arg(
+        long,
+        env = "SUNDIAL_APP_SECRETS",
+        value_name = "APP_ID=SECRET",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub app_secret: Option<Vec<Secret>>,
+    /// The token executors of a group present in their hello, as `GROUP=TOKEN`, or
+    /// `*=TOKEN` for groups without their own (repeatable; the variable takes a
+    /// comma-separated list). With none, any executor may connect (dev mode).
+    #[arg(
+        long,
+        env = "SUNDIAL_EXECUTOR_TOKENS",
+        value_name = "GROUP=TOKEN",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub executor_token: Option<Vec<Secret>>,
 }
 
 macro_rules! overlay {
@@ -211,6 +244,9 @@ impl Settings {
             drop_below,
             http_target_allow,
             webhook_allow,
+            bearer_token,
+            app_secret,
+            executor_token,
         )
     }
 
@@ -251,6 +287,8 @@ pub struct Config {
     pub http_target_allow: Vec<IpNet>,
     /// Allow list of the webhook egress policy.
     pub webhook_allow: Vec<IpNet>,
+    /// Credentials; their `Debug` is redacted.
+    pub auth: AuthOptions,
 }
 
 fn addr(field: &'static str, v: &str) -> Result<SocketAddr, Error> {
@@ -453,8 +491,83 @@ impl Config {
             shutdown_grace: positive("shutdown_grace", s.shutdown_grace, Duration::from_secs(10))?,
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
+            auth: auth_options(s.bearer_token, s.app_secret, s.executor_token)?,
         })
     }
+}
+
+/// Validates the credentials. Errors name the flag and the entry's position (or its
+/// app id or group), never the secret.
+fn auth_options(
+    bearer: Option<Vec<Secret>>,
+    apps: Option<Vec<Secret>>,
+    executors: Option<Vec<Secret>>,
+) -> Result<AuthOptions, Error> {
+    let mut opts = AuthOptions::default();
+    for (i, t) in bearer.unwrap_or_default().into_iter().enumerate() {
+        if t.expose().is_empty() || t.expose().iter().any(|b| !b.is_ascii_graphic()) {
+            return Err(Error::Invalid {
+                field: "bearer_token",
+                reason: format!("entry {}: must be non-empty visible ASCII", i + 1),
+            });
+        }
+        opts.bearer_tokens.push(t);
+    }
+    for (i, entry) in apps.unwrap_or_default().into_iter().enumerate() {
+        let invalid = |reason: String| Error::Invalid {
+            field: "app_secret",
+            reason,
+        };
+        let (app_id, secret) = split_pair(&entry)
+            .ok_or_else(|| invalid(format!("entry {}: expected APP_ID=whsec_<base64>", i + 1)))?;
+        if !crate::model::valid_job_id(app_id) {
+            return Err(invalid(format!(
+                "entry {}: the app id must match [A-Za-z0-9._-]{{1,128}}",
+                i + 1
+            )));
+        }
+        let key = crate::auth::decode_app_secret(secret).ok_or_else(|| {
+            invalid(format!(
+                "app {app_id:?}: the secret must be whsec_ and the base64 of at least 16 bytes"
+            ))
+        })?;
+        opts.app_secrets
+            .entry(app_id.to_owned())
+            .or_default()
+            .push(key);
+    }
+    for (i, entry) in executors.unwrap_or_default().into_iter().enumerate() {
+        let invalid = |reason: String| Error::Invalid {
+            field: "executor_token",
+            reason,
+        };
+        let (group, token) = split_pair(&entry)
+            .ok_or_else(|| invalid(format!("entry {}: expected GROUP=TOKEN", i + 1)))?;
+        if group != ANY_GROUP && !crate::model::valid_job_id(group) {
+            return Err(invalid(format!(
+                "entry {}: the group must be * or match [A-Za-z0-9._-]{{1,128}}",
+                i + 1
+            )));
+        }
+        if token.is_empty() || token.iter().any(|b| !b.is_ascii_graphic()) {
+            return Err(invalid(format!(
+                "group {group:?}: the token must be non-empty visible ASCII"
+            )));
+        }
+        opts.executor_tokens
+            .entry(group.to_owned())
+            .or_default()
+            .push(Secret::new(token));
+    }
+    Ok(opts)
+}
+
+/// `NAME=VALUE` split at the first `=`, with NAME as text.
+fn split_pair(entry: &Secret) -> Option<(&str, &[u8])> {
+    let bytes = entry.expose();
+    let at = bytes.iter().position(|&b| b == b'=')?;
+    let name = std::str::from_utf8(&bytes[..at]).ok()?;
+    Some((name.trim(), &bytes[at + 1..]))
 }
 
 fn default_instance_id() -> String {
@@ -490,6 +603,117 @@ mod tests {
         assert_eq!(cfg.store_opts.partitions, 4);
         assert_eq!(cfg.scheduler.max_sleep, Duration::from_secs(1));
         assert!(matches!(cfg.store, StoreConfig::Embedded { .. }));
+    }
+
+    #[test]
+    fn credentials_are_parsed_validated_and_never_shown() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        use clap::Parser as _;
+        let key = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+        let cli = Cli::try_parse_from([
+            "sundial",
+            "--bearer-token",
+            "tok-one",
+            "--bearer-token",
+            "tok-two,tok-three",
+            "--app-secret",
+            &format!("billing={key}"),
+            "--executor-token",
+            "payments=exec-secret",
+            "--executor-token",
+            "*=exec-wild",
+        ])
+        .expect("parses");
+        let shown = format!("{:?}", cli.settings);
+        let cfg = Config::from_settings(cli.settings).expect("valid");
+        let shown = format!("{shown} {cfg:?}");
+        for secret in [
+            "tok-one",
+            "tok-two",
+            "tok-three",
+            "MDEy",
+            "0123456789",
+            "exec-secret",
+            "exec-wild",
+        ] {
+            assert!(!shown.contains(secret), "{secret} shown in {shown}");
+        }
+        assert_eq!(cfg.auth.bearer_tokens.len(), 3);
+        assert_eq!(
+            cfg.auth.app_secrets["billing"][0].expose(),
+            b"0123456789abcdef0123456789abcdef"
+        );
+        assert_eq!(cfg.auth.executor_tokens["*"][0].expose(), b"exec-wild");
+
+        let file: Settings = toml::from_str(r#"executor_token = ["g=t"]"#).expect("toml");
+        assert_eq!(
+            Config::from_settings(file)
+                .expect("valid")
+                .auth
+                .executor_tokens["g"][0]
+                .expose(),
+            b"t"
+        );
+
+        let bad = |s: Settings, field: &str| {
+            let e = Config::from_settings(s).expect_err(field).to_string();
+            assert!(e.starts_with(field), "{e}");
+            assert!(!e.contains("hunter2"), "the secret is not echoed: {e}");
+        };
+        let secrets = |v: &[&str]| Some(v.iter().map(|x| x.parse().expect("infallible")).collect());
+        bad(
+            Settings {
+                app_secret: secrets(&["billing=hunter2"]),
+                ..Default::default()
+            },
+            "app_secret",
+        );
+        bad(
+            Settings {
+                app_secret: secrets(&["hunter2"]),
+                ..Default::default()
+            },
+            "app_secret",
+        );
+        bad(
+            Settings {
+                app_secret: secrets(&["bad id=whsec_hunter2"]),
+                ..Default::default()
+            },
+            "app_secret",
+        );
+        bad(
+            Settings {
+                executor_token: secrets(&["hunter2"]),
+                ..Default::default()
+            },
+            "executor_token",
+        );
+        bad(
+            Settings {
+                executor_token: secrets(&["g="]),
+                ..Default::default()
+            },
+            "executor_token",
+        );
+        bad(
+            Settings {
+                executor_token: secrets(&["a b=hunter2"]),
+                ..Default::default()
+            },
+            "executor_token",
+        );
+        bad(
+            Settings {
+                bearer_token: secrets(&["hunter2 x"]),
+                ..Default::default()
+            },
+            "bearer_token",
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The executor stream (`ExecutorService.Connect`) and the node registry it keeps.
 //!
-//! Owns one task per connected executor: the hello → welcome handshake, heartbeats
+//! Owns one task per connected executor: the hello → welcome handshake (a hello
+//! without its group's executor token, when tokens are configured, is refused with
+//! `UNAUTHENTICATED` before anything is registered), heartbeats
 //! (each refreshes the node's registry entry, whose TTL is `missed_heartbeats`
 //! intervals, and is acknowledged), the closing of streams that go silent, and the
 //! go-away on shutdown. A malformed or out-of-order message ends that stream with a
@@ -29,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::auth::Authenticator;
 use crate::dispatch::Dispatcher;
 use crate::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::links::Links;
@@ -89,6 +92,8 @@ pub struct Executors {
     links: Arc<Links>,
     dispatcher: Arc<Dispatcher>,
     shutdown: CancellationToken,
+    /// Checks the executor token of each hello.
+    auth: Arc<Authenticator>,
 }
 
 impl Executors {
@@ -98,6 +103,7 @@ impl Executors {
         links: Arc<Links>,
         dispatcher: Arc<Dispatcher>,
         shutdown: CancellationToken,
+        auth: Arc<Authenticator>,
     ) -> Self {
         Self {
             store,
@@ -105,6 +111,7 @@ impl Executors {
             links,
             dispatcher,
             shutdown,
+            auth,
         }
     }
 }
@@ -180,7 +187,7 @@ impl ExecutorService for Executors {
                     self.opts.hello_timeout
                 ))
             })??;
-        let hello = match first.and_then(|m| m.msg) {
+        let mut hello = match first.and_then(|m| m.msg) {
             Some(Msg::Hello(h)) => h,
             Some(_) => {
                 return Err(Status::failed_precondition(
@@ -189,6 +196,11 @@ impl ExecutorService for Executors {
             }
             None => return Err(Status::invalid_argument("hello: no message")),
         };
+        // The token is checked before anything else is looked at or stored, and is
+        // not kept.
+        let token = std::mem::take(&mut hello.token);
+        self.auth.check_executor(&hello.group, &token)?;
+        drop(token);
         if hello.in_flight.len() > MAX_IN_FLIGHT {
             return Err(Status::invalid_argument(format!(
                 "hello.in_flight: more than {MAX_IN_FLIGHT} runs"

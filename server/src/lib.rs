@@ -3,6 +3,7 @@
 //! processes.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod cron;
 pub mod dispatch;

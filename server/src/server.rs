@@ -19,7 +19,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::api::grpc_auth::AdminAuthLayer;
 use crate::api::{AppApi, JobApi, RunApi};
+use crate::auth::{AdminGuard, Authenticator, StoreNonces};
 use crate::config::{Config, StoreConfig};
 use crate::dispatch::Dispatcher;
 use crate::egress::EgressPolicy;
@@ -109,6 +111,9 @@ pub async fn run(
         warn!(%point, "crash point armed (SUNDIAL_FAULT)");
     }
     let store = open_store(&config).await?;
+    let auth = Arc::new(Authenticator::new(config.auth.clone()));
+    log_auth_mode(&auth);
+    let admin_guard = AdminGuard::new(auth.clone(), Arc::new(StoreNonces(store.clone())));
     let grpc_listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Bind {
@@ -185,9 +190,11 @@ pub async fn run(
         links.clone(),
         dispatcher.clone(),
         loops.clone(),
+        auth,
     );
     let servers_stop = CancellationToken::new();
     let grpc = tonic::transport::Server::builder()
+        .layer(AdminAuthLayer::new(admin_guard.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -212,7 +219,7 @@ pub async fn run(
         let stop = servers_stop.clone();
         let jobs = jobs.clone();
         tokio::spawn(async move {
-            let app = crate::api::rest::router(jobs);
+            let app = crate::api::rest::router(jobs, admin_guard);
             axum::serve(l, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
                 .await
@@ -256,6 +263,29 @@ pub async fn run(
     }
     info!("stopped");
     Ok(())
+}
+
+/// Says once, at startup, which credentials are required: how many and for whom,
+/// never which.
+fn log_auth_mode(auth: &Authenticator) {
+    if auth.admin_required() {
+        let apps: Vec<&str> = auth.app_ids().collect();
+        info!(
+            bearer_tokens = auth.bearer_token_count(),
+            apps = ?apps,
+            "admin auth on: gRPC (but executors, health, reflection) and REST (but /healthz) need a bearer token or an app signature"
+        );
+    } else {
+        warn!(
+            "admin auth OFF (dev mode): no --bearer-token or --app-secret, so every gRPC admin/status call and REST request is accepted; keep both ports on loopback"
+        );
+    }
+    if auth.executor_tokens_required() {
+        let groups: Vec<&str> = auth.executor_groups().collect();
+        info!(groups = ?groups, "executor auth on: a hello needs its group's executor token");
+    } else {
+        warn!("executor auth OFF (dev mode): no --executor-token, so any executor may connect");
+    }
 }
 
 /// Sets every service, and the server as a whole (""), to `status`.

@@ -95,6 +95,8 @@ pub struct SundialOptions {
     pub fault: Option<String>,
     /// Extra `--flag value` pairs.
     pub args: Vec<(String, String)>,
+    /// Extra environment variables (e.g. `SUNDIAL_*` settings kept out of argv).
+    pub env: Vec<(String, String)>,
     /// Fixed gRPC port (for restarts on the same address); None = a free one.
     pub port: Option<u16>,
 }
@@ -130,6 +132,18 @@ impl SundialOptions {
         self
     }
 
+    /// Adds `--flag value` even if `flag` is already given (for repeatable flags).
+    pub fn repeated_arg(mut self, flag: &str, value: &str) -> Self {
+        self.args.push((flag.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.retain(|(n, _)| n != name);
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
     pub fn fault(mut self, point: &str) -> Self {
         self.fault = Some(point.to_owned());
         self
@@ -143,6 +157,7 @@ pub struct Sundial {
     pub http: Option<SocketAddr>,
     pub opts: SundialOptions,
     stderr_log: PathBuf,
+    stdout_log: PathBuf,
     _log_dir: tempfile::TempDir,
 }
 
@@ -150,6 +165,7 @@ impl Sundial {
     pub fn start(opts: SundialOptions) -> Result<Self> {
         let log_dir = tempfile::tempdir()?;
         let stderr_log = log_dir.path().join("stderr.log");
+        let stdout_log = log_dir.path().join("stdout.log");
         let mut cmd = Command::new(sundial_bin()?);
         let port = match opts.port {
             Some(p) => p,
@@ -180,15 +196,22 @@ impl Sundial {
             "RUST_LOG",
             std::env::var("SUNDIAL_TEST_LOG").unwrap_or_else(|_| "info".into()),
         )
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr_log)?);
+        .env("NO_COLOR", "1");
+        // Last, so a test may override RUST_LOG too.
+        for (name, value) in &opts.env {
+            cmd.env(name, value);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_log)?);
         let mut child = cmd.spawn().context("spawning sundial")?;
         let stdout = child.stdout.take().context("no stdout")?;
         let (tx, rx) = std::sync::mpsc::channel();
+        let mut stdout_copy = std::fs::File::create(&stdout_log)?;
         std::thread::spawn(move || {
+            use std::io::Write as _;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = writeln!(stdout_copy, "{line}");
                 if line.starts_with("SUNDIAL_READY") {
                     let _ = tx.send(line);
                 }
@@ -218,6 +241,7 @@ impl Sundial {
             http,
             opts,
             stderr_log,
+            stdout_log,
             _log_dir: log_dir,
         })
     }
@@ -313,6 +337,11 @@ impl Sundial {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// Everything the process printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout_log).unwrap_or_default()
     }
 }
 

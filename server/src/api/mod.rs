@@ -2,9 +2,12 @@
 //! behaviour belongs to later work and answers `UNIMPLEMENTED` naming what is missing
 //! (`ExecutorService` and `NodeService` live in `crate::executors`). Handlers validate through [`convert`] and
 //! forward to the core; errors become a `tonic::Status` in exactly one place,
-//! [`status`]. REST: [`rest`], the status API on the HTTP port.
+//! [`status`]. REST: [`rest`], the status API on the HTTP port. Both check admin
+//! credentials before a handler runs: [`grpc_auth`] for gRPC, [`rest::require_admin`]
+//! for REST, over the rules in [`crate::auth`].
 
 pub mod convert;
+pub mod grpc_auth;
 mod jobs;
 mod pending;
 pub mod rest;

@@ -3,35 +3,98 @@
 //! request shapes (errors name the parameter, as JSON) and forward to the same core as
 //! the gRPC services (`jobs`, `runs`).
 //!
-//! Not here yet: authentication (bearer tokens and app signatures) and `/metrics`, which
-//! arrive with the webhooks issue. Until then bind it to loopback (the default).
+//! Every route but `/healthz` needs admin credentials (a bearer token or an app
+//! signature, see [`crate::auth`]) unless admin authentication is off (dev mode);
+//! [`require_admin`] checks them before routing, buffering a signed request's body (at
+//! most [`MAX_SIGNED_BODY`]) to verify it and then passing the same bytes on. Refusals
+//! are 401 with the usual error body, code `UNAUTHENTICATED`. `/healthz` stays open
+//! for load balancers; `/metrics`, when it arrives, is meant to be open too (it is
+//! added after the layer, like `/healthz`), so scrapers need no admin credentials.
 
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::convert;
+use crate::auth::{self, AdminGuard};
 use crate::jobs::{self, Jobs};
 use crate::model::{MAX_PAYLOAD_BYTES, RunRecord, RunState, split_schedule_id};
 use crate::runs::{self, RunFilter};
 use crate::store;
 
-/// The REST routes, over the job operations of this instance.
-pub fn router(jobs: Jobs) -> axum::Router {
+/// The largest request body a signed request may have (it is held in memory to be
+/// verified). The largest real one, a trigger with a 64 KiB payload in base64, is far
+/// below it.
+pub const MAX_SIGNED_BODY: usize = 1 << 20;
+
+/// The REST routes, over the job operations of this instance; all but `/healthz` behind
+/// `guard`.
+pub fn router(jobs: Jobs, guard: AdminGuard) -> axum::Router {
     axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/tasks/{job_id}", get(task_status))
         .route("/api/v1/runs/{schedule_id}", get(get_run))
         .route("/api/v1/jobs/{job_id}/runs", get(list_runs))
         .route("/api/v1/jobs/{job_id}/trigger", post(trigger))
         .with_state(jobs)
+        // Applies to the routes above only: the ones below are open.
+        .layer(axum::middleware::from_fn_with_state(guard, require_admin))
+        .route("/healthz", get(|| async { "ok" }))
+}
+
+/// Admits a request with admin credentials, or answers 401 (413 for a signed body over
+/// [`MAX_SIGNED_BODY`]). A signature covers the request target as sent: path and query.
+pub async fn require_admin(State(guard): State<AdminGuard>, req: Request, next: Next) -> Response {
+    if guard.is_open() {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let (body, bytes) = if guard.needs_body(&parts.headers) {
+        match axum::body::to_bytes(body, MAX_SIGNED_BODY).await {
+            Ok(b) => (Body::from(b.clone()), b),
+            Err(_) => {
+                return ApiError {
+                    status: StatusCode::PAYLOAD_TOO_LARGE,
+                    code: "PAYLOAD_TOO_LARGE",
+                    message: format!("body: unreadable or larger than {MAX_SIGNED_BODY} bytes"),
+                }
+                .into_response();
+            }
+        }
+    } else {
+        (body, axum::body::Bytes::new())
+    };
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+    match guard
+        .admit(parts.method.as_str(), target, &parts.headers, &bytes)
+        .await
+    {
+        Ok(caller) => {
+            tracing::debug!(path = %parts.uri.path(), ?caller, "http request admitted");
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(e) => {
+            tracing::info!(path = %parts.uri.path(), reason = %e, "http request refused");
+            let unauthenticated = !matches!(e, auth::Error::NonceStore(_));
+            let mut resp = ApiError::from(e).into_response();
+            if unauthenticated {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            resp
+        }
+    }
 }
 
 /// An error as the REST API answers it: `{"error": {"code": …, "message": …}}`.
@@ -81,6 +144,19 @@ impl From<jobs::Error> for ApiError {
 impl From<store::Error> for ApiError {
     fn from(e: store::Error) -> Self {
         jobs::Error::Store(e).into()
+    }
+}
+
+impl From<auth::Error> for ApiError {
+    fn from(e: auth::Error) -> Self {
+        match e {
+            auth::Error::NonceStore(s) => s.into(),
+            e => Self {
+                status: StatusCode::UNAUTHORIZED,
+                code: "UNAUTHENTICATED",
+                message: e.to_string(),
+            },
+        }
     }
 }
 
@@ -374,6 +450,10 @@ pub fn openapi_document() -> serde_json::Value {
             "400".into(),
             json!({"description": "invalid parameter (the message names it)", "content": {"application/json": {"schema": error}}}),
         );
+        m.insert(
+            "401".into(),
+            json!({"description": "missing or refused credentials (the message says why)", "content": {"application/json": {"schema": error}}}),
+        );
         for (code, desc) in extra {
             m.insert(
                 (*code).into(),
@@ -418,9 +498,15 @@ pub fn openapi_document() -> serde_json::Value {
                 {"name": "page_token", "in": "query", "schema": {"type": "string"}}
             ], "responses": runs_responses}},
             "/api/v1/jobs/{job_id}/trigger": {"post": {"summary": "Run the job now", "parameters": [job_id], "requestBody": {"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TriggerBody"}}}}, "responses": trigger_responses}},
-            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}
+            "/healthz": {"get": {"summary": "Liveness (no credentials needed)", "security": [], "responses": {"200": {"description": "ok"}}}}
         },
-        "components": {"schemas": {
+        "security": [{"bearer": []}, {"appSignature": []}],
+        "components": {
+        "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "a token given to the server with --bearer-token"},
+            "appSignature": {"type": "apiKey", "in": "header", "name": "X-Sundial-Signature", "description": "with X-Sundial-App-Id, X-Sundial-Timestamp (unix seconds, within 5 minutes) and X-Sundial-Nonce (single use): lowercase hex HMAC-SHA256, keyed with the base64-decoded part of the app's whsec_ secret, of METHOD \\n PATH (with ?query) \\n TIMESTAMP \\n NONCE \\n followed by the raw body"}
+        },
+        "schemas": {
             "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
             "Run": {"type": "object", "properties": {
                 "schedule_id": {"type": "string"}, "job_id": {"type": "string"}, "schedule_no": {"type": "string"},

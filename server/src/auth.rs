@@ -1,0 +1,899 @@
+//! Who may call the server: the verification of bearer tokens and app signatures for
+//! admin and status callers, and of executor tokens per group for executors.
+//!
+//! This module owns the rules, not the transports: the gRPC layer
+//! ([`crate::api::grpc_auth`]) and the REST middleware ([`crate::api::rest`]) hand it
+//! the method, path, headers and body of a request, and `executors` hands it a hello's
+//! group and token. The only I/O is the replay check, behind [`NonceChecker`] (the
+//! store's `check_nonce`).
+//!
+//! **Admin and status callers** present either
+//! - `Authorization: Bearer <token>`, one of the `--bearer-token`s, or
+//! - an app signature: `X-Sundial-App-Id`, `X-Sundial-Timestamp` (unix seconds),
+//!   `X-Sundial-Nonce` (1 to 128 visible ASCII characters) and `X-Sundial-Signature`,
+//!   the lowercase hex HMAC-SHA256, keyed with the app's secret, of the canonical
+//!   string
+//!
+//!   ```text
+//!   METHOD "\n" PATH "\n" TIMESTAMP "\n" NONCE "\n" BODY
+//!   ```
+//!
+//!   where METHOD is the HTTP method (`GET`, `POST`), PATH the request target exactly
+//!   as sent (path and, if any, `?query`), TIMESTAMP and NONCE the header values, and
+//!   BODY the raw body bytes. The key is the app secret in the Standard Webhooks form
+//!   `whsec_<base64>`: the HMAC key is the base64-decoded part. **gRPC**: METHOD is
+//!   `POST`, PATH the gRPC path (`/sundial.v1.JobService/GetJob`) and BODY is empty: a
+//!   gRPC signature covers method, path, timestamp and nonce only, because the body
+//!   is a stream the server cannot hold back until it has read all of it.
+//!
+//!   A timestamp more than [`SIGNATURE_WINDOW`] (5 minutes) away from the server's
+//!   clock, in either direction, is refused; a nonce is remembered per app for twice
+//!   that window, so a replayed request is refused. The nonce is only spent once the
+//!   signature is good, so a forger cannot burn an app's nonces.
+//!
+//! With no bearer token and no app secret configured, admin authentication is off
+//! (dev mode), and with no executor token configured, any executor may connect; the
+//! server warns about each at startup.
+//!
+//! Every comparison with a secret takes constant time. Secrets live in [`Secret`],
+//! whose `Debug` is redacted and which has no `Display`; error messages never carry a
+//! presented or configured credential.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hmac::{Hmac, KeyInit, Mac};
+use http::HeaderMap;
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+use tonic::Status;
+
+use crate::model::valid_job_id;
+use crate::store::{self, Store};
+
+/// How far a signature's timestamp may be from the server's clock, either way.
+pub const SIGNATURE_WINDOW: Duration = Duration::from_secs(300);
+
+pub const HEADER_APP_ID: &str = "x-sundial-app-id";
+pub const HEADER_TIMESTAMP: &str = "x-sundial-timestamp";
+pub const HEADER_NONCE: &str = "x-sundial-nonce";
+pub const HEADER_SIGNATURE: &str = "x-sundial-signature";
+
+/// The group name of an executor token that any group may present.
+pub const ANY_GROUP: &str = "*";
+
+/// The longest nonce accepted.
+const MAX_NONCE_LEN: usize = 128;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// A credential: a token, or an HMAC key. Its `Debug` is redacted and it has no
+/// `Display`, so it cannot end up in a log line or an error message by accident.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self(bytes.into())
+    }
+
+    /// The secret's bytes: for comparisons and HMAC keys only.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Constant-time equality with `presented` (the length may leak, the content not).
+    fn matches(&self, presented: &[u8]) -> bool {
+        bool::from(self.0.as_slice().ct_eq(presented))
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Parsing never fails, so a malformed secret is reported by `config::validate`
+/// without being echoed (clap prints the value of an argument it cannot parse).
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.as_bytes().to_vec()))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(|s| Self(s.into_bytes()))
+    }
+}
+
+/// The validated credentials of one instance.
+#[derive(Debug, Clone, Default)]
+pub struct AuthOptions {
+    /// Tokens accepted as `Authorization: Bearer <token>`.
+    pub bearer_tokens: Vec<Secret>,
+    /// App id → the HMAC keys of its secrets (more than one while a secret rotates).
+    pub app_secrets: BTreeMap<String, Vec<Secret>>,
+    /// Executor group (or [`ANY_GROUP`]) → the tokens its executors may present.
+    pub executor_tokens: BTreeMap<String, Vec<Secret>>,
+}
+
+/// Why a caller was refused. Every variant but [`Error::NonceStore`] is
+/// `UNAUTHENTICATED` (REST: 401); the message names the header or field and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "no credentials: send `Authorization: Bearer <token>` or the X-Sundial-App-Id, \
+         X-Sundial-Timestamp, X-Sundial-Nonce and X-Sundial-Signature headers"
+    )]
+    Missing,
+    #[error("Authorization: {0}")]
+    Bearer(&'static str),
+    #[error("{header}: {reason}")]
+    Header {
+        header: &'static str,
+        reason: &'static str,
+    },
+    #[error(
+        "X-Sundial-Timestamp: {skew_secs} s away from the server's clock, \
+         outside the {window_secs} s window"
+    )]
+    Expired { skew_secs: u64, window_secs: u64 },
+    #[error("X-Sundial-Signature: does not match the request")]
+    BadSignature,
+    #[error("X-Sundial-Nonce: already used (replayed request)")]
+    Replayed,
+    #[error("hello.token: {0}")]
+    ExecutorToken(String),
+    /// The replay check could not be made; the request is refused, not let through.
+    #[error("replay check: {0}")]
+    NonceStore(#[from] store::Error),
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::NonceStore(s) => Status::from(s),
+            e => Status::unauthenticated(e.to_string()),
+        }
+    }
+}
+
+/// Who a request was admitted as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// Admin authentication is off (dev mode).
+    Open,
+    Bearer,
+    App {
+        app_id: String,
+    },
+}
+
+/// A request whose signature is good; its nonce is not checked yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedRequest {
+    pub app_id: String,
+    pub nonce: String,
+}
+
+/// Remembers nonces: true the first time `(app_id, nonce)` is seen within `ttl`.
+#[async_trait::async_trait]
+pub trait NonceChecker: Send + Sync {
+    async fn first_use(
+        &self,
+        app_id: &str,
+        nonce: &str,
+        ttl: Duration,
+    ) -> Result<bool, store::Error>;
+}
+
+/// The store remembers nonces for every instance (`check_nonce`).
+pub struct StoreNonces(pub Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl NonceChecker for StoreNonces {
+    async fn first_use(
+        &self,
+        app_id: &str,
+        nonce: &str,
+        ttl: Duration,
+    ) -> Result<bool, store::Error> {
+        self.0.check_nonce(app_id, nonce, ttl).await
+    }
+}
+
+/// The canonical string an app signs (see the module doc).
+pub fn canonical_string(
+    method: &str,
+    path: &str,
+    timestamp: &str,
+    nonce: &str,
+    body: &[u8],
+) -> Vec<u8> {
+    let mut s = Vec::with_capacity(
+        method.len() + path.len() + timestamp.len() + nonce.len() + 4 + body.len(),
+    );
+    for part in [method, path, timestamp, nonce] {
+        s.extend_from_slice(part.as_bytes());
+        s.push(b'\n');
+    }
+    s.extend_from_slice(body);
+    s
+}
+
+fn mac(
+    key: &[u8],
+    method: &str,
+    path: &str,
+    timestamp: &str,
+    nonce: &str,
+    body: &[u8],
+) -> HmacSha256 {
+    // HMAC takes keys of any length; `new_from_slice` cannot fail for it.
+    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+    mac.update(&canonical_string(method, path, timestamp, nonce, body));
+    mac
+}
+
+/// The `X-Sundial-Signature` value for a request (for clients and tests): lowercase
+/// hex HMAC-SHA256 of the canonical string, keyed with the decoded app secret.
+pub fn sign(
+    key: &[u8],
+    method: &str,
+    path: &str,
+    timestamp: &str,
+    nonce: &str,
+    body: &[u8],
+) -> String {
+    hex::encode(
+        mac(key, method, path, timestamp, nonce, body)
+            .finalize()
+            .into_bytes(),
+    )
+}
+
+/// The HMAC key of an app secret written `whsec_<base64>` (at least 16 bytes), or
+/// `None` when it is not in that form.
+pub fn decode_app_secret(secret: &[u8]) -> Option<Secret> {
+    use base64::Engine as _;
+    let b64 = secret.strip_prefix(b"whsec_")?;
+    let key = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    (key.len() >= 16).then(|| Secret::new(key))
+}
+
+/// The verification rules over one instance's configured credentials.
+#[derive(Debug)]
+pub struct Authenticator {
+    opts: AuthOptions,
+    window: Duration,
+}
+
+impl Authenticator {
+    pub fn new(opts: AuthOptions) -> Self {
+        Self {
+            opts,
+            window: SIGNATURE_WINDOW,
+        }
+    }
+
+    /// False in dev mode: no bearer token and no app secret configured.
+    pub fn admin_required(&self) -> bool {
+        !self.opts.bearer_tokens.is_empty() || !self.opts.app_secrets.is_empty()
+    }
+
+    /// False in dev mode: no executor token configured.
+    pub fn executor_tokens_required(&self) -> bool {
+        !self.opts.executor_tokens.is_empty()
+    }
+
+    /// The configured app ids (not secret; for the startup log).
+    pub fn app_ids(&self) -> impl Iterator<Item = &str> {
+        self.opts.app_secrets.keys().map(String::as_str)
+    }
+
+    pub fn bearer_token_count(&self) -> usize {
+        self.opts.bearer_tokens.len()
+    }
+
+    /// The executor groups that have a token (`*` = any group).
+    pub fn executor_groups(&self) -> impl Iterator<Item = &str> {
+        self.opts.executor_tokens.keys().map(String::as_str)
+    }
+
+    /// How long a nonce is remembered: twice the window, so a request can never be
+    /// both inside the window and forgotten.
+    pub fn nonce_ttl(&self) -> Duration {
+        self.window * 2
+    }
+
+    /// Whether checking this request needs its body (an app signature covers it; a
+    /// bearer token does not).
+    pub fn needs_body(&self, headers: &HeaderMap) -> bool {
+        self.admin_required()
+            && !headers.contains_key(http::header::AUTHORIZATION)
+            && headers.contains_key(HEADER_APP_ID)
+    }
+
+    /// Checks an `Authorization` header value: `Bearer <token>` with a configured
+    /// token. Every configured token is compared, in constant time.
+    pub fn check_bearer(&self, authorization: &str) -> Result<(), Error> {
+        let (scheme, token) = authorization
+            .trim()
+            .split_once(' ')
+            .ok_or(Error::Bearer("expected `Bearer <token>`"))?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(Error::Bearer("expected `Bearer <token>`"));
+        }
+        let token = token.trim().as_bytes();
+        if token.is_empty() {
+            return Err(Error::Bearer("empty bearer token"));
+        }
+        let found = self
+            .opts
+            .bearer_tokens
+            .iter()
+            .fold(false, |found, t| found | t.matches(token));
+        if found {
+            Ok(())
+        } else {
+            Err(Error::Bearer("bearer token not accepted"))
+        }
+    }
+
+    /// Checks an app signature (see the module doc) at `now` (unix seconds). The
+    /// nonce is not checked here: [`authenticate`](Self::authenticate) does, once the
+    /// signature is good.
+    pub fn check_app_signature(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<SignedRequest, Error> {
+        let app_id = header(headers, HEADER_APP_ID, "X-Sundial-App-Id")?;
+        let timestamp = header(headers, HEADER_TIMESTAMP, "X-Sundial-Timestamp")?;
+        let nonce = header(headers, HEADER_NONCE, "X-Sundial-Nonce")?;
+        let signature = header(headers, HEADER_SIGNATURE, "X-Sundial-Signature")?;
+        if !valid_job_id(app_id) {
+            return Err(Error::Header {
+                header: "X-Sundial-App-Id",
+                reason: "must match [A-Za-z0-9._-]{1,128}",
+            });
+        }
+        let keys = self.opts.app_secrets.get(app_id).ok_or(Error::Header {
+            header: "X-Sundial-App-Id",
+            reason: "unknown app",
+        })?;
+        if timestamp.is_empty()
+            || timestamp.len() > 18
+            || !timestamp.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(Error::Header {
+                header: "X-Sundial-Timestamp",
+                reason: "must be unix seconds (decimal digits)",
+            });
+        }
+        let ts: i64 = timestamp.parse().map_err(|_| Error::Header {
+            header: "X-Sundial-Timestamp",
+            reason: "must be unix seconds (decimal digits)",
+        })?;
+        let skew = now.abs_diff(ts);
+        if skew > self.window.as_secs() {
+            return Err(Error::Expired {
+                skew_secs: skew,
+                window_secs: self.window.as_secs(),
+            });
+        }
+        if nonce.is_empty()
+            || nonce.len() > MAX_NONCE_LEN
+            || !nonce.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(Error::Header {
+                header: "X-Sundial-Nonce",
+                reason: "must be 1 to 128 visible ASCII characters",
+            });
+        }
+        let presented = hex::decode(signature).map_err(|_| Error::Header {
+            header: "X-Sundial-Signature",
+            reason: "must be hex",
+        })?;
+        // Every key is tried (there is more than one while a secret rotates).
+        let good = keys.iter().fold(false, |good, key| {
+            good | mac(key.expose(), method, path, timestamp, nonce, body)
+                .verify_slice(&presented)
+                .is_ok()
+        });
+        if !good {
+            return Err(Error::BadSignature);
+        }
+        Ok(SignedRequest {
+            app_id: app_id.to_owned(),
+            nonce: nonce.to_owned(),
+        })
+    }
+
+    /// Admits an admin or status request at `now` (unix seconds): a bearer token if
+    /// `Authorization` is present, else an app signature whose nonce is then spent.
+    pub async fn authenticate(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: i64,
+        nonces: &dyn NonceChecker,
+    ) -> Result<Caller, Error> {
+        if !self.admin_required() {
+            return Ok(Caller::Open);
+        }
+        if let Some(v) = headers.get(http::header::AUTHORIZATION) {
+            let v = v.to_str().map_err(|_| Error::Bearer("not visible ASCII"))?;
+            self.check_bearer(v)?;
+            return Ok(Caller::Bearer);
+        }
+        if !headers.contains_key(HEADER_APP_ID) {
+            return Err(Error::Missing);
+        }
+        let signed = self.check_app_signature(method, path, headers, body, now)?;
+        if !nonces
+            .first_use(&signed.app_id, &signed.nonce, self.nonce_ttl())
+            .await?
+        {
+            return Err(Error::Replayed);
+        }
+        Ok(Caller::App {
+            app_id: signed.app_id,
+        })
+    }
+
+    /// Checks a hello's executor token: the group's own tokens if it has any, else the
+    /// `*` tokens. With no executor token configured at all, every executor passes.
+    pub fn check_executor(&self, group: &str, token: &str) -> Result<(), Error> {
+        if !self.executor_tokens_required() {
+            return Ok(());
+        }
+        // The group is named only when it is a well-formed name (it is caller input).
+        let named = if valid_job_id(group) {
+            format!("group {group:?}")
+        } else {
+            "this group".to_owned()
+        };
+        let Some(tokens) = self
+            .opts
+            .executor_tokens
+            .get(group)
+            .or_else(|| self.opts.executor_tokens.get(ANY_GROUP))
+        else {
+            return Err(Error::ExecutorToken(format!(
+                "no executor token is configured for {named}"
+            )));
+        };
+        if token.is_empty() {
+            return Err(Error::ExecutorToken(format!("required for {named}")));
+        }
+        let found = tokens
+            .iter()
+            .fold(false, |found, t| found | t.matches(token.as_bytes()));
+        if found {
+            Ok(())
+        } else {
+            Err(Error::ExecutorToken(format!("not accepted for {named}")))
+        }
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str, shown: &'static str) -> Result<&'a str, Error> {
+    headers
+        .get(name)
+        .ok_or(Error::Header {
+            header: shown,
+            reason: "required with X-Sundial-App-Id",
+        })?
+        .to_str()
+        .map(str::trim)
+        .map_err(|_| Error::Header {
+            header: shown,
+            reason: "not visible ASCII",
+        })
+}
+
+/// The clock signatures are judged by: this host's, in unix seconds.
+pub fn unix_now() -> i64 {
+    crate::model::now_ms().div_euclid(1000)
+}
+
+/// An [`Authenticator`] with the nonce memory it spends: what the gRPC layer and the
+/// REST middleware hold.
+#[derive(Clone)]
+pub struct AdminGuard {
+    auth: Arc<Authenticator>,
+    nonces: Arc<dyn NonceChecker>,
+}
+
+impl AdminGuard {
+    pub fn new(auth: Arc<Authenticator>, nonces: Arc<dyn NonceChecker>) -> Self {
+        Self { auth, nonces }
+    }
+
+    /// Admin authentication is off (dev mode).
+    pub fn is_open(&self) -> bool {
+        !self.auth.admin_required()
+    }
+
+    pub fn needs_body(&self, headers: &HeaderMap) -> bool {
+        self.auth.needs_body(headers)
+    }
+
+    /// Admits a request now.
+    pub async fn admit(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Caller, Error> {
+        self.auth
+            .authenticate(
+                method,
+                path,
+                headers,
+                body,
+                unix_now(),
+                self.nonces.as_ref(),
+            )
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    use http::HeaderValue;
+
+    use super::*;
+
+    const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+    const NOW: i64 = 1_700_000_000;
+
+    /// Nonces in memory, as the store keeps them (ttl ignored: tests are quick).
+    #[derive(Default)]
+    struct FakeNonces(Mutex<HashSet<(String, String)>>);
+
+    #[async_trait::async_trait]
+    impl NonceChecker for FakeNonces {
+        async fn first_use(
+            &self,
+            app: &str,
+            nonce: &str,
+            _: Duration,
+        ) -> Result<bool, store::Error> {
+            let mut seen = self
+                .0
+                .lock()
+                .map_err(|_| store::Error::Unavailable("poisoned".into()))?;
+            Ok(seen.insert((app.to_owned(), nonce.to_owned())))
+        }
+    }
+
+    fn auth() -> Authenticator {
+        let mut opts = AuthOptions {
+            bearer_tokens: vec![Secret::new("tok-1"), Secret::new("tok-2")],
+            ..AuthOptions::default()
+        };
+        opts.app_secrets
+            .insert("billing".into(), vec![Secret::new(KEY)]);
+        opts.executor_tokens
+            .insert("payments".into(), vec![Secret::new("exec-pay")]);
+        opts.executor_tokens
+            .insert(ANY_GROUP.into(), vec![Secret::new("exec-any")]);
+        Authenticator::new(opts)
+    }
+
+    fn signed(method: &str, path: &str, ts: i64, nonce: &str, body: &[u8]) -> HeaderMap {
+        let ts = ts.to_string();
+        let mut h = HeaderMap::new();
+        let mut put = |k: &'static str, v: &str| {
+            h.insert(k, HeaderValue::from_str(v).expect("ascii"));
+        };
+        put(HEADER_APP_ID, "billing");
+        put(HEADER_TIMESTAMP, &ts);
+        put(HEADER_NONCE, nonce);
+        put(HEADER_SIGNATURE, &sign(KEY, method, path, &ts, nonce, body));
+        h
+    }
+
+    #[test]
+    fn bearer_tokens_are_checked() {
+        let a = auth();
+        assert!(a.check_bearer("Bearer tok-1").is_ok());
+        assert!(
+            a.check_bearer("bearer tok-2").is_ok(),
+            "scheme is case-insensitive"
+        );
+        for bad in [
+            "Bearer tok-3",
+            "Bearer tok-1x",
+            "Bearer tok",
+            "Bearer ",
+            "Basic tok-1",
+            "tok-1",
+            "",
+        ] {
+            let e = a.check_bearer(bad).expect_err(bad);
+            assert!(matches!(e, Error::Bearer(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("tok-"), "never echoes a token: {e}");
+        }
+    }
+
+    #[test]
+    fn the_signature_matches_an_independent_hmac() {
+        // Computed with `openssl dgst -sha256 -hmac` over the canonical string.
+        let body = br#"{"payload":"x"}"#;
+        assert_eq!(
+            sign(
+                KEY,
+                "POST",
+                "/api/v1/jobs/kat/trigger",
+                "1700000000",
+                "nonce-1",
+                body
+            ),
+            "c1c67d89b8d2b3da9baf9ab0d53981b5e8cf32573603d08c7051bdb6f1061aa2"
+        );
+        assert_eq!(
+            decode_app_secret(b"whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="),
+            Some(Secret::new(KEY))
+        );
+        assert_eq!(
+            decode_app_secret(b"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="),
+            None
+        );
+        assert_eq!(decode_app_secret(b"whsec_!!"), None);
+        assert_eq!(decode_app_secret(b"whsec_c2hvcnQ="), None, "too short");
+    }
+
+    #[test]
+    fn good_signatures_pass_and_bad_ones_name_the_reason() {
+        let a = auth();
+        let path = "/api/v1/jobs/j/trigger?x=1";
+        let body = b"{}";
+        let h = signed("POST", path, NOW, "n-1", body);
+        assert_eq!(
+            a.check_app_signature("POST", path, &h, body, NOW)
+                .expect("good"),
+            SignedRequest {
+                app_id: "billing".into(),
+                nonce: "n-1".into()
+            }
+        );
+        // gRPC: POST, the gRPC path, empty body.
+        let g = signed("POST", "/sundial.v1.JobService/GetJob", NOW, "n-2", b"");
+        assert!(
+            a.check_app_signature("POST", "/sundial.v1.JobService/GetJob", &g, b"", NOW)
+                .is_ok()
+        );
+
+        let bad = |e: Result<SignedRequest, Error>| e.expect_err("refused").to_string();
+        assert!(
+            bad(a.check_app_signature("POST", path, &h, b"{\"a\":1}", NOW))
+                .starts_with("X-Sundial-Signature"),
+            "tampered body"
+        );
+        assert!(
+            bad(a.check_app_signature("GET", path, &h, body, NOW))
+                .starts_with("X-Sundial-Signature"),
+            "other method"
+        );
+        assert!(
+            bad(a.check_app_signature("POST", "/api/v1/jobs/j/trigger?x=2", &h, body, NOW))
+                .starts_with("X-Sundial-Signature"),
+            "other query"
+        );
+        assert!(
+            bad(a.check_app_signature("POST", "/sundial.v1.JobService/DeleteJob", &g, b"", NOW))
+                .starts_with("X-Sundial-Signature"),
+            "other gRPC method"
+        );
+
+        let mut wrong_key = signed("POST", path, NOW, "n-1", body);
+        wrong_key.insert(
+            HEADER_SIGNATURE,
+            HeaderValue::from_str(&sign(
+                b"another key of 16+ bytes",
+                "POST",
+                path,
+                &NOW.to_string(),
+                "n-1",
+                body,
+            ))
+            .expect("ascii"),
+        );
+        assert!(matches!(
+            a.check_app_signature("POST", path, &wrong_key, body, NOW),
+            Err(Error::BadSignature)
+        ));
+
+        let mut not_hex = h.clone();
+        not_hex.insert(HEADER_SIGNATURE, HeaderValue::from_static("zz"));
+        assert_eq!(
+            bad(a.check_app_signature("POST", path, &not_hex, body, NOW)),
+            "X-Sundial-Signature: must be hex"
+        );
+
+        let mut unknown = h.clone();
+        unknown.insert(HEADER_APP_ID, HeaderValue::from_static("nobody"));
+        assert_eq!(
+            bad(a.check_app_signature("POST", path, &unknown, body, NOW)),
+            "X-Sundial-App-Id: unknown app"
+        );
+
+        for (name, shown) in [
+            (HEADER_TIMESTAMP, "X-Sundial-Timestamp"),
+            (HEADER_NONCE, "X-Sundial-Nonce"),
+            (HEADER_SIGNATURE, "X-Sundial-Signature"),
+        ] {
+            let mut missing = h.clone();
+            missing.remove(name);
+            assert!(
+                bad(a.check_app_signature("POST", path, &missing, body, NOW)).starts_with(shown)
+            );
+        }
+        let mut ts = h.clone();
+        ts.insert(HEADER_TIMESTAMP, HeaderValue::from_static("-5"));
+        assert!(
+            bad(a.check_app_signature("POST", path, &ts, body, NOW))
+                .starts_with("X-Sundial-Timestamp")
+        );
+    }
+
+    #[test]
+    fn timestamps_outside_five_minutes_either_way_are_refused() {
+        let a = auth();
+        for (offset, ok) in [
+            (-360, false),
+            (360, false),
+            (-300, true),
+            (300, true),
+            (0, true),
+        ] {
+            let h = signed("GET", "/p", NOW + offset, "n", b"");
+            let r = a.check_app_signature("GET", "/p", &h, b"", NOW);
+            assert_eq!(r.is_ok(), ok, "offset {offset}: {r:?}");
+            if !ok {
+                assert!(matches!(
+                    r,
+                    Err(Error::Expired {
+                        skew_secs: 360,
+                        window_secs: 300
+                    })
+                ));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replayed_nonce_is_refused_and_only_good_signatures_spend_one() {
+        let a = auth();
+        let nonces = FakeNonces::default();
+        let h = signed("POST", "/p", NOW, "once", b"x");
+        let first = a.authenticate("POST", "/p", &h, b"x", NOW, &nonces).await;
+        assert_eq!(
+            first.expect("first use"),
+            Caller::App {
+                app_id: "billing".into()
+            }
+        );
+        let again = a.authenticate("POST", "/p", &h, b"x", NOW, &nonces).await;
+        assert!(matches!(again, Err(Error::Replayed)), "{again:?}");
+
+        // A forged request does not spend the nonce it names.
+        let forged = signed("POST", "/p", NOW, "fresh", b"x");
+        assert!(
+            a.authenticate("POST", "/p", &forged, b"tampered", NOW, &nonces)
+                .await
+                .is_err()
+        );
+        assert!(
+            a.authenticate("POST", "/p", &forged, b"x", NOW, &nonces)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn authenticate_picks_the_scheme_and_dev_mode_lets_all_in() {
+        let a = auth();
+        let nonces = FakeNonces::default();
+        let mut h = HeaderMap::new();
+        let r = a.authenticate("GET", "/p", &h, b"", NOW, &nonces).await;
+        assert!(matches!(r, Err(Error::Missing)));
+        h.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer tok-2"),
+        );
+        assert_eq!(
+            a.authenticate("GET", "/p", &h, b"", NOW, &nonces)
+                .await
+                .expect("bearer"),
+            Caller::Bearer
+        );
+        h.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer nope"),
+        );
+        assert!(
+            a.authenticate("GET", "/p", &h, b"", NOW, &nonces)
+                .await
+                .is_err()
+        );
+
+        let open = Authenticator::new(AuthOptions::default());
+        assert!(!open.admin_required() && !open.executor_tokens_required());
+        assert_eq!(
+            open.authenticate("GET", "/p", &HeaderMap::new(), b"", NOW, &nonces)
+                .await
+                .expect("open"),
+            Caller::Open
+        );
+        assert!(open.check_executor("any", "").is_ok());
+
+        let status = Status::from(Error::Replayed);
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert!(status.message().contains("X-Sundial-Nonce"));
+    }
+
+    #[test]
+    fn executor_tokens_per_group_and_wildcard() {
+        let a = auth();
+        assert!(a.check_executor("payments", "exec-pay").is_ok());
+        // A group with its own token does not take the wildcard's.
+        let e = a
+            .check_executor("payments", "exec-any")
+            .expect_err("wildcard for own-token group");
+        assert_eq!(
+            e.to_string(),
+            "hello.token: not accepted for group \"payments\""
+        );
+        assert!(a.check_executor("reports", "exec-any").is_ok(), "wildcard");
+        assert!(a.check_executor("reports", "exec-pay").is_err());
+        assert_eq!(
+            a.check_executor("reports", "")
+                .expect_err("empty")
+                .to_string(),
+            "hello.token: required for group \"reports\""
+        );
+        assert_eq!(
+            Status::from(a.check_executor("reports", "x").expect_err("x")).code(),
+            tonic::Code::Unauthenticated
+        );
+
+        let mut only = AuthOptions::default();
+        only.executor_tokens
+            .insert("payments".into(), vec![Secret::new("exec-pay")]);
+        let only = Authenticator::new(only);
+        assert!(!only.admin_required() && only.executor_tokens_required());
+        let e = only
+            .check_executor("reports", "exec-pay")
+            .expect_err("no token for group");
+        assert!(
+            e.to_string().starts_with("hello.token: no executor token"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn secrets_do_not_show_in_debug() {
+        let shown = format!("{:?}", auth());
+        for s in ["tok-1", "exec-pay", "exec-any", "0123456789abcdef"] {
+            assert!(!shown.contains(s), "{s} in {shown}");
+        }
+        assert!(shown.contains("billing"), "app ids are not secret");
+    }
+}
