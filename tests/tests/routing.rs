@@ -361,6 +361,40 @@ async fn drained_node_gets_no_new_work() -> Result<()> {
         run.state == pb::RunState::Succeeded as i32 && run.node_id == "d1",
         "{run:?}"
     );
+
+    // Drain the other one too: no healthy executor is left. A run fails saying so,
+    // and is retried by its policy (not lost, not stuck).
+    admin
+        .drain_node(pb::DrainNodeRequest {
+            node_id: "d2".into(),
+            reason: String::new(),
+        })
+        .await?;
+    wait_for("d2 to report draining", Duration::from_secs(10), || async {
+        Ok(node(&server, "d2")
+            .await?
+            .filter(|n| n.health == pb::NodeHealth::Draining as i32)
+            .map(|_| ()))
+    })
+    .await?;
+    let retried = pb::JobSpec {
+        retry: Some(pb::RetryPolicy {
+            max_retries: 1,
+            backoff_ms: 100,
+            ..Default::default()
+        }),
+        ..job("nobody", "noop", pb::RouteStrategy::RoundRobin, "")
+    };
+    create(&server, retried).await?;
+    let sid = server.trigger("nobody").await?;
+    let run = finished(&server, &sid).await?;
+    ensure!(
+        run.state == pb::RunState::Failed as i32
+            && run.attempt == 2
+            && run.error_code == "no_executor"
+            && run.error_message.contains("no healthy executor"),
+        "{run:?}"
+    );
     Ok(())
 }
 
