@@ -497,6 +497,55 @@ mod u64_string {
     }
 }
 
+/// An app: who receives signed webhooks (a job names it in `app_id`) and may sign
+/// requests. Its secrets are write-only through every API.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppRecord {
+    pub app_id: String,
+    pub name: String,
+    /// Oldest first; the last one is the newest. Several while a rotation overlaps.
+    pub secrets: Vec<AppSecret>,
+    pub created_at: Millis,
+}
+
+/// One signing secret of an app, in the Standard Webhooks `whsec_<base64>` form.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppSecret {
+    pub secret: String,
+    /// Signs until then (store clock); 0 = no end (the current secret).
+    pub not_after: Millis,
+}
+
+impl AppRecord {
+    /// The secrets that sign at `now`, oldest first.
+    pub fn active_secrets(&self, now: Millis) -> impl Iterator<Item = &str> {
+        self.secrets
+            .iter()
+            .filter(move |s| s.not_after == 0 || s.not_after > now)
+            .map(|s| s.secret.as_str())
+    }
+}
+
+impl std::fmt::Debug for AppRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppRecord")
+            .field("app_id", &self.app_id)
+            .field("name", &self.name)
+            .field("secrets", &self.secrets)
+            .field("created_at", &self.created_at)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for AppSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppSecret")
+            .field("secret", &"<redacted>")
+            .field("not_after", &self.not_after)
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -209,7 +209,7 @@ pub async fn run(
                 .max_decoding_message_size(MAX_EXECUTOR_MESSAGE),
         )
         .add_service(NodeServiceServer::new(executors))
-        .add_service(AppServiceServer::new(AppApi))
+        .add_service(AppServiceServer::new(AppApi::new(store.clone())))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
             servers_stop.clone().cancelled_owned(),

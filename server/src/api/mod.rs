@@ -1,22 +1,21 @@
-//! The API surfaces. gRPC: `JobService`, `RunService`, and `AppService`, whose
-//! behaviour belongs to later work and answers `UNIMPLEMENTED` naming what is missing
-//! (`ExecutorService` and `NodeService` live in `crate::executors`). Handlers validate through [`convert`] and
+//! The API surfaces. gRPC: `JobService`, `RunService` and `AppService` (apps and their
+//! write-only secrets); `ExecutorService` and `NodeService` live in `crate::executors`. Handlers validate through [`convert`] and
 //! forward to the core; errors become a `tonic::Status` in exactly one place,
 //! [`status`]. REST: [`rest`], the status API on the HTTP port. Both check admin
 //! credentials before a handler runs: [`grpc_auth`] for gRPC, [`rest::require_admin`]
 //! for REST, over the rules in [`crate::auth`].
 
+mod apps;
 pub mod convert;
 pub mod grpc_auth;
 mod jobs;
-mod pending;
 pub mod rest;
 mod runs;
 
 use tonic::{Code, Status};
 
+pub use apps::AppApi;
 pub use jobs::JobApi;
-pub use pending::AppApi;
 pub use runs::RunApi;
 
 use crate::jobs::Error;
@@ -28,8 +27,8 @@ pub fn status(e: Error) -> Status {
         Error::Invalid { field, reason } => Status::invalid_argument(format!("{field}: {reason}")),
         Error::Store(s) => {
             let code = match &s {
-                store::Error::JobExists(_) => Code::AlreadyExists,
-                store::Error::JobNotFound(_) => Code::NotFound,
+                store::Error::JobExists(_) | store::Error::AppExists(_) => Code::AlreadyExists,
+                store::Error::JobNotFound(_) | store::Error::AppNotFound(_) => Code::NotFound,
                 store::Error::VersionConflict { .. } => Code::Aborted,
                 store::Error::LeaseHeld { .. } | store::Error::StaleToken { .. } => {
                     Code::FailedPrecondition

@@ -120,8 +120,12 @@ impl From<jobs::Error> for ApiError {
         let (status, code) = match &e {
             jobs::Error::Invalid { .. } => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
             jobs::Error::Store(s) => match s {
-                store::Error::JobNotFound(_) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
-                store::Error::JobExists(_) => (StatusCode::CONFLICT, "ALREADY_EXISTS"),
+                store::Error::JobNotFound(_) | store::Error::AppNotFound(_) => {
+                    (StatusCode::NOT_FOUND, "NOT_FOUND")
+                }
+                store::Error::JobExists(_) | store::Error::AppExists(_) => {
+                    (StatusCode::CONFLICT, "ALREADY_EXISTS")
+                }
                 store::Error::VersionConflict { .. } => (StatusCode::CONFLICT, "ABORTED"),
                 store::Error::LeaseHeld { .. } | store::Error::StaleToken { .. } => {
                     (StatusCode::CONFLICT, "FAILED_PRECONDITION")

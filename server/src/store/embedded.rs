@@ -103,7 +103,8 @@ use super::{
     Transition, partition_of,
 };
 use crate::model::{
-    Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord, RunState, Trigger, duration_ms,
+    AppRecord, AppSecret, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord, RunState,
+    Trigger, duration_ms,
 };
 
 /// How many expired records (runs, idempotency keys, nonces, nodes) one write sweeps, so that a
@@ -140,6 +141,7 @@ const NONCES: TableDefinition<(&str, &str), i64> = TableDefinition::new("nonces"
 const NONCE_EXPIRY: TableDefinition<(i64, &str, &str), ()> = TableDefinition::new("nonce_expiry");
 const NODES: TableDefinition<&str, (&str, i64)> = TableDefinition::new("nodes");
 const NODE_EXPIRY: TableDefinition<(i64, &str), ()> = TableDefinition::new("node_expiry");
+const APPS: TableDefinition<&str, &str> = TableDefinition::new("apps");
 
 const META_SCHEMA: &str = "schema_version";
 const META_PARTITIONS: &str = "partitions";
@@ -2365,6 +2367,62 @@ impl Inner {
             Ok(true)
         })
     }
+
+    fn create_app(&self, mut app: AppRecord) -> Result<AppRecord> {
+        write(&self.db, |txn| {
+            let mut apps = txn.open_table(APPS).ctx("open apps")?;
+            if apps.get(app.app_id.as_str()).ctx("read app")?.is_some() {
+                return Err(Error::AppExists(app.app_id.clone()));
+            }
+            if app.created_at == 0 {
+                app.created_at = now_ms();
+            }
+            let json = encode("app", &app)?;
+            apps.insert(app.app_id.as_str(), json.as_str())
+                .ctx("write app")?;
+            Ok(app.clone())
+        })
+    }
+
+    fn get_app(&self, app_id: &str) -> Result<Option<AppRecord>> {
+        let txn = read(&self.db)?;
+        let apps = txn.open_table(APPS).ctx("open apps")?;
+        match apps.get(app_id).ctx("read app")? {
+            Some(g) => decode("app", app_id, g.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn rotate_app_secret(
+        &self,
+        app_id: &str,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<AppRecord> {
+        write(&self.db, |txn| {
+            let mut apps = txn.open_table(APPS).ctx("open apps")?;
+            let mut app: AppRecord = match apps.get(app_id).ctx("read app")? {
+                Some(g) => decode("app", app_id, g.value())?,
+                None => return Err(Error::AppNotFound(app_id.to_owned())),
+            };
+            let now = now_ms();
+            let until = now.saturating_add(duration_ms(overlap));
+            app.secrets
+                .retain(|s| s.not_after == 0 || s.not_after > now);
+            for s in &mut app.secrets {
+                if s.not_after == 0 || s.not_after > until {
+                    s.not_after = until;
+                }
+            }
+            app.secrets.push(AppSecret {
+                secret: secret.to_owned(),
+                not_after: 0,
+            });
+            let json = encode("app", &app)?;
+            apps.insert(app_id, json.as_str()).ctx("write app")?;
+            Ok(app)
+        })
+    }
 }
 
 fn parse_run_cursor(cursor: &str) -> Result<(Millis, String)> {
@@ -2710,6 +2768,26 @@ impl Store for EmbeddedStore {
         let n = *c;
         *c = c.wrapping_add(1);
         Ok(n)
+    }
+
+    async fn create_app(&self, app: AppRecord) -> Result<AppRecord> {
+        self.blocking(move |i| i.create_app(app)).await
+    }
+
+    async fn get_app(&self, app_id: &str) -> Result<Option<AppRecord>> {
+        let app_id = app_id.to_owned();
+        self.blocking(move |i| i.get_app(&app_id)).await
+    }
+
+    async fn rotate_app_secret(
+        &self,
+        app_id: &str,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<AppRecord> {
+        let (app_id, secret) = (app_id.to_owned(), secret.to_owned());
+        self.blocking(move |i| i.rotate_app_secret(&app_id, &secret, overlap))
+            .await
     }
 
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::model::{Arm, JobRecord, Millis, RunRecord, RunState, Trigger};
+use crate::model::{AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger};
 
 /// Version of the persisted layout. A server refuses a store written by a newer schema.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -40,6 +40,10 @@ pub enum Error {
     LeaseHeld { schedule_id: String, holder: String },
     #[error("fencing token {token} is not the current one for {schedule_id:?}")]
     StaleToken { schedule_id: String, token: u64 },
+    #[error("app {0:?} already exists")]
+    AppExists(String),
+    #[error("app {0:?} not found")]
+    AppNotFound(String),
     #[error("store schema {found} is newer than this server understands ({supported})")]
     SchemaTooNew { found: u32, supported: u32 },
     #[error("store is unavailable: {0}")]
@@ -625,6 +629,24 @@ pub trait Store: Send + Sync + 'static {
     /// instance, so the instances routing one job's runs take turns from a single
     /// sequence instead of each starting on the same node.
     async fn next_route_counter(&self, job_id: &str) -> Result<u64>;
+
+    // ---- apps and their secrets
+
+    /// Stores a new app (`created_at` and each secret's `not_after` as given, except
+    /// that `created_at` 0 becomes the store's now). An existing id → `AppExists`.
+    async fn create_app(&self, app: AppRecord) -> Result<AppRecord>;
+
+    async fn get_app(&self, app_id: &str) -> Result<Option<AppRecord>>;
+
+    /// Adds `secret` as the app's current secret; the secrets that signed until now
+    /// keep signing for `overlap` more (store clock) and the ones already past their
+    /// end are dropped, in one step. Unknown app → `AppNotFound`.
+    async fn rotate_app_secret(
+        &self,
+        app_id: &str,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<AppRecord>;
 
     // ---- inbound replay protection
 

@@ -42,7 +42,9 @@ use super::{
     Outcome, Page, Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
     Transition, partition_of,
 };
-use crate::model::{Arm, JobRecord, Millis, RunRecord, RunState, Trigger, split_schedule_id};
+use crate::model::{
+    AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
+};
 
 const GROUP: &str = "dispatch";
 
@@ -92,6 +94,8 @@ struct Scripts {
     report_progress: Script,
     append_logs: Script,
     fan_out: Script,
+    create_app: Script,
+    rotate_app_secret: Script,
 }
 
 impl Scripts {
@@ -119,6 +123,8 @@ impl Scripts {
             report_progress: run_script!("report_progress"),
             append_logs: run_script!("append_logs"),
             fan_out: run_script!("fan_out"),
+            create_app: script!("create_app"),
+            rotate_app_secret: script!("rotate_app_secret"),
         }
     }
 }
@@ -255,6 +261,11 @@ impl RedisStore {
 
     async fn conn(&self) -> Result<deadpool_redis::Connection> {
         self.inner.pool.get().await.map_err(unavailable)
+    }
+
+    /// An app's record: one key in the `{apps}` slot.
+    fn app_key(&self, app_id: &str) -> String {
+        format!("{}:{{apps}}:app:{app_id}", self.inner.prefix)
     }
 
     fn pfx(&self, p: u32) -> String {
@@ -1439,6 +1450,54 @@ impl Store for RedisStore {
         let key = format!("{}rr", self.pfx(self.part(job_id)));
         let n: i64 = c.hincr(key, job_id, 1).await.map_err(unavailable)?;
         Ok(u64::try_from(n.saturating_sub(1)).unwrap_or(0))
+    }
+
+    async fn create_app(&self, app: AppRecord) -> Result<AppRecord> {
+        let json = serde_json::to_string(&app).map_err(corrupt)?;
+        let mut c = self.conn().await?;
+        let stored: String = self
+            .inner
+            .scripts
+            .create_app
+            .arg(self.app_key(&app.app_id))
+            .arg(json)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        if stored.is_empty() {
+            return Err(Error::AppExists(app.app_id));
+        }
+        serde_json::from_str(&stored).map_err(corrupt)
+    }
+
+    async fn get_app(&self, app_id: &str) -> Result<Option<AppRecord>> {
+        let mut c = self.conn().await?;
+        let j: Option<String> = c.get(self.app_key(app_id)).await.map_err(unavailable)?;
+        j.map(|j| serde_json::from_str(&j).map_err(corrupt))
+            .transpose()
+    }
+
+    async fn rotate_app_secret(
+        &self,
+        app_id: &str,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<AppRecord> {
+        let mut c = self.conn().await?;
+        let stored: String = self
+            .inner
+            .scripts
+            .rotate_app_secret
+            .arg(self.app_key(app_id))
+            .arg(secret)
+            .arg(duration_ms(overlap))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        if stored.is_empty() {
+            return Err(Error::AppNotFound(app_id.to_owned()));
+        }
+        serde_json::from_str(&stored).map_err(corrupt)
     }
 
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
