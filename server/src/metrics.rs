@@ -150,6 +150,28 @@ impl Metrics {
             "1 while the circuit breaker of a webhook destination is open",
             webhook_circuit_open.clone(),
         );
+        // Every known label value starts at 0, so each series exists from the first
+        // scrape (a family with no series is left out of the exposition, and `rate()`
+        // cannot see the first increment of a series that appears with it).
+        for state in [
+            RunState::Succeeded,
+            RunState::Failed,
+            RunState::TimedOut,
+            RunState::Cancelled,
+            RunState::Skipped,
+        ] {
+            let _ = runs_finished.get_or_create(&label("state", &state.to_string()));
+        }
+        for policy in [
+            MisfirePolicy::FireOnce,
+            MisfirePolicy::Skip,
+            MisfirePolicy::CatchUp,
+        ] {
+            let _ = misfires.get_or_create(&label("policy", policy_name(policy)));
+        }
+        for kind in AlertKind::ALL {
+            let _ = alerts.get_or_create(&label("kind", kind.as_str()));
+        }
         Self {
             registry,
             trigger_lateness,
@@ -182,12 +204,9 @@ impl Metrics {
 
     /// A claimed misfire; `runs` is how many runs it queued (0 when skipped).
     pub fn misfire(&self, policy: MisfirePolicy, runs: usize) {
-        let policy = match policy {
-            MisfirePolicy::FireOnce => "FIRE_ONCE",
-            MisfirePolicy::Skip => "SKIP",
-            MisfirePolicy::CatchUp => "CATCH_UP",
-        };
-        self.misfires.get_or_create(&label("policy", policy)).inc();
+        self.misfires
+            .get_or_create(&label("policy", policy_name(policy)))
+            .inc();
         self.late_fires.inc_by(runs as u64);
     }
 
@@ -312,6 +331,14 @@ impl Metrics {
 
 fn label(name: &'static str, value: &str) -> Label {
     [(name, value.to_owned())]
+}
+
+fn policy_name(policy: MisfirePolicy) -> &'static str {
+    match policy {
+        MisfirePolicy::FireOnce => "FIRE_ONCE",
+        MisfirePolicy::Skip => "SKIP",
+        MisfirePolicy::CatchUp => "CATCH_UP",
+    }
 }
 
 fn health_name(h: Health) -> &'static str {
@@ -486,9 +513,23 @@ mod tests {
         m.record_transition(&applied(run(RunState::Waiting, "rejected: busy")));
         m.record_transition(&applied(run(RunState::Waiting, "unconfirmed")));
         let text = m.render();
-        assert!(!text.contains("sundial_runs_finished_total{"), "{text}");
+        for state in ["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"] {
+            assert_eq!(
+                sample(
+                    &text,
+                    &format!("sundial_runs_finished_total{{state=\"{state}\"}}")
+                ),
+                Some(0.0),
+                "{state}: present from the start, and still 0"
+            );
+        }
         assert_eq!(sample(&text, "sundial_runs_retried_total"), Some(0.0));
-        assert!(!text.contains("sundial_alerts_total{"), "{text}");
+        for kind in AlertKind::ALL {
+            assert_eq!(
+                sample(&text, &format!("sundial_alerts_total{{kind=\"{kind}\"}}")),
+                Some(0.0)
+            );
+        }
 
         m.record_transition(&applied(run(RunState::Waiting, "retry: E1")));
         m.record_transition(&applied(run(RunState::Waiting, "retry: lost")));
