@@ -287,7 +287,7 @@ fn log_auth_mode(auth: &Authenticator) {
         info!(
             bearer_tokens = auth.bearer_token_count(),
             apps = ?apps,
-            "admin auth on: gRPC (but executors, health, reflection) and REST (but /healthz) need a bearer token or an app signature"
+            "admin auth on: gRPC (but executors, health, reflection) and REST (but /healthz, /metrics) need a bearer token or an app signature"
         );
     } else {
         warn!(

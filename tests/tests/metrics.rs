@@ -119,6 +119,17 @@ async fn metrics_count_outcomes_lateness_and_executors_and_a_failed_run_raises_a
         "{text}"
     );
 
+    let doc: serde_json::Value = http
+        .get(format!("{base}/api/v1/openapi.json"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        doc["paths"]["/metrics"]["get"]["security"] == serde_json::json!([]),
+        "the OpenAPI document describes /metrics as open"
+    );
+
     // The alert is an error line with the stable `alert` field and the run's ids.
     let stderr = server.stderr();
     let alert = stderr

@@ -1,9 +1,9 @@
 //! The REST status API on `--http-listen`, for callers without gRPC: job status, runs,
-//! manual triggers, the OpenAPI document and `/healthz`. Handlers validate their own
+//! manual triggers, the OpenAPI document, `/healthz` and `/metrics`. Handlers validate their own
 //! request shapes (errors name the parameter, as JSON) and forward to the same core as
 //! the gRPC services (`jobs`, `runs`).
 //!
-//! Every route but `/healthz` needs admin credentials (a bearer token or an app
+//! Every route but `/healthz` and `/metrics` needs admin credentials (a bearer token or an app
 //! signature, see [`crate::auth`]) unless admin authentication is off (dev mode);
 //! [`require_admin`] checks them before routing, buffering a signed request's body (at
 //! most [`MAX_SIGNED_BODY`]) to verify it and then passing the same bytes on. Refusals
@@ -510,7 +510,8 @@ pub fn openapi_document() -> serde_json::Value {
                 {"name": "page_token", "in": "query", "schema": {"type": "string"}}
             ], "responses": runs_responses}},
             "/api/v1/jobs/{job_id}/trigger": {"post": {"summary": "Run the job now", "parameters": [job_id], "requestBody": {"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TriggerBody"}}}}, "responses": trigger_responses}},
-            "/healthz": {"get": {"summary": "Liveness (no credentials needed)", "security": [], "responses": {"200": {"description": "ok"}}}}
+            "/healthz": {"get": {"summary": "Liveness (no credentials needed)", "security": [], "responses": {"200": {"description": "ok"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics, text format 0.0.4 (no credentials needed)", "security": [], "responses": {"200": {"description": "the exposition", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}
         },
         "security": [{"bearer": []}, {"appSignature": []}],
         "components": {
