@@ -264,7 +264,7 @@ impl Metrics {
                 &run.schedule_id,
                 &format!(
                     "the executor {:?} stopped renewing its lease; {then}",
-                    run.last_node
+                    run.node_id
                 ),
             );
         } else if matches!(run.state, RunState::Failed | RunState::TimedOut) {
