@@ -25,6 +25,7 @@ use crate::fault::crash_point;
 use crate::health::{self, Health, HealthPolicy};
 use crate::http_target::HttpTargets;
 use crate::links::Links;
+use crate::metrics::Metrics;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::routing::{self, NodeView, Route, RouteState};
 use crate::store::{
@@ -108,6 +109,8 @@ pub struct Dispatcher {
     opts: DispatchOptions,
     links: Arc<Links>,
     http: Arc<HttpTargets>,
+    /// Where the run outcomes this instance applies are counted (and alerted).
+    metrics: Arc<Metrics>,
     nodes: NodeCache,
     /// Job definitions by id, refreshed when a run names a newer version.
     jobs: Mutex<HashMap<String, Arc<JobRecord>>>,
@@ -143,6 +146,7 @@ impl Dispatcher {
         opts: DispatchOptions,
         links: Arc<Links>,
         http: Arc<HttpTargets>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let refresh = opts.node_refresh;
         Self {
@@ -150,6 +154,7 @@ impl Dispatcher {
             opts,
             links,
             http,
+            metrics,
             nodes: NodeCache {
                 refresh,
                 snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
@@ -284,6 +289,7 @@ impl Dispatcher {
                 }
             };
             debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
+            self.metrics.record_begun(&begun);
             crash_point("dispatch.before_ack");
             if let Err(e) = self.store.ack_trigger(&d.entry_id).await {
                 warn!(error = %e, "acknowledging the trigger failed; it will be redelivered");
@@ -299,9 +305,12 @@ impl Dispatcher {
         .await;
     }
 
-    /// Acts on what a transition left to do: cancel a revoked lease, route the serial
-    /// run it released, route the run itself when it is WAITING and due.
+    /// Acts on what a transition left to do: count it (metrics and alerts, when
+    /// applied), cancel a revoked lease, route the serial run it released. Every
+    /// applied transition but `begin_run` and the HTTP executor's results comes here
+    /// once.
     pub async fn follow_up(&self, t: Transition) {
+        self.metrics.record_transition(&t);
         for rv in &t.revoked {
             self.send_cancel(rv).await;
         }

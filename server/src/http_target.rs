@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::egress::{self, EgressPolicy};
+use crate::metrics::Metrics;
 use crate::model::{JobRecord, RunRecord, RunState, Target};
 use crate::store::{Finisher, Held, Outcome, Store};
 
@@ -36,6 +37,8 @@ pub struct HttpTargets {
     /// Checked on IP-literal URLs before each request; the client's resolver checks
     /// host names.
     egress: Arc<EgressPolicy>,
+    /// Counts the run outcomes these calls apply (they do not pass through dispatch).
+    metrics: Arc<Metrics>,
     client: reqwest::Client,
     in_flight: Mutex<HashMap<String, (u64, CancellationToken)>>,
     tasks: TaskTracker,
@@ -48,6 +51,7 @@ impl HttpTargets {
         max_concurrency: u32,
         lease_ttl: Duration,
         egress: Arc<EgressPolicy>,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, reqwest::Error> {
         // No fallback to a default client: it would bypass the egress policy.
         let client = egress::client_builder(egress.clone())
@@ -59,6 +63,7 @@ impl HttpTargets {
             max_concurrency,
             lease_ttl,
             egress,
+            metrics,
             client,
             in_flight: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
@@ -107,7 +112,10 @@ impl HttpTargets {
                     .finish_run(&run.schedule_id, Finisher::Token(run.fencing_token), outcome)
                     .await
                 {
-                    Ok(t) => debug!(applied = ?t.applied, "http run finished"),
+                    Ok(t) => {
+                        debug!(applied = ?t.applied, "http run finished");
+                        this.metrics.record_transition(&t);
+                    }
                     Err(e) => warn!(error = %e, "recording the http result failed; the lease will run out and the run is retried"),
                 }
             }

@@ -2,6 +2,7 @@
 //! [`server::run`], and the integration tests start the same code in-process or as
 //! processes.
 
+pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod health;
 pub mod http_target;
 pub mod jobs;
 pub mod links;
+pub mod metrics;
 pub mod model;
 pub mod routing;
 pub mod runs;

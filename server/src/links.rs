@@ -80,6 +80,11 @@ impl Links {
         self.local.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How many executor streams are attached here.
+    pub fn attached(&self) -> usize {
+        self.map().len()
+    }
+
     /// Whether a `Drain` was sent down the node's stream attached here.
     pub fn draining(&self, node_id: &str) -> bool {
         self.map().get(node_id).is_some_and(|l| l.draining)

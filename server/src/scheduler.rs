@@ -18,9 +18,11 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::alerts::{self, AlertKind};
 use crate::cron::CronError;
 use crate::fault::crash_point;
 use crate::jobs::{self, Plan};
+use crate::metrics::Metrics;
 use crate::model::{JobRecord, Millis, MisfirePolicy, Trigger, TriggerKind};
 use crate::store::{ClaimResult, DueFire, FireClaim, Store};
 
@@ -122,6 +124,8 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     opts: SchedulerOptions,
     stats: SchedulerStats,
+    /// Lateness, misfires and their alerts, for the fires this instance's claims won.
+    metrics: Arc<Metrics>,
     /// One state per partition, in the order this instance visits them: a random
     /// rotation, so instances spread out instead of racing for the same batch first.
     partitions: Vec<PartitionState>,
@@ -149,8 +153,15 @@ impl Scheduler {
             store,
             opts,
             stats,
+            metrics: Arc::new(Metrics::new()),
             partitions,
         }
+    }
+
+    /// Records into `metrics` (by default, a registry of its own that nobody reads).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Runs until `shutdown`; a store operation in progress always completes first.
@@ -196,6 +207,7 @@ impl Scheduler {
             store: &self.store,
             opts: &self.opts,
             stats: &self.stats,
+            metrics: &self.metrics,
         };
         // Collected first: a lazy `map` closure inside the stream would make the
         // spawned future's Send bound unprovable (higher-ranked lifetimes).
@@ -221,6 +233,15 @@ struct Claimer<'a> {
     store: &'a Arc<dyn Store>,
     opts: &'a SchedulerOptions,
     stats: &'a SchedulerStats,
+    metrics: &'a Metrics,
+}
+
+/// A fire claimed later than the misfire threshold, and what its policy did.
+struct Misfire {
+    policy: MisfirePolicy,
+    late_ms: Millis,
+    /// Runs queued for it (0 when skipped).
+    runs: usize,
 }
 
 impl Claimer<'_> {
@@ -236,11 +257,13 @@ impl Claimer<'_> {
             let full = batch.fires.len() >= self.opts.batch_size;
             self.refresh_plans(st, &batch.fires).await?;
             let mut claims = Vec::with_capacity(batch.fires.len());
+            let mut misfired = Vec::with_capacity(batch.fires.len());
             let mut misfires = 0;
             for fire in &batch.fires {
-                if let Some((claim, misfired)) = self.build_claim(st, fire, batch.now) {
-                    misfires += u64::from(misfired);
+                if let Some((claim, misfire)) = self.build_claim(st, fire, batch.now) {
+                    misfires += u64::from(misfire.is_some());
                     claims.push(claim);
+                    misfired.push(misfire);
                 }
             }
             if claims.is_empty() {
@@ -253,10 +276,14 @@ impl Claimer<'_> {
             crash_point("scheduler.after_claim");
             let mut lateness = Vec::with_capacity(claims.len());
             let mut lost = 0;
-            for (claim, result) in claims.iter().zip(&outcome.results) {
+            for ((claim, result), misfire) in claims.iter().zip(&outcome.results).zip(&misfired) {
                 match result {
                     ClaimResult::Claimed => {
                         lateness.push(outcome.now - claim.expected_due);
+                        self.metrics.fire_claimed(outcome.now - claim.expected_due);
+                        if let Some(m) = misfire {
+                            self.misfire_claimed(claim, m);
+                        }
                         debug!(job_id = %claim.job_id, due = claim.expected_due, "fire claimed");
                     }
                     ClaimResult::VersionChanged | ClaimResult::Gone => {
@@ -281,6 +308,31 @@ impl Claimer<'_> {
                 ));
             }
         }
+    }
+
+    /// Counts a misfire this instance's claim won and raises its alert: `misfire` when
+    /// the fire was skipped, `late_fire` when it still ran.
+    fn misfire_claimed(self, claim: &FireClaim, m: &Misfire) {
+        self.metrics.misfire(m.policy, m.runs);
+        let (kind, what) = if m.runs == 0 {
+            (AlertKind::Misfire, "skipped".to_owned())
+        } else {
+            (AlertKind::LateFire, format!("{} run(s) queued", m.runs))
+        };
+        let first = claim.triggers.first();
+        let schedule_id = first.map(Trigger::schedule_id).unwrap_or_default();
+        alerts::raise(
+            self.metrics,
+            kind,
+            &claim.job_id,
+            &schedule_id,
+            &format!(
+                "fire claimed {} ms late (threshold {} ms), policy {:?}: {what}",
+                m.late_ms,
+                self.opts.misfire_threshold.as_millis(),
+                m.policy
+            ),
+        );
     }
 
     /// Makes sure a plan for the due version of every fire is cached.
@@ -325,7 +377,7 @@ impl Claimer<'_> {
         st: &PartitionState,
         fire: &DueFire,
         now: Millis,
-    ) -> Option<(FireClaim, bool)> {
+    ) -> Option<(FireClaim, Option<Misfire>)> {
         let (version, plan) = st.plans.get(&fire.job_id)?;
         if *version != fire.version {
             return None;
@@ -343,7 +395,7 @@ impl Claimer<'_> {
                     next: None,
                     triggers: vec![trigger(fire, TriggerKind::Cron, None)],
                 },
-                false,
+                None,
             ));
         };
         let late = now - fire.due;
@@ -357,7 +409,7 @@ impl Claimer<'_> {
                     next: plan.next_arm(fire.planned),
                     triggers: vec![trigger(fire, TriggerKind::Cron, None)],
                 },
-                false,
+                None,
             ));
         }
         let policy = plan.spec.misfire_policy;
@@ -391,11 +443,13 @@ impl Claimer<'_> {
                     .collect()
             }
         };
-        warn!(
+        let runs = triggers.iter().filter(|t| t.skip_reason.is_none()).count();
+        // The alert is raised once the claim is won (`misfire_claimed`).
+        debug!(
             job_id = %fire.job_id,
             late_ms = late,
             ?policy,
-            runs = triggers.iter().filter(|t| t.skip_reason.is_none()).count(),
+            runs,
             "misfire: fire claimed late"
         );
         Some((
@@ -408,7 +462,11 @@ impl Claimer<'_> {
                 next: plan.next_arm(now.max(fire.planned)),
                 triggers,
             },
-            true,
+            Some(Misfire {
+                policy,
+                late_ms: late,
+                runs,
+            }),
         ))
     }
 }
@@ -458,10 +516,11 @@ fn delay_until(next_due: Option<Millis>, now: Millis, max: Duration) -> Duration
 pub fn spawn(
     store: Arc<dyn Store>,
     opts: SchedulerOptions,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> (tokio::task::JoinHandle<()>, SchedulerStats) {
     let stats = SchedulerStats::default();
-    let scheduler = Scheduler::new(store, opts, stats.clone());
+    let scheduler = Scheduler::new(store, opts, stats.clone()).with_metrics(metrics);
     let handle = tokio::spawn(scheduler.run(shutdown).instrument(info_span!("scheduler")));
     (handle, stats)
 }
@@ -531,12 +590,14 @@ mod tests {
         }
 
         /// Passes until nothing is due right now, as the loop does between sleeps.
-        async fn pass(store: &Arc<dyn Store>) -> SchedulerStats {
+        async fn pass(store: &Arc<dyn Store>) -> (SchedulerStats, Arc<Metrics>) {
             let stats = SchedulerStats::default();
-            let mut s = Scheduler::new(store.clone(), SchedulerOptions::default(), stats.clone());
+            let metrics = Arc::new(Metrics::new());
+            let mut s = Scheduler::new(store.clone(), SchedulerOptions::default(), stats.clone())
+                .with_metrics(metrics.clone());
             for _ in 0..100 {
                 if !s.claim_all_due().await.expect("pass").is_zero() {
-                    return stats;
+                    return (stats, metrics);
                 }
             }
             panic!("still due after 100 passes");
@@ -558,8 +619,20 @@ mod tests {
                 });
                 fx.store.create_job(j).await.expect("create");
             }
-            let stats = pass(&fx.store).await;
+            let (stats, metrics) = pass(&fx.store).await;
             assert_eq!(stats.snapshot().misfires, 4);
+            let text = metrics.render();
+            for line in [
+                r#"sundial_misfires_total{policy="FIRE_ONCE"} 1"#,
+                r#"sundial_misfires_total{policy="SKIP"} 1"#,
+                r#"sundial_misfires_total{policy="CATCH_UP"} 2"#,
+                // 1 (fire once) + 10 + 3 (catch up); the skipped one did not run.
+                "sundial_late_fires_total 14",
+                r#"sundial_alerts_total{kind="misfire"} 1"#,
+                r#"sundial_alerts_total{kind="late_fire"} 3"#,
+            ] {
+                assert!(text.lines().any(|l| l == line), "{line} in {text}");
+            }
             let triggers = drain_triggers(&fx.store, "t").await;
             // Regular fires after "now" may follow if the pass crosses a second
             // boundary; the misfire handling is what is under test.

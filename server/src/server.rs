@@ -29,6 +29,7 @@ use crate::executors::Executors;
 use crate::http_target::HttpTargets;
 use crate::jobs::Jobs;
 use crate::links::Links;
+use crate::metrics::{Metrics, Scrape};
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
@@ -134,6 +135,7 @@ pub async fn run(
     };
     let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
 
+    let metrics = Arc::new(Metrics::new());
     // Built before any loop starts, so that failing here leaves nothing running.
     let http_targets = Arc::new(
         HttpTargets::new(
@@ -142,19 +144,25 @@ pub async fn run(
             config.http_max_concurrency,
             config.executors.lease_ttl,
             Arc::new(EgressPolicy::http_targets(config.http_target_allow.clone())),
+            metrics.clone(),
         )
         .map_err(Error::HttpClient)?,
     );
 
     let loops = CancellationToken::new();
-    let (scheduler_task, _stats) =
-        scheduler::spawn(store.clone(), config.scheduler.clone(), loops.clone());
+    let (scheduler_task, _stats) = scheduler::spawn(
+        store.clone(),
+        config.scheduler.clone(),
+        metrics.clone(),
+        loops.clone(),
+    );
     let links = Arc::new(Links::new(store.clone(), config.instance_id.clone()));
     let dispatcher = Arc::new(Dispatcher::new(
         store.clone(),
         config.dispatch.clone(),
         links.clone(),
         http_targets.clone(),
+        metrics.clone(),
     ));
     let dispatch_task = dispatch::spawn(dispatcher.clone(), loops.clone());
     let sweep_task = sweeper::spawn(
@@ -218,8 +226,14 @@ pub async fn run(
     let http_task = http_listener.map(|l| {
         let stop = servers_stop.clone();
         let jobs = jobs.clone();
+        let scrape = Scrape {
+            metrics: metrics.clone(),
+            links: links.clone(),
+            store: store.clone(),
+            health: config.dispatch.health,
+        };
         tokio::spawn(async move {
-            let app = crate::api::rest::router(jobs, admin_guard);
+            let app = crate::api::rest::router(jobs, admin_guard, scrape);
             axum::serve(l, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
                 .await
@@ -273,7 +287,7 @@ fn log_auth_mode(auth: &Authenticator) {
         info!(
             bearer_tokens = auth.bearer_token_count(),
             apps = ?apps,
-            "admin auth on: gRPC (but executors, health, reflection) and REST (but /healthz) need a bearer token or an app signature"
+            "admin auth on: gRPC (but executors, health, reflection) and REST (but /healthz, /metrics) need a bearer token or an app signature"
         );
     } else {
         warn!(

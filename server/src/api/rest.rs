@@ -1,15 +1,16 @@
 //! The REST status API on `--http-listen`, for callers without gRPC: job status, runs,
-//! manual triggers, the OpenAPI document and `/healthz`. Handlers validate their own
+//! manual triggers, the OpenAPI document, `/healthz` and `/metrics`. Handlers validate their own
 //! request shapes (errors name the parameter, as JSON) and forward to the same core as
 //! the gRPC services (`jobs`, `runs`).
 //!
-//! Every route but `/healthz` needs admin credentials (a bearer token or an app
+//! Every route but `/healthz` and `/metrics` needs admin credentials (a bearer token or an app
 //! signature, see [`crate::auth`]) unless admin authentication is off (dev mode);
 //! [`require_admin`] checks them before routing, buffering a signed request's body (at
 //! most [`MAX_SIGNED_BODY`]) to verify it and then passing the same bytes on. Refusals
 //! are 401 with the usual error body, code `UNAUTHENTICATED`. `/healthz` stays open
-//! for load balancers; `/metrics`, when it arrives, is meant to be open too (it is
-//! added after the layer, like `/healthz`), so scrapers need no admin credentials.
+//! for load balancers, and so is `/metrics` (the Prometheus text format, see
+//! [`crate::metrics`]; added after the layer, like `/healthz`), so scrapers need no
+//! admin credentials: it shows counts and gauges, never a job's content or a secret.
 
 use std::collections::HashMap;
 
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::convert;
 use crate::auth::{self, AdminGuard};
 use crate::jobs::{self, Jobs};
+use crate::metrics::Scrape;
 use crate::model::{MAX_PAYLOAD_BYTES, RunRecord, RunState, split_schedule_id};
 use crate::runs::{self, RunFilter};
 use crate::store;
@@ -35,9 +37,9 @@ use crate::store;
 /// below it.
 pub const MAX_SIGNED_BODY: usize = 1 << 20;
 
-/// The REST routes, over the job operations of this instance; all but `/healthz` behind
-/// `guard`.
-pub fn router(jobs: Jobs, guard: AdminGuard) -> axum::Router {
+/// The REST routes, over the job operations of this instance; all but `/healthz` and
+/// `/metrics` behind `guard`.
+pub fn router(jobs: Jobs, guard: AdminGuard, scrape: Scrape) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/tasks/{job_id}", get(task_status))
@@ -48,6 +50,16 @@ pub fn router(jobs: Jobs, guard: AdminGuard) -> axum::Router {
         // Applies to the routes above only: the ones below are open.
         .layer(axum::middleware::from_fn_with_state(guard, require_admin))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics).with_state(scrape))
+}
+
+/// `GET /metrics`: the instance's metrics in the Prometheus text format.
+async fn metrics(State(scrape): State<Scrape>) -> Response {
+    (
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        scrape.render().await,
+    )
+        .into_response()
 }
 
 /// Admits a request with admin credentials, or answers 401 (413 for a signed body over
@@ -502,7 +514,8 @@ pub fn openapi_document() -> serde_json::Value {
                 {"name": "page_token", "in": "query", "schema": {"type": "string"}}
             ], "responses": runs_responses}},
             "/api/v1/jobs/{job_id}/trigger": {"post": {"summary": "Run the job now", "parameters": [job_id], "requestBody": {"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TriggerBody"}}}}, "responses": trigger_responses}},
-            "/healthz": {"get": {"summary": "Liveness (no credentials needed)", "security": [], "responses": {"200": {"description": "ok"}}}}
+            "/healthz": {"get": {"summary": "Liveness (no credentials needed)", "security": [], "responses": {"200": {"description": "ok"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics, text format 0.0.4 (no credentials needed)", "security": [], "responses": {"200": {"description": "the exposition", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}
         },
         "security": [{"bearer": []}, {"appSignature": []}],
         "components": {

@@ -1,0 +1,595 @@
+//! The instance's Prometheus metrics: one [`Metrics`] per instance (created in
+//! `server::run`, shared by `Arc` with the components that record), its registry, and
+//! the text rendering served at `GET /metrics` on `--http-listen` (open, like
+//! `/healthz`: scrapers need no admin credentials).
+//!
+//! What is counted where, so that each event is counted once across the cluster:
+//!
+//! - `sundial_trigger_lateness_seconds` (histogram, 1 ms … 60 s): store time at the
+//!   claim − the fire's due time (planned + the job's jitter offset), for every cron
+//!   fire this instance's claim won (`scheduler`).
+//! - `sundial_misfires_total{policy}`, `sundial_late_fires_total`: a claimed fire
+//!   later than the misfire threshold, by the job's policy; a late fire is one that
+//!   still ran (FIRE_ONCE, CATCH_UP: one per run queued) (`scheduler`).
+//! - `sundial_runs_finished_total{state}`, `sundial_runs_retried_total`,
+//!   `sundial_runs_lost_total`: by [`Metrics::record_transition`], from the transitions
+//!   the store applied (`Applied::Yes`) on this instance, which are atomic and applied
+//!   once: results (`executors`, `http_target`), deadlines (`sweeper`), failures
+//!   before dispatch and cancels (`dispatch::Dispatcher::follow_up`), and the SKIPPED
+//!   and replaced runs of `begin_run` (`dispatch`).
+//! - `sundial_executors_connected`, `sundial_executor_nodes{health}` (gauges): read at
+//!   scrape time from this instance's attached streams and from the registry (every
+//!   instance reports the same node figures; take one instance's, or `max`).
+//! - `sundial_alerts_total{kind}`: every alert raised (see [`crate::alerts`]).
+//! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_circuit_open{destination}`:
+//!   reserved for the webhook delivery worker, which records them through
+//!   [`Metrics::webhook_attempt`] and [`Metrics::set_circuit`].
+//!
+//! Known gaps: a broadcast run's shards are runs here (each counted when it becomes
+//! final), but the parent, made final in the same step as its last shard, is not
+//! counted on its own; runs cancelled by the replace policy or with a cancelled
+//! broadcast are counted only when they held a lease (those are the ones the store
+//! names).
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::alerts::{self, AlertKind};
+use crate::health::{self, Health, HealthPolicy};
+use crate::links::Links;
+use crate::model::{MisfirePolicy, RunRecord, RunState, split_schedule_id};
+use crate::store::{Applied, Begun, Store, Transition};
+
+/// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text format.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Lateness buckets in seconds: 1 ms to 60 s.
+const LATENESS_BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// One label, `name="value"`.
+type Label = [(&'static str, String); 1];
+
+/// Every metric of the instance. Recording is lock-free (atomics); the registry is
+/// only read to render.
+pub struct Metrics {
+    registry: Registry,
+    trigger_lateness: Histogram,
+    runs_finished: Family<Label, Counter>,
+    runs_retried: Counter,
+    runs_lost: Counter,
+    misfires: Family<Label, Counter>,
+    late_fires: Counter,
+    executors_connected: Gauge,
+    executor_nodes: Family<Label, Gauge>,
+    alerts: Family<Label, Counter>,
+    webhook_attempts: Family<Label, Counter>,
+    webhook_circuit_open: Family<Label, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let trigger_lateness = Histogram::new(LATENESS_BUCKETS);
+        registry.register(
+            "sundial_trigger_lateness_seconds",
+            "Claim time (store clock) minus the due time of claimed cron fires",
+            trigger_lateness.clone(),
+        );
+        // Counters are registered without `_total`: the encoder appends it.
+        let runs_finished = Family::default();
+        registry.register(
+            "sundial_runs_finished",
+            "Runs made final by this instance, by final state",
+            runs_finished.clone(),
+        );
+        let runs_retried = Counter::default();
+        registry.register(
+            "sundial_runs_retried",
+            "Attempts that failed, timed out or lost their lease and were retried",
+            runs_retried.clone(),
+        );
+        let runs_lost = Counter::default();
+        registry.register(
+            "sundial_runs_lost",
+            "Runs whose executor stopped renewing the lease (retried or failed 'lost')",
+            runs_lost.clone(),
+        );
+        let misfires = Family::default();
+        registry.register(
+            "sundial_misfires",
+            "Fires claimed later than the misfire threshold, by the job's misfire policy",
+            misfires.clone(),
+        );
+        let late_fires = Counter::default();
+        registry.register(
+            "sundial_late_fires",
+            "Runs queued for fires later than the misfire threshold (FIRE_ONCE, CATCH_UP)",
+            late_fires.clone(),
+        );
+        let executors_connected = Gauge::default();
+        registry.register(
+            "sundial_executors_connected",
+            "Executor streams attached to this instance",
+            executors_connected.clone(),
+        );
+        let executor_nodes = Family::default();
+        registry.register(
+            "sundial_executor_nodes",
+            "Executor nodes in the registry (all instances), by health",
+            executor_nodes.clone(),
+        );
+        let alerts = Family::default();
+        registry.register(
+            "sundial_alerts",
+            "Alerts raised by this instance, by kind",
+            alerts.clone(),
+        );
+        let webhook_attempts = Family::default();
+        registry.register(
+            "sundial_webhook_attempts",
+            "Webhook delivery attempts, by outcome",
+            webhook_attempts.clone(),
+        );
+        let webhook_circuit_open = Family::default();
+        registry.register(
+            "sundial_webhook_circuit_open",
+            "1 while the circuit breaker of a webhook destination is open",
+            webhook_circuit_open.clone(),
+        );
+        // Every known label value starts at 0, so each series exists from the first
+        // scrape (a family with no series is left out of the exposition, and `rate()`
+        // cannot see the first increment of a series that appears with it).
+        for state in [
+            RunState::Succeeded,
+            RunState::Failed,
+            RunState::TimedOut,
+            RunState::Cancelled,
+            RunState::Skipped,
+        ] {
+            let _ = runs_finished.get_or_create(&label("state", &state.to_string()));
+        }
+        for policy in [
+            MisfirePolicy::FireOnce,
+            MisfirePolicy::Skip,
+            MisfirePolicy::CatchUp,
+        ] {
+            let _ = misfires.get_or_create(&label("policy", policy_name(policy)));
+        }
+        for kind in AlertKind::ALL {
+            let _ = alerts.get_or_create(&label("kind", kind.as_str()));
+        }
+        Self {
+            registry,
+            trigger_lateness,
+            runs_finished,
+            runs_retried,
+            runs_lost,
+            misfires,
+            late_fires,
+            executors_connected,
+            executor_nodes,
+            alerts,
+            webhook_attempts,
+            webhook_circuit_open,
+        }
+    }
+
+    /// The registry in the Prometheus text format ([`CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// A cron fire claimed `late_ms` after its due time (store clock).
+    pub fn fire_claimed(&self, late_ms: i64) {
+        self.trigger_lateness
+            .observe(late_ms.max(0) as f64 / 1000.0);
+    }
+
+    /// A claimed misfire; `runs` is how many runs it queued (0 when skipped).
+    pub fn misfire(&self, policy: MisfirePolicy, runs: usize) {
+        self.misfires
+            .get_or_create(&label("policy", policy_name(policy)))
+            .inc();
+        self.late_fires.inc_by(runs as u64);
+    }
+
+    /// Counts what an applied transition did to its run, and raises the run alerts:
+    /// `run_failed` for a final FAILED or TIMED_OUT, `run_lost` for a lost lease
+    /// (retried or not). Does nothing unless the store applied it (`Applied::Yes`).
+    pub fn record_transition(&self, t: &Transition) {
+        if t.applied != Applied::Yes {
+            return;
+        }
+        if let Some(run) = &t.run {
+            self.record_run(run);
+        }
+    }
+
+    /// Counts a run begun SKIPPED and the runs the replace policy cancelled with it
+    /// (the ones that held a lease).
+    pub fn record_begun(&self, b: &Begun) {
+        if b.created && b.run.state == RunState::Skipped {
+            self.finished(RunState::Skipped);
+        }
+        let replaced = b
+            .revoked
+            .iter()
+            .filter(|rv| rv.reason == "replaced")
+            .count();
+        if replaced > 0 {
+            self.runs_finished
+                .get_or_create(&label("state", &RunState::Cancelled.to_string()))
+                .inc_by(replaced as u64);
+        }
+    }
+
+    fn record_run(&self, run: &RunRecord) {
+        let lost =
+            run.reason == "retry: lost" || (run.state == RunState::Failed && run.reason == "lost");
+        if run.state == RunState::Waiting && run.reason.starts_with("retry: ") {
+            self.runs_retried.inc();
+        }
+        if run.state.is_final() {
+            self.finished(run.state);
+        }
+        let (job_id, _) = split_schedule_id(&run.schedule_id).unwrap_or((&run.job_id, ""));
+        if lost {
+            self.runs_lost.inc();
+            let then = if run.state == RunState::Waiting {
+                format!("retried as attempt {}", run.attempt)
+            } else {
+                "attempts spent: FAILED".to_owned()
+            };
+            alerts::raise(
+                self,
+                AlertKind::RunLost,
+                job_id,
+                &run.schedule_id,
+                &format!(
+                    "the executor {:?} stopped renewing its lease; {then}",
+                    run.node_id
+                ),
+            );
+        } else if matches!(run.state, RunState::Failed | RunState::TimedOut) {
+            alerts::raise(
+                self,
+                AlertKind::RunFailed,
+                job_id,
+                &run.schedule_id,
+                &format!(
+                    "run {} after {} attempt(s): {} {}",
+                    run.state, run.attempt, run.error_code, run.error_message
+                ),
+            );
+        }
+    }
+
+    fn finished(&self, state: RunState) {
+        self.runs_finished
+            .get_or_create(&label("state", &state.to_string()))
+            .inc();
+    }
+
+    /// Counts an alert (called by [`alerts::raise`]).
+    pub(crate) fn alert(&self, kind: AlertKind) {
+        self.alerts
+            .get_or_create(&label("kind", kind.as_str()))
+            .inc();
+    }
+
+    /// One webhook delivery attempt ended with `outcome` (e.g. `delivered`,
+    /// `failed`, `timeout`, `circuit_open`). Recorded by the webhook worker.
+    pub fn webhook_attempt(&self, outcome: &str) {
+        self.webhook_attempts
+            .get_or_create(&label("outcome", outcome))
+            .inc();
+    }
+
+    /// The circuit breaker of `destination` (a host, never a full URL with secrets)
+    /// opened or closed. Recorded by the webhook worker.
+    pub fn set_circuit(&self, destination: &str, open: bool) {
+        self.webhook_circuit_open
+            .get_or_create(&label("destination", destination))
+            .set(i64::from(open));
+    }
+
+    /// Sets the gauges read at scrape time.
+    fn set_executors(&self, connected: usize, nodes: &[Health]) {
+        self.executors_connected
+            .set(i64::try_from(connected).unwrap_or(i64::MAX));
+        for h in [
+            Health::Healthy,
+            Health::Slow,
+            Health::Failing,
+            Health::NotReady,
+            Health::Draining,
+        ] {
+            let n = nodes.iter().filter(|x| **x == h).count();
+            self.executor_nodes
+                .get_or_create(&label("health", health_name(h)))
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+fn label(name: &'static str, value: &str) -> Label {
+    [(name, value.to_owned())]
+}
+
+fn policy_name(policy: MisfirePolicy) -> &'static str {
+    match policy {
+        MisfirePolicy::FireOnce => "FIRE_ONCE",
+        MisfirePolicy::Skip => "SKIP",
+        MisfirePolicy::CatchUp => "CATCH_UP",
+    }
+}
+
+fn health_name(h: Health) -> &'static str {
+    match h {
+        Health::Healthy => "HEALTHY",
+        Health::Slow => "SLOW",
+        Health::Failing => "FAILING",
+        Health::NotReady => "NOT_READY",
+        Health::Draining => "DRAINING",
+    }
+}
+
+/// What `GET /metrics` needs: the metrics, and where the scrape-time gauges come from.
+#[derive(Clone)]
+pub struct Scrape {
+    pub metrics: Arc<Metrics>,
+    pub links: Arc<Links>,
+    pub store: Arc<dyn Store>,
+    pub health: HealthPolicy,
+}
+
+impl Scrape {
+    /// Refreshes the gauges, then renders. A registry the store cannot read now leaves
+    /// the node gauges as they were.
+    pub async fn render(&self) -> String {
+        let connected = self.links.attached();
+        match self.store.list_nodes(None).await {
+            Ok(nodes) => {
+                let health: Vec<Health> = nodes
+                    .iter()
+                    .map(|n| health::classify(n, &self.health))
+                    .collect();
+                self.metrics.set_executors(connected, &health);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics: reading the node registry failed");
+                self.metrics
+                    .executors_connected
+                    .set(i64::try_from(connected).unwrap_or(i64::MAX));
+            }
+        }
+        self.metrics.render()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{RunState, TriggerKind};
+    use crate::store::Revocation;
+
+    fn run(state: RunState, reason: &str) -> RunRecord {
+        let trigger = crate::model::Trigger {
+            job_id: "nightly".into(),
+            schedule_no: "1000".into(),
+            kind: TriggerKind::Cron,
+            scheduled_at: 1000,
+            triggered_at: 1000,
+            job_version: 1,
+            skip_reason: None,
+            payload_override: None,
+            route_key_override: None,
+        };
+        let mut r = RunRecord::from_trigger(&trigger);
+        r.state = state;
+        r.reason = reason.into();
+        r
+    }
+
+    fn applied(run: RunRecord) -> Transition {
+        Transition {
+            applied: Applied::Yes,
+            run: Some(run),
+            revoked: Vec::new(),
+            next_serial: None,
+        }
+    }
+
+    /// The sample line of `name` with exactly `labels` (`{…}` or empty), if any.
+    fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    #[test]
+    fn renders_counters_with_labels_and_the_lateness_histogram() {
+        let m = Metrics::new();
+        m.record_transition(&applied(run(RunState::Succeeded, "")));
+        m.record_transition(&applied(run(RunState::Succeeded, "")));
+        m.record_transition(&applied(run(RunState::Failed, "")));
+        m.fire_claimed(3);
+        m.fire_claimed(2_000);
+        m.misfire(MisfirePolicy::CatchUp, 3);
+        m.webhook_attempt("delivered");
+        m.set_circuit("hooks.example.com", true);
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE sundial_runs_finished_total counter"),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, r#"sundial_runs_finished_total{state="SUCCEEDED"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, r#"sundial_runs_finished_total{state="FAILED"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, r#"sundial_alerts_total{kind="run_failed"}"#),
+            Some(1.0)
+        );
+        assert!(text.contains("# TYPE sundial_trigger_lateness_seconds histogram"));
+        assert_eq!(
+            sample(&text, "sundial_trigger_lateness_seconds_count"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"sundial_trigger_lateness_seconds_bucket{le="0.005"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"sundial_trigger_lateness_seconds_bucket{le="+Inf"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, r#"sundial_misfires_total{policy="CATCH_UP"}"#),
+            Some(1.0)
+        );
+        assert_eq!(sample(&text, "sundial_late_fires_total"), Some(3.0));
+        assert_eq!(
+            sample(
+                &text,
+                r#"sundial_webhook_attempts_total{outcome="delivered"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"sundial_webhook_circuit_open{destination="hooks.example.com"}"#
+            ),
+            Some(1.0)
+        );
+        m.set_circuit("hooks.example.com", false);
+        assert_eq!(
+            sample(
+                &m.render(),
+                r#"sundial_webhook_circuit_open{destination="hooks.example.com"}"#
+            ),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn only_applied_transitions_that_end_or_retry_a_run_count() {
+        let m = Metrics::new();
+        let mut refused = applied(run(RunState::Failed, ""));
+        refused.applied = Applied::No("stale fencing token".into());
+        m.record_transition(&refused);
+        let mut already = applied(run(RunState::Succeeded, ""));
+        already.applied = Applied::Already;
+        m.record_transition(&already);
+        m.record_transition(&applied(run(RunState::Running, "")));
+        m.record_transition(&applied(run(RunState::Waiting, "rejected: busy")));
+        m.record_transition(&applied(run(RunState::Waiting, "unconfirmed")));
+        let text = m.render();
+        for state in ["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"] {
+            assert_eq!(
+                sample(
+                    &text,
+                    &format!("sundial_runs_finished_total{{state=\"{state}\"}}")
+                ),
+                Some(0.0),
+                "{state}: present from the start, and still 0"
+            );
+        }
+        assert_eq!(sample(&text, "sundial_runs_retried_total"), Some(0.0));
+        for kind in AlertKind::ALL {
+            assert_eq!(
+                sample(&text, &format!("sundial_alerts_total{{kind=\"{kind}\"}}")),
+                Some(0.0)
+            );
+        }
+
+        m.record_transition(&applied(run(RunState::Waiting, "retry: E1")));
+        m.record_transition(&applied(run(RunState::Waiting, "retry: lost")));
+        m.record_transition(&applied(run(RunState::Failed, "lost")));
+        m.record_transition(&applied(run(RunState::TimedOut, "timeout")));
+        let text = m.render();
+        assert_eq!(sample(&text, "sundial_runs_retried_total"), Some(2.0));
+        assert_eq!(sample(&text, "sundial_runs_lost_total"), Some(2.0));
+        assert_eq!(
+            sample(&text, r#"sundial_alerts_total{kind="run_lost"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, r#"sundial_alerts_total{kind="run_failed"}"#),
+            Some(1.0),
+            "the timeout; the lost run is alerted once, as lost"
+        );
+        assert_eq!(
+            sample(&text, r#"sundial_runs_finished_total{state="FAILED"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, r#"sundial_runs_finished_total{state="TIMED_OUT"}"#),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn begun_counts_skipped_and_replaced_runs() {
+        let m = Metrics::new();
+        let skipped = run(RunState::Skipped, "overlap");
+        m.record_begun(&Begun {
+            run: skipped.clone(),
+            created: true,
+            revoked: Vec::new(),
+        });
+        // A redelivered trigger finds its SKIPPED run: not counted again.
+        m.record_begun(&Begun {
+            run: skipped,
+            created: false,
+            revoked: Vec::new(),
+        });
+        m.record_begun(&Begun {
+            run: run(RunState::Waiting, ""),
+            created: true,
+            revoked: vec![Revocation {
+                schedule_id: "nightly@1".into(),
+                node_id: "n1".into(),
+                token: 7,
+                reason: "replaced".into(),
+            }],
+        });
+        let text = m.render();
+        assert_eq!(
+            sample(&text, r#"sundial_runs_finished_total{state="SKIPPED"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, r#"sundial_runs_finished_total{state="CANCELLED"}"#),
+            Some(1.0)
+        );
+    }
+}
