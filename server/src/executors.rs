@@ -416,8 +416,16 @@ impl Executors {
                 }
                 if t.applied == Applied::Yes {
                     let now = now_ms();
+                    let before = health::classify(node, &self.opts.health);
                     window.record(now, state == RunState::Succeeded, duration);
                     window.apply(node, now, self.opts.health.window);
+                    // A change of health is published at once, not at the next
+                    // heartbeat, so routing stops (or resumes) sending work sooner.
+                    if health::classify(node, &self.opts.health) != before {
+                        self.store
+                            .upsert_node(node.clone(), self.opts.node_ttl())
+                            .await?;
+                    }
                     self.spawn_follow_up(t);
                 }
                 Ok(vec![Out::ResultAck(pb::ResultAck {
