@@ -23,3 +23,4 @@ pub mod store;
 pub mod sweeper;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tls;
