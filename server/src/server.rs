@@ -139,7 +139,7 @@ pub async fn run(
     let mut https_listener = None;
     if let Some(tls) = &config.tls {
         grpc_builder = grpc_builder.tls_config(tls.grpc())?;
-        if let (Some(l), Some(addr)) = (http_listener.take(), http_addr) {
+        if let (Some(l), Some(addr)) = (http_listener.take(), config.http_listen) {
             https_listener = Some(
                 tls.http_listener(l)
                     .map_err(|source| Error::Bind { addr, source })?,
