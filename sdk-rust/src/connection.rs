@@ -4,6 +4,9 @@
 //! went out, so that a lease renewal counts from then. The [`Dialer`] walks the
 //! endpoints in turn, tries a go-away's suggested endpoints first, and backs off with
 //! jitter after failures. Nothing here knows about runs.
+//!
+//! An `https://` endpoint is dialled over TLS (rustls), trusting the webpki roots
+//! plus any CA the builder was given; an `http://` one in plaintext.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -15,7 +18,7 @@ use sundial_proto::v1::server_message::Msg as In;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a server may take to answer `Hello`.
@@ -42,10 +45,51 @@ pub(crate) struct Session {
     _channel: Channel,
 }
 
+/// What an `https://` endpoint is dialled with.
+#[derive(Clone, Default)]
+pub(crate) struct ClientTls {
+    /// Extra trusted CAs (PEM), for servers with certificates from a private CA.
+    pub ca_pem: Option<Vec<u8>>,
+    /// A client certificate chain and its key (PEM), for servers that ask for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("ca_pem", &self.ca_pem.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
+    }
+}
+
+impl ClientTls {
+    fn config(&self) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new().with_webpki_roots();
+        if let Some(ca) = &self.ca_pem {
+            config = config.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        config
+    }
+}
+
 /// Connects to `endpoint`, says hello, and waits for the welcome.
-pub(crate) async fn open(endpoint: &str, hello: pb::Hello) -> Result<Session, String> {
-    let channel = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| format!("bad endpoint: {e}"))?
+pub(crate) async fn open(
+    endpoint: &str,
+    hello: pb::Hello,
+    tls: &ClientTls,
+) -> Result<Session, String> {
+    let mut dial =
+        Endpoint::from_shared(endpoint.to_owned()).map_err(|e| format!("bad endpoint: {e}"))?;
+    if endpoint.starts_with("https://") {
+        dial = dial
+            .tls_config(tls.config())
+            .map_err(|e| format!("tls: {e}"))?;
+    }
+    let channel = dial
         .connect_timeout(CONNECT_TIMEOUT)
         .connect()
         .await
@@ -152,9 +196,15 @@ impl Dialer {
     }
 
     /// The server at `from` sent go-away: reconnect at once, to one it suggested if
-    /// any (a bare `host:port` is taken as `http://host:port`), else to the next one.
+    /// any (a bare `host:port` takes the scheme of `from`, `http` or `https`), else
+    /// to the next one.
     pub fn went_away(&mut self, from: &str, suggested: Vec<String>) {
         self.backoff = self.min;
+        let scheme = if from.starts_with("https://") {
+            "https"
+        } else {
+            "http"
+        };
         self.suggested = suggested
             .into_iter()
             .filter(|e| !e.is_empty())
@@ -162,7 +212,7 @@ impl Dialer {
                 if e.contains("://") {
                     e
                 } else {
-                    format!("http://{e}")
+                    format!("{scheme}://{e}")
                 }
             })
             .filter(|e| e != from)
@@ -217,6 +267,8 @@ mod tests {
         );
         let seq: Vec<_> = (0..3).map(|_| d.next_endpoint()).collect();
         assert_eq!(seq, ["http://c:1", "https://d", "http://b"]);
+        d.went_away("https://b", vec!["e:2".into()]);
+        assert_eq!(d.next_endpoint(), "https://e:2");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::Error;
-use crate::connection::{self, Closed, Dialer, Session};
+use crate::connection::{self, ClientTls, Closed, Dialer, Session};
 use crate::context::{Note, RunContext};
 use crate::handler::{Handler, Outcome, now_ms};
 use crate::logs::LogBatcher;
@@ -46,6 +46,8 @@ pub(crate) struct Settings {
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     pub shutdown_grace: Duration,
+    /// For `https://` endpoints.
+    pub tls: ClientTls,
 }
 
 /// The server an executor is connected to, as [`Executor::connected`] reports it.
@@ -158,7 +160,7 @@ impl Executor {
                 ..settings.hello.clone()
             };
             let ended = match core
-                .tend(&shutdown, connection::open(&endpoint, hello))
+                .tend(&shutdown, connection::open(&endpoint, hello, &settings.tls))
                 .await
             {
                 None => break,

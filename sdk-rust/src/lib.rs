@@ -104,10 +104,12 @@ pub struct ExecutorBuilder {
     labels: BTreeMap<String, String>,
     backoff: Option<(Duration, Duration)>,
     shutdown_grace: Option<Duration>,
+    tls: connection::ClientTls,
 }
 
 impl ExecutorBuilder {
-    /// A server to connect to (`http://host:port`); give several for failover.
+    /// A server to connect to (`http://host:port`, or `https://host:port` for TLS);
+    /// give several for failover.
     pub fn endpoint(mut self, url: impl Into<String>) -> Self {
         self.endpoints.push(url.into());
         self
@@ -189,6 +191,24 @@ impl ExecutorBuilder {
         self
     }
 
+    /// Trusts the CA certificates in this PEM, besides the public (webpki) roots,
+    /// for `https://` endpoints: for servers whose certificate a private CA signed.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate chain and key (PEM) to `https://` endpoints
+    /// that ask for one (a server started with `--tls-client-ca`).
+    pub fn tls_identity(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
     pub fn build(self) -> Result<Executor, Error> {
         let config = |field, reason: String| Error::Config { field, reason };
         if self.endpoints.is_empty() {
@@ -202,6 +222,22 @@ impl ExecutorBuilder {
         }
         if self.handlers.is_empty() {
             return Err(config("handler", "at least one handler is required".into()));
+        }
+        // A cheap check that catches a wrong file; rustls parses it on connect.
+        let has =
+            |pem: &[u8], needle: &str| pem.windows(needle.len()).any(|w| w == needle.as_bytes());
+        if let Some(ca) = &self.tls.ca_pem
+            && !has(ca, "-----BEGIN CERTIFICATE-----")
+        {
+            return Err(config("tls_ca_pem", "no PEM CERTIFICATE found".into()));
+        }
+        if let Some((cert, key)) = &self.tls.identity {
+            if !has(cert, "-----BEGIN CERTIFICATE-----") {
+                return Err(config("tls_identity", "no PEM CERTIFICATE found".into()));
+            }
+            if !(has(key, "-----BEGIN ") && has(key, "PRIVATE KEY-----")) {
+                return Err(config("tls_identity", "no PEM PRIVATE KEY found".into()));
+            }
         }
         let mut handlers = HashMap::new();
         for (name, handler) in self.handlers {
@@ -242,6 +278,7 @@ impl ExecutorBuilder {
             backoff_min: min,
             backoff_max: max,
             shutdown_grace: self.shutdown_grace.unwrap_or(Duration::from_secs(30)),
+            tls: self.tls,
         };
         Ok(Executor::new(settings, handlers))
     }
@@ -281,5 +318,25 @@ mod tests {
             .handler("h", noop)
             .build();
         assert_eq!(ok.as_ref().map(Executor::node_id).ok(), Some("n"));
+        let valid = || {
+            Executor::builder()
+                .endpoint("https://x:1")
+                .group("g")
+                .handler("h", noop)
+        };
+        assert_eq!(
+            err(valid().tls_ca_pem("not a pem")),
+            "tls_ca_pem: no PEM CERTIFICATE found"
+        );
+        assert!(
+            err(valid().tls_identity("-----BEGIN CERTIFICATE-----", "x"))
+                .starts_with("tls_identity:")
+        );
+        assert!(
+            valid()
+                .tls_ca_pem("-----BEGIN CERTIFICATE-----\n")
+                .build()
+                .is_ok()
+        );
     }
 }

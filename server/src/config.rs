@@ -20,6 +20,7 @@ use crate::scheduler::SchedulerOptions;
 use crate::store::LeaseTerms;
 use crate::store::StoreOptions;
 use crate::sweeper::SweepOptions;
+use crate::tls::ServerTls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -195,6 +196,16 @@ pub struct Settings {
         hide_env_values = true
     )]
     pub executor_token: Option<Vec<Secret>>,
+    /// PEM certificate chain (leaf first): with --tls-key, gRPC and HTTP serve TLS only.
+    #[arg(long, env = "SUNDIAL_TLS_CERT", value_name = "PEM_FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "SUNDIAL_TLS_KEY", value_name = "PEM_FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates: gRPC callers must then present a client certificate they
+    /// signed (mutual TLS; the HTTP listener does not ask for one).
+    #[arg(long, env = "SUNDIAL_TLS_CLIENT_CA", value_name = "PEM_FILE")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 macro_rules! overlay {
@@ -247,6 +258,9 @@ impl Settings {
             bearer_token,
             app_secret,
             executor_token,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
         )
     }
 
@@ -289,6 +303,8 @@ pub struct Config {
     pub webhook_allow: Vec<IpNet>,
     /// Credentials; their `Debug` is redacted.
     pub auth: AuthOptions,
+    /// TLS for both listeners; None = plaintext.
+    pub tls: Option<ServerTls>,
 }
 
 fn addr(field: &'static str, v: &str) -> Result<SocketAddr, Error> {
@@ -492,7 +508,36 @@ impl Config {
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
             auth: auth_options(s.bearer_token, s.app_secret, s.executor_token)?,
+            tls: tls_options(s.tls_cert, s.tls_key, s.tls_client_ca)?,
         })
+    }
+}
+
+/// Both or neither of the certificate and the key; the files are read and checked
+/// here, so that a bad one stops the server before it binds.
+fn tls_options(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<ServerTls>, Error> {
+    let missing = |field: &'static str, other: &str| Error::Invalid {
+        field,
+        reason: format!("required with {other} (TLS needs both the certificate and its key)"),
+    };
+    match (cert, key) {
+        (None, None) if client_ca.is_some() => Err(Error::Invalid {
+            field: "tls_client_ca",
+            reason: "needs tls_cert and tls_key (mutual TLS is on top of TLS)".into(),
+        }),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(missing("tls_key", "tls_cert")),
+        (None, Some(_)) => Err(missing("tls_cert", "tls_key")),
+        (Some(cert), Some(key)) => ServerTls::load(&cert, &key, client_ca.as_deref())
+            .map(Some)
+            .map_err(|e| Error::Invalid {
+                field: e.field,
+                reason: format!("{}: {}", e.path.display(), e.reason),
+            }),
     }
 }
 

@@ -125,7 +125,7 @@ pub async fn run(
         addr: config.listen,
         source,
     })?;
-    let http_listener = match config.http_listen {
+    let mut http_listener = match config.http_listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
                 .await
@@ -134,6 +134,19 @@ pub async fn run(
         None => None,
     };
     let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
+    // TLS is set up here, before any loop starts (the files were checked with the
+    // configuration; this only builds the acceptors).
+    let mut grpc_builder = tonic::transport::Server::builder();
+    let mut https_listener = None;
+    if let Some(tls) = &config.tls {
+        grpc_builder = grpc_builder.tls_config(tls.grpc())?;
+        if let (Some(l), Some(addr)) = (http_listener.take(), config.http_listen) {
+            https_listener = Some(
+                tls.http_listener(l)
+                    .map_err(|source| Error::Bind { addr, source })?,
+            );
+        }
+    }
 
     let metrics = Arc::new(Metrics::new());
     // Built before any loop starts, so that failing here leaves nothing running.
@@ -201,7 +214,7 @@ pub async fn run(
         auth,
     );
     let servers_stop = CancellationToken::new();
-    let grpc = tonic::transport::Server::builder()
+    let grpc = grpc_builder
         .layer(AdminAuthLayer::new(admin_guard.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -223,27 +236,34 @@ pub async fn run(
             servers_stop.clone().cancelled_owned(),
         );
     let grpc_task = tokio::spawn(grpc);
-    let http_task = http_listener.map(|l| {
-        let stop = servers_stop.clone();
-        let jobs = jobs.clone();
-        let scrape = Scrape {
-            metrics: metrics.clone(),
-            links: links.clone(),
-            store: store.clone(),
-            health: config.dispatch.health,
-        };
-        tokio::spawn(async move {
-            let app = crate::api::rest::router(jobs, admin_guard, scrape);
+    let scrape = Scrape {
+        metrics: metrics.clone(),
+        links: links.clone(),
+        store: store.clone(),
+        health: config.dispatch.health,
+    };
+    let app = crate::api::rest::router(jobs.clone(), admin_guard, scrape);
+    let stop = servers_stop.clone().cancelled_owned();
+    let http_task = match (http_listener, https_listener) {
+        (Some(l), _) => Some(tokio::spawn(
             axum::serve(l, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        })
-    });
+                .with_graceful_shutdown(stop)
+                .into_future(),
+        )),
+        (None, Some(l)) => Some(tokio::spawn(
+            axum::serve(l, app)
+                .with_graceful_shutdown(stop)
+                .into_future(),
+        )),
+        (None, None) => None,
+    };
 
     info!(
         instance = %config.instance_id,
         grpc = %grpc_addr,
         http = ?http_addr,
+        tls = config.tls.is_some(),
+        mutual_tls = config.tls.as_ref().is_some_and(|t| t.mutual()),
         "sundial serving"
     );
     on_bound(Bound {

@@ -99,6 +99,9 @@ pub struct SundialOptions {
     pub env: Vec<(String, String)>,
     /// Fixed gRPC port (for restarts on the same address); None = a free one.
     pub port: Option<u16>,
+    /// The CA (PEM) the server's certificate chains to, when it serves TLS: the
+    /// harness then dials `https://` trusting it.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 impl SundialOptions {
@@ -146,6 +149,13 @@ impl SundialOptions {
 
     pub fn fault(mut self, point: &str) -> Self {
         self.fault = Some(point.to_owned());
+        self
+    }
+
+    /// The server serves TLS (give it `tls-cert` and `tls-key` with [`arg`](Self::arg))
+    /// with a certificate `ca_pem` signed: clients dial `https://` and trust it.
+    pub fn tls(mut self, ca_pem: &[u8]) -> Self {
+        self.tls_ca = Some(ca_pem.to_vec());
         self
     }
 }
@@ -246,11 +256,35 @@ impl Sundial {
         })
     }
 
+    /// `https` when the server serves TLS ([`SundialOptions::tls`]), else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.opts.tls_ca.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// The gRPC endpoint URL, as executors dial it.
+    pub fn grpc_url(&self) -> String {
+        format!("{}://{}", self.scheme(), self.grpc)
+    }
+
+    /// The REST base URL, if HTTP is on.
+    pub fn http_url(&self) -> Option<String> {
+        self.http.map(|a| format!("{}://{a}", self.scheme()))
+    }
+
     pub async fn channel(&self) -> Result<Channel> {
-        Ok(Channel::from_shared(format!("http://{}", self.grpc))?
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await?)
+        let mut endpoint =
+            Channel::from_shared(self.grpc_url())?.connect_timeout(Duration::from_secs(5));
+        if let Some(ca) = &self.opts.tls_ca {
+            endpoint = endpoint.tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )?;
+        }
+        Ok(endpoint.connect().await?)
     }
 
     pub async fn jobs(&self) -> Result<JobServiceClient<Channel>> {

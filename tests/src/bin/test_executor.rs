@@ -29,7 +29,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// A server endpoint (`http://host:port`); repeat for failover.
+    /// A server endpoint (`http://host:port` or `https://host:port`); repeat for
+    /// failover.
     #[arg(long = "endpoint", required = true)]
     endpoints: Vec<String>,
     #[arg(long)]
@@ -51,6 +52,9 @@ struct Args {
     /// How long a shutdown waits for running handlers and acknowledgements.
     #[arg(long, default_value_t = 30_000)]
     shutdown_grace_ms: u64,
+    /// A PEM CA to trust for `https://` endpoints (a private CA).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
 }
 
 /// The journal file, shared by every handler.
@@ -174,6 +178,10 @@ async fn main() -> Result<()> {
         .max_concurrency(args.max_concurrency)
         .shutdown_grace(Duration::from_millis(args.shutdown_grace_ms))
         .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500));
+    if let Some(ca) = &args.tls_ca {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        builder = builder.tls_ca_pem(pem);
+    }
     for endpoint in args.endpoints {
         builder = builder.endpoint(endpoint);
     }

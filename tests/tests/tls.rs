@@ -1,0 +1,305 @@
+//! TLS by flags: with `--tls-cert` and `--tls-key`, gRPC and REST answer over TLS and
+//! only over TLS; an SDK executor dials `https://` trusting a private CA and runs a
+//! job; with `--tls-client-ca`, gRPC callers need a client certificate. The
+//! certificates come from a throwaway CA made with rcgen for `localhost`/127.0.0.1.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use sundial_proto::v1 as pb;
+use sundial_server::config::{Config, Settings};
+use sundial_tests::{JobServiceClient, Sundial, SundialOptions, TestExecutor, wait_for};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
+
+/// A CA, a server certificate it signed for localhost and 127.0.0.1, and a client
+/// certificate it signed, as PEM files in a temporary directory.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca_pem: String,
+    client_cert_pem: String,
+    client_key_pem: String,
+}
+
+impl Pki {
+    fn new() -> Result<Self> {
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "Sundial test CA");
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+        let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| -> Result<_> {
+            let key = KeyPair::generate()?;
+            let mut params = CertificateParams::new(names)?;
+            params.extended_key_usages = vec![usage];
+            let cert = params.signed_by(&key, &ca)?;
+            Ok((cert.pem(), key.serialize_pem()))
+        };
+        let (server_cert, server_key) = leaf(
+            vec!["localhost".into(), "127.0.0.1".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        let (client_cert_pem, client_key_pem) = leaf(
+            vec!["executor.test".into()],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("ca.pem"), ca.pem())?;
+        std::fs::write(dir.path().join("server.pem"), server_cert)?;
+        std::fs::write(dir.path().join("server.key"), server_key)?;
+        std::fs::write(
+            dir.path().join("other.key"),
+            KeyPair::generate()?.serialize_pem(),
+        )?;
+        Ok(Self {
+            ca_pem: ca.pem(),
+            dir,
+            client_cert_pem,
+            client_key_pem,
+        })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn arg(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+
+    /// A server on the embedded store in `data`, serving TLS.
+    fn server(&self, data: &Path) -> SundialOptions {
+        SundialOptions::embedded(data)
+            .arg("tls-cert", &self.arg("server.pem"))
+            .arg("tls-key", &self.arg("server.key"))
+            .tls(self.ca_pem.as_bytes())
+    }
+}
+
+/// The job `id`: the test executor's echo handler, run only when triggered.
+fn echo_job(id: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        cron: sundial_tests::MANUAL_ONLY.into(),
+        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+            group: "g".into(),
+            handler: "echo".into(),
+        })),
+        ..Default::default()
+    }
+}
+
+async fn get_job(channel: Channel, id: &str) -> Result<pb::Job> {
+    JobServiceClient::new(channel)
+        .get_job(pb::GetJobRequest { job_id: id.into() })
+        .await?
+        .into_inner()
+        .job
+        .context("GetJob answered without a job")
+}
+
+/// A channel to `url` trusting only `ca` (and presenting `identity`, if any).
+async fn tls_channel(url: String, ca: &str, identity: Option<Identity>) -> Result<Channel> {
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    if let Some(identity) = identity {
+        tls = tls.identity(identity);
+    }
+    Ok(Channel::from_shared(url)?
+        .connect_timeout(Duration::from_secs(5))
+        .tls_config(tls)?
+        .connect()
+        .await?)
+}
+
+/// A plaintext gRPC call to `addr`: fails, at connect or at the call.
+async fn plaintext_get_job(addr: std::net::SocketAddr, id: &str) -> Result<pb::Job> {
+    let channel = Channel::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    get_job(channel, id).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_rest_and_an_executor_speak_tls_and_only_tls() -> Result<()> {
+    let pki = Pki::new()?;
+    let data = tempfile::tempdir()?;
+    let mut server = Sundial::start(pki.server(data.path()))?;
+    ensure!(server.grpc_url().starts_with("https://"));
+
+    // gRPC over TLS (the harness's channel trusts the test CA).
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(echo_job("tls-echo")),
+        })
+        .await?;
+    let job = get_job(server.channel().await?, "tls-echo").await?;
+    ensure!(job.spec.map(|s| s.id).as_deref() == Some("tls-echo"));
+
+    // Plaintext gRPC to the same port is refused.
+    let plain = plaintext_get_job(server.grpc, "tls-echo").await;
+    ensure!(plain.is_err(), "plaintext gRPC answered: {plain:?}");
+
+    // REST over https answers; plain http does not, nor https without trusting the CA.
+    let base = server.http_url().context("no http address")?;
+    ensure!(base.starts_with("https://"), "{base}");
+    let https = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem.as_bytes())?)
+        .build()?;
+    let health = https.get(format!("{base}/healthz")).send().await?;
+    ensure!(health.status() == 200, "healthz: {}", health.status());
+    ensure!(health.text().await? == "ok");
+    let http_addr = server.http.context("no http address")?;
+    let plain = reqwest::Client::new()
+        .get(format!("http://{http_addr}/healthz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    ensure!(plain.is_err(), "plain http answered: {plain:?}");
+    let untrusted = reqwest::Client::builder()
+        .use_rustls_tls()
+        .build()?
+        .get(format!("{base}/healthz"))
+        .send()
+        .await;
+    ensure!(
+        untrusted.is_err(),
+        "https without the CA answered: {untrusted:?}"
+    );
+
+    // An SDK executor dials https:// with the private CA and runs a job.
+    let journal = data.path().join("exec.log");
+    let executor = TestExecutor::start_with(
+        EXECUTOR,
+        &[server.grpc_url()],
+        "tls-node",
+        &journal,
+        &["--tls-ca", &pki.arg("ca.pem")],
+    )?;
+    let sid = server
+        .jobs()
+        .await?
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: "tls-echo".into(),
+            payload: b"over tls".to_vec(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .schedule_id;
+    let run = wait_for(
+        &format!("{sid} to succeed"),
+        Duration::from_secs(20),
+        || async {
+            let run = server.run(&sid).await?;
+            ensure!(
+                run.state != pb::RunState::Failed as i32,
+                "run failed: {run:?}"
+            );
+            Ok(Some(run).filter(|r| r.state == pb::RunState::Succeeded as i32))
+        },
+    )
+    .await?;
+    ensure!(run.node_id == executor.node_id, "ran on {}", run.node_id);
+    ensure!(run.output == b"over tls", "output {:?}", run.output);
+
+    // Both TLS listeners shut down gracefully.
+    let status = server.stop()?;
+    ensure!(status.success(), "exit status {status}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_ca_makes_grpc_callers_present_a_certificate() -> Result<()> {
+    let pki = Pki::new()?;
+    let data = tempfile::tempdir()?;
+    let server = Sundial::start(
+        pki.server(data.path())
+            .arg("tls-client-ca", &pki.arg("ca.pem")),
+    )?;
+
+    let anonymous = async {
+        let channel = tls_channel(server.grpc_url(), &pki.ca_pem, None).await?;
+        get_job(channel, "none").await
+    }
+    .await;
+    ensure!(
+        anonymous.is_err(),
+        "a caller without a certificate answered: {anonymous:?}"
+    );
+
+    let identity = Identity::from_pem(&pki.client_cert_pem, &pki.client_key_pem);
+    let channel = tls_channel(server.grpc_url(), &pki.ca_pem, Some(identity)).await?;
+    let missing = get_job(channel, "none").await.expect_err("no such job");
+    let status = missing
+        .downcast_ref::<tonic::Status>()
+        .context("not a gRPC status")?;
+    ensure!(
+        status.code() == tonic::Code::NotFound,
+        "with a client certificate the call reaches the API: {status:?}"
+    );
+
+    // REST asks for no client certificate (health probes and scrapers).
+    let https = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem.as_bytes())?)
+        .build()?;
+    let base = server.http_url().context("no http address")?;
+    let health = https.get(format!("{base}/healthz")).send().await?;
+    ensure!(health.status() == 200, "healthz: {}", health.status());
+    Ok(())
+}
+
+#[test]
+fn tls_files_are_checked_with_the_configuration() -> Result<()> {
+    let pki = Pki::new()?;
+    let settings = |cert: Option<&str>, key: Option<&str>| Settings {
+        tls_cert: cert.map(|c| pki.path(c)),
+        tls_key: key.map(|k| pki.path(k)),
+        ..Settings::default()
+    };
+    let err = |s: Settings| Config::from_settings(s).expect_err("invalid").to_string();
+
+    let e = err(settings(Some("server.pem"), None));
+    ensure!(e.starts_with("tls_key:"), "{e}");
+    let e = err(settings(None, Some("server.key")));
+    ensure!(e.starts_with("tls_cert:"), "{e}");
+
+    // A key that is not the certificate's: named, and never shown.
+    let e = err(settings(Some("server.pem"), Some("other.key")));
+    ensure!(e.starts_with("tls_key:"), "{e}");
+    ensure!(e.contains("other.key"), "names the file: {e}");
+    let key = std::fs::read_to_string(pki.path("other.key"))?;
+    let body = key.lines().nth(1).context("key body")?;
+    ensure!(!e.contains(body), "key material shown: {e}");
+
+    // The key where the certificate should be.
+    let e = err(settings(Some("server.key"), Some("server.key")));
+    ensure!(
+        e.starts_with("tls_cert:") && e.contains("server.key"),
+        "{e}"
+    );
+
+    let config = Config::from_settings(settings(Some("server.pem"), Some("server.key")))?;
+    let shown = format!("{config:?}");
+    let key = std::fs::read_to_string(pki.path("server.key"))?;
+    let body = key.lines().nth(1).context("key body")?;
+    ensure!(config.tls.is_some());
+    ensure!(!shown.contains(body), "the config's Debug shows the key");
+    Ok(())
+}
