@@ -23,7 +23,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use crate::egress::{self, EgressPolicy};
 use crate::model::{JobRecord, RunRecord, RunState, Target};
-use crate::store::{Finisher, Held, Outcome, Store};
+use crate::store::{Applied, Finisher, Held, Outcome, Store};
 
 /// Response bodies beyond this are cut (the output is for status, not bulk data).
 const MAX_OUTPUT_BYTES: usize = 64 * 1024;
@@ -107,7 +107,12 @@ impl HttpTargets {
                     .finish_run(&run.schedule_id, Finisher::Token(run.fencing_token), outcome)
                     .await
                 {
-                    Ok(t) => debug!(applied = ?t.applied, "http run finished"),
+                    Ok(t) => {
+                        if t.applied == Applied::Yes {
+                            crate::fault::crash_point("run.after_finish");
+                        }
+                        debug!(applied = ?t.applied, "http run finished");
+                    }
                     Err(e) => warn!(error = %e, "recording the http result failed; the lease will run out and the run is retried"),
                 }
             }

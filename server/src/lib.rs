@@ -22,3 +22,4 @@ pub mod store;
 pub mod sweeper;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod webhooks;
