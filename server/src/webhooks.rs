@@ -249,16 +249,14 @@ impl Deliveries {
         let deadline = d.created_at.saturating_add(duration_ms(self.opts.max_age));
         if d.now >= deadline {
             let error = format!("max_age: not delivered within {:?}", self.opts.max_age);
-            self.finish(&d, DeliveryOutcome::Failed { status: 0, error })
-                .await;
+            self.finish(&d, DeliveryOutcome::Abandon { error }).await;
             return;
         }
         let url = match url::Url::parse(&d.url) {
             Ok(u) => u,
             Err(e) => {
                 let error = format!("bad_url: {:?} does not parse: {e}", d.url);
-                self.finish(&d, DeliveryOutcome::Failed { status: 0, error })
-                    .await;
+                self.finish(&d, DeliveryOutcome::Abandon { error }).await;
                 return;
             }
         };
@@ -447,6 +445,16 @@ impl Deliveries {
                     "ALERT callback_failed: the receiver answered 410 Gone; retries stopped (the run's result is kept)"
                 );
             }
+            DeliveryOutcome::Abandon { error } => {
+                error!(
+                    alert = "callback_failed",
+                    job_id = %d.job_id,
+                    schedule_id = %d.schedule_id,
+                    attempts = d.attempts,
+                    %error,
+                    "ALERT callback_failed: the webhook was given up (the run's result is kept)"
+                );
+            }
             DeliveryOutcome::Failed { status, error } => {
                 error!(
                     alert = "callback_failed",
@@ -473,6 +481,235 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{CallbackState, RunRecord, RunState};
+    use crate::store::conformance::{job, plan, planned_run};
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::{Finisher, LeaseTerms, NodeSlot, Outcome, StoreOptions};
+
+    /// A final run of job "w" whose webhook goes to `url`, in a fresh embedded store.
+    async fn finished_run(url: &str) -> (Arc<dyn Store>, String, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = StoreOptions {
+            partitions: 1,
+            ..StoreOptions::default()
+        };
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open(&dir.path().join("s.redb"), opts).expect("open"));
+        store.create_job(job("w", None)).await.expect("create");
+        let mut p = plan(crate::model::OverlapPolicy::Allow);
+        p.callback_url = Some(url.to_owned());
+        let run: RunRecord = store
+            .begin_run(planned_run("w", 1000, p), Duration::from_secs(30))
+            .await
+            .expect("begin")
+            .run;
+        let node = NodeSlot {
+            node_id: "n".into(),
+            max_concurrency: 0,
+        };
+        let terms = LeaseTerms {
+            ttl: Duration::from_secs(60),
+            confirm_within: Duration::from_secs(60),
+        };
+        let crate::store::Assigned::Granted(g) = store
+            .assign_run(&run.schedule_id, 1, &node, terms)
+            .await
+            .expect("assign")
+        else {
+            panic!("not granted");
+        };
+        let outcome = Outcome {
+            state: RunState::Succeeded,
+            output: None,
+            error_code: String::new(),
+            error_message: String::new(),
+            started_at: None,
+            finished_at: None,
+        };
+        store
+            .finish_run(&run.schedule_id, Finisher::Token(g.fencing_token), outcome)
+            .await
+            .expect("finish");
+        (store, run.schedule_id, dir)
+    }
+
+    fn deliveries(store: &Arc<dyn Store>, allow: &str, breaker_failures: u32) -> Deliveries {
+        with_options(
+            store,
+            allow,
+            WebhookOptions {
+                breaker_failures,
+                ..test_options()
+            },
+        )
+    }
+
+    fn test_options() -> WebhookOptions {
+        WebhookOptions {
+            secrets: vec![Secret::generate()],
+            timeout: Duration::from_secs(5),
+            retry_schedule: vec![Duration::from_millis(10)],
+            ..WebhookOptions::default()
+        }
+    }
+
+    fn with_options(store: &Arc<dyn Store>, allow: &str, opts: WebhookOptions) -> Deliveries {
+        let allow = egress::parse_allow_list(allow).expect("allow list");
+        Deliveries::new(store.clone(), opts, Arc::new(EgressPolicy::webhooks(allow)))
+            .expect("client")
+    }
+
+    /// Claims the run's delivery and makes one attempt; returns the run after it.
+    async fn one_attempt(store: &Arc<dyn Store>, w: &Deliveries, sid: &str) -> RunRecord {
+        let d = store
+            .claim_delivery(sid, Duration::from_secs(30))
+            .await
+            .expect("claim")
+            .expect("due");
+        w.deliver(d, &CancellationToken::new()).await;
+        store.get_run(sid).await.expect("get").expect("run")
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_a_failed_attempt_and_never_followed() {
+        let followed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = followed.clone();
+        let app = axum::Router::new()
+            .route(
+                "/hook",
+                axum::routing::post(|| async {
+                    (
+                        axum::http::StatusCode::FOUND,
+                        [(axum::http::header::LOCATION, "/elsewhere")],
+                    )
+                }),
+            )
+            .route(
+                "/elsewhere",
+                axum::routing::any(move || {
+                    seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                    async { "followed" }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let (store, sid, _dir) = finished_run(&format!("http://{addr}/hook")).await;
+        let w = deliveries(&store, "127.0.0.1/32", 5);
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!(
+            (r.callback_state, r.callback_attempts, r.callback_status),
+            (CallbackState::Pending, 1, 302)
+        );
+        assert!(
+            r.callback_error.starts_with("http_302"),
+            "{}",
+            r.callback_error
+        );
+        assert!(!followed.load(std::sync::atomic::Ordering::SeqCst));
+        // The schedule has one retry: the second failure gives up.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!(
+            (r.callback_state, r.callback_attempts),
+            (CallbackState::Failed, 2)
+        );
+        assert!(
+            r.callback_error.contains("retries spent"),
+            "{}",
+            r.callback_error
+        );
+        assert_eq!(r.state, RunState::Succeeded);
+    }
+
+    #[tokio::test]
+    async fn an_open_breaker_defers_without_an_attempt_but_not_past_the_max_age() {
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(|| async { axum::http::StatusCode::SERVICE_UNAVAILABLE }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let (store, sid, _dir) = finished_run(&format!("http://{addr}/hook")).await;
+        let w = with_options(
+            &store,
+            "127.0.0.1/32",
+            WebhookOptions {
+                breaker_failures: 1,
+                breaker_cooldown: Duration::from_secs(60),
+                max_age: Duration::from_millis(300),
+                ..test_options()
+            },
+        );
+        // The first failure opens the breaker for a minute.
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!((r.callback_attempts, r.callback_status), (1, 503));
+        let dest = format!("http://{addr}");
+        assert!(matches!(
+            store
+                .breaker_state(&dest, Duration::from_secs(1))
+                .await
+                .expect("breaker"),
+            BreakerState::Open { .. }
+        ));
+        // The retry finds it open: deferred, no attempt spent, and only until the max
+        // age (not the minute), when it is given up.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!(
+            (r.callback_state, r.callback_attempts),
+            (CallbackState::Pending, 1)
+        );
+        let due = || async {
+            store
+                .claim_delivery(&sid, Duration::from_secs(30))
+                .await
+                .expect("claim")
+        };
+        assert!(due().await.is_none(), "deferred");
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let d = due().await.expect("due at the max age");
+        w.deliver(d, &CancellationToken::new()).await;
+        let r = store.get_run(&sid).await.expect("get").expect("run");
+        assert_eq!(
+            (r.callback_state, r.callback_attempts),
+            (CallbackState::Failed, 1),
+            "giving up is not an attempt"
+        );
+        assert!(
+            r.callback_error.starts_with("max_age"),
+            "{}",
+            r.callback_error
+        );
+    }
+
+    #[tokio::test]
+    async fn an_address_outside_the_policy_is_refused_and_not_held_against_it() {
+        let (store, sid, _dir) = finished_run("http://127.0.0.1:9/hook").await;
+        // Loopback is not allowed without the allow list.
+        let w = deliveries(&store, "", 1);
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!((r.callback_attempts, r.callback_status), (1, 0));
+        assert!(
+            r.callback_error.starts_with("egress_refused"),
+            "{}",
+            r.callback_error
+        );
+        // A refusal says nothing about the destination: its breaker (one failure opens
+        // it here) stays closed.
+        assert_eq!(
+            store
+                .breaker_state("http://127.0.0.1:9", Duration::from_secs(1))
+                .await
+                .expect("breaker"),
+            BreakerState::Closed
+        );
+    }
 
     #[test]
     fn retry_schedules_parse_and_name_the_bad_part() {

@@ -377,7 +377,7 @@ async fn a_slow_receiver_and_two_workers_record_one_outcome_per_claim() -> Resul
     let redis = RedisServer::start()?;
     // The first request is answered (500) only after the claim's lease ran out; the
     // delivery is claimed again meanwhile and that attempt is answered 200.
-    let receiver = Receiver::start(&[(Duration::from_millis(1500), 500)], 200).await?;
+    let receiver = Receiver::start(&[(Duration::from_millis(2500), 500)], 200).await?;
     let target = target().await?;
     let secret = Secret::generate();
     let opts = |name: &str| {

@@ -4052,6 +4052,31 @@ pub async fn delivery_claims_and_outcomes(store: Arc<dyn Store>) {
         ),
         (CallbackState::Failed, 1, 410, GONE_ERROR)
     );
+    // Abandoned (too old before any attempt): FAILED, no attempt counted.
+    let s4 = sid(4000);
+    finished(4000).await;
+    let d = claim(&store, &s4, 60_000).await;
+    let abandon = DeliveryOutcome::Abandon {
+        error: "max_age".to_owned(),
+    };
+    assert_eq!(
+        store
+            .finish_delivery(&s4, d.token, abandon)
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    let r = get(&store, &s4).await;
+    assert_eq!(
+        (
+            r.callback_state,
+            r.callback_attempts,
+            r.callback_status,
+            r.callback_error.as_str()
+        ),
+        (CallbackState::Failed, 0, 0, "max_age")
+    );
+    assert_eq!(due_deliveries(&store, "dl").await, Vec::<String>::new());
     let unknown = store
         .finish_delivery("dl@404", 1, DeliveryOutcome::Gone)
         .await

@@ -2528,8 +2528,11 @@ impl Inner {
                 DeliveryOutcome::Retry { status, error, .. }
                 | DeliveryOutcome::Failed { status, error } => (*status, error.clone()),
                 DeliveryOutcome::Gone => (410, super::GONE_ERROR.to_owned()),
+                DeliveryOutcome::Abandon { error } => (0, error.clone()),
             };
-            entry.attempts = entry.attempts.saturating_add(1);
+            if !matches!(outcome, DeliveryOutcome::Abandon { .. }) {
+                entry.attempts = entry.attempts.saturating_add(1);
+            }
             let mut run = t.load(schedule_id)?;
             if let Some(run) = run.as_mut() {
                 run.callback_attempts = entry.attempts;

@@ -371,8 +371,12 @@ pub enum DeliveryOutcome {
         status: u16,
         error: String,
     },
-    /// Given up (retries spent, too old): CALLBACK_FAILED, the entry leaves the outbox.
+    /// Given up after this attempt (retries spent, or the next would pass the max
+    /// age): CALLBACK_FAILED, the entry leaves the outbox.
     Failed { status: u16, error: String },
+    /// Given up without an attempt (older than its max age, or its URL unusable):
+    /// CALLBACK_FAILED, no attempt counted.
+    Abandon { error: String },
     /// The receiver answered 410 Gone: CALLBACK_FAILED at once, no more retries.
     Gone,
     /// Not attempted (the destination's circuit breaker is open): due again at
@@ -683,9 +687,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records an attempt's outcome if `token` is the entry's current token and the
     /// entry is in flight (otherwise `Applied::No`, nothing changes). Every outcome but
-    /// `Defer` counts an attempt and updates the run's delivery record (attempts, last
-    /// status, last error); `Delivered` makes the run's callback DONE, `Failed` and
-    /// `Gone` FAILED (the run's result stays), and those three remove the entry.
+    /// `Defer` and `Abandon` counts an attempt; all but `Defer` update the run's
+    /// delivery record (attempts, last status, last error). `Delivered` makes the run's
+    /// callback DONE, `Failed`, `Gone` and `Abandon` FAILED (the run's result stays),
+    /// and those four remove the entry.
     async fn finish_delivery(
         &self,
         schedule_id: &str,

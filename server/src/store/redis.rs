@@ -1543,6 +1543,7 @@ impl Store for RedisStore {
             } => ("retry", status, error, crate::model::duration_ms(after)),
             DeliveryOutcome::Failed { status, error } => ("failed", status, error, 0),
             DeliveryOutcome::Gone => ("gone", 410, GONE_ERROR.to_owned(), 0),
+            DeliveryOutcome::Abandon { error } => ("abandon", 0, error, 0),
             DeliveryOutcome::Defer { until } => ("defer", 0, String::new(), until),
         };
         let mut c = self.conn().await?;

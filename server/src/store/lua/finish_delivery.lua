@@ -1,4 +1,4 @@
--- ARGV: P, schedule_id, token, kind (delivered | retry | failed | gone | defer),
+-- ARGV: P, schedule_id, token, kind (delivered | retry | failed | gone | abandon | defer),
 -- status, error, at (retry: delay ms; defer: due time ms). Reply: {applied, reason}.
 local P, sid, token, kind = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local status, err, at = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
@@ -19,7 +19,9 @@ if kind == 'defer' then
   redis.call('ZADD', P .. 'outbox_due', int(e.due), sid)
   return { 'yes', '' }
 end
-e.attempts = tonumber(e.attempts) + 1
+if kind ~= 'abandon' then
+  e.attempts = tonumber(e.attempts) + 1
+end
 local run = load_run(P, sid)
 if run then
   run.callback_attempts = e.attempts
