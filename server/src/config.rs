@@ -21,6 +21,8 @@ use crate::store::LeaseTerms;
 use crate::store::StoreOptions;
 use crate::sweeper::SweepOptions;
 use crate::tls::ServerTls;
+use crate::webhooks::WebhookOptions;
+use sundial_sdk::webhook::Secret as WebhookSecret;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -206,6 +208,63 @@ pub struct Settings {
     /// signed (mutual TLS; the HTTP listener does not ask for one).
     #[arg(long, env = "SUNDIAL_TLS_CLIENT_CA", value_name = "PEM_FILE")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Webhook signing secret, `whsec_<base64>`. Give it twice (or comma-separated)
+    /// while rotating: every delivery is signed with each. Never logged.
+    #[arg(
+        long,
+        env = "SUNDIAL_WEBHOOK_SECRET",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub webhook_secret: Option<Vec<SecretText>>,
+    /// The `X-Sundial-App-Id` of webhooks (default "sundial").
+    #[arg(long, env = "SUNDIAL_WEBHOOK_APP_ID")]
+    pub webhook_app_id: Option<String>,
+    /// One webhook attempt's time limit (default 15s).
+    #[arg(long, env = "SUNDIAL_WEBHOOK_TIMEOUT")]
+    pub webhook_timeout: Option<HumanDuration>,
+    /// Delays before each webhook retry, comma-separated, ±20% jitter (default
+    /// `1s,5s,30s,2m,10m`).
+    #[arg(long, env = "SUNDIAL_WEBHOOK_RETRY_SCHEDULE")]
+    pub webhook_retry_schedule: Option<String>,
+    /// A webhook not delivered this long after its run ended is given up (default 24h).
+    #[arg(long, env = "SUNDIAL_WEBHOOK_MAX_AGE")]
+    pub webhook_max_age: Option<HumanDuration>,
+    /// Consecutive failed attempts that open a destination's circuit breaker (default 5).
+    #[arg(long, env = "SUNDIAL_WEBHOOK_BREAKER_FAILURES")]
+    pub webhook_breaker_failures: Option<u32>,
+    /// How long an open circuit breaker holds deliveries before a probe (default 30s).
+    #[arg(long, env = "SUNDIAL_WEBHOOK_BREAKER_COOLDOWN")]
+    pub webhook_breaker_cooldown: Option<HumanDuration>,
+    /// How long a delivery worker owns a claimed webhook before another may take it
+    /// (default: the webhook timeout + 10s).
+    #[arg(long, env = "SUNDIAL_WEBHOOK_CLAIM_LEASE")]
+    pub webhook_claim_lease: Option<HumanDuration>,
+}
+
+/// A secret as given on the command line, in the environment or in the file: its
+/// `Debug` never shows it, and it is parsed (into a webhook secret) by validation, whose
+/// error names the field without echoing the value.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SecretText(pub String);
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl FromStr for SecretText {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(SecretText(s.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(SecretText)
+    }
 }
 
 macro_rules! overlay {
@@ -261,6 +320,14 @@ impl Settings {
             tls_cert,
             tls_key,
             tls_client_ca,
+            webhook_secret,
+            webhook_app_id,
+            webhook_timeout,
+            webhook_retry_schedule,
+            webhook_max_age,
+            webhook_breaker_failures,
+            webhook_breaker_cooldown,
+            webhook_claim_lease,
         )
     }
 
@@ -305,6 +372,7 @@ pub struct Config {
     pub auth: AuthOptions,
     /// TLS for both listeners; None = plaintext.
     pub tls: Option<ServerTls>,
+    pub webhooks: WebhookOptions,
 }
 
 fn addr(field: &'static str, v: &str) -> Result<SocketAddr, Error> {
@@ -339,6 +407,9 @@ fn positive(
 impl Config {
     pub fn from_settings(s: Settings) -> Result<Config, Error> {
         let listen = addr("listen", s.listen.as_deref().unwrap_or("127.0.0.1:50051"))?;
+        let sweep_every = positive("sweep_every", s.sweep_every, SweepOptions::default().every)?;
+        // The webhook worker sweeps the outbox as often as the sweeper sweeps run timers.
+        let webhooks = webhook_options(&s, sweep_every)?;
         let http_listen = match s.http_listen.as_deref() {
             Some("") | Some("off") => None,
             Some(v) => Some(addr("http_listen", v)?),
@@ -490,7 +561,7 @@ impl Config {
             health,
         };
         let sweep = SweepOptions {
-            every: positive("sweep_every", s.sweep_every, SweepOptions::default().every)?,
+            every: sweep_every,
             ..SweepOptions::default()
         };
         Ok(Config {
@@ -509,6 +580,7 @@ impl Config {
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
             auth: auth_options(s.bearer_token, s.app_secret, s.executor_token)?,
             tls: tls_options(s.tls_cert, s.tls_key, s.tls_client_ca)?,
+            webhooks,
         })
     }
 }
@@ -613,6 +685,68 @@ fn split_pair(entry: &Secret) -> Option<(&str, &[u8])> {
     let at = bytes.iter().position(|&b| b == b'=')?;
     let name = std::str::from_utf8(&bytes[..at]).ok()?;
     Some((name.trim(), &bytes[at + 1..]))
+}
+
+fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Error> {
+    let wd = WebhookOptions::default();
+    let secrets = s
+        .webhook_secret
+        .iter()
+        .flatten()
+        .map(|t| t.0.trim())
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<WebhookSecret>().map_err(|e| Error::Invalid {
+                field: "webhook_secret",
+                reason: e.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let app_id = s.webhook_app_id.clone().unwrap_or(wd.app_id);
+    if app_id.is_empty() || !app_id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::Invalid {
+            field: "webhook_app_id",
+            reason: "must be visible ASCII without spaces (it is a header value)".into(),
+        });
+    }
+    let timeout = positive("webhook_timeout", s.webhook_timeout, wd.timeout)?;
+    let retry_schedule = match s.webhook_retry_schedule.as_deref() {
+        None => wd.retry_schedule,
+        Some(text) => {
+            crate::webhooks::parse_retry_schedule(text).map_err(|reason| Error::Invalid {
+                field: "webhook_retry_schedule",
+                reason,
+            })?
+        }
+    };
+    let breaker_failures = s.webhook_breaker_failures.unwrap_or(wd.breaker_failures);
+    if breaker_failures == 0 {
+        return Err(Error::Invalid {
+            field: "webhook_breaker_failures",
+            reason: "must be ≥ 1".into(),
+        });
+    }
+    Ok(WebhookOptions {
+        app_id,
+        secrets,
+        timeout,
+        retry_schedule,
+        max_age: positive("webhook_max_age", s.webhook_max_age, wd.max_age)?,
+        breaker_failures,
+        breaker_cooldown: positive(
+            "webhook_breaker_cooldown",
+            s.webhook_breaker_cooldown,
+            wd.breaker_cooldown,
+        )?,
+        claim_lease: positive(
+            "webhook_claim_lease",
+            s.webhook_claim_lease,
+            timeout + Duration::from_secs(10),
+        )?,
+        every,
+        batch: wd.batch,
+        max_in_flight: wd.max_in_flight,
+    })
 }
 
 fn default_instance_id() -> String {
@@ -762,6 +896,50 @@ mod tests {
     }
 
     #[test]
+    fn webhook_settings_parse_and_secrets_stay_hidden() {
+        let a = WebhookSecret::generate().to_string();
+        let b = WebhookSecret::generate().to_string();
+        let cfg = Config::from_settings(Settings {
+            webhook_secret: Some(vec![SecretText(a.clone()), SecretText(b.clone())]),
+            webhook_retry_schedule: Some("50ms,100ms,200ms".into()),
+            webhook_timeout: Some(HumanDuration(Duration::from_secs(2))),
+            ..Default::default()
+        })
+        .expect("valid");
+        let w = &cfg.webhooks;
+        assert_eq!(w.secrets.len(), 2);
+        assert_eq!(w.secrets[0].to_string(), a);
+        assert_eq!(w.app_id, "sundial");
+        assert_eq!(
+            w.retry_schedule,
+            [50, 100, 200].map(Duration::from_millis).to_vec()
+        );
+        assert_eq!(w.claim_lease, Duration::from_secs(12));
+        assert_eq!(
+            (w.max_age, w.breaker_failures, w.breaker_cooldown),
+            (Duration::from_secs(86_400), 5, Duration::from_secs(30))
+        );
+        let shown = format!("{cfg:?}");
+        assert!(
+            !shown.contains(&a[6..]) && !shown.contains(&b[6..]),
+            "{shown}"
+        );
+        let settings = Settings {
+            webhook_secret: Some(vec![SecretText(a.clone())]),
+            ..Default::default()
+        };
+        assert!(!format!("{settings:?}").contains(&a[6..]));
+        // From the file, as a list.
+        let file: Settings = toml::from_str(&format!(
+            "webhook_secret = [\"{a}\"]\nwebhook_app_id = \"billing\""
+        ))
+        .expect("toml");
+        let cfg = Config::from_settings(file).expect("valid");
+        assert_eq!(cfg.webhooks.app_id, "billing");
+        assert_eq!(cfg.webhooks.secrets.len(), 1);
+    }
+
+    #[test]
     fn bad_values_name_the_field() {
         let cases: Vec<(Settings, &str)> = vec![
             (
@@ -806,6 +984,41 @@ mod tests {
                 },
                 "webhook_allow",
             ),
+            (
+                Settings {
+                    webhook_secret: Some(vec![SecretText("whsec_!!not-base64".into())]),
+                    ..Default::default()
+                },
+                "webhook_secret",
+            ),
+            (
+                Settings {
+                    webhook_retry_schedule: Some("1s,soon".into()),
+                    ..Default::default()
+                },
+                "webhook_retry_schedule",
+            ),
+            (
+                Settings {
+                    webhook_app_id: Some("my app".into()),
+                    ..Default::default()
+                },
+                "webhook_app_id",
+            ),
+            (
+                Settings {
+                    webhook_breaker_failures: Some(0),
+                    ..Default::default()
+                },
+                "webhook_breaker_failures",
+            ),
+            (
+                Settings {
+                    webhook_timeout: Some(HumanDuration(Duration::ZERO)),
+                    ..Default::default()
+                },
+                "webhook_timeout",
+            ),
         ];
         for (s, field) in cases {
             let err = Config::from_settings(s).expect_err(field);
@@ -828,6 +1041,16 @@ mod tests {
             "unknown keys are refused"
         );
         assert!("5 parsecs".parse::<HumanDuration>().is_err());
+        // A bad secret is reported without echoing it.
+        let err = Config::from_settings(Settings {
+            webhook_secret: Some(vec![SecretText("whsec_c2VjcmV0LXZhbHVl".into())]),
+            ..Default::default()
+        })
+        .expect_err("too short a key");
+        assert!(
+            !err.to_string().contains("c2VjcmV0LXZhbHVl"),
+            "{err} echoes the secret"
+        );
         assert_eq!(
             "200ms".parse::<HumanDuration>(),
             Ok(HumanDuration(Duration::from_millis(200)))

@@ -133,6 +133,7 @@ pub fn run_plan(job: &JobRecord, opts: &DispatchOptions) -> RunPlan {
         overlap: s.overlap_policy,
         serial_limit: opts.serial_limit,
         dispatch_wait_ms: duration_ms(opts.dispatch_wait),
+        callback_url: s.callback_url.clone(),
     }
 }
 

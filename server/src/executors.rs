@@ -406,6 +406,9 @@ impl Executors {
                         outcome,
                     )
                     .await?;
+                if t.applied == Applied::Yes {
+                    crate::fault::crash_point("run.after_finish");
+                }
                 let (accepted, reason) = match &t.applied {
                     Applied::Yes => (true, String::new()),
                     Applied::Already => (true, "already recorded".to_owned()),

@@ -21,6 +21,10 @@ pub const POINTS: &[&str] = &[
     "dispatch.before_record",
     // The run is recorded but the trigger is not acknowledged.
     "dispatch.before_ack",
+    // A result (an executor's, or an HTTP target's response) was committed by
+    // finish_run (a final run has its webhook in the outbox); nothing else happened:
+    // no acknowledgement, no follow-up, no delivery attempt by this instance.
+    "run.after_finish",
 ];
 
 struct Armed {

@@ -24,7 +24,7 @@ use tracing::{Instrument, debug, info_span, warn};
 use crate::egress::{self, EgressPolicy};
 use crate::metrics::Metrics;
 use crate::model::{JobRecord, RunRecord, RunState, Target};
-use crate::store::{Finisher, Held, Outcome, Store};
+use crate::store::{Applied, Finisher, Held, Outcome, Store};
 
 /// Response bodies beyond this are cut (the output is for status, not bulk data).
 const MAX_OUTPUT_BYTES: usize = 64 * 1024;
@@ -113,6 +113,9 @@ impl HttpTargets {
                     .await
                 {
                     Ok(t) => {
+                        if t.applied == Applied::Yes {
+                            crate::fault::crash_point("run.after_finish");
+                        }
                         debug!(applied = ?t.applied, "http run finished");
                         this.metrics.record_transition(&t);
                     }

@@ -2,6 +2,9 @@
 //! [`server::run`], and the integration tests start the same code in-process or as
 //! processes.
 
+// The OpenAPI document (`api::rest`) is one `json!` literal, deeper than the default limit.
+#![recursion_limit = "256"]
+
 pub mod alerts;
 pub mod api;
 pub mod auth;
@@ -26,3 +29,4 @@ pub mod sweeper;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tls;
+pub mod webhooks;

@@ -279,6 +279,90 @@ pub struct RunRecord {
     pub shards_done: u32,
     #[serde(default)]
     pub shards_succeeded: u32,
+    /// Where the run's webhook stands: PENDING from the step that made the run final
+    /// (when its plan has a callback URL) until the outbox entry is delivered (DONE) or
+    /// given up (FAILED). The other fields are the delivery record: attempts made, the
+    /// last HTTP status (0: no response) and the last error.
+    #[serde(default)]
+    pub callback_state: CallbackState,
+    #[serde(default)]
+    pub callback_attempts: u32,
+    #[serde(default)]
+    pub callback_status: u16,
+    #[serde(default)]
+    pub callback_error: String,
+}
+
+/// Where a run's webhook stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CallbackState {
+    /// No callback URL, or the run is not final yet.
+    #[default]
+    None,
+    /// An outbox entry waits for delivery.
+    Pending,
+    /// A delivery was answered 2xx.
+    Done,
+    /// Given up: retries spent, too old, or the receiver answered 410 Gone. The run's
+    /// result is kept.
+    Failed,
+}
+
+impl fmt::Display for CallbackState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = serde_json::to_value(self).ok();
+        write!(f, "{}", s.as_ref().and_then(|v| v.as_str()).unwrap_or("?"))
+    }
+}
+
+/// The JSON body of a run's webhook, built once in the store step that makes the run
+/// final and sent byte for byte on every delivery attempt. Times are epoch ms (0: not
+/// set); `output` is base64; `fencing_token` is a decimal string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookBody {
+    pub schedule_id: String,
+    pub job_id: String,
+    pub attempt: u32,
+    pub fencing_token: String,
+    pub status: RunState,
+    pub scheduled_at_ms: Millis,
+    pub started_at_ms: Millis,
+    pub finished_at_ms: Millis,
+    /// finished − started, 0 when the run never started.
+    pub duration_ms: i64,
+    pub error_code: String,
+    pub error_message: String,
+    pub output: String,
+    pub node_id: String,
+}
+
+impl WebhookBody {
+    pub fn of(run: &RunRecord) -> Self {
+        use base64::Engine as _;
+        let started = run.started_at.unwrap_or(0);
+        let finished = run.finished_at.unwrap_or(0);
+        Self {
+            schedule_id: run.schedule_id.clone(),
+            job_id: run.job_id.clone(),
+            attempt: run.attempt,
+            fencing_token: run.fencing_token.to_string(),
+            status: run.state,
+            scheduled_at_ms: run.scheduled_at,
+            started_at_ms: started,
+            finished_at_ms: finished,
+            duration_ms: if started > 0 && finished >= started {
+                finished - started
+            } else {
+                0
+            },
+            error_code: run.error_code.clone(),
+            error_message: run.error_message.clone(),
+            output: base64::engine::general_purpose::STANDARD
+                .encode(run.output.as_deref().unwrap_or_default()),
+            node_id: run.node_id.clone(),
+        }
+    }
 }
 
 impl RunRecord {
@@ -339,6 +423,8 @@ pub struct RunPlan {
     pub serial_limit: u32,
     /// How long a run may wait for a free node before it fails with "no executor".
     pub dispatch_wait_ms: i64,
+    /// The job's webhook: the step that makes the run final writes its outbox entry.
+    pub callback_url: Option<String>,
 }
 
 impl Default for RunPlan {
@@ -352,6 +438,7 @@ impl Default for RunPlan {
             overlap: OverlapPolicy::Allow,
             serial_limit: 100,
             dispatch_wait_ms: 30_000,
+            callback_url: None,
         }
     }
 }
@@ -447,6 +534,10 @@ impl RunRecord {
             parent: String::new(),
             shards_done: 0,
             shards_succeeded: 0,
+            callback_state: CallbackState::None,
+            callback_attempts: 0,
+            callback_status: 0,
+            callback_error: String::new(),
         }
     }
 }

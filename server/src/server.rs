@@ -1,6 +1,6 @@
-//! One server instance: opens the store, starts the scheduler and dispatcher loops,
-//! serves gRPC (services, health, reflection v1 + v1alpha) and HTTP, and shuts all of it
-//! down in order.
+//! One server instance: opens the store, starts the scheduler, dispatcher, sweeper and
+//! webhook delivery loops, serves gRPC (services, health, reflection v1 + v1alpha) and
+//! HTTP, and shuts all of it down in order.
 //!
 //! Shutdown order: health goes NOT_SERVING (load balancers stop sending), the loops are
 //! cancelled and awaited (a store operation in progress always completes), then the
@@ -34,6 +34,7 @@ use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
 use crate::sweeper::{self, Sweeper};
+use crate::webhooks::{self, Deliveries};
 use crate::{dispatch, scheduler};
 
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +162,14 @@ pub async fn run(
         )
         .map_err(Error::HttpClient)?,
     );
+    let deliveries = Arc::new(
+        Deliveries::new(
+            store.clone(),
+            config.webhooks.clone(),
+            Arc::new(EgressPolicy::webhooks(config.webhook_allow.clone())),
+        )
+        .map_err(Error::HttpClient)?,
+    );
 
     let loops = CancellationToken::new();
     let (scheduler_task, _stats) = scheduler::spawn(
@@ -187,6 +196,7 @@ pub async fn run(
             .clone()
             .run_inbox(config.dispatch.read_block, loops.clone()),
     );
+    let webhooks_task = webhooks::spawn(deliveries, loops.clone());
     let http_targets_task = tokio::spawn(
         http_targets
             .clone()
@@ -281,6 +291,7 @@ pub async fn run(
         let _ = sweep_task.await;
         let _ = inbox_task.await;
         let _ = http_targets_task.await;
+        let _ = webhooks_task.await;
     })
     .await;
     if drained.is_err() {

@@ -8,8 +8,8 @@ use sundial_proto::v1 as pb;
 
 use crate::jobs::{Error, Plan};
 use crate::model::{
-    self, JobRecord, JobSpec, MAX_PAYLOAD_BYTES, MisfirePolicy, OverlapPolicy, RetryPolicy,
-    RouteStrategy, RunRecord, RunState, Target, TriggerKind, valid_job_id,
+    self, CallbackState, JobRecord, JobSpec, MAX_PAYLOAD_BYTES, MisfirePolicy, OverlapPolicy,
+    RetryPolicy, RouteStrategy, RunRecord, RunState, Target, TriggerKind, valid_job_id,
 };
 
 /// Executors get an hour unless the job says otherwise.
@@ -421,6 +421,15 @@ pub fn job_state_filter(v: i32) -> Result<Option<pb::JobState>, Error> {
     }
 }
 
+pub fn callback_state_to_pb(s: CallbackState) -> pb::CallbackState {
+    match s {
+        CallbackState::None => pb::CallbackState::Unspecified,
+        CallbackState::Pending => pb::CallbackState::Pending,
+        CallbackState::Done => pb::CallbackState::Done,
+        CallbackState::Failed => pb::CallbackState::Failed,
+    }
+}
+
 pub fn run_to_pb(r: RunRecord) -> pb::Run {
     let kind = match r.kind {
         TriggerKind::Cron => pb::TriggerKind::Cron,
@@ -444,7 +453,7 @@ pub fn run_to_pb(r: RunRecord) -> pb::Run {
         error_code: r.error_code,
         error_message: r.error_message,
         output: r.output.unwrap_or_default(),
-        callback_state: pb::CallbackState::Unspecified as i32,
+        callback_state: callback_state_to_pb(r.callback_state) as i32,
         job_version: r.job_version,
         reason: r.reason,
         progress_percent: r.progress_percent,

@@ -28,7 +28,7 @@ use super::convert;
 use crate::auth::{self, AdminGuard};
 use crate::jobs::{self, Jobs};
 use crate::metrics::Scrape;
-use crate::model::{MAX_PAYLOAD_BYTES, RunRecord, RunState, split_schedule_id};
+use crate::model::{CallbackState, MAX_PAYLOAD_BYTES, RunRecord, RunState, split_schedule_id};
 use crate::runs::{self, RunFilter};
 use crate::store;
 
@@ -219,6 +219,16 @@ pub struct RunView {
     pub shard_index: u32,
     #[serde(default)]
     pub parent_schedule_id: String,
+    /// The webhook: NONE (no callback URL, or not final yet), PENDING, DONE or FAILED,
+    /// with the delivery record (attempts, last HTTP status (0: none), last error).
+    #[serde(default)]
+    pub callback_state: CallbackState,
+    #[serde(default)]
+    pub callback_attempts: u32,
+    #[serde(default)]
+    pub callback_status: u16,
+    #[serde(default)]
+    pub callback_error: String,
 }
 
 impl From<RunRecord> for RunView {
@@ -255,6 +265,10 @@ impl From<RunRecord> for RunView {
             shards_succeeded: r.shards_succeeded,
             shard_index: r.shard_index,
             parent_schedule_id: r.parent,
+            callback_state: r.callback_state,
+            callback_attempts: r.callback_attempts,
+            callback_status: r.callback_status,
+            callback_error: r.callback_error,
         }
     }
 }
@@ -535,7 +549,9 @@ pub fn openapi_document() -> serde_json::Value {
                 "error_code": {"type": "string"}, "error_message": {"type": "string"}, "reason": {"type": "string"}, "job_version": {"type": "integer", "format": "int64"},
                 "output": {"type": "string", "format": "byte"}, "progress_percent": {"type": "integer"}, "progress_message": {"type": "string"},
                 "shard_total": {"type": "integer"}, "shards_done": {"type": "integer"}, "shards_succeeded": {"type": "integer"},
-                "shard_index": {"type": "integer"}, "parent_schedule_id": {"type": "string"}
+                "shard_index": {"type": "integer"}, "parent_schedule_id": {"type": "string"},
+                "callback_state": {"type": "string", "enum": ["NONE", "PENDING", "DONE", "FAILED"]},
+                "callback_attempts": {"type": "integer"}, "callback_status": {"type": "integer"}, "callback_error": {"type": "string"}
             }},
             "Task": {"type": "object", "properties": {
                 "job_id": {"type": "string"}, "version": {"type": "integer", "format": "int64"},

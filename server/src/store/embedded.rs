@@ -35,9 +35,13 @@
 //! | `nonce_expiry` | (expires_at, app_id, nonce) → () | lazy sweep of old nonces |
 //! | `nodes` | node_id → (JSON `NodeRecord`, expires_at) | the executor node registry |
 //! | `node_expiry` | (expires_at, node_id) → () | lazy sweep of expired nodes |
+//! | `webhook_outbox` | schedule_id → JSON entry | webhook deliveries not yet done |
+//! | `webhook_outbox_due` | (partition, due, schedule_id) → () | `due_deliveries` per partition |
+//! | `webhook_breakers` | destination → JSON breaker | circuit breakers by scheme://host:port |
 //!
 //! Everything in the run machine's tables (`active_runs` to `run_log_meta`) hangs off a
-//! run record and goes with it (retention sweep, per-job bound). Per-instance inboxes
+//! run record and goes with it (retention sweep, per-job bound). Outbox entries do not:
+//! a webhook is delivered (or given up at its max age) even if its run is gone. Per-instance inboxes
 //! are not stored: they live in memory (see `push_inbox`).
 //!
 //! Choices where the trait leaves room. Those marked (pinned) are checked by the
@@ -97,14 +101,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use super::{
-    Applied, Assigned, Begun, ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued,
-    Error, FannedOut, Finisher, FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot,
-    Outcome, Page, Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
-    Transition, partition_of,
+    Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
+    DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, Held,
+    LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded, Result, Revocation,
+    RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery, partition_of,
 };
 use crate::model::{
-    AppRecord, AppSecret, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord, RunState,
-    Trigger, duration_ms,
+    AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,
+    RunState, Trigger, WebhookBody, duration_ms,
 };
 
 /// How many expired records (runs, idempotency keys, nonces, nodes) one write sweeps, so that a
@@ -142,6 +146,10 @@ const NONCE_EXPIRY: TableDefinition<(i64, &str, &str), ()> = TableDefinition::ne
 const NODES: TableDefinition<&str, (&str, i64)> = TableDefinition::new("nodes");
 const NODE_EXPIRY: TableDefinition<(i64, &str), ()> = TableDefinition::new("node_expiry");
 const APPS: TableDefinition<&str, &str> = TableDefinition::new("apps");
+const OUTBOX: TableDefinition<&str, &str> = TableDefinition::new("webhook_outbox");
+const OUTBOX_DUE: TableDefinition<(u32, i64, &str), ()> =
+    TableDefinition::new("webhook_outbox_due");
+const BREAKERS: TableDefinition<&str, &str> = TableDefinition::new("webhook_breakers");
 
 const META_SCHEMA: &str = "schema_version";
 const META_PARTITIONS: &str = "partitions";
@@ -154,6 +162,32 @@ const META_TRIGGER_SEQ: &str = "trigger_seq";
 struct QueuedTrigger {
     enqueued_at: Millis,
     trigger: Trigger,
+}
+
+/// A webhook waiting in the outbox (the redis scripts keep the same JSON shape).
+#[derive(Debug, Serialize, Deserialize)]
+struct OutboxEntry {
+    job_id: String,
+    url: String,
+    body: String,
+    created_at: Millis,
+    attempts: u32,
+    /// The last claim's delivery token (0: never claimed).
+    token: u64,
+    in_flight: bool,
+    /// When it is due: the next attempt, or while in flight the end of the claim's lease.
+    due: Millis,
+}
+
+/// A destination's circuit breaker; no record means closed with no failures.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Breaker {
+    /// "closed", "open" or "half_open".
+    state: String,
+    /// Open: until then. Half open: the probe's deadline.
+    until: Millis,
+    /// Consecutive failures while closed.
+    failures: u32,
 }
 
 /// Delivery bookkeeping of the trigger queue. It lives in memory on purpose: "delivered
@@ -366,6 +400,10 @@ fn create_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(NODES).ctx("create nodes table")?;
     txn.open_table(NODE_EXPIRY)
         .ctx("create node expiry index")?;
+    txn.open_table(OUTBOX).ctx("create webhook outbox")?;
+    txn.open_table(OUTBOX_DUE)
+        .ctx("create webhook outbox index")?;
+    txn.open_table(BREAKERS).ctx("create webhook breakers")?;
     Ok(())
 }
 
@@ -610,6 +648,10 @@ struct RunTables<'t> {
     logs: Table<'t, (&'static str, u64), &'static str>,
     /// schedule_id → (last seq, message bytes kept).
     log_meta: Table<'t, &'static str, (u64, u64)>,
+    /// schedule_id → JSON `OutboxEntry`: webhooks written by `finalize`.
+    outbox: Table<'t, &'static str, &'static str>,
+    /// (partition, due, schedule_id): when each outbox entry is due.
+    outbox_due: Table<'t, (u32, i64, &'static str), ()>,
 }
 
 impl<'t> RunTables<'t> {
@@ -635,6 +677,10 @@ impl<'t> RunTables<'t> {
             tokens: txn.open_table(TOKENS).ctx("open token counters")?,
             logs: txn.open_table(LOGS).ctx("open run logs")?,
             log_meta: txn.open_table(LOG_META).ctx("open run log meta")?,
+            outbox: txn.open_table(OUTBOX).ctx("open webhook outbox")?,
+            outbox_due: txn
+                .open_table(OUTBOX_DUE)
+                .ctx("open webhook outbox index")?,
         })
     }
 
@@ -883,6 +929,7 @@ impl<'t> RunTables<'t> {
         if !run.parent.is_empty() {
             return self.count_shard(run);
         }
+        self.write_outbox(run)?;
         let (job_id, sid) = (run.job_id.as_str(), run.schedule_id.as_str());
         self.active.remove((job_id, sid)).ctx("delete active run")?;
         self.unqueue(job_id, sid)?;
@@ -891,6 +938,69 @@ impl<'t> RunTables<'t> {
         } else {
             Ok(None)
         }
+    }
+
+    /// The run's webhook: when its plan names a callback URL, its outbox entry (the
+    /// body fixed now, due now) and callback state PENDING, in the step that makes it
+    /// final.
+    fn write_outbox(&mut self, run: &mut RunRecord) -> Result<()> {
+        let Some(url) = run.plan.callback_url.clone().filter(|u| !u.is_empty()) else {
+            return Ok(());
+        };
+        let body = encode("webhook body", &WebhookBody::of(run))?;
+        let entry = OutboxEntry {
+            job_id: run.job_id.clone(),
+            url,
+            body,
+            created_at: self.now,
+            attempts: 0,
+            token: 0,
+            in_flight: false,
+            due: self.now,
+        };
+        self.put_outbox(&run.schedule_id, &entry, None)?;
+        run.callback_state = CallbackState::Pending;
+        Ok(())
+    }
+
+    /// Writes an outbox entry and moves its index key from `old_due` (if any).
+    fn put_outbox(
+        &mut self,
+        schedule_id: &str,
+        entry: &OutboxEntry,
+        old_due: Option<Millis>,
+    ) -> Result<()> {
+        let p = partition_of(&entry.job_id, self.partitions);
+        if let Some(old) = old_due {
+            self.outbox_due
+                .remove((p, old, schedule_id))
+                .ctx("delete outbox index")?;
+        }
+        let json = encode("outbox entry", entry)?;
+        self.outbox
+            .insert(schedule_id, json.as_str())
+            .ctx("write outbox entry")?;
+        self.outbox_due
+            .insert((p, entry.due, schedule_id), ())
+            .ctx("write outbox index")?;
+        Ok(())
+    }
+
+    fn load_outbox(&self, schedule_id: &str) -> Result<Option<OutboxEntry>> {
+        self.outbox
+            .get(schedule_id)
+            .ctx("read outbox entry")?
+            .map(|g| decode("outbox entry", schedule_id, g.value()))
+            .transpose()
+    }
+
+    fn remove_outbox(&mut self, schedule_id: &str, entry: &OutboxEntry) -> Result<()> {
+        let p = partition_of(&entry.job_id, self.partitions);
+        self.outbox.remove(schedule_id).ctx("delete outbox entry")?;
+        self.outbox_due
+            .remove((p, entry.due, schedule_id))
+            .ctx("delete outbox index")?;
+        Ok(())
     }
 
     /// A shard became final: it counts on its parent, which ends with its last shard
@@ -973,6 +1083,7 @@ impl<'t> RunTables<'t> {
             run.attempt += 1;
             run.state = RunState::Waiting;
             run.reason = format!("retry: {reason}");
+            run.finished_at = None;
             let wake_at = self.now.saturating_add(delay);
             run.deadlines = Deadlines {
                 wake_at,
@@ -1967,6 +2078,11 @@ impl Inner {
             if outcome.started_at.is_some() {
                 run.started_at = outcome.started_at;
             }
+            // Set before the run may become final, so the webhook body written then has
+            // it (a retry clears it again).
+            if outcome.finished_at.is_some() {
+                run.finished_at = outcome.finished_at;
+            }
             let next = if outcome.state == RunState::Failed {
                 let reason = if run.error_code.is_empty() {
                     "failed".to_owned()
@@ -1980,14 +2096,8 @@ impl Inner {
                 }
                 next
             } else {
-                if outcome.finished_at.is_some() {
-                    run.finished_at = outcome.finished_at;
-                }
                 t.finalize(&mut run, outcome.state, "", true)?
             };
-            if run.state.is_final() && outcome.finished_at.is_some() {
-                run.finished_at = outcome.finished_at;
-            }
             t.save(&run)?;
             Ok(applied(run, [], next))
         })
@@ -2335,6 +2445,199 @@ impl Inner {
             }
         }
         Ok(out)
+    }
+
+    fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let index = txn
+            .open_table(OUTBOX_DUE)
+            .ctx("open webhook outbox index")?;
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        for item in index
+            .range((partition, i64::MIN, "")..(partition, now.saturating_add(1), ""))
+            .ctx("scan webhook outbox")?
+        {
+            let (k, _) = item.ctx("scan webhook outbox")?;
+            out.push(k.value().2.to_owned());
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn claim_delivery(
+        &self,
+        schedule_id: &str,
+        lease: Duration,
+    ) -> Result<Option<WebhookDelivery>> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut entry) = t.load_outbox(schedule_id)? else {
+                return Ok(None);
+            };
+            if entry.due > t.now {
+                return Ok(None);
+            }
+            let old_due = entry.due;
+            // Tokens only grow: max(last + 1, store time in µs), as fencing tokens do.
+            entry.token = entry.token.saturating_add(1).max(t.now_us);
+            entry.in_flight = true;
+            entry.due = t.now.saturating_add(duration_ms(lease));
+            t.put_outbox(schedule_id, &entry, Some(old_due))?;
+            Ok(Some(WebhookDelivery {
+                schedule_id: schedule_id.to_owned(),
+                job_id: entry.job_id,
+                url: entry.url,
+                body: entry.body,
+                attempts: entry.attempts,
+                created_at: entry.created_at,
+                token: entry.token,
+                now: t.now,
+            }))
+        })
+    }
+
+    fn finish_delivery(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        outcome: DeliveryOutcome,
+    ) -> Result<Applied> {
+        write(&self.db, |txn| {
+            let mut t = RunTables::open(txn, self)?;
+            let Some(mut entry) = t.load_outbox(schedule_id)? else {
+                return Ok(Applied::No("unknown delivery".to_owned()));
+            };
+            if entry.token != token || !entry.in_flight {
+                return Ok(Applied::No("stale delivery token".to_owned()));
+            }
+            let old_due = entry.due;
+            let now = t.now;
+            let (status, error) = match &outcome {
+                DeliveryOutcome::Defer { until } => {
+                    entry.in_flight = false;
+                    entry.due = now.max(*until);
+                    t.put_outbox(schedule_id, &entry, Some(old_due))?;
+                    return Ok(Applied::Yes);
+                }
+                DeliveryOutcome::Delivered { status } => (*status, String::new()),
+                DeliveryOutcome::Retry { status, error, .. }
+                | DeliveryOutcome::Failed { status, error } => (*status, error.clone()),
+                DeliveryOutcome::Gone => (410, super::GONE_ERROR.to_owned()),
+                DeliveryOutcome::Abandon { error } => (0, error.clone()),
+            };
+            if !matches!(outcome, DeliveryOutcome::Abandon { .. }) {
+                entry.attempts = entry.attempts.saturating_add(1);
+            }
+            let mut run = t.load(schedule_id)?;
+            if let Some(run) = run.as_mut() {
+                run.callback_attempts = entry.attempts;
+                run.callback_status = status;
+                run.callback_error = error;
+            }
+            match outcome {
+                DeliveryOutcome::Retry { after, .. } => {
+                    entry.in_flight = false;
+                    entry.due = now.saturating_add(duration_ms(after));
+                    t.put_outbox(schedule_id, &entry, Some(old_due))?;
+                }
+                done => {
+                    t.remove_outbox(schedule_id, &entry)?;
+                    if let Some(run) = run.as_mut() {
+                        run.callback_state = if matches!(done, DeliveryOutcome::Delivered { .. }) {
+                            CallbackState::Done
+                        } else {
+                            CallbackState::Failed
+                        };
+                    }
+                }
+            }
+            if let Some(run) = run {
+                t.save(&run)?;
+            }
+            Ok(Applied::Yes)
+        })
+    }
+
+    fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
+            let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
+                Some(g) => decode("breaker", destination, g.value())?,
+                None => return Ok(BreakerState::Closed),
+            };
+            if b.state == "closed" {
+                return Ok(BreakerState::Closed);
+            }
+            if b.until > now {
+                // Open, or half open with another caller's probe under way.
+                return Ok(BreakerState::Open { until: b.until });
+            }
+            b.state = "half_open".to_owned();
+            b.until = now.saturating_add(duration_ms(probe));
+            let json = encode("breaker", &b)?;
+            table
+                .insert(destination, json.as_str())
+                .ctx("write breaker")?;
+            Ok(BreakerState::HalfOpen)
+        })
+    }
+
+    fn record_breaker(
+        &self,
+        destination: &str,
+        success: bool,
+        threshold: u32,
+        cool_down: Duration,
+    ) -> Result<BreakerUpdate> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
+            let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
+                Some(g) => decode("breaker", destination, g.value())?,
+                None => Breaker {
+                    state: "closed".to_owned(),
+                    ..Breaker::default()
+                },
+            };
+            if success {
+                table.remove(destination).ctx("delete breaker")?;
+                return Ok(BreakerUpdate {
+                    state: BreakerState::Closed,
+                    changed: b.state != "closed",
+                });
+            }
+            if b.state == "open" {
+                return Ok(BreakerUpdate {
+                    state: BreakerState::Open { until: b.until },
+                    changed: false,
+                });
+            }
+            b.failures = b.failures.saturating_add(1);
+            let opens = b.state == "half_open" || b.failures >= threshold;
+            if opens {
+                b.state = "open".to_owned();
+                b.until = now.saturating_add(duration_ms(cool_down));
+            }
+            let json = encode("breaker", &b)?;
+            table
+                .insert(destination, json.as_str())
+                .ctx("write breaker")?;
+            Ok(BreakerUpdate {
+                state: if opens {
+                    BreakerState::Open { until: b.until }
+                } else {
+                    BreakerState::Closed
+                },
+                changed: opens,
+            })
+        })
     }
 
     fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
@@ -2793,6 +3096,50 @@ impl Store for EmbeddedStore {
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
         let (app_id, nonce) = (app_id.to_owned(), nonce.to_owned());
         self.blocking(move |i| i.check_nonce(&app_id, &nonce, ttl))
+            .await
+    }
+
+    async fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        self.blocking(move |i| i.due_deliveries(partition, limit))
+            .await
+    }
+
+    async fn claim_delivery(
+        &self,
+        schedule_id: &str,
+        lease: Duration,
+    ) -> Result<Option<WebhookDelivery>> {
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.claim_delivery(&schedule_id, lease))
+            .await
+    }
+
+    async fn finish_delivery(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        outcome: DeliveryOutcome,
+    ) -> Result<Applied> {
+        let schedule_id = schedule_id.to_owned();
+        self.blocking(move |i| i.finish_delivery(&schedule_id, token, outcome))
+            .await
+    }
+
+    async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
+        let destination = destination.to_owned();
+        self.blocking(move |i| i.breaker_state(&destination, probe))
+            .await
+    }
+
+    async fn record_breaker(
+        &self,
+        destination: &str,
+        success: bool,
+        threshold: u32,
+        cool_down: Duration,
+    ) -> Result<BreakerUpdate> {
+        let destination = destination.to_owned();
+        self.blocking(move |i| i.record_breaker(&destination, success, threshold, cool_down))
             .await
     }
 }

@@ -19,6 +19,12 @@
 //! <prefix>:{p}:lease:<schedule_id>      hash: holder, token, expires
 //! <prefix>:{p}:leases                   zset schedule_id -> lease expiry
 //! <prefix>:{p}:tokens                   hash job_id -> last fencing token
+//! <prefix>:{p}:outbox:<schedule_id>     webhook outbox entry (JSON: job, url, body, created_at,
+//!                                       attempts, token, in_flight, due); gone once delivered
+//!                                       or given up
+//! <prefix>:{p}:outbox_due               zset schedule_id -> due (next attempt, or the end of
+//!                                       an in-flight claim's lease)
+//! <prefix>:{webhooks}:breaker:<dest>    hash: state, until, failures (a day's TTL)
 //! <prefix>:{n}:nonce:<app>:<nonce>      replay-protection marker with a TTL
 //! <prefix>:{nodes}:node:<node_id>       hash: rec (JSON), inst, hb (store clock); expires with its TTL
 //! <prefix>:{nodes}:ids                  set of registered node ids, pruned when listed
@@ -37,10 +43,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Applied, Assigned, Begun, ClaimOutcome, ClaimResult, Delivery, DueBatch, DueFire, Enqueued,
-    Error, FannedOut, Finisher, FireClaim, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot,
-    Outcome, Page, Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions,
-    Transition, partition_of,
+    Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
+    DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
+    GONE_ERROR, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded, Result,
+    Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
+    partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
@@ -96,6 +103,11 @@ struct Scripts {
     fan_out: Script,
     create_app: Script,
     rotate_app_secret: Script,
+    due_deliveries: Script,
+    claim_delivery: Script,
+    finish_delivery: Script,
+    breaker_state: Script,
+    record_breaker: Script,
 }
 
 impl Scripts {
@@ -125,6 +137,11 @@ impl Scripts {
             fan_out: run_script!("fan_out"),
             create_app: script!("create_app"),
             rotate_app_secret: script!("rotate_app_secret"),
+            due_deliveries: script!("due_deliveries"),
+            claim_delivery: script!("claim_delivery"),
+            finish_delivery: run_script!("finish_delivery"),
+            breaker_state: script!("breaker_state"),
+            record_breaker: script!("record_breaker"),
         }
     }
 }
@@ -283,6 +300,11 @@ impl RedisStore {
     /// Nodes are not partitioned: all of them share the `{nodes}` slot.
     fn nodes_prefix(&self) -> String {
         format!("{}:{{nodes}}:", self.inner.prefix)
+    }
+
+    /// Breakers are per destination, not per partition: all of them share one slot.
+    fn breakers_prefix(&self) -> String {
+        format!("{}:{{webhooks}}:", self.inner.prefix)
     }
 
     /// Calls a run-transition script with (partition prefix, nodes prefix,
@@ -539,6 +561,18 @@ fn transition(r: &[String]) -> Result<Transition> {
         revoked: revocations(rest)?,
         next_serial: (!next.is_empty()).then(|| next.clone()),
     })
+}
+
+/// A breaker as the breaker scripts answer it: (state, until).
+fn breaker(state: &str, until: &str) -> Result<BreakerState> {
+    match state {
+        "closed" => Ok(BreakerState::Closed),
+        "open" => Ok(BreakerState::Open {
+            until: parse_i64(until)?,
+        }),
+        "half_open" => Ok(BreakerState::HalfOpen),
+        other => Err(corrupt(format!("breaker state {other:?}"))),
+    }
 }
 
 fn parse_i64(v: &str) -> Result<i64> {
@@ -1498,6 +1532,140 @@ impl Store for RedisStore {
             return Err(Error::AppNotFound(app_id.to_owned()));
         }
         serde_json::from_str(&stored).map_err(corrupt)
+    }
+
+    async fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut c = self.conn().await?;
+        self.inner
+            .scripts
+            .due_deliveries
+            .arg(self.pfx(partition))
+            .arg(limit)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn claim_delivery(
+        &self,
+        schedule_id: &str,
+        lease: Duration,
+    ) -> Result<Option<WebhookDelivery>> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(None);
+        };
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .claim_delivery
+            .arg(self.pfx(self.part(job_id)))
+            .arg(schedule_id)
+            .arg(ms(lease))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [] => Ok(None),
+            [job_id, url, body, attempts, created_at, token, now] => Ok(Some(WebhookDelivery {
+                schedule_id: schedule_id.to_owned(),
+                job_id: job_id.clone(),
+                url: url.clone(),
+                body: body.clone(),
+                attempts: attempts.parse().map_err(corrupt)?,
+                created_at: parse_i64(created_at)?,
+                token: token.parse().map_err(corrupt)?,
+                now: parse_i64(now)?,
+            })),
+            other => Err(corrupt(format!("claim_delivery answered {other:?}"))),
+        }
+    }
+
+    async fn finish_delivery(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        outcome: DeliveryOutcome,
+    ) -> Result<Applied> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(Applied::No("unknown delivery".to_owned()));
+        };
+        let (kind, status, error, at): (&str, u16, String, i64) = match outcome {
+            DeliveryOutcome::Delivered { status } => ("delivered", status, String::new(), 0),
+            DeliveryOutcome::Retry {
+                after,
+                status,
+                error,
+            } => ("retry", status, error, crate::model::duration_ms(after)),
+            DeliveryOutcome::Failed { status, error } => ("failed", status, error, 0),
+            DeliveryOutcome::Gone => ("gone", 410, GONE_ERROR.to_owned(), 0),
+            DeliveryOutcome::Abandon { error } => ("abandon", 0, error, 0),
+            DeliveryOutcome::Defer { until } => ("defer", 0, String::new(), until),
+        };
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .finish_delivery
+            .arg(self.pfx(self.part(job_id)))
+            .arg(schedule_id)
+            .arg(token.to_string())
+            .arg(kind)
+            .arg(status)
+            .arg(error)
+            .arg(at)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [yes, _] if yes == "yes" => Ok(Applied::Yes),
+            [_, reason] => Ok(Applied::No(reason.clone())),
+            other => Err(corrupt(format!("finish_delivery answered {other:?}"))),
+        }
+    }
+
+    async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
+        let mut c = self.conn().await?;
+        let (state, until): (String, String) = self
+            .inner
+            .scripts
+            .breaker_state
+            .arg(self.breakers_prefix())
+            .arg(destination)
+            .arg(ms(probe))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        breaker(&state, &until)
+    }
+
+    async fn record_breaker(
+        &self,
+        destination: &str,
+        success: bool,
+        threshold: u32,
+        cool_down: Duration,
+    ) -> Result<BreakerUpdate> {
+        let mut c = self.conn().await?;
+        let (state, until, changed): (String, String, String) = self
+            .inner
+            .scripts
+            .record_breaker
+            .arg(self.breakers_prefix())
+            .arg(destination)
+            .arg(if success { "1" } else { "0" })
+            .arg(threshold.max(1))
+            .arg(ms(cool_down))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(BreakerUpdate {
+            state: breaker(&state, &until)?,
+            changed: changed == "1",
+        })
     }
 
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {

@@ -50,6 +50,11 @@ run.error_message = o.error_message or ''
 if o.started_at ~= nil and o.started_at ~= cjson.null then
   run.started_at = o.started_at
 end
+-- Set before the run may become final, so the webhook body written then has it (a
+-- retry clears it again).
+if o.finished_at ~= nil and o.finished_at ~= cjson.null then
+  run.finished_at = o.finished_at
+end
 local nxt
 if o.state == 'FAILED' then
   local reason = run.error_code ~= '' and run.error_code or 'failed'
@@ -58,12 +63,6 @@ if o.state == 'FAILED' then
     run.reason = ''
   end
 else
-  if o.finished_at ~= nil and o.finished_at ~= cjson.null then
-    run.finished_at = o.finished_at
-  end
   nxt = finalize(P, run, o.state, '', now, true)
-end
-if FINAL[run.state] and o.finished_at ~= nil and o.finished_at ~= cjson.null then
-  run.finished_at = o.finished_at
 end
 return reply('yes', '', save_run(P, run), nil, nxt)

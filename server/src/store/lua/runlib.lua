@@ -116,6 +116,62 @@ local function has_unqueued_active(P, job_id)
   return false
 end
 
+-- The run's webhook: when its plan names a callback URL, the step that makes it final
+-- writes its outbox entry (outbox:<sid>, JSON; outbox_due: sid -> when it is due, or
+-- while in flight when its claim lease ends) with the body fixed now, due now.
+local function write_outbox(P, run, now)
+  local url = type(run.plan) == 'table' and run.plan.callback_url or nil
+  if type(url) ~= 'string' or url == '' then
+    return
+  end
+  local function num(v)
+    return tonumber(v) or 0
+  end
+  local function str(v)
+    if type(v) == 'string' then
+      return v
+    end
+    return ''
+  end
+  local started, finished = num(run.started_at), num(run.finished_at)
+  local duration = 0
+  if started > 0 and finished >= started then
+    duration = finished - started
+  end
+  local token = run.fencing_token
+  if type(token) ~= 'string' then
+    token = int(num(token))
+  end
+  local body = cjson.encode({
+    schedule_id = run.schedule_id,
+    job_id = run.job_id,
+    attempt = num(run.attempt),
+    fencing_token = token,
+    status = run.state,
+    scheduled_at_ms = num(run.scheduled_at),
+    started_at_ms = started,
+    finished_at_ms = finished,
+    duration_ms = duration,
+    error_code = str(run.error_code),
+    error_message = str(run.error_message),
+    output = str(run.output),
+    node_id = str(run.node_id),
+  })
+  local entry = {
+    job_id = run.job_id,
+    url = url,
+    body = body,
+    created_at = now,
+    attempts = 0,
+    token = '0',
+    in_flight = false,
+    due = now,
+  }
+  redis.call('SET', P .. 'outbox:' .. run.schedule_id, cjson.encode(entry))
+  redis.call('ZADD', P .. 'outbox_due', int(now), run.schedule_id)
+  run.callback_state = 'PENDING'
+end
+
 -- Makes the run final (the caller has already revoked or released its lease).
 -- Returns the serial run released by this one, if `pop`.
 local function finalize(P, run, state, reason, now, pop)
@@ -156,6 +212,7 @@ local function finalize(P, run, state, reason, now, pop)
     save_run(P, parent)
     return nxt
   end
+  write_outbox(P, run, now)
   redis.call('SREM', P .. 'active:' .. run.job_id, run.schedule_id)
   redis.call('LREM', P .. 'serial:' .. run.job_id, 0, run.schedule_id)
   if pop and not has_unqueued_active(P, run.job_id) then
@@ -215,6 +272,7 @@ local function retry_or_final(P, run, final_state, reason, now, delay)
     run.attempt = run.attempt + 1
     run.state = 'WAITING'
     run.reason = 'retry: ' .. reason
+    run.finished_at = cjson.null
     clear_deadlines(run)
     run.deadlines.wake_at = now + delay
     run.deadlines.wait_until = now + delay + (tonumber(run.plan.dispatch_wait_ms) or 0)

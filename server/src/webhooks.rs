@@ -1,0 +1,752 @@
+//! Webhook delivery: the worker that empties the store's outbox.
+//!
+//! The outbox entry of a run is written by the store in the step that makes the run
+//! final (see `store` and ARCHITECTURE.md "The webhook outbox"). Every instance runs one
+//! [`Deliveries`] worker that sweeps every partition's due entries (like the run
+//! sweeper), claims each (`claim_delivery`: a delivery token and a lease), POSTs the
+//! entry's body to its URL and records the outcome under that token
+//! (`finish_delivery`). A worker whose lease ran out may still finish its request, but
+//! its outcome is refused: the later claim owns the delivery.
+//!
+//! Each attempt is signed afresh (`sundial_sdk::webhook::headers`: both header schemes,
+//! a new timestamp and nonce, `webhook-id` = the schedule_id, the same body bytes).
+//! 2xx is delivered; 410 Gone stops at once (CALLBACK_FAILED); anything else, a
+//! redirect (never followed), a timeout or an egress refusal is a failed attempt,
+//! retried on the retry schedule with ±20% jitter until the schedule is spent or the
+//! delivery is older than its max age: then CALLBACK_FAILED and an alert (an error log
+//! line `alert="callback_failed"`). The run's result is never touched.
+//!
+//! A circuit breaker per destination (`scheme://host:port`) lives in the store, shared
+//! by every instance: while it is open a due delivery is deferred to the end of the
+//! cool-down without spending an attempt (never past its max age); once the cool-down
+//! is over one claimer sends a probe, whose outcome closes or re-opens it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sundial_sdk::webhook::{self, Secret};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::egress::{self, EgressPolicy};
+use crate::model::duration_ms;
+use crate::store::{Applied, BreakerState, DeliveryOutcome, Store, WebhookDelivery};
+
+/// How the worker delivers. Every interval is configurable, so tests run the same code
+/// with millisecond schedules.
+#[derive(Debug, Clone)]
+pub struct WebhookOptions {
+    /// The `X-Sundial-App-Id` header.
+    pub app_id: String,
+    /// Every delivery is signed with each (two while rotating). `Debug` redacts them.
+    pub secrets: Vec<Secret>,
+    /// One attempt's limit, connect to last byte.
+    pub timeout: Duration,
+    /// Delay before each retry, in order; its length is the number of retries.
+    pub retry_schedule: Vec<Duration>,
+    /// A delivery this old (since its run became final) is given up.
+    pub max_age: Duration,
+    /// Consecutive failed attempts that open a destination's breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker defers deliveries before a probe.
+    pub breaker_cooldown: Duration,
+    /// How long a claim owns a delivery; a worker that takes longer (or dies) loses it
+    /// to the next claimer.
+    pub claim_lease: Duration,
+    /// How often each partition's outbox is swept.
+    pub every: Duration,
+    /// Due entries read per partition and pass.
+    pub batch: usize,
+    /// Deliveries one instance has in flight at once.
+    pub max_in_flight: usize,
+}
+
+impl Default for WebhookOptions {
+    fn default() -> Self {
+        Self {
+            app_id: "sundial".to_owned(),
+            secrets: Vec::new(),
+            timeout: Duration::from_secs(15),
+            retry_schedule: [1, 5, 30, 120, 600]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
+            max_age: Duration::from_secs(24 * 3600),
+            breaker_failures: 5,
+            breaker_cooldown: Duration::from_secs(30),
+            claim_lease: Duration::from_secs(25),
+            every: Duration::from_millis(200),
+            batch: 256,
+            max_in_flight: 64,
+        }
+    }
+}
+
+/// Parses a retry schedule: comma-separated durations (`1s,5s,30s,2m,10m`), each > 0.
+pub fn parse_retry_schedule(text: &str) -> Result<Vec<Duration>, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let d = humantime::parse_duration(part)
+            .map_err(|e| format!("{part:?} is not a duration like 50ms, 5s, 2m: {e}"))?;
+        if d.is_zero() {
+            return Err(format!("{part:?}: every delay must be > 0"));
+        }
+        out.push(d);
+    }
+    if out.is_empty() {
+        return Err("needs at least one delay".to_owned());
+    }
+    Ok(out)
+}
+
+/// The breaker key of a URL: `scheme://host:port` (the port made explicit).
+pub fn destination(url: &url::Url) -> String {
+    format!(
+        "{}://{}:{}",
+        url.scheme(),
+        url.host_str().unwrap_or(""),
+        url.port_or_known_default().unwrap_or(0)
+    )
+}
+
+/// A request error with its causes ("connection refused" is a cause, not the error),
+/// without the URL, which may carry credentials and is known to whoever reads it.
+fn causes(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// `base` ±20%, uniformly.
+fn jittered(base: Duration) -> Duration {
+    base.mul_f64(rand::random_range(0.8..=1.2))
+}
+
+/// What one POST came to.
+enum Attempt {
+    /// The receiver answered (any status; redirects are not followed).
+    Answered(u16),
+    /// No answer: (error code, message) — `timeout`, `egress_refused`, `http_error`.
+    NoAnswer(&'static str, String),
+}
+
+/// The delivery worker of one instance. See the module docs.
+pub struct Deliveries {
+    store: Arc<dyn Store>,
+    opts: WebhookOptions,
+    egress: Arc<EgressPolicy>,
+    client: reqwest::Client,
+    permits: Arc<Semaphore>,
+    tasks: TaskTracker,
+}
+
+impl Deliveries {
+    /// Builds the HTTP client under the webhook egress policy (no redirects, no proxies).
+    pub fn new(
+        store: Arc<dyn Store>,
+        opts: WebhookOptions,
+        egress: Arc<EgressPolicy>,
+    ) -> Result<Self, reqwest::Error> {
+        // No fallback to a default client: it would bypass the egress policy.
+        let client = egress::client_builder(egress.clone())
+            .timeout(opts.timeout)
+            .user_agent(concat!("Sundial-Webhook/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self {
+            permits: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
+            store,
+            opts,
+            egress,
+            client,
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// Sweeps the outbox until `shutdown`; then stops the requests in flight (their
+    /// claims run out and another instance, or this one after a restart, retries).
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        if self.opts.secrets.is_empty() {
+            warn!("no --webhook-secret: webhooks are sent unsigned");
+        }
+        info!(every = ?self.opts.every, schedule = ?self.opts.retry_schedule, "webhook delivery started");
+        let mut tick = tokio::time::interval(self.opts.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !shutdown.is_cancelled() {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            for p in 0..self.store.partitions() {
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                self.sweep(p, &shutdown).await;
+            }
+        }
+        self.tasks.close();
+        self.tasks.wait().await;
+        info!("webhook delivery stopped");
+    }
+
+    async fn sweep(self: &Arc<Self>, partition: u32, shutdown: &CancellationToken) {
+        let due = match self.store.due_deliveries(partition, self.opts.batch).await {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(partition, error = %e, "reading due webhooks failed");
+                return;
+            }
+        };
+        for schedule_id in due {
+            let permit = tokio::select! {
+                () = shutdown.cancelled() => return,
+                p = self.permits.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            let claimed = match self
+                .store
+                .claim_delivery(&schedule_id, self.opts.claim_lease)
+                .await
+            {
+                Ok(Some(d)) => d,
+                // Claimed by another worker meanwhile, or gone.
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!(%schedule_id, error = %e, "claiming a webhook failed; it stays due");
+                    continue;
+                }
+            };
+            let span = info_span!(
+                "webhook",
+                job_id = %claimed.job_id,
+                schedule_id = %claimed.schedule_id,
+                attempt = claimed.attempts + 1
+            );
+            let this = self.clone();
+            let shutdown = shutdown.clone();
+            self.tasks.spawn(
+                async move {
+                    this.deliver(claimed, &shutdown).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    /// One claimed delivery: the breaker, the attempt, the outcome.
+    async fn deliver(&self, d: WebhookDelivery, shutdown: &CancellationToken) {
+        let claimed_at = Instant::now();
+        let deadline = d.created_at.saturating_add(duration_ms(self.opts.max_age));
+        if d.now >= deadline {
+            let error = format!("max_age: not delivered within {:?}", self.opts.max_age);
+            self.finish(&d, DeliveryOutcome::Abandon { error }).await;
+            return;
+        }
+        let url = match url::Url::parse(&d.url) {
+            Ok(u) => u,
+            Err(e) => {
+                let error = format!("bad_url: {:?} does not parse: {e}", d.url);
+                self.finish(&d, DeliveryOutcome::Abandon { error }).await;
+                return;
+            }
+        };
+        let dest = destination(&url);
+        // A probe that never reports (its instance died) is presumed lost after this.
+        let probe = self.opts.timeout + Duration::from_secs(5);
+        match self.store.breaker_state(&dest, probe).await {
+            Ok(BreakerState::Closed) => {}
+            Ok(BreakerState::HalfOpen) => {
+                info!(destination = %dest, "webhook circuit breaker half-open: this delivery is the probe");
+            }
+            Ok(BreakerState::Open { until }) => {
+                debug!(destination = %dest, until, "webhook circuit breaker open: deferred");
+                let until = until.min(deadline);
+                self.finish(&d, DeliveryOutcome::Defer { until }).await;
+                return;
+            }
+            Err(e) => {
+                warn!(destination = %dest, error = %e, "reading the circuit breaker failed; delivering anyway")
+            }
+        }
+        let attempt = tokio::select! {
+            () = shutdown.cancelled() => {
+                debug!("shutting down mid-delivery; the claim runs out and the delivery is retried");
+                return;
+            }
+            a = self.attempt(&d, &url) => a,
+        };
+        let (status, error, reached) = match attempt {
+            Attempt::Answered(status) if (200..300).contains(&status) => {
+                self.record_breaker(&dest, true).await;
+                self.finish(&d, DeliveryOutcome::Delivered { status }).await;
+                return;
+            }
+            Attempt::Answered(410) => {
+                // The receiver asked us to stop: it is reachable, and done with us.
+                self.record_breaker(&dest, true).await;
+                self.finish(&d, DeliveryOutcome::Gone).await;
+                return;
+            }
+            Attempt::Answered(status) => (
+                status,
+                format!("http_{status}: the receiver answered {status}"),
+                true,
+            ),
+            Attempt::NoAnswer(code, message) => {
+                (0, format!("{code}: {message}"), code != "egress_refused")
+            }
+        };
+        // An egress refusal says nothing about the destination's health.
+        if reached {
+            self.record_breaker(&dest, false).await;
+        }
+        let made = d.attempts + 1;
+        let outcome = match self
+            .opts
+            .retry_schedule
+            .get(usize::try_from(d.attempts).unwrap_or(usize::MAX))
+        {
+            None => DeliveryOutcome::Failed {
+                status,
+                error: format!("{error} (attempt {made}; retries spent)"),
+            },
+            Some(&delay) => {
+                let after = jittered(delay);
+                let store_now = d.now.saturating_add(duration_ms(claimed_at.elapsed()));
+                if store_now.saturating_add(duration_ms(after)) >= deadline {
+                    DeliveryOutcome::Failed {
+                        status,
+                        error: format!(
+                            "{error} (attempt {made}; the next would pass the max age of {:?})",
+                            self.opts.max_age
+                        ),
+                    }
+                } else {
+                    DeliveryOutcome::Retry {
+                        after,
+                        status,
+                        error,
+                    }
+                }
+            }
+        };
+        self.finish(&d, outcome).await;
+    }
+
+    /// POSTs the body once, signed afresh.
+    async fn attempt(&self, d: &WebhookDelivery, url: &url::Url) -> Attempt {
+        if let Err(e) = self.egress.check_url(url) {
+            return Attempt::NoAnswer("egress_refused", e.to_string());
+        }
+        let timestamp = i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.as_secs()),
+        )
+        .unwrap_or(i64::MAX);
+        let nonce = format!("{:032x}", rand::random::<u128>());
+        let mut req = self
+            .client
+            .post(url.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        for (name, value) in webhook::headers(
+            &self.opts.app_id,
+            &self.opts.secrets,
+            &d.schedule_id,
+            timestamp,
+            &nonce,
+            d.body.as_bytes(),
+        ) {
+            req = req.header(name, value);
+        }
+        match req.body(d.body.clone()).send().await {
+            Ok(resp) => Attempt::Answered(resp.status().as_u16()),
+            Err(e) => match egress::refusal(&e) {
+                Some(refused) => Attempt::NoAnswer("egress_refused", refused.to_string()),
+                None if e.is_timeout() => Attempt::NoAnswer("timeout", causes(e)),
+                None => Attempt::NoAnswer("http_error", causes(e)),
+            },
+        }
+    }
+
+    async fn record_breaker(&self, dest: &str, success: bool) {
+        match self
+            .store
+            .record_breaker(
+                dest,
+                success,
+                self.opts.breaker_failures,
+                self.opts.breaker_cooldown,
+            )
+            .await
+        {
+            Ok(u) if u.changed => match u.state {
+                BreakerState::Open { until } => warn!(
+                    destination = %dest,
+                    until,
+                    cooldown = ?self.opts.breaker_cooldown,
+                    "webhook circuit breaker opened: deliveries to this destination wait"
+                ),
+                _ => info!(destination = %dest, "webhook circuit breaker closed"),
+            },
+            Ok(_) => {}
+            Err(e) => {
+                warn!(destination = %dest, error = %e, "recording on the circuit breaker failed")
+            }
+        }
+    }
+
+    /// Records the outcome under the claim's token and says what became of it.
+    async fn finish(&self, d: &WebhookDelivery, outcome: DeliveryOutcome) {
+        let applied = match self
+            .store
+            .finish_delivery(&d.schedule_id, d.token, outcome.clone())
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(error = %e, "recording the webhook outcome failed; the claim runs out and the delivery is retried");
+                return;
+            }
+        };
+        if let Applied::No(reason) = applied {
+            warn!(%reason, token = d.token, "webhook outcome refused: a later claim owns this delivery");
+            return;
+        }
+        let attempts = d.attempts + 1;
+        match outcome {
+            DeliveryOutcome::Delivered { status } => {
+                info!(status, attempts, "webhook delivered");
+            }
+            DeliveryOutcome::Retry {
+                after,
+                status,
+                error,
+            } => {
+                info!(status, %error, retry_in = ?after, "webhook attempt failed; retrying");
+            }
+            DeliveryOutcome::Defer { .. } => {}
+            DeliveryOutcome::Gone => {
+                error!(
+                    alert = "callback_failed",
+                    job_id = %d.job_id,
+                    schedule_id = %d.schedule_id,
+                    attempts,
+                    "ALERT callback_failed: the receiver answered 410 Gone; retries stopped (the run's result is kept)"
+                );
+            }
+            DeliveryOutcome::Abandon { error } => {
+                error!(
+                    alert = "callback_failed",
+                    job_id = %d.job_id,
+                    schedule_id = %d.schedule_id,
+                    attempts = d.attempts,
+                    %error,
+                    "ALERT callback_failed: the webhook was given up (the run's result is kept)"
+                );
+            }
+            DeliveryOutcome::Failed { status, error } => {
+                error!(
+                    alert = "callback_failed",
+                    job_id = %d.job_id,
+                    schedule_id = %d.schedule_id,
+                    attempts,
+                    status,
+                    %error,
+                    "ALERT callback_failed: the webhook was not delivered (the run's result is kept)"
+                );
+            }
+        }
+    }
+}
+
+/// Starts the worker on its own task.
+pub fn spawn(
+    deliveries: Arc<Deliveries>,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(deliveries.run(shutdown).instrument(info_span!("webhooks")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CallbackState, RunRecord, RunState};
+    use crate::store::conformance::{job, plan, planned_run};
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::{Finisher, LeaseTerms, NodeSlot, Outcome, StoreOptions};
+
+    /// A final run of job "w" whose webhook goes to `url`, in a fresh embedded store.
+    async fn finished_run(url: &str) -> (Arc<dyn Store>, String, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = StoreOptions {
+            partitions: 1,
+            ..StoreOptions::default()
+        };
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open(&dir.path().join("s.redb"), opts).expect("open"));
+        store.create_job(job("w", None)).await.expect("create");
+        let mut p = plan(crate::model::OverlapPolicy::Allow);
+        p.callback_url = Some(url.to_owned());
+        let run: RunRecord = store
+            .begin_run(planned_run("w", 1000, p), Duration::from_secs(30))
+            .await
+            .expect("begin")
+            .run;
+        let node = NodeSlot {
+            node_id: "n".into(),
+            max_concurrency: 0,
+        };
+        let terms = LeaseTerms {
+            ttl: Duration::from_secs(60),
+            confirm_within: Duration::from_secs(60),
+        };
+        let crate::store::Assigned::Granted(g) = store
+            .assign_run(&run.schedule_id, 1, &node, terms)
+            .await
+            .expect("assign")
+        else {
+            panic!("not granted");
+        };
+        let outcome = Outcome {
+            state: RunState::Succeeded,
+            output: None,
+            error_code: String::new(),
+            error_message: String::new(),
+            started_at: None,
+            finished_at: None,
+        };
+        store
+            .finish_run(&run.schedule_id, Finisher::Token(g.fencing_token), outcome)
+            .await
+            .expect("finish");
+        (store, run.schedule_id, dir)
+    }
+
+    fn deliveries(store: &Arc<dyn Store>, allow: &str, breaker_failures: u32) -> Deliveries {
+        with_options(
+            store,
+            allow,
+            WebhookOptions {
+                breaker_failures,
+                ..test_options()
+            },
+        )
+    }
+
+    fn test_options() -> WebhookOptions {
+        WebhookOptions {
+            secrets: vec![Secret::generate()],
+            timeout: Duration::from_secs(5),
+            retry_schedule: vec![Duration::from_millis(10)],
+            ..WebhookOptions::default()
+        }
+    }
+
+    fn with_options(store: &Arc<dyn Store>, allow: &str, opts: WebhookOptions) -> Deliveries {
+        let allow = egress::parse_allow_list(allow).expect("allow list");
+        Deliveries::new(store.clone(), opts, Arc::new(EgressPolicy::webhooks(allow)))
+            .expect("client")
+    }
+
+    /// Claims the run's delivery and makes one attempt; returns the run after it.
+    async fn one_attempt(store: &Arc<dyn Store>, w: &Deliveries, sid: &str) -> RunRecord {
+        let d = store
+            .claim_delivery(sid, Duration::from_secs(30))
+            .await
+            .expect("claim")
+            .expect("due");
+        w.deliver(d, &CancellationToken::new()).await;
+        store.get_run(sid).await.expect("get").expect("run")
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_a_failed_attempt_and_never_followed() {
+        let followed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = followed.clone();
+        let app = axum::Router::new()
+            .route(
+                "/hook",
+                axum::routing::post(|| async {
+                    (
+                        axum::http::StatusCode::FOUND,
+                        [(axum::http::header::LOCATION, "/elsewhere")],
+                    )
+                }),
+            )
+            .route(
+                "/elsewhere",
+                axum::routing::any(move || {
+                    seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                    async { "followed" }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let (store, sid, _dir) = finished_run(&format!("http://{addr}/hook")).await;
+        let w = deliveries(&store, "127.0.0.1/32", 5);
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!(
+            (r.callback_state, r.callback_attempts, r.callback_status),
+            (CallbackState::Pending, 1, 302)
+        );
+        assert!(
+            r.callback_error.starts_with("http_302"),
+            "{}",
+            r.callback_error
+        );
+        assert!(!followed.load(std::sync::atomic::Ordering::SeqCst));
+        // The schedule has one retry: the second failure gives up.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!(
+            (r.callback_state, r.callback_attempts),
+            (CallbackState::Failed, 2)
+        );
+        assert!(
+            r.callback_error.contains("retries spent"),
+            "{}",
+            r.callback_error
+        );
+        assert_eq!(r.state, RunState::Succeeded);
+    }
+
+    #[tokio::test]
+    async fn an_open_breaker_defers_without_an_attempt_but_not_past_the_max_age() {
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(|| async { axum::http::StatusCode::SERVICE_UNAVAILABLE }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let (store, sid, _dir) = finished_run(&format!("http://{addr}/hook")).await;
+        let w = with_options(
+            &store,
+            "127.0.0.1/32",
+            WebhookOptions {
+                breaker_failures: 1,
+                breaker_cooldown: Duration::from_secs(60),
+                max_age: Duration::from_millis(300),
+                ..test_options()
+            },
+        );
+        // The first failure opens the breaker for a minute.
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!((r.callback_attempts, r.callback_status), (1, 503));
+        let dest = format!("http://{addr}");
+        assert!(matches!(
+            store
+                .breaker_state(&dest, Duration::from_secs(1))
+                .await
+                .expect("breaker"),
+            BreakerState::Open { .. }
+        ));
+        // The retry finds it open: deferred, no attempt spent, and only until the max
+        // age (not the minute), when it is given up.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!(
+            (r.callback_state, r.callback_attempts),
+            (CallbackState::Pending, 1)
+        );
+        let due = || async {
+            store
+                .claim_delivery(&sid, Duration::from_secs(30))
+                .await
+                .expect("claim")
+        };
+        assert!(due().await.is_none(), "deferred");
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let d = due().await.expect("due at the max age");
+        w.deliver(d, &CancellationToken::new()).await;
+        let r = store.get_run(&sid).await.expect("get").expect("run");
+        assert_eq!(
+            (r.callback_state, r.callback_attempts),
+            (CallbackState::Failed, 1),
+            "giving up is not an attempt"
+        );
+        assert!(
+            r.callback_error.starts_with("max_age"),
+            "{}",
+            r.callback_error
+        );
+    }
+
+    #[tokio::test]
+    async fn an_address_outside_the_policy_is_refused_and_not_held_against_it() {
+        let (store, sid, _dir) = finished_run("http://127.0.0.1:9/hook").await;
+        // Loopback is not allowed without the allow list.
+        let w = deliveries(&store, "", 1);
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!((r.callback_attempts, r.callback_status), (1, 0));
+        assert!(
+            r.callback_error.starts_with("egress_refused"),
+            "{}",
+            r.callback_error
+        );
+        // A refusal says nothing about the destination: its breaker (one failure opens
+        // it here) stays closed.
+        assert_eq!(
+            store
+                .breaker_state("http://127.0.0.1:9", Duration::from_secs(1))
+                .await
+                .expect("breaker"),
+            BreakerState::Closed
+        );
+    }
+
+    #[test]
+    fn retry_schedules_parse_and_name_the_bad_part() {
+        assert_eq!(
+            parse_retry_schedule("1s, 5s,30s,2m,10m").expect("valid"),
+            WebhookOptions::default().retry_schedule
+        );
+        assert_eq!(
+            parse_retry_schedule("50ms").expect("valid"),
+            vec![Duration::from_millis(50)]
+        );
+        assert!(parse_retry_schedule("1s,,5s").is_err());
+        assert!(parse_retry_schedule("").is_err());
+        assert!(parse_retry_schedule("0s").expect_err("zero").contains("0s"));
+        assert!(
+            parse_retry_schedule("1s,soon")
+                .expect_err("bad")
+                .contains("soon")
+        );
+    }
+
+    #[test]
+    fn destinations_name_scheme_host_and_port() {
+        let d = |u: &str| destination(&url::Url::parse(u).expect("url"));
+        assert_eq!(d("https://hooks.example/a?b"), "https://hooks.example:443");
+        assert_eq!(d("http://127.0.0.1:9000/x"), "http://127.0.0.1:9000");
+        assert_eq!(d("http://[::1]/x"), "http://[::1]:80");
+    }
+
+    #[test]
+    fn jitter_stays_within_a_fifth() {
+        for _ in 0..1000 {
+            let j = jittered(Duration::from_secs(10));
+            assert!(
+                j >= Duration::from_secs(8) && j <= Duration::from_secs(12),
+                "{j:?}"
+            );
+        }
+    }
+}

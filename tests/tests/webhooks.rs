@@ -1,0 +1,502 @@
+//! Webhooks end to end: real Redis, real `sundial` processes, and a real HTTP receiver
+//! in this process that records every delivery it gets (headers and exact body bytes)
+//! and answers from a script. Runs finish through HTTP targets (the server calls a
+//! target on this process too), so no executor is needed.
+//!
+//! Loopback is outside the webhook egress policy, so every server here allow-lists it
+//! (`--webhook-allow 127.0.0.1/32`) and retries on a millisecond schedule.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use serde_json::Value;
+use sundial_proto::v1 as pb;
+use sundial_sdk::webhook::{MemoryNonceCache, Secret, Verifier};
+use sundial_tests::{RedisServer, Sundial, SundialOptions, wait_for};
+use tokio_util::sync::CancellationToken;
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Hit {
+    id: String,
+    body: Vec<u8>,
+    headers: HeaderMap,
+    answered: u16,
+}
+
+#[derive(Default)]
+struct Script {
+    /// The next answers, in order: (delay before answering, status).
+    replies: VecDeque<(Duration, u16)>,
+    /// The answer once `replies` is used up.
+    then: u16,
+    hits: Vec<Hit>,
+}
+
+type Shared = Arc<Mutex<Script>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Script> {
+    s.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A webhook receiver on a fixed local port that can be stopped (connections refused)
+/// and started again on the same port.
+struct Receiver {
+    addr: SocketAddr,
+    script: Shared,
+    running: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+async fn hook(State(script): State<Shared>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let (delay, status) = {
+        let mut s = lock(&script);
+        let (delay, status) = s.replies.pop_front().unwrap_or((Duration::ZERO, s.then));
+        let id = headers
+            .get("webhook-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        s.hits.push(Hit {
+            id,
+            body: body.to_vec(),
+            headers,
+            answered: status,
+        });
+        (delay, status)
+    };
+    tokio::time::sleep(delay).await;
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+impl Receiver {
+    /// Answers `replies` in order, then `then` to everything.
+    async fn start(replies: &[(Duration, u16)], then: u16) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let script = Arc::new(Mutex::new(Script {
+            replies: replies.iter().copied().collect(),
+            then,
+            hits: Vec::new(),
+        }));
+        let mut r = Receiver {
+            addr,
+            script,
+            running: None,
+        };
+        r.serve(listener);
+        Ok(r)
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        let app = Router::new()
+            .route("/hook", post(hook))
+            .with_state(self.script.clone());
+        let stop = CancellationToken::new();
+        let until = stop.clone().cancelled_owned();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(until)
+                .await;
+        });
+        self.running = Some((stop, task));
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    /// Stops listening: deliveries are refused at connect.
+    async fn stop(&mut self) -> Result<()> {
+        if let Some((stop, task)) = self.running.take() {
+            stop.cancel();
+            tokio::time::timeout(Duration::from_secs(10), task).await??;
+        }
+        Ok(())
+    }
+
+    /// Listens again on the same port.
+    async fn restart(&mut self) -> Result<()> {
+        let listener = tokio::net::TcpListener::bind(self.addr).await?;
+        self.serve(listener);
+        Ok(())
+    }
+
+    fn hits(&self) -> Vec<Hit> {
+        lock(&self.script).hits.clone()
+    }
+
+    fn hits_for(&self, id: &str) -> Vec<Hit> {
+        self.hits().into_iter().filter(|h| h.id == id).collect()
+    }
+}
+
+/// An HTTP target that always answers 200 "ok": the runs it ends succeed.
+async fn target() -> Result<String> {
+    let app = Router::new().route("/target", post(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(format!("http://{addr}/target"))
+}
+
+fn options(redis: &RedisServer, secrets: &[Secret]) -> SundialOptions {
+    let secrets: Vec<String> = secrets.iter().map(Secret::to_string).collect();
+    SundialOptions::redis(redis)
+        .arg("heartbeat-interval", "300ms")
+        .arg("sweep-every", "50ms")
+        .arg("http-target-allow", "127.0.0.1/32")
+        .arg("webhook-allow", "127.0.0.1/32")
+        .arg("webhook-retry-schedule", "50ms,100ms,200ms")
+        .arg("webhook-secret", &secrets.join(","))
+}
+
+async fn create_job(server: &Sundial, id: &str, target: &str, callback: &str) -> Result<()> {
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(pb::JobSpec {
+                id: id.into(),
+                cron: sundial_tests::MANUAL_ONLY.into(),
+                target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
+                    url: target.into(),
+                    method: "POST".into(),
+                })),
+                callback_url: callback.into(),
+                ..Default::default()
+            }),
+        })
+        .await?;
+    Ok(())
+}
+
+/// Waits until the run's callback is DONE or FAILED; returns the run.
+async fn callback_settled(server: &Sundial, sid: &str, timeout: Duration) -> Result<pb::Run> {
+    wait_for(&format!("{sid}'s webhook to settle"), timeout, || async {
+        let r = server.run(sid).await?;
+        let settled = [
+            pb::CallbackState::Done as i32,
+            pb::CallbackState::Failed as i32,
+        ];
+        Ok(settled.contains(&r.callback_state).then_some(r))
+    })
+    .await
+}
+
+/// The run as the REST status API shows it.
+async fn rest_run(server: &Sundial, sid: &str) -> Result<Value> {
+    let base = server.http.context("no http address")?;
+    Ok(reqwest::get(format!("http://{base}/api/v1/runs/{sid}"))
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+fn verifier(secret: &Secret) -> Verifier {
+    Verifier::new(secret.clone()).nonce_cache(MemoryNonceCache::new(1000))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_receiver_gets_the_same_signed_body_until_it_accepts() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let receiver = Receiver::start(&[(Duration::ZERO, 500); 3], 200).await?;
+    let target = target().await?;
+    // Two secrets, as while rotating: every delivery carries a signature for each.
+    let (old, new) = (Secret::generate(), Secret::generate());
+    let server = Sundial::start(options(&redis, &[old.clone(), new.clone()]))?;
+    create_job(&server, "hooked", &target, &receiver.url()).await?;
+    let sid = server.trigger("hooked").await?;
+
+    let run = callback_settled(&server, &sid, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Done as i32,
+        "{run:?}"
+    );
+    ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
+    let hits = receiver.hits_for(&sid);
+    ensure!(hits.len() == 4, "four attempts, got {}", hits.len());
+    ensure!(
+        hits.iter().map(|h| h.answered).collect::<Vec<_>>() == [500, 500, 500, 200],
+        "{hits:?}"
+    );
+    ensure!(receiver.hits().len() == 4, "nothing else was delivered");
+    // The same id and byte-identical body every time; a new timestamp/nonce each time.
+    ensure!(hits.iter().all(|h| h.body == hits[0].body));
+    // Classic: each attempt's nonce is new, so a replay cache accepts every one.
+    // Standard: checked without a cache, whose key (id.timestamp, whole seconds) cannot
+    // tell apart retries sent within one second.
+    let (old_classic, new_classic) = (verifier(&old), verifier(&new));
+    let mut nonces = std::collections::BTreeSet::new();
+    for h in &hits {
+        old_classic
+            .verify_classic(&h.headers, &h.body)
+            .context("classic, old secret")?;
+        new_classic
+            .verify_classic(&h.headers, &h.body)
+            .context("classic, new secret")?;
+        for secret in [&old, &new] {
+            let v = Verifier::new(secret.clone())
+                .verify_standard(&h.headers, &h.body)
+                .context("standard")?;
+            ensure!(v.id.as_deref() == Some(sid.as_str()), "{v:?}");
+        }
+        let nonce = h
+            .headers
+            .get("x-sundial-nonce")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        ensure!(nonces.insert(nonce.to_owned()), "nonce {nonce} repeated");
+        ensure!(
+            h.headers.get("x-sundial-app-id").map(|v| v.as_bytes()) == Some(b"sundial".as_slice())
+        );
+    }
+    // The body: the run's final result.
+    let body: Value = serde_json::from_slice(&hits[0].body)?;
+    ensure!(body["schedule_id"] == sid.as_str() && body["job_id"] == "hooked");
+    ensure!(
+        body["status"] == "SUCCEEDED" && body["attempt"] == 1,
+        "{body}"
+    );
+    ensure!(
+        body["fencing_token"].as_str() == Some(run.fencing_token.to_string().as_str()),
+        "{body}"
+    );
+    ensure!(
+        body["output"] == "b2s=",
+        "output is base64 of \"ok\": {body}"
+    );
+    ensure!(
+        body["finished_at_ms"] == run.finished_at_ms
+            && body["started_at_ms"] == run.started_at_ms
+            && body["duration_ms"] == run.finished_at_ms - run.started_at_ms,
+        "{body}"
+    );
+    // The delivery record, over REST.
+    let rest = rest_run(&server, &sid).await?;
+    ensure!(
+        rest["callback_state"] == "DONE"
+            && rest["callback_attempts"] == 4
+            && rest["callback_status"] == 200
+            && rest["callback_error"] == "",
+        "{rest}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_down_for_the_whole_schedule_fails_the_callback_and_trips_the_breaker()
+-> Result<()> {
+    let redis = RedisServer::start()?;
+    let mut receiver = Receiver::start(&[], 200).await?;
+    receiver.stop().await?;
+    let target = target().await?;
+    let server = Sundial::start(
+        options(&redis, &[Secret::generate()])
+            .arg("webhook-breaker-failures", "3")
+            .arg("webhook-breaker-cooldown", "1s"),
+    )?;
+    create_job(&server, "down", &target, &receiver.url()).await?;
+    let first = server.trigger("down").await?;
+
+    // Three refused attempts open the breaker; the fourth waits for the cool-down, is
+    // the probe, is refused too: retries spent.
+    let run = callback_settled(&server, &first, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Failed as i32,
+        "{run:?}"
+    );
+    // The result is still there.
+    ensure!(
+        run.state == pb::RunState::Succeeded as i32 && run.output == b"ok",
+        "{run:?}"
+    );
+    let rest = rest_run(&server, &first).await?;
+    ensure!(
+        rest["callback_state"] == "FAILED"
+            && rest["callback_attempts"] == 4
+            && rest["callback_status"] == 0
+            && rest["callback_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("retries spent")),
+        "{rest}"
+    );
+    let log = server.stderr();
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("callback_failed") && l.contains("ERROR") && l.contains(&first)),
+        "no alert line for {first} in:\n{log}"
+    );
+    ensure!(
+        log.contains("webhook circuit breaker opened"),
+        "the breaker never opened:\n{log}"
+    );
+    ensure!(
+        log.contains("this delivery is the probe"),
+        "no half-open probe:\n{log}"
+    );
+
+    // The receiver comes back; the breaker is open (the probe failed), so the next
+    // run's webhook waits for the cool-down without spending an attempt, then is the
+    // probe that closes it.
+    receiver.restart().await?;
+    let second = server.trigger("down").await?;
+    let run = callback_settled(&server, &second, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Done as i32,
+        "{run:?}"
+    );
+    let rest = rest_run(&server, &second).await?;
+    ensure!(
+        rest["callback_attempts"] == 1,
+        "deferral spent an attempt: {rest}"
+    );
+    ensure!(receiver.hits_for(&second).len() == 1);
+    ensure!(
+        receiver.hits_for(&first).is_empty(),
+        "the failed one is not retried"
+    );
+    let log = server.stderr();
+    ensure!(
+        log.contains("webhook circuit breaker closed"),
+        "the breaker never closed:\n{log}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_and_two_workers_record_one_outcome_per_claim() -> Result<()> {
+    let redis = RedisServer::start()?;
+    // The first request is answered (500) only after the claim's lease ran out; the
+    // delivery is claimed again meanwhile and that attempt is answered 200.
+    let receiver = Receiver::start(&[(Duration::from_millis(2500), 500)], 200).await?;
+    let target = target().await?;
+    let secret = Secret::generate();
+    let opts = |name: &str| {
+        options(&redis, std::slice::from_ref(&secret))
+            .arg("instance-id", name)
+            .arg("webhook-claim-lease", "300ms")
+            .arg("webhook-timeout", "5s")
+    };
+    let a = Sundial::start(opts("a"))?;
+    let b = Sundial::start(opts("b"))?;
+    create_job(&a, "slow", &target, &receiver.url()).await?;
+    let sid = a.trigger("slow").await?;
+
+    let run = callback_settled(&b, &sid, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Done as i32,
+        "{run:?}"
+    );
+    // Let the slow request end and its worker try to record the 500.
+    let log_of = || format!("{}{}", a.stderr(), b.stderr());
+    wait_for(
+        "the stale outcome to be refused",
+        Duration::from_secs(10),
+        || async { Ok(log_of().contains("webhook outcome refused").then_some(())) },
+    )
+    .await?;
+    let hits = receiver.hits_for(&sid);
+    ensure!(
+        hits.iter().map(|h| h.answered).collect::<Vec<_>>() == [500, 200],
+        "{hits:?}"
+    );
+    ensure!(hits.iter().all(|h| h.body == hits[0].body));
+    // One outcome recorded: the later claim's 200; the stale 500 changed nothing.
+    let rest = rest_run(&a, &sid).await?;
+    ensure!(
+        rest["callback_state"] == "DONE"
+            && rest["callback_attempts"] == 1
+            && rest["callback_status"] == 200
+            && rest["callback_error"] == "",
+        "{rest}"
+    );
+    let log = log_of();
+    ensure!(
+        log.matches("webhook delivered").count() == 1,
+        "one delivered outcome:\n{log}"
+    );
+    ensure!(!log.contains("callback_failed"), "{log}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_finished_right_before_a_crash_is_delivered_after_the_restart() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let receiver = Receiver::start(&[], 200).await?;
+    let target = target().await?;
+    let secret = Secret::generate();
+    // The instance dies right after the result committed (the run final, its webhook
+    // in the outbox), before anything else: no ack, no follow-up, no delivery.
+    let mut crashing =
+        Sundial::start(options(&redis, std::slice::from_ref(&secret)).fault("run.after_finish@1"))?;
+    create_job(&crashing, "crash", &target, &receiver.url()).await?;
+    let sid = crashing.trigger("crash").await?;
+    let status = crashing.wait_exit(Duration::from_secs(20)).await?;
+    ensure!(!status.success(), "crash point exit was {status}");
+    ensure!(
+        crashing
+            .stderr()
+            .contains("SUNDIAL_FAULT: crashing at run.after_finish"),
+        "the instance died, but not at its crash point"
+    );
+
+    let restarted = Sundial::start(options(&redis, std::slice::from_ref(&secret)))?;
+    let run = callback_settled(&restarted, &sid, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Done as i32,
+        "{run:?}"
+    );
+    ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
+    let hits = receiver.hits_for(&sid);
+    ensure!(
+        !hits.is_empty() && hits.iter().all(|h| h.answered == 200),
+        "{hits:?}"
+    );
+    verifier(&secret).verify(&hits[0].headers, &hits[0].body)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_stops_the_retries_at_once() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let receiver = Receiver::start(&[], 410).await?;
+    let target = target().await?;
+    let server = Sundial::start(options(&redis, &[Secret::generate()]))?;
+    create_job(&server, "gone", &target, &receiver.url()).await?;
+    let sid = server.trigger("gone").await?;
+
+    let run = callback_settled(&server, &sid, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Failed as i32,
+        "{run:?}"
+    );
+    ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
+    // Longer than the whole retry schedule: nothing more arrives.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    ensure!(receiver.hits_for(&sid).len() == 1, "{:?}", receiver.hits());
+    let rest = rest_run(&server, &sid).await?;
+    ensure!(
+        rest["callback_attempts"] == 1
+            && rest["callback_status"] == 410
+            && rest["callback_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("410 Gone")),
+        "{rest}"
+    );
+    let log = server.stderr();
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("callback_failed") && l.contains("410 Gone") && l.contains(&sid)),
+        "no alert line saying 410 for {sid}:\n{log}"
+    );
+    Ok(())
+}
