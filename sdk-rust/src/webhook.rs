@@ -537,7 +537,12 @@ impl Verifier {
         self.check_signature(&candidates, |secret| {
             standard_mac(secret, id, raw_timestamp, body)
         })?;
-        self.check_replay(&format!("{id}.{raw_timestamp}"))?;
+        // Sundial sends a fresh classic nonce with every attempt: with it, two attempts
+        // within one second are told apart; without it, id and timestamp are the key.
+        match header(headers, HEADER_NONCE) {
+            Ok(nonce) => self.check_replay(&format!("{id}.{raw_timestamp}.{nonce}"))?,
+            Err(_) => self.check_replay(&format!("{id}.{raw_timestamp}"))?,
+        }
         Ok(Verified {
             scheme: Scheme::Standard,
             id: Some(id.to_owned()),

@@ -593,6 +593,18 @@ fn replayed_nonce_is_refused_with_memory_nonce_cache() {
     verifier
         .verify(&later, BODY)
         .expect("a retry at a later second");
+    // With both schemes' headers, as Sundial sends them, the classic nonce tells two
+    // attempts within one second apart; the very same delivery twice is still a replay.
+    let both_a = delivery(slice::from_ref(&a), ts + 5, "retry-a", BODY);
+    let both_b = delivery(slice::from_ref(&a), ts + 5, "retry-b", BODY);
+    verifier.verify(&both_a, BODY).expect("first attempt");
+    verifier
+        .verify(&both_b, BODY)
+        .expect("a retry in the same second");
+    assert_eq!(
+        verifier.verify(&both_b, BODY),
+        Err(VerifyError::ReplayedNonce)
+    );
 
     // A forged delivery is refused before its nonce is remembered.
     let before = cache.len();

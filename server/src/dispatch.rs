@@ -445,7 +445,7 @@ impl Dispatcher {
                 node_id: n.node_id.clone(),
                 weight: n.weight,
                 max_concurrency: n.max_concurrency,
-                active: n.active,
+                active: n.active.max(n.leased),
                 mean_duration_ms: n.mean_duration_ms,
                 recent_errors: n.recent_errors,
                 slow: health::classify(n, policy) == Health::Slow,
@@ -482,7 +482,12 @@ impl Dispatcher {
         let mut order: Vec<&NodeRecord> = candidates.clone();
         order.sort_by_key(|n| {
             let slow = health::classify(n, policy) == Health::Slow;
-            (n.node_id != first, slow, n.active, n.node_id.clone())
+            (
+                n.node_id != first,
+                slow,
+                n.active.max(n.leased),
+                n.node_id.clone(),
+            )
         });
         for node in order {
             match self.assign_to(run, job, node, &route_key).await {

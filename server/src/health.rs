@@ -143,6 +143,7 @@ mod tests {
             ready: true,
             draining: false,
             active: 0,
+            leased: 0,
             load: 0.0,
             mean_duration_ms: 0,
             recent_errors: errors,

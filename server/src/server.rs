@@ -167,6 +167,7 @@ pub async fn run(
             store.clone(),
             config.webhooks.clone(),
             Arc::new(EgressPolicy::webhooks(config.webhook_allow.clone())),
+            metrics.clone(),
         )
         .map_err(Error::HttpClient)?,
     );

@@ -28,9 +28,11 @@ use sundial_sdk::webhook::{self, Secret};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::alerts::{self, AlertKind};
 use crate::egress::{self, EgressPolicy};
+use crate::metrics::Metrics;
 use crate::model::duration_ms;
 use crate::store::{Applied, BreakerState, DeliveryOutcome, Store, WebhookDelivery};
 
@@ -126,8 +128,13 @@ fn causes(e: reqwest::Error) -> String {
 }
 
 /// `base` ±20%, uniformly.
+///
+/// A base of a second or more never jitters below one second: two attempts then never
+/// share a `webhook-timestamp` (whole seconds), so a receiver's replay cache keyed on
+/// id and timestamp (the Standard Webhooks way) never takes a retry for a replay.
 fn jittered(base: Duration) -> Duration {
-    base.mul_f64(rand::random_range(0.8..=1.2))
+    let floor = base.min(Duration::from_secs(1));
+    base.mul_f64(rand::random_range(0.8..=1.2)).max(floor)
 }
 
 /// What one POST came to.
@@ -141,6 +148,7 @@ enum Attempt {
 /// The delivery worker of one instance. See the module docs.
 pub struct Deliveries {
     store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
     opts: WebhookOptions,
     egress: Arc<EgressPolicy>,
     client: reqwest::Client,
@@ -154,6 +162,7 @@ impl Deliveries {
         store: Arc<dyn Store>,
         opts: WebhookOptions,
         egress: Arc<EgressPolicy>,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, reqwest::Error> {
         // No fallback to a default client: it would bypass the egress policy.
         let client = egress::client_builder(egress.clone())
@@ -163,6 +172,7 @@ impl Deliveries {
         Ok(Self {
             permits: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
             store,
+            metrics,
             opts,
             egress,
             client,
@@ -355,13 +365,14 @@ impl Deliveries {
         )
         .unwrap_or(i64::MAX);
         let nonce = format!("{:032x}", rand::random::<u128>());
+        let (app_id, secrets) = self.signer(&d.job_id).await;
         let mut req = self
             .client
             .post(url.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json");
         for (name, value) in webhook::headers(
-            &self.opts.app_id,
-            &self.opts.secrets,
+            &app_id,
+            &secrets,
             &d.schedule_id,
             timestamp,
             &nonce,
@@ -379,6 +390,40 @@ impl Deliveries {
         }
     }
 
+    /// Who signs the job's webhooks: the app the job names (its secrets that sign now,
+    /// two while a rotation overlaps), else the server-wide `--webhook-app-id` and
+    /// `--webhook-secret`.
+    async fn signer(&self, job_id: &str) -> (String, Vec<Secret>) {
+        let app_id = match self.store.get_job(job_id).await {
+            Ok(Some(job)) if !job.spec.app_id.is_empty() => job.spec.app_id,
+            Ok(_) => return (self.opts.app_id.clone(), self.opts.secrets.clone()),
+            Err(e) => {
+                warn!(error = %e, "reading the job for its app failed; signing with the server's secrets");
+                return (self.opts.app_id.clone(), self.opts.secrets.clone());
+            }
+        };
+        match self.store.get_app(&app_id).await {
+            Ok(Some(app)) => {
+                let now = crate::model::now_ms();
+                let secrets: Vec<Secret> = app
+                    .active_secrets(now)
+                    .filter_map(|s| s.parse().ok())
+                    .collect();
+                if !secrets.is_empty() {
+                    return (app.app_id, secrets);
+                }
+                warn!(%app_id, "the job's app has no usable secret; signing with the server's secrets");
+            }
+            Ok(None) => {
+                warn!(%app_id, "the job's app does not exist; signing with the server's secrets");
+            }
+            Err(e) => {
+                warn!(%app_id, error = %e, "reading the job's app failed; signing with the server's secrets");
+            }
+        }
+        (self.opts.app_id.clone(), self.opts.secrets.clone())
+    }
+
     async fn record_breaker(&self, dest: &str, success: bool) {
         match self
             .store
@@ -391,13 +436,19 @@ impl Deliveries {
             .await
         {
             Ok(u) if u.changed => match u.state {
-                BreakerState::Open { until } => warn!(
-                    destination = %dest,
-                    until,
-                    cooldown = ?self.opts.breaker_cooldown,
-                    "webhook circuit breaker opened: deliveries to this destination wait"
-                ),
-                _ => info!(destination = %dest, "webhook circuit breaker closed"),
+                BreakerState::Open { until } => {
+                    self.metrics.set_circuit(dest, true);
+                    warn!(
+                        destination = %dest,
+                        until,
+                        cooldown = ?self.opts.breaker_cooldown,
+                        "webhook circuit breaker opened: deliveries to this destination wait"
+                    );
+                }
+                _ => {
+                    self.metrics.set_circuit(dest, false);
+                    info!(destination = %dest, "webhook circuit breaker closed");
+                }
             },
             Ok(_) => {}
             Err(e) => {
@@ -424,6 +475,23 @@ impl Deliveries {
             return;
         }
         let attempts = d.attempts + 1;
+        self.metrics.webhook_attempt(match &outcome {
+            DeliveryOutcome::Delivered { .. } => "delivered",
+            DeliveryOutcome::Retry { .. } => "retry",
+            DeliveryOutcome::Failed { .. } => "failed",
+            DeliveryOutcome::Gone => "gone",
+            DeliveryOutcome::Abandon { .. } => "abandoned",
+            DeliveryOutcome::Defer { .. } => "circuit_open",
+        });
+        let alert = |detail: &str| {
+            alerts::raise(
+                &self.metrics,
+                AlertKind::CallbackFailed,
+                &d.job_id,
+                &d.schedule_id,
+                detail,
+            );
+        };
         match outcome {
             DeliveryOutcome::Delivered { status } => {
                 info!(status, attempts, "webhook delivered");
@@ -436,36 +504,16 @@ impl Deliveries {
                 info!(status, %error, retry_in = ?after, "webhook attempt failed; retrying");
             }
             DeliveryOutcome::Defer { .. } => {}
-            DeliveryOutcome::Gone => {
-                error!(
-                    alert = "callback_failed",
-                    job_id = %d.job_id,
-                    schedule_id = %d.schedule_id,
-                    attempts,
-                    "ALERT callback_failed: the receiver answered 410 Gone; retries stopped (the run's result is kept)"
-                );
-            }
-            DeliveryOutcome::Abandon { error } => {
-                error!(
-                    alert = "callback_failed",
-                    job_id = %d.job_id,
-                    schedule_id = %d.schedule_id,
-                    attempts = d.attempts,
-                    %error,
-                    "ALERT callback_failed: the webhook was given up (the run's result is kept)"
-                );
-            }
-            DeliveryOutcome::Failed { status, error } => {
-                error!(
-                    alert = "callback_failed",
-                    job_id = %d.job_id,
-                    schedule_id = %d.schedule_id,
-                    attempts,
-                    status,
-                    %error,
-                    "ALERT callback_failed: the webhook was not delivered (the run's result is kept)"
-                );
-            }
+            DeliveryOutcome::Gone => alert(&format!(
+                "the receiver answered 410 Gone after {attempts} attempt(s); retries stopped (the run's result is kept)"
+            )),
+            DeliveryOutcome::Abandon { error } => alert(&format!(
+                "given up after {} attempt(s): {error} (the run's result is kept)",
+                d.attempts
+            )),
+            DeliveryOutcome::Failed { status, error } => alert(&format!(
+                "not delivered after {attempts} attempt(s), last status {status}: {error} (the run's result is kept)"
+            )),
         }
     }
 }
@@ -481,6 +529,27 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jitter_keeps_second_scale_retries_a_second_apart() {
+        for _ in 0..1000 {
+            let d = jittered(Duration::from_secs(1));
+            assert!(
+                d >= Duration::from_secs(1) && d <= Duration::from_millis(1200),
+                "{d:?}"
+            );
+            let d = jittered(Duration::from_secs(30));
+            assert!(
+                d >= Duration::from_secs(24) && d <= Duration::from_secs(36),
+                "{d:?}"
+            );
+            let d = jittered(Duration::from_millis(100));
+            assert!(
+                d >= Duration::from_millis(80) && d <= Duration::from_millis(120),
+                "{d:?}"
+            );
+        }
+    }
     use crate::model::{CallbackState, RunRecord, RunState};
     use crate::store::conformance::{job, plan, planned_run};
     use crate::store::embedded::EmbeddedStore;
@@ -555,8 +624,13 @@ mod tests {
 
     fn with_options(store: &Arc<dyn Store>, allow: &str, opts: WebhookOptions) -> Deliveries {
         let allow = egress::parse_allow_list(allow).expect("allow list");
-        Deliveries::new(store.clone(), opts, Arc::new(EgressPolicy::webhooks(allow)))
-            .expect("client")
+        Deliveries::new(
+            store.clone(),
+            opts,
+            Arc::new(EgressPolicy::webhooks(allow)),
+            Arc::new(Metrics::new()),
+        )
+        .expect("client")
     }
 
     /// Claims the run's delivery and makes one attempt; returns the run after it.

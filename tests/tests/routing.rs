@@ -217,6 +217,8 @@ async fn least_active_goes_around_a_busy_node() -> Result<()> {
         let run = server.run(sid).await?;
         ensure!(run.node_id == "busy", "{run:?}");
     }
+    // Past one registry refresh of the dispatcher (250 ms).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     for _ in 0..10 {
         let sid = server.trigger("quick").await?;
         let run = finished(&server, &sid).await?;

@@ -500,3 +500,88 @@ async fn gone_stops_the_retries_at_once() -> Result<()> {
     );
     Ok(())
 }
+
+/// A job that names an app is signed with that app's secrets (from `AppService`), and
+/// after a rotation with both the old and the new one; `X-Sundial-App-Id` is the app.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_naming_an_app_is_signed_with_its_secrets_through_a_rotation() -> Result<()> {
+    use sundial_proto::v1::app_service_client::AppServiceClient;
+    let redis = RedisServer::start()?;
+    let receiver = Receiver::start(&[], 200).await?;
+    let target = target().await?;
+    let server_secret = Secret::generate();
+    let server = Sundial::start(options(&redis, std::slice::from_ref(&server_secret)))?;
+    let mut apps = AppServiceClient::new(server.channel().await?);
+    let first: Secret = apps
+        .create_app(pb::CreateAppRequest {
+            app_id: "billing".into(),
+            name: "Billing".into(),
+            secret: String::new(),
+        })
+        .await?
+        .into_inner()
+        .secret
+        .parse()?;
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(pb::JobSpec {
+                id: "billed".into(),
+                cron: sundial_tests::MANUAL_ONLY.into(),
+                target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
+                    url: target.clone(),
+                    method: "POST".into(),
+                })),
+                callback_url: receiver.url(),
+                app_id: "billing".into(),
+                ..Default::default()
+            }),
+        })
+        .await?;
+
+    let sid = server.trigger("billed").await?;
+    let run = callback_settled(&server, &sid, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Done as i32,
+        "{run:?}"
+    );
+    let hit = receiver.hits_for(&sid).pop().context("delivered")?;
+    Verifier::new(first.clone())
+        .verify_standard(&hit.headers, &hit.body)
+        .context("signed with the app's secret")?;
+    Verifier::new(first.clone())
+        .verify_classic(&hit.headers, &hit.body)
+        .context("classic, the app's secret")?;
+    ensure!(
+        Verifier::new(server_secret.clone())
+            .verify_standard(&hit.headers, &hit.body)
+            .is_err(),
+        "signed with the server's secret instead of the app's"
+    );
+    ensure!(
+        hit.headers.get("x-sundial-app-id").map(|v| v.as_bytes()) == Some(b"billing".as_slice()),
+        "{:?}",
+        hit.headers
+    );
+
+    let second: Secret = apps
+        .rotate_app_secret(pb::RotateAppSecretRequest {
+            app_id: "billing".into(),
+            overlap_ms: 60_000,
+            new_secret: String::new(),
+        })
+        .await?
+        .into_inner()
+        .secret
+        .parse()?;
+    let sid = server.trigger("billed").await?;
+    callback_settled(&server, &sid, Duration::from_secs(20)).await?;
+    let hit = receiver.hits_for(&sid).pop().context("delivered")?;
+    for secret in [&first, &second] {
+        Verifier::new(secret.clone())
+            .verify_standard(&hit.headers, &hit.body)
+            .context("both secrets sign during the overlap")?;
+    }
+    Ok(())
+}

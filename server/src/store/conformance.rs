@@ -77,6 +77,7 @@ macro_rules! store_conformance_tests {
             route_counters: options,
             apps_and_rotation: options,
             nodes_register_refresh_expire: options,
+            nodes_report_leased_runs: options,
             nodes_removed_only_by_their_instance: options,
             outbox_written_when_final: options,
             delivery_claims_and_outcomes: options,
@@ -238,6 +239,7 @@ pub fn node(id: &str, group: &str, instance: &str) -> NodeRecord {
         ready: true,
         draining: false,
         active: 0,
+        leased: 0,
         // Exact in binary, so no backend's number formatting can round it.
         load: 0.25,
         mean_duration_ms: 0,
@@ -3496,6 +3498,41 @@ async fn node_ids(store: &Arc<dyn Store>, group: Option<&str>) -> Vec<String> {
         .collect()
 }
 
+pub async fn nodes_report_leased_runs(store: Arc<dyn Store>) {
+    store.create_job(job("lr", None)).await.expect("create");
+    store
+        .upsert_node(node("lr-n", "g1", "i1"), Duration::from_secs(5))
+        .await
+        .expect("upsert");
+    let leased = |store: Arc<dyn Store>| async move {
+        store.list_nodes(None).await.expect("list")[0].leased
+    };
+    assert_eq!(leased(store.clone()).await, 0);
+    let mut tokens = Vec::new();
+    for planned in [1000, 2000] {
+        let r = begin(
+            &store,
+            planned_run("lr", planned, plan(OverlapPolicy::Allow)),
+        )
+        .await;
+        tokens.push(grant(&store, &r.run.schedule_id, 1, &slot("lr-n", 0), LONG).await);
+    }
+    assert_eq!(
+        leased(store.clone()).await,
+        2,
+        "counted from the leases, not heartbeats"
+    );
+    store
+        .finish_run(
+            &tokens[0].schedule_id,
+            Finisher::Token(tokens[0].fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(leased(store.clone()).await, 1);
+}
+
 pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
     let ttl = Duration::from_secs(5);
     assert_eq!(store.list_nodes(None).await.expect("list"), vec![]);
@@ -3546,6 +3583,7 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
         ready: false,
         draining: false,
         active: 3,
+        leased: 0,
         connected_at: 2_000,
         ..node("n1", "g1", "i1")
     };

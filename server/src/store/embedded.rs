@@ -2432,6 +2432,7 @@ impl Inner {
         let txn = read(&self.db)?;
         let now = now_ms();
         let nodes = txn.open_table(NODES).ctx("open nodes")?;
+        let node_runs = txn.open_table(NODE_RUNS).ctx("open node runs")?;
         let mut out = Vec::new();
         for item in nodes.iter().ctx("scan nodes")? {
             let (k, v) = item.ctx("scan nodes")?;
@@ -2439,8 +2440,15 @@ impl Inner {
             if expires_at <= now {
                 continue;
             }
-            let node: NodeRecord = decode("node", k.value(), json)?;
+            let mut node: NodeRecord = decode("node", k.value(), json)?;
             if group.is_none_or(|g| node.group == g) {
+                let upper = successor(&node.node_id);
+                node.leased = node_runs
+                    .range((node.node_id.as_str(), "")..(upper.as_str(), ""))
+                    .ctx("scan node runs")?
+                    .count()
+                    .try_into()
+                    .unwrap_or(u32::MAX);
                 out.push(node);
             }
         }

@@ -319,8 +319,12 @@ pub struct NodeRecord {
     /// Asked to drain (`DrainNode`): it finishes what it holds and gets no new work.
     #[serde(default)]
     pub draining: bool,
-    /// Runs the executor reports holding.
+    /// Runs the executor reports holding (at its last heartbeat).
     pub active: u32,
+    /// Runs leased to the node right now, as the store counts them (filled in by
+    /// `list_nodes`; never stored): ahead of `active` between heartbeats.
+    #[serde(default, skip_serializing)]
+    pub leased: u32,
     pub load: f64,
     /// Mean duration (ms) of the node's results in the health window, as seen by the
     /// instance that holds its stream (reset when it reconnects).

@@ -1451,16 +1451,28 @@ impl Store for RedisStore {
                 .arg(format!("{prefix}node:{id}"))
                 .arg("rec")
                 .arg("hb");
+            pipe.cmd("SCARD").arg(format!("{prefix}busy:{id}"));
         }
-        let rows: Vec<(Option<String>, Option<Millis>)> =
-            pipe.query_async(&mut c).await.map_err(unavailable)?;
+        let rows: Vec<((Option<String>, Option<Millis>), u32)> = {
+            let flat: Vec<redis::Value> = pipe.query_async(&mut c).await.map_err(unavailable)?;
+            flat.chunks(2)
+                .map(|pair| match pair {
+                    [rec, busy] => Ok((
+                        redis::from_redis_value(rec.clone()).map_err(unavailable)?,
+                        redis::from_redis_value(busy.clone()).map_err(unavailable)?,
+                    )),
+                    _ => Err(corrupt("list_nodes: an odd reply")),
+                })
+                .collect::<Result<_>>()?
+        };
         let mut out = Vec::new();
         let mut gone = Vec::new();
-        for (id, row) in ids.iter().zip(rows) {
+        for (id, (row, leased)) in ids.iter().zip(rows) {
             match row {
                 (Some(j), hb) => {
                     let mut node: NodeRecord = serde_json::from_str(&j).map_err(corrupt)?;
                     node.last_heartbeat = hb.unwrap_or(node.last_heartbeat);
+                    node.leased = leased;
                     if group.is_none_or(|g| node.group == g) {
                         out.push(node);
                     }
