@@ -3396,6 +3396,8 @@ pub async fn inbox_order_and_blocking(store: Arc<dyn Store>) {
 // ---- nonces
 
 pub async fn apps_and_rotation(store: Arc<dyn Store>) {
+    // A fresh store answers "no such app", not an error.
+    assert_eq!(store.get_app("billing").await.expect("get"), None);
     let app = AppRecord {
         app_id: "billing".into(),
         name: "Billing".into(),

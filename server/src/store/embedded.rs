@@ -404,6 +404,7 @@ fn create_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(OUTBOX_DUE)
         .ctx("create webhook outbox index")?;
     txn.open_table(BREAKERS).ctx("create webhook breakers")?;
+    txn.open_table(APPS).ctx("create apps table")?;
     Ok(())
 }
 
