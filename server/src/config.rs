@@ -240,6 +240,10 @@ pub struct Settings {
     /// (default: the webhook timeout + 10s).
     #[arg(long, env = "SUNDIAL_WEBHOOK_CLAIM_LEASE")]
     pub webhook_claim_lease: Option<HumanDuration>,
+    /// Every alert (failed, lost runs, misfires, late fires, failed callbacks) is also
+    /// POSTed here, signed like webhooks (best effort; the log line is the record).
+    #[arg(long, env = "SUNDIAL_ALERT_WEBHOOK_URL")]
+    pub alert_webhook_url: Option<String>,
 }
 
 /// A secret as given on the command line, in the environment or in the file: its
@@ -328,6 +332,7 @@ impl Settings {
             webhook_breaker_failures,
             webhook_breaker_cooldown,
             webhook_claim_lease,
+            alert_webhook_url,
         )
     }
 
@@ -373,6 +378,8 @@ pub struct Config {
     /// TLS for both listeners; None = plaintext.
     pub tls: Option<ServerTls>,
     pub webhooks: WebhookOptions,
+    /// Where alerts are POSTed too, if anywhere.
+    pub alert_webhook: Option<url::Url>,
 }
 
 fn addr(field: &'static str, v: &str) -> Result<SocketAddr, Error> {
@@ -581,6 +588,7 @@ impl Config {
             auth: auth_options(s.bearer_token, s.app_secret, s.executor_token)?,
             tls: tls_options(s.tls_cert, s.tls_key, s.tls_client_ca)?,
             webhooks,
+            alert_webhook: alert_webhook(s.alert_webhook_url.as_deref())?,
         })
     }
 }
@@ -747,6 +755,23 @@ fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Erro
         batch: wd.batch,
         max_in_flight: wd.max_in_flight,
     })
+}
+
+fn alert_webhook(v: Option<&str>) -> Result<Option<url::Url>, Error> {
+    let Some(v) = v.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let url = url::Url::parse(v).map_err(|e| Error::Invalid {
+        field: "alert_webhook_url",
+        reason: format!("{v:?} is not a URL: {e}"),
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(Error::Invalid {
+            field: "alert_webhook_url",
+            reason: format!("{v:?} must be an http(s) URL with a host"),
+        });
+    }
+    Ok(Some(url))
 }
 
 fn default_instance_id() -> String {
@@ -942,6 +967,35 @@ mod tests {
     #[test]
     fn bad_values_name_the_field() {
         let cases: Vec<(Settings, &str)> = vec![
+            (
+                Settings {
+                    alert_webhook_url: Some("ftp://example.com/x".into()),
+                    ..Default::default()
+                },
+                "alert_webhook_url",
+            ),
+            (
+                Settings {
+                    alert_webhook_url: Some("not a url".into()),
+                    ..Default::default()
+                },
+                "alert_webhook_url",
+            ),
+            (
+                Settings {
+                    slow_below: Some(1.5),
+                    ..Default::default()
+                },
+                "slow_below",
+            ),
+            (
+                Settings {
+                    slow_below: Some(0.4),
+                    drop_below: Some(0.6),
+                    ..Default::default()
+                },
+                "drop_below",
+            ),
             (
                 Settings {
                     listen: Some("nope".into()),

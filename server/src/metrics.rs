@@ -72,6 +72,8 @@ pub struct Metrics {
     alerts: Family<Label, Counter>,
     webhook_attempts: Family<Label, Counter>,
     webhook_circuit_open: Family<Label, Gauge>,
+    /// Where raised alerts also go (the alert webhook), when one is configured.
+    alert_sink: std::sync::OnceLock<tokio::sync::mpsc::Sender<crate::alerts::Alert>>,
 }
 
 impl Default for Metrics {
@@ -185,6 +187,7 @@ impl Metrics {
             alerts,
             webhook_attempts,
             webhook_circuit_open,
+            alert_sink: std::sync::OnceLock::new(),
         }
     }
 
@@ -288,6 +291,15 @@ impl Metrics {
     }
 
     /// Counts an alert (called by [`alerts::raise`]).
+    /// Sends every alert raised from now on to `sink` too (set once, at startup).
+    pub fn set_alert_sink(&self, sink: tokio::sync::mpsc::Sender<crate::alerts::Alert>) {
+        let _ = self.alert_sink.set(sink);
+    }
+
+    pub(crate) fn alert_sink(&self) -> Option<&tokio::sync::mpsc::Sender<crate::alerts::Alert>> {
+        self.alert_sink.get()
+    }
+
     pub(crate) fn alert(&self, kind: AlertKind) {
         self.alerts
             .get_or_create(&label("kind", kind.as_str()))

@@ -198,6 +198,23 @@ pub async fn run(
             .run_inbox(config.dispatch.read_block, loops.clone()),
     );
     let webhooks_task = webhooks::spawn(deliveries, loops.clone());
+    let alerts_task = match &config.alert_webhook {
+        Some(url) => {
+            let (tx, rx) = tokio::sync::mpsc::channel(crate::alerts::ALERT_QUEUE);
+            metrics.set_alert_sink(tx);
+            let sender = crate::alerts::AlertWebhook::new(
+                url.clone(),
+                config.webhooks.app_id.clone(),
+                config.webhooks.secrets.clone(),
+                config.instance_id.clone(),
+                Arc::new(EgressPolicy::webhooks(config.webhook_allow.clone())),
+                config.webhooks.timeout,
+            )
+            .map_err(Error::HttpClient)?;
+            Some(tokio::spawn(sender.run(rx, loops.clone())))
+        }
+        None => None,
+    };
     let http_targets_task = tokio::spawn(
         http_targets
             .clone()
@@ -293,6 +310,9 @@ pub async fn run(
         let _ = inbox_task.await;
         let _ = http_targets_task.await;
         let _ = webhooks_task.await;
+        if let Some(t) = alerts_task {
+            let _ = t.await;
+        }
     })
     .await;
     if drained.is_err() {
