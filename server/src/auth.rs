@@ -180,7 +180,8 @@ pub struct SignedRequest {
     pub nonce: String,
 }
 
-/// Remembers nonces: true the first time `(app_id, nonce)` is seen within `ttl`.
+/// Remembers nonces: true the first time `(app_id, nonce)` is seen within `ttl`; and
+/// knows the signing keys of apps created through `AppService`.
 #[async_trait::async_trait]
 pub trait NonceChecker: Send + Sync {
     async fn first_use(
@@ -189,6 +190,12 @@ pub trait NonceChecker: Send + Sync {
         nonce: &str,
         ttl: Duration,
     ) -> Result<bool, store::Error>;
+
+    /// The keys (decoded `whsec_` secrets) an app stored by `AppService` signs with
+    /// now; empty for an unknown app.
+    async fn app_keys(&self, _app_id: &str) -> Result<Vec<Vec<u8>>, store::Error> {
+        Ok(Vec::new())
+    }
 }
 
 /// The store remembers nonces for every instance (`check_nonce`).
@@ -203,6 +210,18 @@ impl NonceChecker for StoreNonces {
         ttl: Duration,
     ) -> Result<bool, store::Error> {
         self.0.check_nonce(app_id, nonce, ttl).await
+    }
+
+    async fn app_keys(&self, app_id: &str) -> Result<Vec<Vec<u8>>, store::Error> {
+        let Some(app) = self.0.get_app(app_id).await? else {
+            return Ok(Vec::new());
+        };
+        let now = crate::model::now_ms();
+        Ok(app
+            .active_secrets(now)
+            .filter_map(|s| s.parse::<sundial_sdk::webhook::Secret>().ok())
+            .map(|s| s.as_bytes().to_vec())
+            .collect())
     }
 }
 
@@ -356,19 +375,48 @@ impl Authenticator {
         now: i64,
     ) -> Result<SignedRequest, Error> {
         let app_id = header(headers, HEADER_APP_ID, "X-Sundial-App-Id")?;
-        let timestamp = header(headers, HEADER_TIMESTAMP, "X-Sundial-Timestamp")?;
-        let nonce = header(headers, HEADER_NONCE, "X-Sundial-Nonce")?;
-        let signature = header(headers, HEADER_SIGNATURE, "X-Sundial-Signature")?;
+        // Every header must be there before anything else is said about the request.
+        for (name, shown) in [
+            (HEADER_TIMESTAMP, "X-Sundial-Timestamp"),
+            (HEADER_NONCE, "X-Sundial-Nonce"),
+            (HEADER_SIGNATURE, "X-Sundial-Signature"),
+        ] {
+            header(headers, name, shown)?;
+        }
         if !valid_job_id(app_id) {
             return Err(Error::Header {
                 header: "X-Sundial-App-Id",
                 reason: "must match [A-Za-z0-9._-]{1,128}",
             });
         }
-        let keys = self.opts.app_secrets.get(app_id).ok_or(Error::Header {
-            header: "X-Sundial-App-Id",
-            reason: "unknown app",
-        })?;
+        let keys: Vec<&[u8]> = self
+            .opts
+            .app_secrets
+            .get(app_id)
+            .ok_or(Error::Header {
+                header: "X-Sundial-App-Id",
+                reason: "unknown app",
+            })?
+            .iter()
+            .map(Secret::expose)
+            .collect();
+        self.check_signature_with(&keys, method, path, headers, body, now)
+    }
+
+    /// As [`check_app_signature`](Self::check_app_signature), with the app's keys given.
+    fn check_signature_with(
+        &self,
+        keys: &[&[u8]],
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<SignedRequest, Error> {
+        let app_id = header(headers, HEADER_APP_ID, "X-Sundial-App-Id")?;
+        let timestamp = header(headers, HEADER_TIMESTAMP, "X-Sundial-Timestamp")?;
+        let nonce = header(headers, HEADER_NONCE, "X-Sundial-Nonce")?;
+        let signature = header(headers, HEADER_SIGNATURE, "X-Sundial-Signature")?;
         if timestamp.is_empty()
             || timestamp.len() > 18
             || !timestamp.bytes().all(|b| b.is_ascii_digit())
@@ -404,7 +452,7 @@ impl Authenticator {
         })?;
         // Every key is tried (there is more than one while a secret rotates).
         let good = keys.iter().fold(false, |good, key| {
-            good | mac(key.expose(), method, path, timestamp, nonce, body)
+            good | mac(key, method, path, timestamp, nonce, body)
                 .verify_slice(&presented)
                 .is_ok()
         });
@@ -439,7 +487,21 @@ impl Authenticator {
         if !headers.contains_key(HEADER_APP_ID) {
             return Err(Error::Missing);
         }
-        let signed = self.check_app_signature(method, path, headers, body, now)?;
+        // Apps given by flag first; then apps created through `AppService`.
+        let app_id = header(headers, HEADER_APP_ID, "X-Sundial-App-Id")?;
+        let signed = if self.opts.app_secrets.contains_key(app_id) || !valid_job_id(app_id) {
+            self.check_app_signature(method, path, headers, body, now)?
+        } else {
+            let stored = nonces.app_keys(app_id).await?;
+            if stored.is_empty() {
+                return Err(Error::Header {
+                    header: "X-Sundial-App-Id",
+                    reason: "unknown app",
+                });
+            }
+            let keys: Vec<&[u8]> = stored.iter().map(Vec::as_slice).collect();
+            self.check_signature_with(&keys, method, path, headers, body, now)?
+        };
         if !nonces
             .first_use(&signed.app_id, &signed.nonce, self.nonce_ttl())
             .await?
