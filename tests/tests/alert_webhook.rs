@@ -112,5 +112,12 @@ async fn a_failed_run_raises_a_signed_alert_webhook() -> Result<()> {
             && alert["raised_at_ms"].as_i64().is_some_and(|t| t > 0),
         "{alert}"
     );
+    // The secret signs; it is never written to the log (this server logs at info).
+    let key = secret.to_string();
+    ensure!(
+        !server.stderr().contains(key.trim_start_matches("whsec_")),
+        "the webhook secret appears in the server log"
+    );
+    ensure!(server.stderr().contains("run_failed"), "the log is not captured");
     Ok(())
 }

@@ -252,12 +252,12 @@ async fn crash_after_claim() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_before_record() -> Result<()> {
-    crash_at("dispatch.before_record@60").await
+    crash_at("dispatch.before_record@30").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_before_ack() -> Result<()> {
-    crash_at("dispatch.before_ack@60").await
+    crash_at("dispatch.before_ack@30").await
 }
 
 async fn crash_at(point: &'static str) -> Result<()> {
