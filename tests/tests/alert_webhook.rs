@@ -118,6 +118,9 @@ async fn a_failed_run_raises_a_signed_alert_webhook() -> Result<()> {
         !server.stderr().contains(key.trim_start_matches("whsec_")),
         "the webhook secret appears in the server log"
     );
-    ensure!(server.stderr().contains("run_failed"), "the log is not captured");
+    ensure!(
+        server.stderr().contains("run_failed"),
+        "the log is not captured"
+    );
     Ok(())
 }

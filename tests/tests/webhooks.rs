@@ -222,6 +222,10 @@ async fn a_failing_receiver_gets_the_same_signed_body_until_it_accepts() -> Resu
         "{run:?}"
     );
     ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
+    ensure!(
+        (run.callback_attempts, run.callback_status) == (4, 200),
+        "the delivery record over gRPC: {run:?}"
+    );
     let hits = receiver.hits_for(&sid);
     ensure!(hits.len() == 4, "four attempts, got {}", hits.len());
     ensure!(

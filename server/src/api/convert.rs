@@ -463,6 +463,9 @@ pub fn run_to_pb(r: RunRecord) -> pb::Run {
         shards_succeeded: r.shards_succeeded,
         shard_index: r.shard_index,
         parent_schedule_id: r.parent,
+        callback_attempts: r.callback_attempts,
+        callback_status: u32::from(r.callback_status),
+        callback_error: r.callback_error,
     }
 }
 
