@@ -187,12 +187,7 @@ impl AlertWebhook {
         let id = format!("alert-{}", uuid::Uuid::now_v7());
         let mut delay = Duration::from_secs(1);
         for attempt in 1..=3 {
-            let timestamp = i64::try_from(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |t| t.as_secs()),
-            )
-            .unwrap_or(i64::MAX);
+            let timestamp = crate::auth::unix_now();
             let nonce = format!("{:032x}", rand::random::<u128>());
             let mut req = self
                 .client

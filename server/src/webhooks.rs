@@ -358,12 +358,7 @@ impl Deliveries {
         if let Err(e) = self.egress.check_url(url) {
             return Attempt::NoAnswer("egress_refused", e.to_string());
         }
-        let timestamp = i64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |t| t.as_secs()),
-        )
-        .unwrap_or(i64::MAX);
+        let timestamp = crate::auth::unix_now();
         let nonce = format!("{:032x}", rand::random::<u128>());
         let (app_id, secrets) = self.signer(&d.job_id).await;
         let mut req = self

@@ -1248,6 +1248,35 @@ enum Start {
     Skip(&'static str),
 }
 
+/// Up to `limit` ids of a `(partition, time, id)` index whose time is due by now,
+/// earliest first: run timers and webhook deliveries.
+fn due_in_partition(
+    db: &Database,
+    table: TableDefinition<(u32, i64, &str), ()>,
+    partition: u32,
+    limit: usize,
+    what: &str,
+) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    if limit == 0 {
+        return Ok(out);
+    }
+    let txn = read(db)?;
+    let now = now_ms();
+    let index = txn.open_table(table).ctx(what)?;
+    for item in index
+        .range((partition, i64::MIN, "")..(partition, now.saturating_add(1), ""))
+        .ctx(what)?
+    {
+        let (k, _) = item.ctx(what)?;
+        out.push(k.value().2.to_owned());
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 /// A transition that was refused.
 fn refused(reason: &str, run: Option<RunRecord>) -> Transition {
     Transition {
@@ -2105,24 +2134,7 @@ impl Inner {
     }
 
     fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
-        let txn = read(&self.db)?;
-        let now = now_ms();
-        let index = txn.open_table(TIMER_INDEX).ctx("open run timer index")?;
-        let mut out = Vec::new();
-        if limit == 0 {
-            return Ok(out);
-        }
-        for item in index
-            .range((partition, i64::MIN, "")..(partition, now.saturating_add(1), ""))
-            .ctx("scan run timers")?
-        {
-            let (k, _) = item.ctx("scan run timers")?;
-            out.push(k.value().2.to_owned());
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+        due_in_partition(&self.db, TIMER_INDEX, partition, limit, "scan run timers")
     }
 
     fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
@@ -2457,26 +2469,13 @@ impl Inner {
     }
 
     fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
-        let txn = read(&self.db)?;
-        let now = now_ms();
-        let index = txn
-            .open_table(OUTBOX_DUE)
-            .ctx("open webhook outbox index")?;
-        let mut out = Vec::new();
-        if limit == 0 {
-            return Ok(out);
-        }
-        for item in index
-            .range((partition, i64::MIN, "")..(partition, now.saturating_add(1), ""))
-            .ctx("scan webhook outbox")?
-        {
-            let (k, _) = item.ctx("scan webhook outbox")?;
-            out.push(k.value().2.to_owned());
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+        due_in_partition(
+            &self.db,
+            OUTBOX_DUE,
+            partition,
+            limit,
+            "scan webhook outbox",
+        )
     }
 
     fn claim_delivery(
