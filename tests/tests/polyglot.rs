@@ -1,0 +1,246 @@
+//! The Python example executor (`sdk-examples/python/executor.py`, on stubs generated
+//! from `proto/`) against a real server and Redis: it registers with its handlers, a
+//! `py_echo` run succeeds on it with the payload as output, a `py_fail` run with one
+//! retry ends FAILED at attempt 2 with its error code, and it exits 0 on SIGTERM.
+//!
+//! The Python comes from `SUNDIAL_TEST_PYTHON` (`scripts/test` sets up the venv and
+//! exports it); when unset, the test runs the same setup script itself.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use sundial_proto::v1 as pb;
+use sundial_proto::v1::node_service_client::NodeServiceClient;
+use sundial_tests::{RedisServer, Sundial, SundialOptions, wait_for, workspace_root};
+
+const NODE: &str = "py-node-1";
+
+/// The venv python that has the example's requirements, with the stubs generated.
+fn python() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("SUNDIAL_TEST_PYTHON") {
+        return Ok(PathBuf::from(p));
+    }
+    let root = workspace_root();
+    eprintln!(
+        "SUNDIAL_TEST_PYTHON is unset: running sdk-examples/python/setup.sh target/py-venv \
+         (scripts/test does this and exports it)"
+    );
+    let out = Command::new(root.join("sdk-examples/python/setup.sh"))
+        .arg(root.join("target/py-venv"))
+        .current_dir(&root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running sdk-examples/python/setup.sh")?;
+    ensure!(
+        out.status.success(),
+        "sdk-examples/python/setup.sh failed ({}): run scripts/test, which sets up the \
+         Python venv (needs python3 with venv and PyPI access), or set SUNDIAL_TEST_PYTHON",
+        out.status
+    );
+    let stdout = String::from_utf8(out.stdout)?;
+    let line = stdout
+        .lines()
+        .last()
+        .context("setup.sh printed no python path")?;
+    Ok(PathBuf::from(line.trim()))
+}
+
+/// A running `executor.py`; killed on drop if still running.
+struct PyExecutor {
+    child: Child,
+    stderr_log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PyExecutor {
+    fn start(server: &Sundial) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let stderr_log = dir.path().join("stderr.log");
+        let script = workspace_root().join("sdk-examples/python/executor.py");
+        let mut child = Command::new(python()?)
+            .arg(script)
+            .args(["--endpoint", &server.grpc.to_string()])
+            .args(["--group", "py", "--node-id", NODE])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_log)?)
+            .spawn()
+            .context("spawning executor.py")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line == format!("PY_EXECUTOR_READY {NODE}") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let mut me = Self {
+            child,
+            stderr_log,
+            _dir: dir,
+        };
+        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            let _ = me.child.kill();
+            bail!(
+                "executor.py not welcomed within 30 s; stderr:\n{}",
+                me.stderr()
+            );
+        }
+        Ok(me)
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status (SIGKILL and an error after `timeout`).
+    fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                self.child.kill()?;
+                bail!("executor.py still running {timeout:?} after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for PyExecutor {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn job(id: &str, handler: &str, payload: &[u8], max_retries: i32) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.into(),
+        cron: sundial_tests::MANUAL_ONLY.into(),
+        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+            group: "py".into(),
+            handler: handler.into(),
+        })),
+        payload: payload.to_vec(),
+        retry: Some(pb::RetryPolicy {
+            max_retries,
+            backoff_ms: 100,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn create(server: &Sundial, spec: pb::JobSpec) -> Result<()> {
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest { spec: Some(spec) })
+        .await?;
+    Ok(())
+}
+
+fn is_final(state: i32) -> bool {
+    use pb::RunState as S;
+    [
+        S::Succeeded,
+        S::Failed,
+        S::TimedOut,
+        S::Cancelled,
+        S::Skipped,
+    ]
+    .iter()
+    .any(|s| *s as i32 == state)
+}
+
+async fn finished(server: &Sundial, sid: &str) -> Result<pb::Run> {
+    wait_for(
+        &format!("{sid} to finish"),
+        Duration::from_secs(20),
+        || async { Ok(Some(server.run(sid).await?).filter(|r| is_final(r.state))) },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(
+        SundialOptions::redis(&redis)
+            .arg("heartbeat-interval", "300ms")
+            .arg("sweep-every", "50ms")
+            .arg("route-retry", "200ms"),
+    )?;
+    let mut py = PyExecutor::start(&server)?;
+
+    // Registered, healthy, with its handlers.
+    let nodes = NodeServiceClient::new(server.channel().await?);
+    let node = wait_for("the python node healthy", Duration::from_secs(10), || {
+        let mut nodes = nodes.clone();
+        async move {
+            let all = nodes
+                .list_nodes(pb::ListNodesRequest::default())
+                .await?
+                .into_inner()
+                .nodes;
+            Ok(all
+                .into_iter()
+                .find(|n| n.node_id == NODE && n.health == pb::NodeHealth::Healthy as i32))
+        }
+    })
+    .await?;
+    ensure!(node.group == "py", "{node:?}");
+    ensure!(node.handlers == ["py_echo", "py_fail"], "{node:?}");
+
+    // py_echo: SUCCEEDED on the python node, the payload back as output.
+    let payload = b"hello from rust";
+    create(&server, job("py-echo", "py_echo", payload, 0)).await?;
+    let sid = server.trigger("py-echo").await?;
+    let run = finished(&server, &sid).await?;
+    ensure!(
+        run.state == pb::RunState::Succeeded as i32,
+        "{run:?}\nexecutor stderr:\n{}",
+        py.stderr()
+    );
+    ensure!(run.output == payload, "output {:?}", run.output);
+    ensure!(run.node_id == NODE, "ran on {:?}", run.node_id);
+    ensure!(run.attempt == 1, "{run:?}");
+    ensure!(
+        run.started_at_ms > 0 && run.finished_at_ms >= run.started_at_ms,
+        "{run:?}"
+    );
+
+    // py_fail with one retry: FAILED at attempt 2 with the handler's error code.
+    create(&server, job("py-fail", "py_fail", b"", 1)).await?;
+    let sid = server.trigger("py-fail").await?;
+    let run = finished(&server, &sid).await?;
+    ensure!(
+        run.state == pb::RunState::Failed as i32,
+        "{run:?}\nexecutor stderr:\n{}",
+        py.stderr()
+    );
+    ensure!(run.attempt == 2, "{run:?}");
+    ensure!(run.error_code == "py_boom", "{run:?}");
+    ensure!(run.node_id == NODE, "{run:?}");
+
+    // SIGTERM: a clean exit.
+    let status = py.terminate(Duration::from_secs(15))?;
+    ensure!(
+        status.success(),
+        "executor.py exited with {status}; stderr:\n{}",
+        py.stderr()
+    );
+    Ok(())
+}
