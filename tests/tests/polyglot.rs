@@ -1,7 +1,8 @@
 //! The Python example executor (`sdk-examples/python/executor.py`, on stubs generated
 //! from `proto/`) against a real server and Redis: it registers with its handlers, a
 //! `py_echo` run succeeds on it with the payload as output, a `py_fail` run with one
-//! retry ends FAILED at attempt 2 with its error code, and it exits 0 on SIGTERM.
+//! retry ends FAILED at attempt 2 with its error code, it reconnects when its server
+//! dies and another starts on the same address, and it exits 0 on SIGTERM.
 //!
 //! The Python comes from `SUNDIAL_TEST_PYTHON` (`scripts/test` sets up the venv and
 //! exports it); when unset, the test runs the same setup script itself.
@@ -51,6 +52,8 @@ fn python() -> Result<PathBuf> {
 /// A running `executor.py`; killed on drop if still running.
 struct PyExecutor {
     child: Child,
+    /// One message per `PY_EXECUTOR_READY` line (one per Welcome).
+    ready: std::sync::mpsc::Receiver<()>,
     stderr_log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -80,17 +83,26 @@ impl PyExecutor {
         });
         let mut me = Self {
             child,
+            ready: rx,
             stderr_log,
             _dir: dir,
         };
-        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        if let Err(e) = me.welcomed(Duration::from_secs(30)) {
             let _ = me.child.kill();
-            bail!(
-                "executor.py not welcomed within 30 s; stderr:\n{}",
-                me.stderr()
-            );
+            return Err(e);
         }
         Ok(me)
+    }
+
+    /// Waits for the next `PY_EXECUTOR_READY` line.
+    fn welcomed(&self, timeout: Duration) -> Result<()> {
+        if self.ready.recv_timeout(timeout).is_err() {
+            bail!(
+                "executor.py not welcomed within {timeout:?}; stderr:\n{}",
+                self.stderr()
+            );
+        }
+        Ok(())
     }
 
     fn stderr(&self) -> String {
@@ -177,7 +189,7 @@ async fn finished(server: &Sundial, sid: &str) -> Result<pb::Run> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
     let redis = RedisServer::start()?;
-    let server = Sundial::start(
+    let mut server = Sundial::start(
         SundialOptions::redis(&redis)
             .arg("heartbeat-interval", "300ms")
             .arg("sweep-every", "50ms")
@@ -233,6 +245,22 @@ async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
     );
     ensure!(run.attempt == 2, "{run:?}");
     ensure!(run.error_code == "py_boom", "{run:?}");
+    ensure!(run.node_id == NODE, "{run:?}");
+
+    // The server dies; on the same address a new one starts: the executor reconnects
+    // (with backoff) and takes work again.
+    server.kill()?;
+    let mut again = server.opts.clone();
+    again.port = Some(server.grpc.port());
+    let server = Sundial::start(again)?;
+    py.welcomed(Duration::from_secs(30))?;
+    let sid = server.trigger("py-echo").await?;
+    let run = finished(&server, &sid).await?;
+    ensure!(
+        run.state == pb::RunState::Succeeded as i32 && run.output == payload,
+        "{run:?}\nexecutor stderr:\n{}",
+        py.stderr()
+    );
     ensure!(run.node_id == NODE, "{run:?}");
 
     // SIGTERM: a clean exit.
