@@ -375,27 +375,17 @@ impl Authenticator {
         now: i64,
     ) -> Result<SignedRequest, Error> {
         let app_id = header(headers, HEADER_APP_ID, "X-Sundial-App-Id")?;
-        if !valid_job_id(app_id) {
-            return Err(Error::Header {
-                header: "X-Sundial-App-Id",
-                reason: "must match [A-Za-z0-9._-]{1,128}",
-            });
-        }
         let keys: Vec<&[u8]> = self
             .opts
             .app_secrets
             .get(app_id)
-            .ok_or(Error::Header {
-                header: "X-Sundial-App-Id",
-                reason: "unknown app",
-            })?
-            .iter()
-            .map(Secret::expose)
-            .collect();
+            .map(|keys| keys.iter().map(Secret::expose).collect())
+            .unwrap_or_default();
         self.check_signature_with(&keys, method, path, headers, body, now)
     }
 
-    /// As [`check_app_signature`](Self::check_app_signature), with the app's keys given.
+    /// As [`check_app_signature`](Self::check_app_signature), with the app's keys given
+    /// (none: the app is unknown).
     fn check_signature_with(
         &self,
         keys: &[&[u8]],
@@ -406,6 +396,18 @@ impl Authenticator {
         now: i64,
     ) -> Result<SignedRequest, Error> {
         let app_id = header(headers, HEADER_APP_ID, "X-Sundial-App-Id")?;
+        if !valid_job_id(app_id) {
+            return Err(Error::Header {
+                header: "X-Sundial-App-Id",
+                reason: "must match [A-Za-z0-9._-]{1,128}",
+            });
+        }
+        if keys.is_empty() {
+            return Err(Error::Header {
+                header: "X-Sundial-App-Id",
+                reason: "unknown app",
+            });
+        }
         let timestamp = header(headers, HEADER_TIMESTAMP, "X-Sundial-Timestamp")?;
         let nonce = header(headers, HEADER_NONCE, "X-Sundial-Nonce")?;
         let signature = header(headers, HEADER_SIGNATURE, "X-Sundial-Signature")?;
@@ -485,12 +487,6 @@ impl Authenticator {
             self.check_app_signature(method, path, headers, body, now)?
         } else {
             let stored = nonces.app_keys(app_id).await?;
-            if stored.is_empty() {
-                return Err(Error::Header {
-                    header: "X-Sundial-App-Id",
-                    reason: "unknown app",
-                });
-            }
             let keys: Vec<&[u8]> = stored.iter().map(Vec::as_slice).collect();
             self.check_signature_with(&keys, method, path, headers, body, now)?
         };
