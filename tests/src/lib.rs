@@ -322,6 +322,37 @@ impl Sundial {
             .context("GetRun answered without a run")
     }
 
+    /// Creates the job `spec` describes.
+    pub async fn create_job(&self, spec: pb::JobSpec) -> Result<()> {
+        self.jobs()
+            .await?
+            .create_job(pb::CreateJobRequest { spec: Some(spec) })
+            .await?;
+        Ok(())
+    }
+
+    /// Waits (up to 20 s) until the run of `schedule_id` is final and returns it.
+    pub async fn finished(&self, schedule_id: &str) -> Result<pb::Run> {
+        use pb::RunState as S;
+        let is_final = |state: i32| {
+            [
+                S::Succeeded,
+                S::Failed,
+                S::TimedOut,
+                S::Cancelled,
+                S::Skipped,
+            ]
+            .iter()
+            .any(|s| *s as i32 == state)
+        };
+        wait_for(
+            &format!("{schedule_id} to finish"),
+            Duration::from_secs(20),
+            || async { Ok(Some(self.run(schedule_id).await?).filter(|r| is_final(r.state))) },
+        )
+        .await
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -13,7 +13,7 @@ use axum::Router;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use sundial_proto::v1 as pb;
-use sundial_tests::{RedisServer, Sundial, SundialOptions, wait_for};
+use sundial_tests::{RedisServer, Sundial, SundialOptions};
 
 /// A receiver on a free port: `/ok` answers 200 with the schedule id it was called
 /// for, `/flaky` answers 500 to its first call and 200 after, `/slow` takes 3 s.
@@ -72,15 +72,7 @@ fn http_job(id: &str, url: String) -> pb::JobSpec {
 
 async fn run_until_final(server: &Sundial, job_id: &str) -> Result<pb::Run> {
     let sid = server.trigger(job_id).await?;
-    wait_for(
-        &format!("{sid} to finish"),
-        Duration::from_secs(20),
-        || async {
-            let r = server.run(&sid).await?;
-            Ok([4, 5, 6, 7].contains(&r.state).then_some(r))
-        },
-    )
-    .await
+    server.finished(&sid).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

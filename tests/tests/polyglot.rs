@@ -155,37 +155,6 @@ fn job(id: &str, handler: &str, payload: &[u8], max_retries: i32) -> pb::JobSpec
     }
 }
 
-async fn create(server: &Sundial, spec: pb::JobSpec) -> Result<()> {
-    server
-        .jobs()
-        .await?
-        .create_job(pb::CreateJobRequest { spec: Some(spec) })
-        .await?;
-    Ok(())
-}
-
-fn is_final(state: i32) -> bool {
-    use pb::RunState as S;
-    [
-        S::Succeeded,
-        S::Failed,
-        S::TimedOut,
-        S::Cancelled,
-        S::Skipped,
-    ]
-    .iter()
-    .any(|s| *s as i32 == state)
-}
-
-async fn finished(server: &Sundial, sid: &str) -> Result<pb::Run> {
-    wait_for(
-        &format!("{sid} to finish"),
-        Duration::from_secs(20),
-        || async { Ok(Some(server.run(sid).await?).filter(|r| is_final(r.state))) },
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
     let redis = RedisServer::start()?;
@@ -218,9 +187,11 @@ async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
 
     // py_echo: SUCCEEDED on the python node, the payload back as output.
     let payload = b"hello from rust";
-    create(&server, job("py-echo", "py_echo", payload, 0)).await?;
+    server
+        .create_job(job("py-echo", "py_echo", payload, 0))
+        .await?;
     let sid = server.trigger("py-echo").await?;
-    let run = finished(&server, &sid).await?;
+    let run = server.finished(&sid).await?;
     ensure!(
         run.state == pb::RunState::Succeeded as i32,
         "{run:?}\nexecutor stderr:\n{}",
@@ -235,9 +206,9 @@ async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
     );
 
     // py_fail with one retry: FAILED at attempt 2 with the handler's error code.
-    create(&server, job("py-fail", "py_fail", b"", 1)).await?;
+    server.create_job(job("py-fail", "py_fail", b"", 1)).await?;
     let sid = server.trigger("py-fail").await?;
-    let run = finished(&server, &sid).await?;
+    let run = server.finished(&sid).await?;
     ensure!(
         run.state == pb::RunState::Failed as i32,
         "{run:?}\nexecutor stderr:\n{}",
@@ -255,7 +226,7 @@ async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
     let server = Sundial::start(again)?;
     py.welcomed(Duration::from_secs(30))?;
     let sid = server.trigger("py-echo").await?;
-    let run = finished(&server, &sid).await?;
+    let run = server.finished(&sid).await?;
     ensure!(
         run.state == pb::RunState::Succeeded as i32 && run.output == payload,
         "{run:?}\nexecutor stderr:\n{}",

@@ -36,15 +36,6 @@ fn job(id: &str, handler: &str, strategy: pb::RouteStrategy, route_key: &str) ->
     }
 }
 
-async fn create(server: &Sundial, spec: pb::JobSpec) -> Result<()> {
-    server
-        .jobs()
-        .await?
-        .create_job(pb::CreateJobRequest { spec: Some(spec) })
-        .await?;
-    Ok(())
-}
-
 async fn trigger_with_key(server: &Sundial, job_id: &str, route_key: &str) -> Result<String> {
     Ok(server
         .jobs()
@@ -57,29 +48,6 @@ async fn trigger_with_key(server: &Sundial, job_id: &str, route_key: &str) -> Re
         .await?
         .into_inner()
         .schedule_id)
-}
-
-fn is_final(state: i32) -> bool {
-    use pb::RunState as S;
-    [
-        S::Succeeded,
-        S::Failed,
-        S::TimedOut,
-        S::Cancelled,
-        S::Skipped,
-    ]
-    .iter()
-    .any(|s| *s as i32 == state)
-}
-
-/// Waits until the run is final and returns it.
-async fn finished(server: &Sundial, sid: &str) -> Result<pb::Run> {
-    wait_for(
-        &format!("{sid} to finish"),
-        Duration::from_secs(20),
-        || async { Ok(Some(server.run(sid).await?).filter(|r| is_final(r.state))) },
-    )
-    .await
 }
 
 async fn nodes(server: &Sundial) -> Result<Vec<pb::Node>> {
@@ -113,16 +81,14 @@ async fn consistent_hash_keeps_keys_on_their_node_until_it_dies() -> Result<()> 
     let dir = tempfile::tempdir()?;
     let endpoints = vec![format!("http://{}", server.grpc)];
     let mut execs = start_executors(&endpoints, dir.path(), &["n1", "n2", "n3"])?;
-    create(
-        &server,
-        job(
+    server
+        .create_job(job(
             "ch",
             "noop",
             pb::RouteStrategy::ConsistentHash,
             "customer_id42",
-        ),
-    )
-    .await?;
+        ))
+        .await?;
 
     let mut sids = Vec::new();
     for _ in 0..100 {
@@ -130,7 +96,7 @@ async fn consistent_hash_keeps_keys_on_their_node_until_it_dies() -> Result<()> 
     }
     let mut on = BTreeSet::new();
     for sid in &sids {
-        let run = finished(&server, sid).await?;
+        let run = server.finished(sid).await?;
         ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
         on.insert(run.node_id);
     }
@@ -142,7 +108,7 @@ async fn consistent_hash_keeps_keys_on_their_node_until_it_dies() -> Result<()> 
     let mut before = BTreeMap::new();
     for k in &keys {
         let sid = trigger_with_key(&server, "ch", k).await?;
-        before.insert(k.clone(), finished(&server, &sid).await?.node_id);
+        before.insert(k.clone(), server.finished(&sid).await?.node_id);
     }
     let used: BTreeSet<&String> = before.values().collect();
     ensure!(used.len() >= 2, "20 keys all on {used:?}");
@@ -161,11 +127,11 @@ async fn consistent_hash_keeps_keys_on_their_node_until_it_dies() -> Result<()> 
     .await?;
 
     let sid = server.trigger("ch").await?;
-    let moved_to = finished(&server, &sid).await?.node_id;
+    let moved_to = server.finished(&sid).await?.node_id;
     ensure!(moved_to != home && !moved_to.is_empty(), "{moved_to}");
     for k in &keys {
         let sid = trigger_with_key(&server, "ch", k).await?;
-        let now = finished(&server, &sid).await?.node_id;
+        let now = server.finished(&sid).await?.node_id;
         if before[k] == home {
             ensure!(now != home, "{k} still on the dead node");
         } else {
@@ -192,12 +158,10 @@ async fn least_active_goes_around_a_busy_node() -> Result<()> {
         payload: b"8000".to_vec(),
         ..job("long", "sleep", pb::RouteStrategy::First, "")
     };
-    create(&server, long).await?;
-    create(
-        &server,
-        job("quick", "noop", pb::RouteStrategy::LeastActive, ""),
-    )
-    .await?;
+    server.create_job(long).await?;
+    server
+        .create_job(job("quick", "noop", pb::RouteStrategy::LeastActive, ""))
+        .await?;
     let mut long_runs = Vec::new();
     for _ in 0..3 {
         long_runs.push(server.trigger("long").await?);
@@ -221,7 +185,7 @@ async fn least_active_goes_around_a_busy_node() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     for _ in 0..10 {
         let sid = server.trigger("quick").await?;
-        let run = finished(&server, &sid).await?;
+        let run = server.finished(&sid).await?;
         ensure!(
             run.state == pb::RunState::Succeeded as i32 && run.node_id == "idle",
             "a quick run went to {:?}: {run:?}",
@@ -253,11 +217,9 @@ async fn failing_node_stops_getting_work() -> Result<()> {
         &["--failing"],
     )?;
     let _well = TestExecutor::start(EXECUTOR, &endpoints, "b-well", &dir.path().join("well.log"))?;
-    create(
-        &server,
-        job("rr", "noop", pb::RouteStrategy::RoundRobin, ""),
-    )
-    .await?;
+    server
+        .create_job(job("rr", "noop", pb::RouteStrategy::RoundRobin, ""))
+        .await?;
 
     // Round robin alternates until the sick node has 3 failed results in the window;
     // then the registry says FAILING.
@@ -274,7 +236,7 @@ async fn failing_node_stops_getting_work() -> Result<()> {
             "the sick node ran {on_sick} of {runs} and is not FAILING"
         );
         let sid = server.trigger("rr").await?;
-        let run = finished(&server, &sid).await?;
+        let run = server.finished(&sid).await?;
         if run.node_id == "a-sick" {
             ensure!(run.state == pb::RunState::Failed as i32, "{run:?}");
             on_sick += 1;
@@ -287,7 +249,7 @@ async fn failing_node_stops_getting_work() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     for _ in 0..10 {
         let sid = server.trigger("rr").await?;
-        let run = finished(&server, &sid).await?;
+        let run = server.finished(&sid).await?;
         ensure!(
             run.node_id == "b-well" && run.state == pb::RunState::Succeeded as i32,
             "{run:?}"
@@ -319,12 +281,10 @@ async fn drained_node_gets_no_new_work() -> Result<()> {
         payload: b"1500".to_vec(),
         ..job("held", "sleep", pb::RouteStrategy::First, "")
     };
-    create(&server, long).await?;
-    create(
-        &server,
-        job("rr", "noop", pb::RouteStrategy::RoundRobin, ""),
-    )
-    .await?;
+    server.create_job(long).await?;
+    server
+        .create_job(job("rr", "noop", pb::RouteStrategy::RoundRobin, ""))
+        .await?;
     let held = server.trigger("held").await?;
     wait_for("held to run on d1", Duration::from_secs(10), || async {
         let run = server.run(&held).await?;
@@ -363,14 +323,14 @@ async fn drained_node_gets_no_new_work() -> Result<()> {
     .await?;
     for _ in 0..8 {
         let sid = server.trigger("rr").await?;
-        let run = finished(&server, &sid).await?;
+        let run = server.finished(&sid).await?;
         ensure!(
             run.state == pb::RunState::Succeeded as i32 && run.node_id == "d2",
             "{run:?}"
         );
     }
     // The run it held still finishes there.
-    let run = finished(&server, &held).await?;
+    let run = server.finished(&held).await?;
     ensure!(
         run.state == pb::RunState::Succeeded as i32 && run.node_id == "d1",
         "{run:?}"
@@ -399,9 +359,9 @@ async fn drained_node_gets_no_new_work() -> Result<()> {
         }),
         ..job("nobody", "noop", pb::RouteStrategy::RoundRobin, "")
     };
-    create(&server, retried).await?;
+    server.create_job(retried).await?;
     let sid = server.trigger("nobody").await?;
-    let run = finished(&server, &sid).await?;
+    let run = server.finished(&sid).await?;
     ensure!(
         run.state == pb::RunState::Failed as i32
             && run.attempt == 2
@@ -421,13 +381,11 @@ async fn broadcast_reaches_every_node_with_its_shard() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let endpoints = vec![format!("http://{}", server.grpc)];
     let mut execs = start_executors(&endpoints, dir.path(), &["s1", "s2", "s3"])?;
-    create(
-        &server,
-        job("bc", "shard", pb::RouteStrategy::ShardingBroadcast, ""),
-    )
-    .await?;
+    server
+        .create_job(job("bc", "shard", pb::RouteStrategy::ShardingBroadcast, ""))
+        .await?;
     let sid = server.trigger("bc").await?;
-    let run = finished(&server, &sid).await?;
+    let run = server.finished(&sid).await?;
     ensure!(
         run.state == pb::RunState::Succeeded as i32
             && (run.shard_total, run.shards_done, run.shards_succeeded) == (3, 3, 3),
@@ -474,7 +432,7 @@ async fn broadcast_reaches_every_node_with_its_shard() -> Result<()> {
     // Past one registry refresh of the dispatcher (250 ms).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let sid = server.trigger("bc").await?;
-    let run = finished(&server, &sid).await?;
+    let run = server.finished(&sid).await?;
     ensure!(
         run.state == pb::RunState::Failed as i32
             && run.error_code == "shards_failed"
@@ -495,12 +453,13 @@ async fn round_robin_is_shared_across_instances() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let endpoints = vec![format!("http://{}", a.grpc), format!("http://{}", b.grpc)];
     let _execs = start_executors(&endpoints, dir.path(), &["r1", "r2", "r3"])?;
-    create(&a, job("rr", "noop", pb::RouteStrategy::RoundRobin, "")).await?;
+    a.create_job(job("rr", "noop", pb::RouteStrategy::RoundRobin, ""))
+        .await?;
     let mut order = Vec::new();
     for i in 0..12 {
         let via = if i % 2 == 0 { &a } else { &b };
         let sid = via.trigger("rr").await?;
-        let run = finished(via, &sid).await?;
+        let run = via.finished(&sid).await?;
         ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
         order.push(run.node_id);
     }
