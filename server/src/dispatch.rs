@@ -21,11 +21,11 @@ use sundial_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::alerts::Alerts;
 use crate::fault::crash_point;
 use crate::health::{self, Health, HealthPolicy};
 use crate::http_target::HttpTargets;
 use crate::links::Links;
-use crate::metrics::Metrics;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::routing::{self, NodeView, Route, RouteState};
 use crate::store::{
@@ -110,7 +110,7 @@ pub struct Dispatcher {
     links: Arc<Links>,
     http: Arc<HttpTargets>,
     /// Where the run outcomes this instance applies are counted (and alerted).
-    metrics: Arc<Metrics>,
+    alerts: Arc<Alerts>,
     nodes: NodeCache,
     /// Job definitions by id, refreshed when a run names a newer version.
     jobs: Mutex<HashMap<String, Arc<JobRecord>>>,
@@ -147,7 +147,7 @@ impl Dispatcher {
         opts: DispatchOptions,
         links: Arc<Links>,
         http: Arc<HttpTargets>,
-        metrics: Arc<Metrics>,
+        alerts: Arc<Alerts>,
     ) -> Self {
         let refresh = opts.node_refresh;
         Self {
@@ -155,7 +155,7 @@ impl Dispatcher {
             opts,
             links,
             http,
-            metrics,
+            alerts,
             nodes: NodeCache {
                 refresh,
                 snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
@@ -290,7 +290,7 @@ impl Dispatcher {
                 }
             };
             debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
-            self.metrics.record_begun(&begun);
+            self.alerts.metrics().record_begun(&begun);
             crash_point("dispatch.before_ack");
             if let Err(e) = self.store.ack_trigger(&d.entry_id).await {
                 warn!(error = %e, "acknowledging the trigger failed; it will be redelivered");
@@ -311,7 +311,7 @@ impl Dispatcher {
     /// applied transition but `begin_run` and the HTTP executor's results comes here
     /// once.
     pub async fn follow_up(&self, t: Transition) {
-        self.metrics.record_transition(&t);
+        self.alerts.record_transition(&t);
         for rv in &t.revoked {
             self.send_cancel(rv).await;
         }

@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span, warn};
 
+use crate::alerts::Alerts;
 use crate::egress::{self, EgressPolicy};
-use crate::metrics::Metrics;
 use crate::model::{JobRecord, RunRecord, RunState, Target};
 use crate::store::{Applied, Finisher, Held, Outcome, Store};
 
@@ -38,7 +38,7 @@ pub struct HttpTargets {
     /// host names.
     egress: Arc<EgressPolicy>,
     /// Counts the run outcomes these calls apply (they do not pass through dispatch).
-    metrics: Arc<Metrics>,
+    alerts: Arc<Alerts>,
     client: reqwest::Client,
     in_flight: Mutex<HashMap<String, (u64, CancellationToken)>>,
     tasks: TaskTracker,
@@ -51,7 +51,7 @@ impl HttpTargets {
         max_concurrency: u32,
         lease_ttl: Duration,
         egress: Arc<EgressPolicy>,
-        metrics: Arc<Metrics>,
+        alerts: Arc<Alerts>,
     ) -> Result<Self, reqwest::Error> {
         // No fallback to a default client: it would bypass the egress policy.
         let client = egress::client_builder(egress.clone())
@@ -63,7 +63,7 @@ impl HttpTargets {
             max_concurrency,
             lease_ttl,
             egress,
-            metrics,
+            alerts,
             client,
             in_flight: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
@@ -117,7 +117,7 @@ impl HttpTargets {
                             crate::fault::crash_point("run.after_finish");
                         }
                         debug!(applied = ?t.applied, "http run finished");
-                        this.metrics.record_transition(&t);
+                        this.alerts.record_transition(&t);
                     }
                     Err(e) => warn!(error = %e, "recording the http result failed; the lease will run out and the run is retried"),
                 }

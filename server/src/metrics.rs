@@ -20,7 +20,8 @@
 //! - `sundial_executors_connected`, `sundial_executor_nodes{health}` (gauges): read at
 //!   scrape time from this instance's attached streams and from the registry (every
 //!   instance reports the same node figures; take one instance's, or `max`).
-//! - `sundial_alerts_total{kind}`: every alert raised (see [`crate::alerts`]).
+//! - `sundial_alerts_total{kind}`: every alert raised; the alerts module counts them
+//!   through [`Metrics::alert_raised`] (this module knows no alert kinds).
 //! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_circuit_open{destination}`:
 //!   reserved for the webhook delivery worker, which records them through
 //!   [`Metrics::webhook_attempt`] and [`Metrics::set_circuit`].
@@ -40,10 +41,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::alerts::{self, AlertKind};
 use crate::health::{self, Health, HealthPolicy};
 use crate::links::Links;
-use crate::model::{MisfirePolicy, RunRecord, RunState, split_schedule_id};
+use crate::model::{MisfirePolicy, RunRecord, RunState};
 use crate::store::{Applied, Begun, Store, Transition};
 
 /// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text format.
@@ -72,8 +72,6 @@ pub struct Metrics {
     alerts: Family<Label, Counter>,
     webhook_attempts: Family<Label, Counter>,
     webhook_circuit_open: Family<Label, Gauge>,
-    /// Where raised alerts also go (the alert webhook), when one is configured.
-    alert_sink: std::sync::OnceLock<tokio::sync::mpsc::Sender<crate::alerts::Alert>>,
 }
 
 impl Default for Metrics {
@@ -171,9 +169,6 @@ impl Metrics {
         ] {
             let _ = misfires.get_or_create(&label("policy", policy_name(policy)));
         }
-        for kind in AlertKind::ALL {
-            let _ = alerts.get_or_create(&label("kind", kind.as_str()));
-        }
         Self {
             registry,
             trigger_lateness,
@@ -187,7 +182,6 @@ impl Metrics {
             alerts,
             webhook_attempts,
             webhook_circuit_open,
-            alert_sink: std::sync::OnceLock::new(),
         }
     }
 
@@ -213,9 +207,9 @@ impl Metrics {
         self.late_fires.inc_by(runs as u64);
     }
 
-    /// Counts what an applied transition did to its run, and raises the run alerts:
-    /// `run_failed` for a final FAILED or TIMED_OUT, `run_lost` for a lost lease
-    /// (retried or not). Does nothing unless the store applied it (`Applied::Yes`).
+    /// Counts what an applied transition did to its run (finished by state, retried,
+    /// lost). Does nothing unless the store applied it (`Applied::Yes`). The run
+    /// alerts of the same transition are raised by the alerts module, which calls this.
     pub fn record_transition(&self, t: &Transition) {
         if t.applied != Applied::Yes {
             return;
@@ -244,43 +238,14 @@ impl Metrics {
     }
 
     fn record_run(&self, run: &RunRecord) {
-        let lost =
-            run.reason == "retry: lost" || (run.state == RunState::Failed && run.reason == "lost");
         if run.state == RunState::Waiting && run.reason.starts_with("retry: ") {
             self.runs_retried.inc();
         }
         if run.state.is_final() {
             self.finished(run.state);
         }
-        let (job_id, _) = split_schedule_id(&run.schedule_id).unwrap_or((&run.job_id, ""));
-        if lost {
+        if run.lost_its_lease() {
             self.runs_lost.inc();
-            let then = if run.state == RunState::Waiting {
-                format!("retried as attempt {}", run.attempt)
-            } else {
-                "attempts spent: FAILED".to_owned()
-            };
-            alerts::raise(
-                self,
-                AlertKind::RunLost,
-                job_id,
-                &run.schedule_id,
-                &format!(
-                    "the executor {:?} stopped renewing its lease; {then}",
-                    run.node_id
-                ),
-            );
-        } else if matches!(run.state, RunState::Failed | RunState::TimedOut) {
-            alerts::raise(
-                self,
-                AlertKind::RunFailed,
-                job_id,
-                &run.schedule_id,
-                &format!(
-                    "run {} after {} attempt(s): {} {}",
-                    run.state, run.attempt, run.error_code, run.error_message
-                ),
-            );
         }
     }
 
@@ -290,20 +255,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts an alert (called by [`alerts::raise`]).
-    /// Sends every alert raised from now on to `sink` too (set once, at startup).
-    pub fn set_alert_sink(&self, sink: tokio::sync::mpsc::Sender<crate::alerts::Alert>) {
-        let _ = self.alert_sink.set(sink);
+    /// Makes the series of alert `kind` exist at 0 from the first scrape.
+    pub fn declare_alert(&self, kind: &str) {
+        let _ = self.alerts.get_or_create(&label("kind", kind));
     }
 
-    pub(crate) fn alert_sink(&self) -> Option<&tokio::sync::mpsc::Sender<crate::alerts::Alert>> {
-        self.alert_sink.get()
-    }
-
-    pub(crate) fn alert(&self, kind: AlertKind) {
-        self.alerts
-            .get_or_create(&label("kind", kind.as_str()))
-            .inc();
+    /// Counts one alert of `kind`.
+    pub fn alert_raised(&self, kind: &str) {
+        self.alerts.get_or_create(&label("kind", kind)).inc();
     }
 
     /// One webhook delivery attempt ended with `outcome` (e.g. `delivered`,
@@ -397,12 +356,12 @@ impl Scrape {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::{RunState, TriggerKind};
     use crate::store::Revocation;
 
-    fn run(state: RunState, reason: &str) -> RunRecord {
+    pub(crate) fn run(state: RunState, reason: &str) -> RunRecord {
         let trigger = crate::model::Trigger {
             job_id: "nightly".into(),
             schedule_no: "1000".into(),
@@ -420,7 +379,7 @@ mod tests {
         r
     }
 
-    fn applied(run: RunRecord) -> Transition {
+    pub(crate) fn applied(run: RunRecord) -> Transition {
         Transition {
             applied: Applied::Yes,
             run: Some(run),
@@ -430,7 +389,7 @@ mod tests {
     }
 
     /// The sample line of `name` with exactly `labels` (`{…}` or empty), if any.
-    fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+    pub(crate) fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
             .and_then(|v| v.trim().parse().ok())
@@ -458,10 +417,6 @@ mod tests {
         );
         assert_eq!(
             sample(&text, r#"sundial_runs_finished_total{state="FAILED"}"#),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(&text, r#"sundial_alerts_total{kind="run_failed"}"#),
             Some(1.0)
         );
         assert!(text.contains("# TYPE sundial_trigger_lateness_seconds histogram"));
@@ -536,12 +491,6 @@ mod tests {
             );
         }
         assert_eq!(sample(&text, "sundial_runs_retried_total"), Some(0.0));
-        for kind in AlertKind::ALL {
-            assert_eq!(
-                sample(&text, &format!("sundial_alerts_total{{kind=\"{kind}\"}}")),
-                Some(0.0)
-            );
-        }
 
         m.record_transition(&applied(run(RunState::Waiting, "retry: E1")));
         m.record_transition(&applied(run(RunState::Waiting, "retry: lost")));
@@ -550,15 +499,6 @@ mod tests {
         let text = m.render();
         assert_eq!(sample(&text, "sundial_runs_retried_total"), Some(2.0));
         assert_eq!(sample(&text, "sundial_runs_lost_total"), Some(2.0));
-        assert_eq!(
-            sample(&text, r#"sundial_alerts_total{kind="run_lost"}"#),
-            Some(2.0)
-        );
-        assert_eq!(
-            sample(&text, r#"sundial_alerts_total{kind="run_failed"}"#),
-            Some(1.0),
-            "the timeout; the lost run is alerted once, as lost"
-        );
         assert_eq!(
             sample(&text, r#"sundial_runs_finished_total{state="FAILED"}"#),
             Some(1.0)

@@ -366,6 +366,12 @@ impl WebhookBody {
 }
 
 impl RunRecord {
+    /// Whether this record is what a lost lease left: retried ("retry: lost") or, with
+    /// its attempts spent, FAILED "lost".
+    pub fn lost_its_lease(&self) -> bool {
+        self.reason == "retry: lost" || (self.state == RunState::Failed && self.reason == "lost")
+    }
+
     /// The schedule_id of shard `index` of the broadcast run `parent`.
     pub fn shard_id(parent: &str, index: u32) -> String {
         format!("{parent}#{index}")

@@ -18,11 +18,10 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::alerts::{self, AlertKind};
+use crate::alerts::{AlertKind, Alerts};
 use crate::cron::CronError;
 use crate::fault::crash_point;
 use crate::jobs::{self, Plan};
-use crate::metrics::Metrics;
 use crate::model::{JobRecord, Millis, MisfirePolicy, Trigger, TriggerKind};
 use crate::store::{ClaimResult, DueFire, FireClaim, Store};
 
@@ -125,7 +124,7 @@ pub struct Scheduler {
     opts: SchedulerOptions,
     stats: SchedulerStats,
     /// Lateness, misfires and their alerts, for the fires this instance's claims won.
-    metrics: Arc<Metrics>,
+    alerts: Arc<Alerts>,
     /// One state per partition, in the order this instance visits them: a random
     /// rotation, so instances spread out instead of racing for the same batch first.
     partitions: Vec<PartitionState>,
@@ -153,14 +152,15 @@ impl Scheduler {
             store,
             opts,
             stats,
-            metrics: Arc::new(Metrics::new()),
+            alerts: Arc::new(Alerts::unread()),
             partitions,
         }
     }
 
-    /// Records into `metrics` (by default, a registry of its own that nobody reads).
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = metrics;
+    /// Raises alerts and records metrics through `alerts` (by default, a registry of
+    /// its own that nobody reads).
+    pub fn with_alerts(mut self, alerts: Arc<Alerts>) -> Self {
+        self.alerts = alerts;
         self
     }
 
@@ -207,7 +207,7 @@ impl Scheduler {
             store: &self.store,
             opts: &self.opts,
             stats: &self.stats,
-            metrics: &self.metrics,
+            alerts: &self.alerts,
         };
         // Collected first: a lazy `map` closure inside the stream would make the
         // spawned future's Send bound unprovable (higher-ranked lifetimes).
@@ -233,7 +233,7 @@ struct Claimer<'a> {
     store: &'a Arc<dyn Store>,
     opts: &'a SchedulerOptions,
     stats: &'a SchedulerStats,
-    metrics: &'a Metrics,
+    alerts: &'a Alerts,
 }
 
 /// A fire claimed later than the misfire threshold, and what its policy did.
@@ -280,7 +280,9 @@ impl Claimer<'_> {
                 match result {
                     ClaimResult::Claimed => {
                         lateness.push(outcome.now - claim.expected_due);
-                        self.metrics.fire_claimed(outcome.now - claim.expected_due);
+                        self.alerts
+                            .metrics()
+                            .fire_claimed(outcome.now - claim.expected_due);
                         if let Some(m) = misfire {
                             self.misfire_claimed(claim, m);
                         }
@@ -313,7 +315,7 @@ impl Claimer<'_> {
     /// Counts a misfire this instance's claim won and raises its alert: `misfire` when
     /// the fire was skipped, `late_fire` when it still ran.
     fn misfire_claimed(self, claim: &FireClaim, m: &Misfire) {
-        self.metrics.misfire(m.policy, m.runs);
+        self.alerts.metrics().misfire(m.policy, m.runs);
         let (kind, what) = if m.runs == 0 {
             (AlertKind::Misfire, "skipped".to_owned())
         } else {
@@ -321,8 +323,7 @@ impl Claimer<'_> {
         };
         let first = claim.triggers.first();
         let schedule_id = first.map(Trigger::schedule_id).unwrap_or_default();
-        alerts::raise(
-            self.metrics,
+        self.alerts.raise(
             kind,
             &claim.job_id,
             &schedule_id,
@@ -516,11 +517,11 @@ fn delay_until(next_due: Option<Millis>, now: Millis, max: Duration) -> Duration
 pub fn spawn(
     store: Arc<dyn Store>,
     opts: SchedulerOptions,
-    metrics: Arc<Metrics>,
+    alerts: Arc<Alerts>,
     shutdown: CancellationToken,
 ) -> (tokio::task::JoinHandle<()>, SchedulerStats) {
     let stats = SchedulerStats::default();
-    let scheduler = Scheduler::new(store, opts, stats.clone()).with_metrics(metrics);
+    let scheduler = Scheduler::new(store, opts, stats.clone()).with_alerts(alerts);
     let handle = tokio::spawn(scheduler.run(shutdown).instrument(info_span!("scheduler")));
     (handle, stats)
 }
@@ -546,6 +547,7 @@ mod tests {
 
         use super::super::*;
         use crate::jobs::jitter_offset;
+        use crate::metrics::Metrics;
         use crate::model::{Arm, JobRecord, MisfirePolicy};
         use crate::store::conformance::{drain_triggers, job};
         use crate::store::embedded::EmbeddedStore;
@@ -592,9 +594,10 @@ mod tests {
         /// Passes until nothing is due right now, as the loop does between sleeps.
         async fn pass(store: &Arc<dyn Store>) -> (SchedulerStats, Arc<Metrics>) {
             let stats = SchedulerStats::default();
-            let metrics = Arc::new(Metrics::new());
+            let alerts = Arc::new(Alerts::unread());
+            let metrics = alerts.metrics().clone();
             let mut s = Scheduler::new(store.clone(), SchedulerOptions::default(), stats.clone())
-                .with_metrics(metrics.clone());
+                .with_alerts(alerts);
             for _ in 0..100 {
                 if !s.claim_all_due().await.expect("pass").is_zero() {
                     return (stats, metrics);

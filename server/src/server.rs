@@ -19,6 +19,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::alerts::Alerts;
 use crate::api::grpc_auth::AdminAuthLayer;
 use crate::api::{AppApi, JobApi, RunApi};
 use crate::auth::{AdminGuard, Authenticator, StoreNonces};
@@ -150,6 +151,7 @@ pub async fn run(
     }
 
     let metrics = Arc::new(Metrics::new());
+    let alerts = Arc::new(Alerts::new(metrics.clone()));
     // Built before any loop starts, so that failing here leaves nothing running.
     let http_targets = Arc::new(
         HttpTargets::new(
@@ -158,7 +160,7 @@ pub async fn run(
             config.http_max_concurrency,
             config.executors.lease_ttl,
             Arc::new(EgressPolicy::http_targets(config.http_target_allow.clone())),
-            metrics.clone(),
+            alerts.clone(),
         )
         .map_err(Error::HttpClient)?,
     );
@@ -167,7 +169,7 @@ pub async fn run(
             store.clone(),
             config.webhooks.clone(),
             Arc::new(EgressPolicy::webhooks(config.webhook_allow.clone())),
-            metrics.clone(),
+            alerts.clone(),
         )
         .map_err(Error::HttpClient)?,
     );
@@ -176,7 +178,7 @@ pub async fn run(
     let (scheduler_task, _stats) = scheduler::spawn(
         store.clone(),
         config.scheduler.clone(),
-        metrics.clone(),
+        alerts.clone(),
         loops.clone(),
     );
     let links = Arc::new(Links::new(store.clone(), config.instance_id.clone()));
@@ -185,7 +187,7 @@ pub async fn run(
         config.dispatch.clone(),
         links.clone(),
         http_targets.clone(),
-        metrics.clone(),
+        alerts.clone(),
     ));
     let dispatch_task = dispatch::spawn(dispatcher.clone(), loops.clone());
     let sweep_task = sweeper::spawn(
@@ -201,7 +203,7 @@ pub async fn run(
     let alerts_task = match &config.alert_webhook {
         Some(url) => {
             let (tx, rx) = tokio::sync::mpsc::channel(crate::alerts::ALERT_QUEUE);
-            metrics.set_alert_sink(tx);
+            alerts.send_to(tx);
             let sender = crate::alerts::AlertWebhook::new(
                 url.clone(),
                 config.webhooks.app_id.clone(),

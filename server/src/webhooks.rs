@@ -30,9 +30,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::alerts::{self, AlertKind};
+use crate::alerts::{AlertKind, Alerts};
 use crate::egress::{self, EgressPolicy};
-use crate::metrics::Metrics;
 use crate::model::duration_ms;
 use crate::store::{Applied, BreakerState, DeliveryOutcome, Store, WebhookDelivery};
 
@@ -148,7 +147,7 @@ enum Attempt {
 /// The delivery worker of one instance. See the module docs.
 pub struct Deliveries {
     store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
+    alerts: Arc<Alerts>,
     opts: WebhookOptions,
     egress: Arc<EgressPolicy>,
     client: reqwest::Client,
@@ -162,7 +161,7 @@ impl Deliveries {
         store: Arc<dyn Store>,
         opts: WebhookOptions,
         egress: Arc<EgressPolicy>,
-        metrics: Arc<Metrics>,
+        alerts: Arc<Alerts>,
     ) -> Result<Self, reqwest::Error> {
         // No fallback to a default client: it would bypass the egress policy.
         let client = egress::client_builder(egress.clone())
@@ -172,7 +171,7 @@ impl Deliveries {
         Ok(Self {
             permits: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
             store,
-            metrics,
+            alerts,
             opts,
             egress,
             client,
@@ -432,7 +431,7 @@ impl Deliveries {
         {
             Ok(u) if u.changed => match u.state {
                 BreakerState::Open { until } => {
-                    self.metrics.set_circuit(dest, true);
+                    self.alerts.metrics().set_circuit(dest, true);
                     warn!(
                         destination = %dest,
                         until,
@@ -441,7 +440,7 @@ impl Deliveries {
                     );
                 }
                 _ => {
-                    self.metrics.set_circuit(dest, false);
+                    self.alerts.metrics().set_circuit(dest, false);
                     info!(destination = %dest, "webhook circuit breaker closed");
                 }
             },
@@ -470,7 +469,7 @@ impl Deliveries {
             return;
         }
         let attempts = d.attempts + 1;
-        self.metrics.webhook_attempt(match &outcome {
+        self.alerts.metrics().webhook_attempt(match &outcome {
             DeliveryOutcome::Delivered { .. } => "delivered",
             DeliveryOutcome::Retry { .. } => "retry",
             DeliveryOutcome::Failed { .. } => "failed",
@@ -479,13 +478,8 @@ impl Deliveries {
             DeliveryOutcome::Defer { .. } => "circuit_open",
         });
         let alert = |detail: &str| {
-            alerts::raise(
-                &self.metrics,
-                AlertKind::CallbackFailed,
-                &d.job_id,
-                &d.schedule_id,
-                detail,
-            );
+            self.alerts
+                .raise(AlertKind::CallbackFailed, &d.job_id, &d.schedule_id, detail);
         };
         match outcome {
             DeliveryOutcome::Delivered { status } => {
@@ -623,7 +617,7 @@ mod tests {
             store.clone(),
             opts,
             Arc::new(EgressPolicy::webhooks(allow)),
-            Arc::new(Metrics::new()),
+            Arc::new(Alerts::unread()),
         )
         .expect("client")
     }
