@@ -4,8 +4,10 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use sundial_server::dispatch::routing::{
+    DEFAULT_VIRTUAL_NODES, HashRing, NodeView, RouteState, route,
+};
 use sundial_server::model::RouteStrategy;
-use sundial_server::routing::{DEFAULT_VIRTUAL_NODES, HashRing, NodeView, RouteState, route};
 
 fn nodes(n: usize) -> Vec<NodeView> {
     (0..n)

@@ -12,16 +12,16 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::auth::{ANY_GROUP, AuthOptions, Secret};
+use crate::deliver::webhooks::WebhookOptions;
 use crate::dispatch::DispatchOptions;
+use crate::dispatch::executors::ExecutorOptions;
+use crate::dispatch::health::HealthPolicy;
+use crate::dispatch::sweeper::SweepOptions;
 use crate::egress::IpNet;
-use crate::executors::ExecutorOptions;
-use crate::health::HealthPolicy;
-use crate::scheduler::SchedulerOptions;
+use crate::schedule::scheduler::SchedulerOptions;
 use crate::store::LeaseTerms;
 use crate::store::StoreOptions;
-use crate::sweeper::SweepOptions;
 use crate::tls::ServerTls;
-use crate::webhooks::WebhookOptions;
 use sundial_sdk::webhook::Secret as WebhookSecret;
 
 #[derive(Debug, thiserror::Error)]
@@ -720,12 +720,12 @@ fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Erro
     let timeout = positive("webhook_timeout", s.webhook_timeout, wd.timeout)?;
     let retry_schedule = match s.webhook_retry_schedule.as_deref() {
         None => wd.retry_schedule,
-        Some(text) => {
-            crate::webhooks::parse_retry_schedule(text).map_err(|reason| Error::Invalid {
+        Some(text) => crate::deliver::webhooks::parse_retry_schedule(text).map_err(|reason| {
+            Error::Invalid {
                 field: "webhook_retry_schedule",
                 reason,
-            })?
-        }
+            }
+        })?,
     };
     let breaker_failures = s.webhook_breaker_failures.unwrap_or(wd.breaker_failures);
     if breaker_failures == 0 {
@@ -1109,5 +1109,60 @@ mod tests {
             "200ms".parse::<HumanDuration>(),
             Ok(HumanDuration(Duration::from_millis(200)))
         );
+    }
+}
+
+/// The TLS settings as `Config::from_settings` checks them (the files are read there).
+#[cfg(test)]
+mod tls_tests {
+    use super::{Config, Settings};
+
+    fn err(s: Settings) -> String {
+        Config::from_settings(s).expect_err("invalid").to_string()
+    }
+
+    #[test]
+    fn certificate_and_key_come_together_and_bad_files_are_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(
+            &junk,
+            "-----BEGIN PRIVATE KEY-----\nhunter2!!\n-----END PRIVATE KEY-----\n",
+        )
+        .expect("write");
+        let missing = dir.path().join("missing.pem");
+        let e = err(Settings {
+            tls_cert: Some(junk.clone()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("tls_key:"), "{e}");
+        let e = err(Settings {
+            tls_key: Some(junk.clone()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("tls_cert:"), "{e}");
+        let e = err(Settings {
+            tls_client_ca: Some(junk.clone()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("tls_client_ca:"), "{e}");
+
+        let e = err(Settings {
+            tls_cert: Some(missing.clone()),
+            tls_key: Some(junk.clone()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("tls_cert:"), "{e}");
+        assert!(e.contains("missing.pem"), "names the file: {e}");
+
+        // A "certificate" file holding a broken key: refused without echoing it.
+        let e = err(Settings {
+            tls_cert: Some(junk.clone()),
+            tls_key: Some(junk.clone()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("tls_cert:"), "{e}");
+        assert!(e.contains("junk.pem"), "names the file: {e}");
+        assert!(!e.contains("hunter2"), "no key material: {e}");
     }
 }

@@ -5,28 +5,22 @@
 // The OpenAPI document (`api::rest`) is one `json!` literal, deeper than the default limit.
 #![recursion_limit = "256"]
 
-pub mod alerts;
+// What the server answers, one folder per question: when (`schedule`), where
+// (`dispatch`), and how the world learns (`deliver`); the surfaces above them (`api`,
+// `server`, `config`), the foundation below them (`store`, `model`, `metrics`, `auth`,
+// `egress`, `tls`, `fault`). ARCHITECTURE.md states the allowed import directions.
 pub mod api;
 pub mod auth;
 pub mod config;
-pub mod cron;
+pub mod deliver;
 pub mod dispatch;
 pub mod egress;
-pub mod executors;
 pub mod fault;
-pub mod health;
-pub mod http_target;
-pub mod jobs;
-pub mod links;
 pub mod metrics;
 pub mod model;
-pub mod routing;
-pub mod runs;
-pub mod scheduler;
+pub mod schedule;
 pub mod server;
 pub mod store;
-pub mod sweeper;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tls;
-pub mod webhooks;

@@ -32,8 +32,6 @@
 //! broadcast are counted only when they held a lease (those are the ones the store
 //! names).
 
-use std::sync::Arc;
-
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -41,10 +39,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::health::{self, Health, HealthPolicy};
-use crate::links::Links;
 use crate::model::{MisfirePolicy, RunRecord, RunState};
-use crate::store::{Applied, Begun, Store, Transition};
+use crate::store::{Applied, Begun, Transition};
 
 /// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text format.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -281,21 +277,19 @@ impl Metrics {
             .set(i64::from(open));
     }
 
-    /// Sets the gauges read at scrape time.
-    fn set_executors(&self, connected: usize, nodes: &[Health]) {
+    /// The executor streams attached to this instance (a scrape-time gauge).
+    pub fn set_executors_connected(&self, connected: usize) {
         self.executors_connected
             .set(i64::try_from(connected).unwrap_or(i64::MAX));
-        for h in [
-            Health::Healthy,
-            Health::Slow,
-            Health::Failing,
-            Health::NotReady,
-            Health::Draining,
-        ] {
-            let n = nodes.iter().filter(|x| **x == h).count();
+    }
+
+    /// The registry's nodes by health name (a scrape-time gauge): every name listed
+    /// is set, so a health no node has any more reads 0.
+    pub fn set_executor_nodes(&self, by_health: &[(&str, usize)]) {
+        for (health, n) in by_health {
             self.executor_nodes
-                .get_or_create(&label("health", health_name(h)))
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+                .get_or_create(&label("health", health))
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
     }
 }
@@ -309,49 +303,6 @@ fn policy_name(policy: MisfirePolicy) -> &'static str {
         MisfirePolicy::FireOnce => "FIRE_ONCE",
         MisfirePolicy::Skip => "SKIP",
         MisfirePolicy::CatchUp => "CATCH_UP",
-    }
-}
-
-fn health_name(h: Health) -> &'static str {
-    match h {
-        Health::Healthy => "HEALTHY",
-        Health::Slow => "SLOW",
-        Health::Failing => "FAILING",
-        Health::NotReady => "NOT_READY",
-        Health::Draining => "DRAINING",
-    }
-}
-
-/// What `GET /metrics` needs: the metrics, and where the scrape-time gauges come from.
-#[derive(Clone)]
-pub struct Scrape {
-    pub metrics: Arc<Metrics>,
-    pub links: Arc<Links>,
-    pub store: Arc<dyn Store>,
-    pub health: HealthPolicy,
-}
-
-impl Scrape {
-    /// Refreshes the gauges, then renders. A registry the store cannot read now leaves
-    /// the node gauges as they were.
-    pub async fn render(&self) -> String {
-        let connected = self.links.attached();
-        match self.store.list_nodes(None).await {
-            Ok(nodes) => {
-                let health: Vec<Health> = nodes
-                    .iter()
-                    .map(|n| health::classify(n, &self.health))
-                    .collect();
-                self.metrics.set_executors(connected, &health);
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "metrics: reading the node registry failed");
-                self.metrics
-                    .executors_connected
-                    .set(i64::try_from(connected).unwrap_or(i64::MAX));
-            }
-        }
-        self.metrics.render()
     }
 }
 

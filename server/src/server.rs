@@ -19,24 +19,26 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::alerts::Alerts;
 use crate::api::grpc_auth::AdminAuthLayer;
+use crate::api::scrape::Scrape;
 use crate::api::{AppApi, JobApi, RunApi};
 use crate::auth::{AdminGuard, Authenticator, StoreNonces};
 use crate::config::{Config, StoreConfig};
+use crate::deliver::alerts::Alerts;
+use crate::deliver::webhooks::{self, Deliveries};
+use crate::dispatch;
 use crate::dispatch::Dispatcher;
+use crate::dispatch::executors::Executors;
+use crate::dispatch::http_target::HttpTargets;
+use crate::dispatch::links::Links;
+use crate::dispatch::sweeper::{self, Sweeper};
 use crate::egress::EgressPolicy;
-use crate::executors::Executors;
-use crate::http_target::HttpTargets;
-use crate::jobs::Jobs;
-use crate::links::Links;
-use crate::metrics::{Metrics, Scrape};
+use crate::metrics::Metrics;
+use crate::schedule::jobs::Jobs;
+use crate::schedule::scheduler;
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
-use crate::sweeper::{self, Sweeper};
-use crate::webhooks::{self, Deliveries};
-use crate::{dispatch, scheduler};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -202,9 +204,9 @@ pub async fn run(
     let webhooks_task = webhooks::spawn(deliveries, loops.clone());
     let alerts_task = match &config.alert_webhook {
         Some(url) => {
-            let (tx, rx) = tokio::sync::mpsc::channel(crate::alerts::ALERT_QUEUE);
+            let (tx, rx) = tokio::sync::mpsc::channel(crate::deliver::alerts::ALERT_QUEUE);
             alerts.send_to(tx);
-            let sender = crate::alerts::AlertWebhook::new(
+            let sender = crate::deliver::alerts::AlertWebhook::new(
                 url.clone(),
                 config.webhooks.app_id.clone(),
                 config.webhooks.secrets.clone(),

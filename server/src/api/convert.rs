@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 
 use sundial_proto::v1 as pb;
 
-use crate::jobs::{Error, Plan};
 use crate::model::{
     self, CallbackState, JobRecord, JobSpec, MAX_PAYLOAD_BYTES, MisfirePolicy, OverlapPolicy,
     RetryPolicy, RouteStrategy, RunRecord, RunState, Target, TriggerKind, valid_job_id,
 };
+use crate::schedule::jobs::{Error, Plan};
 
 /// Executors get an hour unless the job says otherwise.
 pub const DEFAULT_TIMEOUT_MS: i64 = 3_600_000;

@@ -5,8 +5,8 @@ use sundial_proto::v1::job_service_server::JobService;
 use tonic::{Request, Response, Status};
 
 use super::{convert, status};
-use crate::jobs::Jobs;
 use crate::model::MAX_PAYLOAD_BYTES;
+use crate::schedule::jobs::Jobs;
 
 /// Bounds how many store pages one ListJobs call scans while filtering.
 const MAX_SCAN_PAGES: usize = 50;

@@ -1,5 +1,5 @@
 //! The API surfaces. gRPC: `JobService`, `RunService` and `AppService` (apps and their
-//! write-only secrets); `ExecutorService` and `NodeService` live in `crate::executors`. Handlers validate through [`convert`] and
+//! write-only secrets); `ExecutorService` and `NodeService` live in `crate::dispatch::executors`. Handlers validate through [`convert`] and
 //! forward to the core; errors become a `tonic::Status` in exactly one place,
 //! [`status`]. REST: [`rest`], the status API on the HTTP port. Both check admin
 //! credentials before a handler runs: [`grpc_auth`] for gRPC, [`rest::require_admin`]
@@ -9,8 +9,10 @@ mod apps;
 pub mod convert;
 pub mod grpc_auth;
 mod jobs;
+pub mod queries;
 pub mod rest;
 mod runs;
+pub mod scrape;
 
 use tonic::{Code, Status};
 
@@ -18,7 +20,7 @@ pub use apps::AppApi;
 pub use jobs::JobApi;
 pub use runs::RunApi;
 
-use crate::jobs::Error;
+use crate::schedule::jobs::Error;
 use crate::store;
 
 /// The mapping of core errors to gRPC status codes.

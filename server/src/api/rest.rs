@@ -25,11 +25,11 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::convert;
+use crate::api::queries::{self, RunFilter};
+use crate::api::scrape::Scrape;
 use crate::auth::{self, AdminGuard};
-use crate::jobs::{self, Jobs};
-use crate::metrics::Scrape;
 use crate::model::{CallbackState, MAX_PAYLOAD_BYTES, RunRecord, RunState, split_schedule_id};
-use crate::runs::{self, RunFilter};
+use crate::schedule::jobs::{self, Jobs};
 use crate::store;
 
 /// The largest request body a signed request may have (it is held in memory to be
@@ -316,7 +316,7 @@ async fn task_status(
     Path(raw): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = job_id(&raw)?;
-    let st = runs::job_status(&jobs, &id, 5).await?;
+    let st = queries::job_status(&jobs, &id, 5).await?;
     let state = match convert::job_state(&st.job) {
         sundial_proto::v1::JobState::Paused => "PAUSED",
         sundial_proto::v1::JobState::Finished => "FINISHED",
@@ -395,7 +395,7 @@ async fn list_runs(
     let size = int_param(&q, "page_size")?.unwrap_or(0);
     let size = convert::page_size("page_size", i32::try_from(size).unwrap_or(i32::MAX))?;
     let cursor = q.get("page_token").filter(|t| !t.is_empty()).cloned();
-    let page = runs::list_runs(
+    let page = queries::list_runs(
         jobs.store().as_ref(),
         &id,
         &RunFilter { state, from, to },

@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{convert, status};
+use crate::api::queries::{self, RunFilter};
 use crate::dispatch::Dispatcher;
-use crate::jobs::Jobs;
 use crate::model::split_schedule_id;
-use crate::runs::{self, RunFilter};
+use crate::schedule::jobs::Jobs;
 use crate::store::{Applied, Store};
 
 pub struct RunApi {
@@ -92,7 +92,7 @@ impl RunService for RunApi {
             to: (req.to_ms > 0).then_some(req.to_ms),
         };
         let cursor = (!req.page_token.is_empty()).then_some(req.page_token);
-        let page = runs::list_runs(self.store.as_ref(), &job_id, &filter, size, cursor).await?;
+        let page = queries::list_runs(self.store.as_ref(), &job_id, &filter, size, cursor).await?;
         Ok(Response::new(pb::ListRunsResponse {
             runs: page.items.into_iter().map(convert::run_to_pb).collect(),
             next_page_token: page.next_cursor.unwrap_or_default(),
@@ -114,7 +114,7 @@ impl RunService for RunApi {
             }
             n => n as usize,
         };
-        let st = runs::job_status(&self.jobs, &job_id, n)
+        let st = queries::job_status(&self.jobs, &job_id, n)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::GetJobStatusResponse {

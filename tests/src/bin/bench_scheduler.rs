@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use futures::StreamExt;
 use sundial_server::model::{Arm, JobRecord, JobSpec, RetryPolicy, Target};
-use sundial_server::scheduler::{Scheduler, SchedulerOptions, SchedulerStats};
+use sundial_server::schedule::scheduler::{Scheduler, SchedulerOptions, SchedulerStats};
 use sundial_server::store::redis::RedisStore;
 use sundial_server::store::{Store, StoreOptions};
 use sundial_tests::{RedisServer, queued_triggers};

@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
-use crate::cron::{CronError, CronSchedule};
 use crate::model::{
     Arm, JobRecord, JobSpec, Millis, Trigger, TriggerKind, manual_schedule_no, valid_job_id,
 };
+use crate::schedule::cron::{CronError, CronSchedule};
 use crate::store::{self, Enqueued, Page, Store};
 
 #[derive(Debug, thiserror::Error)]

@@ -18,11 +18,11 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::alerts::{AlertKind, Alerts};
-use crate::cron::CronError;
+use crate::deliver::alerts::{AlertKind, Alerts};
 use crate::fault::crash_point;
-use crate::jobs::{self, Plan};
 use crate::model::{JobRecord, Millis, MisfirePolicy, Trigger, TriggerKind};
+use crate::schedule::cron::CronError;
+use crate::schedule::jobs::{self, Plan};
 use crate::store::{ClaimResult, DueFire, FireClaim, Store};
 
 #[derive(Debug, Clone)]
@@ -479,7 +479,7 @@ fn plan_of(job: &JobRecord) -> Option<Plan> {
             // A stored year-bounded cron whose last year has passed parses as "never
             // fires"; anything else means the stored spec predates a stricter parser.
             let never = matches!(
-                crate::cron::CronSchedule::parse(&job.spec.cron, &job.spec.time_zone),
+                crate::schedule::cron::CronSchedule::parse(&job.spec.cron, &job.spec.time_zone),
                 Err(CronError::NeverFires)
             );
             if !never {
@@ -546,9 +546,9 @@ mod tests {
         use std::sync::Arc;
 
         use super::super::*;
-        use crate::jobs::jitter_offset;
         use crate::metrics::Metrics;
         use crate::model::{Arm, JobRecord, MisfirePolicy};
+        use crate::schedule::jobs::jitter_offset;
         use crate::store::conformance::{drain_triggers, job};
         use crate::store::embedded::EmbeddedStore;
         use crate::store::{Store, StoreOptions};

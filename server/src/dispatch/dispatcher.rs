@@ -21,13 +21,13 @@ use sundial_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::alerts::Alerts;
+use crate::deliver::alerts::Alerts;
+use crate::dispatch::health::{self, Health, HealthPolicy};
+use crate::dispatch::http_target::HttpTargets;
+use crate::dispatch::links::Links;
+use crate::dispatch::routing::{self, NodeView, Route, RouteState};
 use crate::fault::crash_point;
-use crate::health::{self, Health, HealthPolicy};
-use crate::http_target::HttpTargets;
-use crate::links::Links;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
-use crate::routing::{self, NodeView, Route, RouteState};
 use crate::store::{
     Assigned, Delivery, FannedOut, Finisher, LeaseTerms, NodeRecord, NodeSlot, Outcome, Revocation,
     Store, Transition,

@@ -51,6 +51,26 @@ pub enum Health {
 }
 
 impl Health {
+    /// Every health, in the order metrics list them.
+    pub const ALL: [Health; 5] = [
+        Health::Healthy,
+        Health::Slow,
+        Health::Failing,
+        Health::NotReady,
+        Health::Draining,
+    ];
+
+    /// The stable name (the `health` label of `sundial_executor_nodes`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "HEALTHY",
+            Health::Slow => "SLOW",
+            Health::Failing => "FAILING",
+            Health::NotReady => "NOT_READY",
+            Health::Draining => "DRAINING",
+        }
+    }
+
     /// Whether routing may give the node new work at all.
     pub fn routable(self) -> bool {
         matches!(self, Health::Healthy | Health::Slow)

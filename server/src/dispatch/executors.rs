@@ -33,8 +33,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::auth::Authenticator;
 use crate::dispatch::Dispatcher;
-use crate::health::{self, Health, HealthPolicy, ResultWindow};
-use crate::links::Links;
+use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
+use crate::dispatch::links::Links;
 use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
 use crate::store::{Applied, Finisher, Held, LogLine, NodeRecord, Outcome, Store};
 

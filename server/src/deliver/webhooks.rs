@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::alerts::{AlertKind, Alerts};
+use crate::deliver::alerts::{AlertKind, Alerts};
 use crate::egress::{self, EgressPolicy};
 use crate::model::duration_ms;
 use crate::store::{Applied, BreakerState, DeliveryOutcome, Store, WebhookDelivery};

@@ -2,8 +2,8 @@
 //! and a job's status (its latest run and next fire times). Both surfaces validate
 //! their own request shapes and then ask here, so they cannot drift apart.
 
-use crate::jobs::{self, Jobs, Plan};
 use crate::model::{JobRecord, Millis, RunRecord, RunState};
+use crate::schedule::jobs::{self, Jobs, Plan};
 use crate::store::{Page, RunQuery, Store};
 
 /// Bounds how many store pages one listing scans while filtering by state.

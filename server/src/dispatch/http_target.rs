@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span, warn};
 
-use crate::alerts::Alerts;
+use crate::deliver::alerts::Alerts;
 use crate::egress::{self, EgressPolicy};
 use crate::model::{JobRecord, RunRecord, RunState, Target};
 use crate::store::{Applied, Finisher, Held, Outcome, Store};

@@ -1,0 +1,9 @@
+//! *How does the world learn* the result: the webhook delivery worker that empties the
+//! store's outbox ([`webhooks`]), and alerts for the events an operator must hear
+//! about ([`alerts`]).
+//!
+//! May import the foundation (`store`, `model`, `metrics`, `auth`, `egress`); never
+//! `schedule`, `dispatch`, `api` or `server`.
+
+pub mod alerts;
+pub mod webhooks;
