@@ -1,0 +1,399 @@
+//! Jobs, fires and the trigger queue: job CRUD, due fires and their claims, manual
+//! triggers and their idempotency keys, reading, reclaiming and acknowledging
+//! triggers. Each operation is one redb transaction.
+
+use super::*;
+
+impl Inner {
+    pub(super) fn create_job(&self, mut job: JobRecord) -> Result<JobRecord> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            if jobs.get(job.spec.id.as_str()).ctx("read job")?.is_some() {
+                return Err(Error::JobExists(job.spec.id.clone()));
+            }
+            job.version = 1;
+            job.created_at = now;
+            job.updated_at = now;
+            if job.paused {
+                job.next_fire = None;
+            }
+            store_job(&mut jobs, &job)?;
+            drop(jobs);
+            set_pending(
+                txn,
+                self.partitions,
+                &job.spec.id,
+                job.next_fire.map(|a| a.due),
+            )?;
+            Ok(job)
+        })
+    }
+
+    pub(super) fn update_job(
+        &self,
+        mut job: JobRecord,
+        expected_version: u64,
+    ) -> Result<JobRecord> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            let Some(stored) = load_job(&jobs, &job.spec.id)? else {
+                return Err(Error::JobNotFound(job.spec.id.clone()));
+            };
+            if stored.version != expected_version {
+                return Err(Error::VersionConflict {
+                    job_id: job.spec.id.clone(),
+                    expected: expected_version,
+                    current: stored.version,
+                });
+            }
+            job.version = stored.version + 1;
+            job.created_at = stored.created_at;
+            job.updated_at = now;
+            if job.paused {
+                job.next_fire = None;
+            }
+            store_job(&mut jobs, &job)?;
+            drop(jobs);
+            set_pending(
+                txn,
+                self.partitions,
+                &job.spec.id,
+                job.next_fire.map(|a| a.due),
+            )?;
+            Ok(job)
+        })
+    }
+
+    pub(super) fn delete_job(&self, job_id: &str) -> Result<()> {
+        write(&self.db, |txn| {
+            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            if jobs.remove(job_id).ctx("delete job")?.is_none() {
+                return Err(Error::JobNotFound(job_id.to_owned()));
+            }
+            drop(jobs);
+            // Runs and the token counter stay: runs (in flight or not) until retention
+            // ends, and the counter so that a job re-created under the same id keeps
+            // growing tokens.
+            set_pending(txn, self.partitions, job_id, None)
+        })
+    }
+
+    pub(super) fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+        let txn = read(&self.db)?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        load_job(&jobs, job_id)
+    }
+
+    /// One read transaction for the lot, so the jobs are a consistent snapshot.
+    pub(super) fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
+        let txn = read(&self.db)?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let mut out = Vec::with_capacity(job_ids.len());
+        for id in job_ids {
+            if let Some(job) = load_job(&jobs, id)? {
+                out.push(job);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Jobs in job id order; the cursor is the last job id of the previous page.
+    pub(super) fn list_jobs(
+        &self,
+        cursor: Option<String>,
+        limit: usize,
+    ) -> Result<Page<JobRecord>> {
+        let limit = page_limit(limit);
+        let txn = read(&self.db)?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let start = match cursor.as_deref() {
+            Some(c) => Bound::Excluded(c),
+            None => Bound::Unbounded,
+        };
+        let mut items = Vec::new();
+        let mut more = false;
+        for item in jobs
+            .range::<&str>((start, Bound::Unbounded))
+            .ctx("scan jobs")?
+        {
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            let (k, v) = item.ctx("scan jobs")?;
+            items.push(decode::<JobRecord>("job", k.value(), v.value())?);
+        }
+        let next_cursor = if more {
+            items.last().map(|j| j.spec.id.clone())
+        } else {
+            None
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    pub(super) fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let mut due_members = Vec::new();
+        let mut next_due = None;
+        for item in index
+            .range((partition, i64::MIN, "")..)
+            .ctx("scan due index")?
+        {
+            let (k, _) = item.ctx("scan due index")?;
+            let (p, due, job_id) = k.value();
+            if p != partition {
+                break;
+            }
+            if due > now || due_members.len() >= limit {
+                next_due = Some(due);
+                break;
+            }
+            due_members.push((job_id.to_owned(), due));
+        }
+        let mut fires = Vec::with_capacity(due_members.len());
+        for (job_id, due) in due_members {
+            match load_job(&jobs, &job_id)? {
+                Some(job) => fires.push(DueFire {
+                    job_id,
+                    due,
+                    // The pending member is always written from `next_fire`, so the armed
+                    // fire carries the planned time of this due.
+                    planned: job.next_fire.map_or(due, |a| a.planned),
+                    version: job.version,
+                }),
+                // Job and pending member change in one transaction, so this cannot happen
+                // short of damage; skipping keeps the rest of the partition firing.
+                None => tracing::warn!(job_id = %job_id, "pending fire without a job"),
+            }
+        }
+        Ok(DueBatch {
+            now,
+            fires,
+            next_due,
+        })
+    }
+
+    pub(super) fn claim_fires(
+        &self,
+        partition: u32,
+        claims: Vec<FireClaim>,
+    ) -> Result<ClaimOutcome> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            let mut results = Vec::with_capacity(claims.len());
+            let mut appended = Vec::new();
+            for claim in claims {
+                let home = partition_of(&claim.job_id, self.partitions);
+                if home != partition {
+                    // A caller bug (claims come from `due_fires` of one partition). The
+                    // redis backend cannot touch another partition's slot in one script,
+                    // so this one refuses too rather than silently working.
+                    return Err(Error::Corrupt(format!(
+                        "claim for job {:?} sent to partition {partition}, but it lives in {home}",
+                        claim.job_id
+                    )));
+                }
+                let result = self.claim_one(txn, &claim)?;
+                if result == ClaimResult::Claimed {
+                    appended.extend(claim.triggers);
+                }
+                results.push(result);
+            }
+            append_triggers(txn, now, appended)?;
+            let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+            let next_due = earliest_due(&index, partition)?;
+            Ok(ClaimOutcome {
+                now,
+                results,
+                next_due,
+            })
+        })
+    }
+
+    /// One claim's compare-and-set, inside the batch's transaction.
+    pub(super) fn claim_one(
+        &self,
+        txn: &WriteTransaction,
+        claim: &FireClaim,
+    ) -> Result<ClaimResult> {
+        let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let Some(mut job) = load_job(&jobs, &claim.job_id)? else {
+            return Ok(ClaimResult::Gone);
+        };
+        if job.paused {
+            return Ok(ClaimResult::Gone);
+        }
+        let pending_due = {
+            let pending = txn.open_table(PENDING).ctx("open pending")?;
+            pending
+                .get(claim.job_id.as_str())
+                .ctx("read pending member")?
+                .map(|g| g.value())
+        };
+        // No member while enabled means the schedule ended or another claim consumed the
+        // last fire: either way the claimer's view moved.
+        if pending_due != Some(claim.expected_due) {
+            return Ok(ClaimResult::Moved);
+        }
+        if job.version != claim.expected_version {
+            return Ok(ClaimResult::VersionChanged);
+        }
+        // A claim advances the schedule but is not a job change: the version stays, so
+        // claims computed from the same definition keep matching.
+        job.next_fire = claim.next;
+        store_job(&mut jobs, &job)?;
+        drop(jobs);
+        set_pending(
+            txn,
+            self.partitions,
+            &claim.job_id,
+            claim.next.map(|a| a.due),
+        )?;
+        Ok(ClaimResult::Claimed)
+    }
+
+    pub(super) fn enqueue_manual(&self, trigger: Trigger, key: Option<String>) -> Result<Enqueued> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            {
+                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                if jobs.get(trigger.job_id.as_str()).ctx("read job")?.is_none() {
+                    return Err(Error::JobNotFound(trigger.job_id.clone()));
+                }
+            }
+            self.sweep_idempotency(txn, now)?;
+            let schedule_id = trigger.schedule_id();
+            if let Some(key) = key.as_deref() {
+                let mut keys = txn.open_table(IDEMPOTENCY).ctx("open idempotency")?;
+                let mut expiry = txn
+                    .open_table(IDEMPOTENCY_EXPIRY)
+                    .ctx("open idempotency expiry")?;
+                let job_id = trigger.job_id.as_str();
+                let seen = keys
+                    .get((job_id, key))
+                    .ctx("read idempotency key")?
+                    .map(|g| {
+                        let (sid, expires_at) = g.value();
+                        (sid.to_owned(), expires_at)
+                    });
+                match seen {
+                    Some((first, expires_at)) if expires_at > now => {
+                        return Ok(Enqueued {
+                            schedule_id: first,
+                            duplicate: true,
+                        });
+                    }
+                    Some((_, expires_at)) => {
+                        expiry
+                            .remove((expires_at, job_id, key))
+                            .ctx("delete idempotency expiry")?;
+                    }
+                    None => {}
+                }
+                let expires_at = now.saturating_add(self.idempotency_ttl_ms);
+                keys.insert((job_id, key), (schedule_id.as_str(), expires_at))
+                    .ctx("write idempotency key")?;
+                expiry
+                    .insert((expires_at, job_id, key), ())
+                    .ctx("write idempotency expiry")?;
+            }
+            append_triggers(txn, now, vec![trigger])?;
+            Ok(Enqueued {
+                schedule_id,
+                duplicate: false,
+            })
+        })
+    }
+
+    /// Deletes up to `SWEEP_BATCH` idempotency keys past their expiry.
+    pub(super) fn sweep_idempotency(&self, txn: &WriteTransaction, now: Millis) -> Result<()> {
+        sweep_pair_expiry(txn, IDEMPOTENCY_EXPIRY, IDEMPOTENCY, now, "idempotency")
+    }
+
+    /// Delivers up to `max` never-delivered entries, in sequence order.
+    pub(super) fn read_once(&self, max: usize) -> Result<Vec<Delivery>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        // The lock is held across the read so that two concurrent readers cannot both
+        // take the same entries past the watermark.
+        let mut state = self.queue_state();
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+        let mut out = Vec::new();
+        for item in queue.range(state.next_unread..).ctx("scan triggers")? {
+            if out.len() >= max {
+                break;
+            }
+            let (k, v) = item.ctx("scan triggers")?;
+            let seq = k.value();
+            let entry_id = seq.to_string();
+            let queued: QueuedTrigger = decode("trigger", &entry_id, v.value())?;
+            out.push((seq, entry_id, queued.trigger));
+        }
+        let mut deliveries = Vec::with_capacity(out.len());
+        for (seq, entry_id, trigger) in out {
+            state.delivered.insert(seq, now);
+            state.next_unread = seq + 1;
+            deliveries.push(Delivery { entry_id, trigger });
+        }
+        Ok(deliveries)
+    }
+
+    pub(super) fn reclaim(&self, min_idle: Duration, max: usize) -> Result<Vec<Delivery>> {
+        let mut state = self.queue_state();
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let min_idle = duration_ms(min_idle);
+        let mut idle: Vec<u64> = state
+            .delivered
+            .iter()
+            .filter(|(_, at)| now.saturating_sub(**at) >= min_idle)
+            .map(|(seq, _)| *seq)
+            .collect();
+        idle.sort_unstable();
+        let queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+        let mut out = Vec::new();
+        for seq in idle {
+            if out.len() >= max {
+                break;
+            }
+            let entry_id = seq.to_string();
+            let json = queue
+                .get(seq)
+                .ctx("read trigger")?
+                .map(|g| g.value().to_owned());
+            match json {
+                Some(json) => {
+                    let queued: QueuedTrigger = decode("trigger", &entry_id, &json)?;
+                    state.delivered.insert(seq, now);
+                    out.push(Delivery {
+                        entry_id,
+                        trigger: queued.trigger,
+                    });
+                }
+                // Acked since it was delivered (the ack raced this scan): forget it.
+                None => {
+                    state.delivered.remove(&seq);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn ack(&self, seq: u64) -> Result<()> {
+        write(&self.db, |txn| {
+            let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+            queue.remove(seq).ctx("delete trigger")?;
+            Ok(())
+        })?;
+        self.queue_state().delivered.remove(&seq);
+        Ok(())
+    }
+}

@@ -1,0 +1,713 @@
+//! The embedded backend: one durable redb file, single process, the same semantics as
+//! the redis backend (and the same conformance suite).
+//!
+//! It owns the on-disk layout of an embedded store: the tables below, the meta record
+//! (schema version, partition count, trigger sequence), and the in-memory delivery state
+//! of the trigger queue. Every `Store` operation is exactly one redb transaction, run on
+//! the blocking pool, so the atomicity the trait promises is redb's: a write transaction
+//! is serialised against every other one and commits durably (fsync) or not at all.
+//!
+//! One file per concern: `jobs` (jobs, fires, the trigger queue), `runs` (runs, leases,
+//! the run state machine, progress and logs) over `run_tables` (the run tables open
+//! together, and the steps the run operations share), `nodes` (the node registry),
+//! `outbox` (the webhook outbox and circuit breakers), `apps` (apps and nonces);
+//! `store_impl` puts them behind the `Store` trait. This file holds the layout, opening
+//! the file, and the helpers they all use.
+//!
+//! Layout (all values that are domain records are JSON, so a field added to `model`
+//! stays readable as long as it is `serde(default)`-able):
+//!
+//! | table | key → value | why |
+//! |---|---|---|
+//! | `meta` | name → u64 | schema version, partitions, next trigger sequence |
+//! | `jobs` | job_id → JSON `JobRecord` | the jobs |
+//! | `pending` | job_id → due | the pending member of a job (at most one) |
+//! | `due_index` | (partition, due, job_id) → () | range scans of due fires per partition |
+//! | `triggers` | seq → JSON (trigger, enqueued_at) | the durable trigger queue |
+//! | `idempotency` | (job_id, key) → (schedule_id, expires_at) | manual trigger keys |
+//! | `idempotency_expiry` | (expires_at, job_id, key) → () | lazy sweep of old keys |
+//! | `runs` | schedule_id → JSON `RunRecord` | run records |
+//! | `runs_by_job` | (job_id, scheduled_at, schedule_id) → () | listing, per-job bound |
+//! | `runs_by_created` | (created_at, schedule_id) → () | retention sweep |
+//! | `run_counts` | job_id → u64 | the per-job bound without counting a range |
+//! | `lease_counters` | job_id → u64 | last fencing token of a job (never deleted) |
+//! | `active_runs` | (job_id, schedule_id) → () | the job's runs not final (overlap policy) |
+//! | `serial_queue` | (job_id, position) → schedule_id | the job's queued serial runs, FIFO |
+//! | `run_timers` | schedule_id → (partition, due) | a run's timer, to move or drop it |
+//! | `run_timer_index` | (partition, due, schedule_id) → () | `due_runs` per partition |
+//! | `node_runs` | (node_id, schedule_id) → () | runs leased to a node (max concurrency) |
+//! | `run_logs` | (schedule_id, seq) → JSON `LogLine` | executor log lines |
+//! | `run_log_meta` | schedule_id → (last seq, bytes kept) | seq allocation, the byte bound |
+//! | `nonces` | (app_id, nonce) → expires_at | inbound replay protection |
+//! | `nonce_expiry` | (expires_at, app_id, nonce) → () | lazy sweep of old nonces |
+//! | `nodes` | node_id → (JSON `NodeRecord`, expires_at) | the executor node registry |
+//! | `node_expiry` | (expires_at, node_id) → () | lazy sweep of expired nodes |
+//! | `webhook_outbox` | schedule_id → JSON entry | webhook deliveries not yet done |
+//! | `webhook_outbox_due` | (partition, due, schedule_id) → () | `due_deliveries` per partition |
+//! | `webhook_breakers` | destination → JSON breaker | circuit breakers by scheme://host:port |
+//!
+//! Everything in the run machine's tables (`active_runs` to `run_log_meta`) hangs off a
+//! run record and goes with it (retention sweep, per-job bound). Outbox entries do not:
+//! a webhook is delivered (or given up at its max age) even if its run is gone. Per-instance inboxes
+//! are not stored: they live in memory (see `push_inbox`).
+//!
+//! Choices where the trait leaves room. Those marked (pinned) are checked by the
+//! conformance suite, so the redis backend must make the same ones:
+//!
+//! - A paused job never has a pending member: `next_fire` is stored as None while
+//!   `paused`, whatever the caller passed (pinned).
+//! - `read_triggers` with a zero `block` does not wait (pinned).
+//! - Run records past `run_retention` (by `created_at`) are invisible at once (pinned),
+//!   to the run machine too, and deleted lazily: each `record_run` and `begin_run`
+//!   first deletes up to [`SWEEP_BATCH`] expired records. Idempotency keys and nonces
+//!   are swept the same way by the operations that write them. `record_run` fills
+//!   `created_at` (if 0) and, for a final state, `finished_at` (if None) from the
+//!   store's clock (pinned); `begin_run` always stamps `created_at`. A trigger that
+//!   says skip keeps its reason even if the job is paused or deleted meanwhile.
+//! - The run machine makes the choices of the redis scripts (`lua/runlib.lua` and the
+//!   run scripts), most of them pinned by the conformance suite: reasons ("retry:
+//!   <error code, or failed>", "retry: timeout", "retry: lost", "unconfirmed",
+//!   "timeout", "lost", "queued", "replaced", "overlap", "serial queue full"), a final
+//!   FAILED result with reason "", error fields set by timeouts and lost leases,
+//!   `last_node` set on every retry and re-route, `node_id` kept after the lease ends. A revoked lease and a
+//!   retried attempt each get a new token; a final result keeps its finisher's.
+//!   `append_logs` only checks the token (late lines after a result are kept);
+//!   `report_progress` also needs the run DISPATCHED/RUNNING.
+//! - Serial means one at a time (pinned): the queue pops only when no run of the job
+//!   outside the queue is still active, so cancelling a queued run releases nothing
+//!   while another runs, and a queued run cannot be finished by `Finisher::Waiting`.
+//! - A rejected dispatch (a WAITING outcome) keeps the run's error fields; any other
+//!   outcome whose state is not final is refused (`Applied::No`).
+//! - An executor node past its TTL (expires_at ≤ now) is invisible at once: not listed,
+//!   and `remove_node` returns false for it (pinned). It is deleted lazily: each
+//!   `upsert_node` and `remove_node` first deletes up to [`SWEEP_BATCH`] expired nodes.
+//!   `list_nodes` only skips them, so it stays a read transaction that never waits for
+//!   the writer. A refresh replaces the record and its expiry (a shorter TTL shortens
+//!   it); `connected_at` is kept as the caller passed it.
+//! - The store stamps `JobRecord.created_at`/`updated_at` with its clock (create sets
+//!   both; update keeps `created_at` and sets `updated_at`).
+//! - Queue entry ids are the decimal sequence number; `trim_triggers` is a no-op since
+//!   `ack_trigger` deletes. A page `limit` of zero means [`DEFAULT_PAGE`]; a zero
+//!   `limit` for `due_runs` or `read_logs` returns nothing (as in redis).
+//! - Caller mistakes the trait has no variant for (a claim sent to the wrong partition,
+//!   a malformed cursor or entry id) are `Error::Corrupt`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use redb::{
+    Database, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition,
+    WriteTransaction,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+
+use super::{
+    Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
+    DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, Held,
+    LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded, Result, Revocation,
+    RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery, partition_of,
+};
+use crate::model::{
+    AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,
+    RunState, Trigger, WebhookBody, duration_ms,
+};
+
+/// How many expired records (runs, idempotency keys, nonces, nodes) one write sweeps, so that a
+/// backlog is worked off over time without making any single operation slow.
+pub const SWEEP_BATCH: usize = 32;
+/// The page size used when a caller asks for a page of zero items.
+pub const DEFAULT_PAGE: usize = 100;
+/// An inbox nobody pushed to for this long is forgotten, messages and all (the redis
+/// backend lets the key expire after the same time).
+pub const INBOX_TTL: Duration = Duration::from_secs(60);
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
+const PENDING: TableDefinition<&str, i64> = TableDefinition::new("pending");
+const DUE_INDEX: TableDefinition<(u32, i64, &str), ()> = TableDefinition::new("due_index");
+const TRIGGERS: TableDefinition<u64, &str> = TableDefinition::new("triggers");
+const IDEMPOTENCY: TableDefinition<(&str, &str), (&str, i64)> = TableDefinition::new("idempotency");
+const IDEMPOTENCY_EXPIRY: TableDefinition<(i64, &str, &str), ()> =
+    TableDefinition::new("idempotency_expiry");
+const RUNS: TableDefinition<&str, &str> = TableDefinition::new("runs");
+const RUNS_BY_JOB: TableDefinition<(&str, i64, &str), ()> = TableDefinition::new("runs_by_job");
+const RUNS_BY_CREATED: TableDefinition<(i64, &str), ()> = TableDefinition::new("runs_by_created");
+const RUN_COUNTS: TableDefinition<&str, u64> = TableDefinition::new("run_counts");
+/// The last fencing token of each job. The on-disk name predates the run machine.
+const TOKENS: TableDefinition<&str, u64> = TableDefinition::new("lease_counters");
+const ACTIVE: TableDefinition<(&str, &str), ()> = TableDefinition::new("active_runs");
+const SERIAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("serial_queue");
+const TIMERS: TableDefinition<&str, (u32, i64)> = TableDefinition::new("run_timers");
+const TIMER_INDEX: TableDefinition<(u32, i64, &str), ()> = TableDefinition::new("run_timer_index");
+const NODE_RUNS: TableDefinition<(&str, &str), ()> = TableDefinition::new("node_runs");
+const LOGS: TableDefinition<(&str, u64), &str> = TableDefinition::new("run_logs");
+const LOG_META: TableDefinition<&str, (u64, u64)> = TableDefinition::new("run_log_meta");
+const NONCES: TableDefinition<(&str, &str), i64> = TableDefinition::new("nonces");
+const NONCE_EXPIRY: TableDefinition<(i64, &str, &str), ()> = TableDefinition::new("nonce_expiry");
+const NODES: TableDefinition<&str, (&str, i64)> = TableDefinition::new("nodes");
+const NODE_EXPIRY: TableDefinition<(i64, &str), ()> = TableDefinition::new("node_expiry");
+const APPS: TableDefinition<&str, &str> = TableDefinition::new("apps");
+const OUTBOX: TableDefinition<&str, &str> = TableDefinition::new("webhook_outbox");
+const OUTBOX_DUE: TableDefinition<(u32, i64, &str), ()> =
+    TableDefinition::new("webhook_outbox_due");
+const BREAKERS: TableDefinition<&str, &str> = TableDefinition::new("webhook_breakers");
+
+const META_SCHEMA: &str = "schema_version";
+const META_PARTITIONS: &str = "partitions";
+/// The sequence number the next appended trigger gets. Persisted so entry ids never
+/// repeat, even after every entry was acked and removed.
+const META_TRIGGER_SEQ: &str = "trigger_seq";
+
+/// A queue entry as stored: the trigger and when it was appended (store clock).
+#[derive(Debug, Serialize, Deserialize)]
+struct QueuedTrigger {
+    enqueued_at: Millis,
+    trigger: Trigger,
+}
+
+/// A webhook waiting in the outbox (the redis scripts keep the same JSON shape).
+#[derive(Debug, Serialize, Deserialize)]
+struct OutboxEntry {
+    job_id: String,
+    url: String,
+    body: String,
+    created_at: Millis,
+    attempts: u32,
+    /// The last claim's delivery token (0: never claimed).
+    token: u64,
+    in_flight: bool,
+    /// When it is due: the next attempt, or while in flight the end of the claim's lease.
+    due: Millis,
+}
+
+/// A destination's circuit breaker; no record means closed with no failures.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Breaker {
+    /// "closed", "open" or "half_open".
+    state: String,
+    /// Open: until then. Half open: the probe's deadline.
+    until: Millis,
+    /// Consecutive failures while closed.
+    failures: u32,
+}
+
+/// Delivery bookkeeping of the trigger queue. It lives in memory on purpose: "delivered
+/// but not acked" only means something for the life of this process, and after a restart
+/// every unacked entry must be delivered again, which an empty state gives for free.
+#[derive(Debug, Default)]
+struct QueueState {
+    /// Every entry with a lower sequence was delivered by `read_triggers` during this
+    /// process's life (or acked). Sequences are allocated inside the single redb writer,
+    /// so they become visible in order and a watermark is enough to find new entries.
+    next_unread: u64,
+    /// Delivered and not yet acked: sequence → when it was (last) delivered.
+    delivered: HashMap<u64, Millis>,
+}
+
+/// What the blocking closures share.
+struct Inner {
+    db: Database,
+    partitions: u32,
+    run_retention_ms: i64,
+    max_runs_per_job: u64,
+    idempotency_ttl_ms: i64,
+    queue: Mutex<QueueState>,
+}
+
+/// The embedded `Store`: see the module docs.
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+    /// Bumped after every committed job create/update/delete.
+    changes: watch::Sender<u64>,
+    /// Woken after every committed trigger append, so blocked readers need not poll.
+    appended: Arc<Notify>,
+    /// Per-instance inboxes. In memory on purpose: an embedded store serves one process,
+    /// and inboxes are best effort by contract (a dispatch lost with its message is
+    /// never confirmed, so it is re-routed).
+    inboxes: Mutex<HashMap<String, Inbox>>,
+    /// Woken after every push, so blocked `pop_inbox` callers need not poll.
+    inbox_pushed: Notify,
+    /// Round-robin counters by job: in memory, as only this process routes.
+    route_counters: Mutex<HashMap<String, u64>>,
+}
+
+/// One instance's inbox: messages oldest first, forgotten once nobody pushed for
+/// [`INBOX_TTL`] (as the redis key expires).
+#[derive(Debug)]
+struct Inbox {
+    messages: VecDeque<Vec<u8>>,
+    expires: Instant,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore")
+            .field("partitions", &self.inner.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if missing) the store file at `path`. A new file records
+    /// `SCHEMA_VERSION` and `opts.partitions`; an existing one keeps its partition count,
+    /// and one written by a newer schema is refused with `Error::SchemaTooNew`.
+    ///
+    /// This is blocking I/O (it may fsync); call it at start-up or from a blocking task.
+    pub fn open(path: &Path, opts: StoreOptions) -> Result<EmbeddedStore> {
+        let db = Database::create(path)
+            .map_err(|e| map_redb(&format!("open embedded store {}", path.display()), e.into()))?;
+        let partitions = init_meta(&db, opts.partitions)?;
+        // The remaining tables are created up front so that read transactions can always
+        // open them (a read transaction cannot create a table).
+        let txn = db.begin_write().ctx("begin schema transaction")?;
+        create_tables(&txn)?;
+        txn.commit().ctx("commit schema transaction")?;
+
+        let (changes, _) = watch::channel(0);
+        Ok(EmbeddedStore {
+            inner: Arc::new(Inner {
+                db,
+                partitions,
+                run_retention_ms: duration_ms(opts.run_retention),
+                // Zero would delete a run in the very operation that records it, breaking
+                // `record_run`'s idempotency, so at least one run per job is kept.
+                max_runs_per_job: u64::try_from(opts.max_runs_per_job.max(1)).unwrap_or(u64::MAX),
+                idempotency_ttl_ms: duration_ms(opts.idempotency_ttl),
+                queue: Mutex::new(QueueState::default()),
+            }),
+            changes,
+            appended: Arc::new(Notify::new()),
+            inboxes: Mutex::new(HashMap::new()),
+            inbox_pushed: Notify::new(),
+            route_counters: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Runs `f` on the blocking pool: redb calls block on disk and on the writer lock.
+    async fn blocking<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| Error::Unavailable(format!("embedded store task failed: {e}")))?
+    }
+
+    fn job_changed(&self) {
+        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    fn inboxes(&self) -> MutexGuard<'_, HashMap<String, Inbox>> {
+        // Each statement leaves the map consistent, so a panic elsewhere cannot leave
+        // it half-updated.
+        self.inboxes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes up to `max` messages from the instance's inbox, oldest first.
+    fn take_inbox(&self, instance: &str, max: usize) -> Vec<Vec<u8>> {
+        let mut inboxes = self.inboxes();
+        let Some(inbox) = inboxes.get_mut(instance) else {
+            return Vec::new();
+        };
+        if inbox.expires <= Instant::now() {
+            inboxes.remove(instance);
+            return Vec::new();
+        }
+        let n = max.min(inbox.messages.len());
+        let got: Vec<Vec<u8>> = inbox.messages.drain(..n).collect();
+        if inbox.messages.is_empty() {
+            inboxes.remove(instance);
+        }
+        got
+    }
+}
+
+/// Checks or writes the meta record; returns the store's partition count.
+fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
+    let txn = db.begin_write().ctx("begin meta transaction")?;
+    let partitions = {
+        let mut meta = txn.open_table(META).ctx("open meta table")?;
+        let schema = meta
+            .get(META_SCHEMA)
+            .ctx("read schema version")?
+            .map(|g| g.value());
+        match schema {
+            None => {
+                let partitions = wanted_partitions.max(1);
+                meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION))
+                    .ctx("write schema version")?;
+                meta.insert(META_PARTITIONS, u64::from(partitions))
+                    .ctx("write partitions")?;
+                meta.insert(META_TRIGGER_SEQ, 1)
+                    .ctx("write trigger sequence")?;
+                partitions
+            }
+            Some(found) => {
+                if found > u64::from(SCHEMA_VERSION) {
+                    return Err(Error::SchemaTooNew {
+                        found: u32::try_from(found).unwrap_or(u32::MAX),
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                // Schema 1 is the only one so far: nothing to migrate.
+                let stored = meta
+                    .get(META_PARTITIONS)
+                    .ctx("read partitions")?
+                    .map(|g| g.value())
+                    .ok_or_else(|| Error::Corrupt("meta record has no partition count".into()))?;
+                match u32::try_from(stored) {
+                    Ok(p) if p > 0 => p,
+                    _ => {
+                        return Err(Error::Corrupt(format!(
+                            "meta record has an invalid partition count {stored}"
+                        )));
+                    }
+                }
+            }
+        }
+    };
+    txn.commit().ctx("commit meta transaction")?;
+    Ok(partitions)
+}
+
+fn create_tables(txn: &WriteTransaction) -> Result<()> {
+    txn.open_table(JOBS).ctx("create jobs table")?;
+    txn.open_table(PENDING).ctx("create pending table")?;
+    txn.open_table(DUE_INDEX).ctx("create due index")?;
+    txn.open_table(TRIGGERS).ctx("create triggers table")?;
+    txn.open_table(IDEMPOTENCY)
+        .ctx("create idempotency table")?;
+    txn.open_table(IDEMPOTENCY_EXPIRY)
+        .ctx("create idempotency expiry index")?;
+    txn.open_table(RUNS).ctx("create runs table")?;
+    txn.open_table(RUNS_BY_JOB)
+        .ctx("create runs-by-job index")?;
+    txn.open_table(RUNS_BY_CREATED)
+        .ctx("create runs-by-created index")?;
+    txn.open_table(RUN_COUNTS).ctx("create run counts table")?;
+    txn.open_table(TOKENS).ctx("create token counters")?;
+    txn.open_table(ACTIVE).ctx("create active runs table")?;
+    txn.open_table(SERIAL).ctx("create serial queue table")?;
+    txn.open_table(TIMERS).ctx("create run timers")?;
+    txn.open_table(TIMER_INDEX).ctx("create run timer index")?;
+    txn.open_table(NODE_RUNS).ctx("create node runs table")?;
+    txn.open_table(LOGS).ctx("create run logs table")?;
+    txn.open_table(LOG_META).ctx("create run log meta table")?;
+    txn.open_table(NONCES).ctx("create nonces table")?;
+    txn.open_table(NONCE_EXPIRY)
+        .ctx("create nonce expiry index")?;
+    txn.open_table(NODES).ctx("create nodes table")?;
+    txn.open_table(NODE_EXPIRY)
+        .ctx("create node expiry index")?;
+    txn.open_table(OUTBOX).ctx("create webhook outbox")?;
+    txn.open_table(OUTBOX_DUE)
+        .ctx("create webhook outbox index")?;
+    txn.open_table(BREAKERS).ctx("create webhook breakers")?;
+    txn.open_table(APPS).ctx("create apps table")?;
+    Ok(())
+}
+
+// ---- error mapping
+
+/// Maps a redb error to the store's vocabulary: damage to the file (or a layout this
+/// code does not expect) is `Corrupt`; anything else (I/O, locks, a closed database)
+/// is `Unavailable`, which callers may retry.
+fn map_redb(what: &str, e: redb::Error) -> Error {
+    match e {
+        redb::Error::Corrupted(_)
+        | redb::Error::UpgradeRequired(_)
+        | redb::Error::TableTypeMismatch { .. }
+        | redb::Error::TypeDefinitionChanged { .. }
+        | redb::Error::TableIsMultimap(_)
+        | redb::Error::TableIsNotMultimap(_) => Error::Corrupt(format!("{what}: {e}")),
+        other => Error::Unavailable(format!("{what}: {other}")),
+    }
+}
+
+/// `.ctx("what")` on any redb result, naming the step that failed.
+trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T>;
+}
+
+impl<T, E: Into<redb::Error>> Ctx<T> for std::result::Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T> {
+        self.map_err(|e| map_redb(what, e.into()))
+    }
+}
+
+/// Deletes up to `SWEEP_BATCH` entries past their expiry from an expiry index keyed
+/// (expires_at, a, b) and from the table it indexes, keyed (a, b).
+fn sweep_pair_expiry<V: redb::Value + 'static>(
+    txn: &WriteTransaction,
+    index: TableDefinition<(i64, &str, &str), ()>,
+    table: TableDefinition<(&str, &str), V>,
+    now: Millis,
+    what: &str,
+) -> Result<()> {
+    let mut entries = txn.open_table(table).ctx(what)?;
+    let mut expiry = txn.open_table(index).ctx(what)?;
+    let expired: Vec<(i64, String, String)> = {
+        let mut out = Vec::new();
+        for item in expiry.range(..(now.saturating_add(1), "", "")).ctx(what)? {
+            if out.len() >= SWEEP_BATCH {
+                break;
+            }
+            let (k, _) = item.ctx(what)?;
+            let (at, a, b) = k.value();
+            out.push((at, a.to_owned(), b.to_owned()));
+        }
+        out
+    };
+    for (at, a, b) in expired {
+        expiry.remove((at, a.as_str(), b.as_str())).ctx(what)?;
+        entries.remove((a.as_str(), b.as_str())).ctx(what)?;
+    }
+    Ok(())
+}
+
+fn decode<T: DeserializeOwned>(what: &str, key: &str, json: &str) -> Result<T> {
+    serde_json::from_str(json).map_err(|e| Error::Corrupt(format!("{what} {key:?}: {e}")))
+}
+
+fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| Error::Corrupt(format!("encode {what}: {e}")))
+}
+
+// ---- clock
+
+/// Epoch microseconds by the system clock (0 if it is set before 1970).
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn now_ms() -> Millis {
+    i64::try_from(now_us() / 1000).unwrap_or(i64::MAX)
+}
+
+fn page_limit(limit: usize) -> usize {
+    if limit == 0 { DEFAULT_PAGE } else { limit }
+}
+
+// ---- transaction helpers
+
+/// One write transaction: commits if `f` succeeds, aborts (by drop) if it fails.
+fn write<T>(db: &Database, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
+    let txn = db.begin_write().ctx("begin write transaction")?;
+    let out = f(&txn)?;
+    txn.commit().ctx("commit")?;
+    Ok(out)
+}
+
+fn read(db: &Database) -> Result<ReadTransaction> {
+    db.begin_read().ctx("begin read transaction")
+}
+
+fn load_job(
+    jobs: &impl ReadableTable<&'static str, &'static str>,
+    job_id: &str,
+) -> Result<Option<JobRecord>> {
+    match jobs.get(job_id).ctx("read job")? {
+        Some(g) => decode("job", job_id, g.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn store_job(jobs: &mut Table<&'static str, &'static str>, job: &JobRecord) -> Result<()> {
+    let json = encode("job", job)?;
+    jobs.insert(job.spec.id.as_str(), json.as_str())
+        .ctx("write job")?;
+    Ok(())
+}
+
+fn load_run(
+    runs: &impl ReadableTable<&'static str, &'static str>,
+    schedule_id: &str,
+) -> Result<Option<RunRecord>> {
+    match runs.get(schedule_id).ctx("read run")? {
+        Some(g) => decode("run", schedule_id, g.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Rewrites a job's pending member: removes the old one (and its index key), then arms
+/// `due` if any. Both tables always change together, so they cannot disagree.
+fn set_pending(
+    txn: &WriteTransaction,
+    partitions: u32,
+    job_id: &str,
+    due: Option<Millis>,
+) -> Result<()> {
+    let mut pending = txn.open_table(PENDING).ctx("open pending")?;
+    let mut index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+    let partition = partition_of(job_id, partitions);
+    let old = pending
+        .remove(job_id)
+        .ctx("remove pending member")?
+        .map(|g| g.value());
+    if let Some(old) = old {
+        index
+            .remove((partition, old, job_id))
+            .ctx("remove due index key")?;
+    }
+    if let Some(due) = due {
+        pending.insert(job_id, due).ctx("write pending member")?;
+        index
+            .insert((partition, due, job_id), ())
+            .ctx("write due index key")?;
+    }
+    Ok(())
+}
+
+/// The earliest pending due time in `partition`, if any.
+fn earliest_due(
+    index: &impl ReadableTable<(u32, i64, &'static str), ()>,
+    partition: u32,
+) -> Result<Option<Millis>> {
+    let mut range = index
+        .range((partition, i64::MIN, "")..)
+        .ctx("scan due index")?;
+    match range.next() {
+        Some(item) => {
+            let (k, _) = item.ctx("scan due index")?;
+            let (p, due, _) = k.value();
+            Ok((p == partition).then_some(due))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Appends triggers to the queue with `triggered_at = now`, allocating sequence numbers
+/// from the meta record (inside this write transaction, hence in commit order).
+fn append_triggers(txn: &WriteTransaction, now: Millis, triggers: Vec<Trigger>) -> Result<()> {
+    if triggers.is_empty() {
+        return Ok(());
+    }
+    let mut meta = txn.open_table(META).ctx("open meta")?;
+    let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+    let mut seq = meta
+        .get(META_TRIGGER_SEQ)
+        .ctx("read trigger sequence")?
+        .map(|g| g.value())
+        .unwrap_or(1);
+    for mut trigger in triggers {
+        trigger.triggered_at = now;
+        let json = encode(
+            "trigger",
+            &QueuedTrigger {
+                enqueued_at: now,
+                trigger,
+            },
+        )?;
+        queue.insert(seq, json.as_str()).ctx("append trigger")?;
+        seq += 1;
+    }
+    meta.insert(META_TRIGGER_SEQ, seq)
+        .ctx("write trigger sequence")?;
+    Ok(())
+}
+
+/// A run holds a lease (and a slot on its node) in these states.
+fn held(state: RunState) -> bool {
+    matches!(state, RunState::Dispatched | RunState::Running)
+}
+
+/// The smallest key above every `(prefix, _)` key of a two-part string key.
+fn successor(prefix: &str) -> String {
+    format!("{prefix}\0")
+}
+
+mod apps;
+mod jobs;
+mod nodes;
+mod outbox;
+mod run_tables;
+mod runs;
+mod store_impl;
+#[cfg(test)]
+mod tests;
+
+use run_tables::RunTables;
+
+impl Inner {
+    fn expired_run(&self, run: &RunRecord, now: Millis) -> bool {
+        run.created_at.saturating_add(self.run_retention_ms) <= now
+    }
+
+    fn queue_state(&self) -> MutexGuard<'_, QueueState> {
+        // The state is a watermark and a map, each always left consistent between
+        // statements, so a panic elsewhere cannot leave it half-updated.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn parse_run_cursor(cursor: &str) -> Result<(Millis, String)> {
+    cursor
+        .split_once(':')
+        .and_then(|(at, sid)| Some((at.parse().ok()?, sid.to_owned())))
+        .ok_or_else(|| Error::Corrupt(format!("invalid run list cursor {cursor:?}")))
+}
+
+fn parse_entry_id(entry_id: &str) -> Result<u64> {
+    entry_id
+        .parse()
+        .map_err(|_| Error::Corrupt(format!("invalid trigger entry id {entry_id:?}")))
+}
+
+/// Up to `limit` ids of a `(partition, time, id)` index whose time is due by now,
+/// earliest first: run timers and webhook deliveries.
+fn due_in_partition(
+    db: &Database,
+    table: TableDefinition<(u32, i64, &str), ()>,
+    partition: u32,
+    limit: usize,
+    what: &str,
+) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    if limit == 0 {
+        return Ok(out);
+    }
+    let txn = read(db)?;
+    let now = now_ms();
+    let index = txn.open_table(table).ctx(what)?;
+    for item in index
+        .range((partition, i64::MIN, "")..(partition, now.saturating_add(1), ""))
+        .ctx(what)?
+    {
+        let (k, _) = item.ctx(what)?;
+        out.push(k.value().2.to_owned());
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Up to `SWEEP_BATCH` keys of a `(time, id)` index whose time is ≤ `until`,
+/// earliest first.
+fn due_keys(
+    index: &impl ReadableTable<(i64, &'static str), ()>,
+    until: Millis,
+    what: &str,
+) -> Result<Vec<(i64, String)>> {
+    let mut out = Vec::new();
+    for item in index.range(..(until.saturating_add(1), "")).ctx(what)? {
+        if out.len() >= SWEEP_BATCH {
+            break;
+        }
+        let (k, _) = item.ctx(what)?;
+        let (at, id) = k.value();
+        out.push((at, id.to_owned()));
+    }
+    Ok(out)
+}

@@ -1,0 +1,112 @@
+//! The executor node registry: register or refresh with a TTL, remove (only by the
+//! node's instance), list; expired nodes are invisible at once and swept lazily.
+
+use super::*;
+
+impl Inner {
+    pub(super) fn upsert_node(&self, mut node: NodeRecord, ttl: Duration) -> Result<()> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            sweep_nodes(txn, now)?;
+            node.last_heartbeat = now;
+            let json = encode("node", &node)?;
+            let expires_at = now.saturating_add(duration_ms(ttl));
+            let node_id = node.node_id.as_str();
+            let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+            let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+            let old_expiry = nodes.get(node_id).ctx("read node")?.map(|g| g.value().1);
+            if let Some(old) = old_expiry {
+                expiry.remove((old, node_id)).ctx("delete node expiry")?;
+            }
+            nodes
+                .insert(node_id, (json.as_str(), expires_at))
+                .ctx("write node")?;
+            expiry
+                .insert((expires_at, node_id), ())
+                .ctx("write node expiry")?;
+            Ok(())
+        })
+    }
+
+    pub(super) fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
+        write(&self.db, |txn| {
+            let now = now_ms();
+            sweep_nodes(txn, now)?;
+            let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+            let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+            let current = nodes.get(node_id).ctx("read node")?.map(|g| {
+                let (json, expires_at) = g.value();
+                (json.to_owned(), expires_at)
+            });
+            let Some((json, expires_at)) = current else {
+                return Ok(false);
+            };
+            // Expired but not swept yet: it is gone as far as anyone can tell (in redis
+            // its key would have expired), so it is deleted and not reported removed.
+            let removed = if expires_at <= now {
+                false
+            } else {
+                let stored: NodeRecord = decode("node", node_id, &json)?;
+                if stored.instance != instance {
+                    return Ok(false);
+                }
+                true
+            };
+            nodes.remove(node_id).ctx("delete node")?;
+            expiry
+                .remove((expires_at, node_id))
+                .ctx("delete node expiry")?;
+            Ok(removed)
+        })
+    }
+
+    /// Unexpired nodes in node id order (the table's key order).
+    pub(super) fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
+        let txn = read(&self.db)?;
+        let now = now_ms();
+        let nodes = txn.open_table(NODES).ctx("open nodes")?;
+        let node_runs = txn.open_table(NODE_RUNS).ctx("open node runs")?;
+        let mut out = Vec::new();
+        for item in nodes.iter().ctx("scan nodes")? {
+            let (k, v) = item.ctx("scan nodes")?;
+            let (json, expires_at) = v.value();
+            if expires_at <= now {
+                continue;
+            }
+            let mut node: NodeRecord = decode("node", k.value(), json)?;
+            if group.is_none_or(|g| node.group == g) {
+                let upper = successor(&node.node_id);
+                node.leased = node_runs
+                    .range((node.node_id.as_str(), "")..(upper.as_str(), ""))
+                    .ctx("scan node runs")?
+                    .count()
+                    .try_into()
+                    .unwrap_or(u32::MAX);
+                out.push(node);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Deletes up to `SWEEP_BATCH` nodes whose expiry has passed, earliest first.
+fn sweep_nodes(txn: &WriteTransaction, now: Millis) -> Result<()> {
+    let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+    let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+    let expired = due_keys(&expiry, now, "scan node expiry")?;
+    for (at, node_id) in expired {
+        expiry
+            .remove((at, node_id.as_str()))
+            .ctx("delete node expiry")?;
+        // Record and expiry key always change together; the check only guards against
+        // deleting a record that a damaged index no longer describes.
+        let stored_expiry = nodes
+            .get(node_id.as_str())
+            .ctx("read node")?
+            .map(|g| g.value().1);
+        if stored_expiry == Some(at) {
+            nodes.remove(node_id.as_str()).ctx("delete node")?;
+        }
+    }
+    Ok(())
+}

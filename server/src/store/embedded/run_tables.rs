@@ -1,0 +1,624 @@
+//! `RunTables`: every table that describes runs, open together for one write
+//! transaction, and the run machine's steps over them (what `begin_run`, `assign_run`,
+//! `finish_run`, `expire_run`, `cancel_run` and `fan_out` share), with the helpers
+//! those steps and the sweeps use.
+
+use super::*;
+
+/// Every table that describes runs, open together for one write transaction, with the
+/// store's clock read once for it.
+///
+/// redb hands out one handle per table at a time, so the run operations share these
+/// handles instead of each helper opening its own. It also keeps in one place the
+/// answer to "what must go when a run record goes" (`delete`).
+pub(super) struct RunTables<'t> {
+    pub(super) now: Millis,
+    pub(super) now_us: u64,
+    pub(super) partitions: u32,
+    pub(super) retention_ms: i64,
+    pub(super) max_runs_per_job: u64,
+    pub(super) runs: Table<'t, &'static str, &'static str>,
+    pub(super) by_job: Table<'t, (&'static str, i64, &'static str), ()>,
+    pub(super) by_created: Table<'t, (i64, &'static str), ()>,
+    pub(super) counts: Table<'t, &'static str, u64>,
+    /// (job_id, schedule_id): the job's runs that are not final, queued ones included.
+    pub(super) active: Table<'t, (&'static str, &'static str), ()>,
+    /// (job_id, position) → schedule_id: the job's serial queue, popped from the front.
+    pub(super) serial: Table<'t, (&'static str, u64), &'static str>,
+    /// schedule_id → (partition, due): the run's timer, so it can be found and moved.
+    pub(super) timers: Table<'t, &'static str, (u32, i64)>,
+    pub(super) timer_index: Table<'t, (u32, i64, &'static str), ()>,
+    /// (node_id, schedule_id): the runs leased to a node, counted for max concurrency.
+    pub(super) node_runs: Table<'t, (&'static str, &'static str), ()>,
+    pub(super) tokens: Table<'t, &'static str, u64>,
+    pub(super) logs: Table<'t, (&'static str, u64), &'static str>,
+    /// schedule_id → (last seq, message bytes kept).
+    pub(super) log_meta: Table<'t, &'static str, (u64, u64)>,
+    /// schedule_id → JSON `OutboxEntry`: webhooks written by `finalize`.
+    pub(super) outbox: Table<'t, &'static str, &'static str>,
+    /// (partition, due, schedule_id): when each outbox entry is due.
+    pub(super) outbox_due: Table<'t, (u32, i64, &'static str), ()>,
+}
+
+impl<'t> RunTables<'t> {
+    pub(super) fn open(txn: &'t WriteTransaction, inner: &Inner) -> Result<Self> {
+        let now_us = now_us();
+        Ok(RunTables {
+            now: i64::try_from(now_us / 1000).unwrap_or(i64::MAX),
+            now_us,
+            partitions: inner.partitions,
+            retention_ms: inner.run_retention_ms,
+            max_runs_per_job: inner.max_runs_per_job,
+            runs: txn.open_table(RUNS).ctx("open runs")?,
+            by_job: txn.open_table(RUNS_BY_JOB).ctx("open runs-by-job")?,
+            by_created: txn
+                .open_table(RUNS_BY_CREATED)
+                .ctx("open runs-by-created")?,
+            counts: txn.open_table(RUN_COUNTS).ctx("open run counts")?,
+            active: txn.open_table(ACTIVE).ctx("open active runs")?,
+            serial: txn.open_table(SERIAL).ctx("open serial queue")?,
+            timers: txn.open_table(TIMERS).ctx("open run timers")?,
+            timer_index: txn.open_table(TIMER_INDEX).ctx("open run timer index")?,
+            node_runs: txn.open_table(NODE_RUNS).ctx("open node runs")?,
+            tokens: txn.open_table(TOKENS).ctx("open token counters")?,
+            logs: txn.open_table(LOGS).ctx("open run logs")?,
+            log_meta: txn.open_table(LOG_META).ctx("open run log meta")?,
+            outbox: txn.open_table(OUTBOX).ctx("open webhook outbox")?,
+            outbox_due: txn
+                .open_table(OUTBOX_DUE)
+                .ctx("open webhook outbox index")?,
+        })
+    }
+
+    pub(super) fn expired(&self, run: &RunRecord) -> bool {
+        run.created_at.saturating_add(self.retention_ms) <= self.now
+    }
+
+    /// The run, unless it is missing or past its retention (gone as far as anyone can
+    /// tell: in redis its key would have expired).
+    pub(super) fn load(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        Ok(load_run(&self.runs, schedule_id)?.filter(|r| !self.expired(r)))
+    }
+
+    /// The run an executor's message names: shard 0 of a fanned-out broadcast run
+    /// travels under the parent's schedule_id.
+    pub(super) fn load_held(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        match self.load(schedule_id)? {
+            Some(run) if run.is_fanned_out() => self.load(&RunRecord::shard_id(schedule_id, 0)),
+            other => Ok(other),
+        }
+    }
+
+    /// The stored run for a schedule_id about to be recorded: a record past retention
+    /// is deleted on the spot so the new one takes its place.
+    pub(super) fn existing(&mut self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        match load_run(&self.runs, schedule_id)? {
+            Some(run) if self.expired(&run) => {
+                self.delete(&run)?;
+                Ok(None)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Writes the run back and re-scores its timer: the earliest deadline while it is
+    /// not final, none once it is.
+    pub(super) fn save(&mut self, run: &RunRecord) -> Result<()> {
+        let json = encode("run", run)?;
+        self.runs
+            .insert(run.schedule_id.as_str(), json.as_str())
+            .ctx("write run")?;
+        let due = if run.state.is_final() {
+            None
+        } else {
+            run.deadlines.earliest()
+        };
+        self.set_timer(&run.schedule_id, &run.job_id, due)
+    }
+
+    pub(super) fn set_timer(
+        &mut self,
+        schedule_id: &str,
+        job_id: &str,
+        due: Option<Millis>,
+    ) -> Result<()> {
+        self.drop_timer(schedule_id)?;
+        if let Some(due) = due {
+            let p = partition_of(job_id, self.partitions);
+            self.timers
+                .insert(schedule_id, (p, due))
+                .ctx("write run timer")?;
+            self.timer_index
+                .insert((p, due, schedule_id), ())
+                .ctx("write run timer index")?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn drop_timer(&mut self, schedule_id: &str) -> Result<()> {
+        let old = self
+            .timers
+            .remove(schedule_id)
+            .ctx("delete run timer")?
+            .map(|g| g.value());
+        if let Some((p, due)) = old {
+            self.timer_index
+                .remove((p, due, schedule_id))
+                .ctx("delete run timer index")?;
+        }
+        Ok(())
+    }
+
+    /// A fresh fencing token for a run of `job_id`: max(counter + 1, store time in µs).
+    /// The clock keeps tokens growing even if the counter were lost; the counter keeps
+    /// them growing if the clock stepped back.
+    pub(super) fn new_token(&mut self, job_id: &str) -> Result<u64> {
+        let counter = self
+            .tokens
+            .get(job_id)
+            .ctx("read token counter")?
+            .map(|g| g.value())
+            .unwrap_or(0);
+        let token = counter.saturating_add(1).max(self.now_us);
+        self.tokens
+            .insert(job_id, token)
+            .ctx("write token counter")?;
+        Ok(token)
+    }
+
+    /// How many runs are leased to the node.
+    pub(super) fn busy(&self, node_id: &str) -> Result<u64> {
+        let upper = successor(node_id);
+        let mut n = 0;
+        for item in self
+            .node_runs
+            .range((node_id, "")..(upper.as_str(), ""))
+            .ctx("scan node runs")?
+        {
+            item.ctx("scan node runs")?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The run leaves DISPATCHED/RUNNING (the caller changes its state): its node's
+    /// lease count drops.
+    pub(super) fn leave_node(&mut self, run: &RunRecord) -> Result<()> {
+        if held(run.state) && !run.node_id.is_empty() {
+            self.node_runs
+                .remove((run.node_id.as_str(), run.schedule_id.as_str()))
+                .ctx("delete node run")?;
+        }
+        Ok(())
+    }
+
+    /// Takes the lease away: a new token makes the holder's stale. None when the run
+    /// held no lease.
+    pub(super) fn revoke(
+        &mut self,
+        run: &mut RunRecord,
+        reason: &str,
+    ) -> Result<Option<Revocation>> {
+        if !held(run.state) || run.node_id.is_empty() {
+            return Ok(None);
+        }
+        let revocation = Revocation {
+            schedule_id: run.schedule_id.clone(),
+            node_id: run.node_id.clone(),
+            token: run.fencing_token,
+            reason: reason.to_owned(),
+        };
+        self.leave_node(run)?;
+        run.fencing_token = self.new_token(&run.job_id)?;
+        Ok(Some(revocation))
+    }
+
+    /// The schedule_ids of the job's runs that are not final (as indexed).
+    pub(super) fn active_ids(&self, job_id: &str) -> Result<Vec<String>> {
+        let upper = successor(job_id);
+        let mut out = Vec::new();
+        for item in self
+            .active
+            .range((job_id, "")..(upper.as_str(), ""))
+            .ctx("scan active runs")?
+        {
+            let (k, _) = item.ctx("scan active runs")?;
+            out.push(k.value().1.to_owned());
+        }
+        Ok(out)
+    }
+
+    /// The job's serial queue, front first: (position, schedule_id).
+    pub(super) fn queue(&self, job_id: &str) -> Result<Vec<(u64, String)>> {
+        let mut out = Vec::new();
+        for item in self
+            .serial
+            .range((job_id, 0)..=(job_id, u64::MAX))
+            .ctx("scan serial queue")?
+        {
+            let (k, v) = item.ctx("scan serial queue")?;
+            out.push((k.value().1, v.value().to_owned()));
+        }
+        Ok(out)
+    }
+
+    pub(super) fn enqueue(&mut self, job_id: &str, schedule_id: &str) -> Result<()> {
+        let last = self
+            .serial
+            .range((job_id, 0)..=(job_id, u64::MAX))
+            .ctx("scan serial queue")?
+            .next_back()
+            .transpose()
+            .ctx("scan serial queue")?
+            .map(|(k, _)| k.value().1);
+        let pos = last.map_or(0, |p| p.saturating_add(1));
+        self.serial
+            .insert((job_id, pos), schedule_id)
+            .ctx("write serial queue")?;
+        Ok(())
+    }
+
+    pub(super) fn unqueue(&mut self, job_id: &str, schedule_id: &str) -> Result<()> {
+        for (pos, sid) in self.queue(job_id)? {
+            if sid == schedule_id {
+                self.serial
+                    .remove((job_id, pos))
+                    .ctx("delete serial queue entry")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next queued serial run of the job becomes due to route now; returns its
+    /// schedule_id. Nothing pops while another run of the job that is not queued is
+    /// still active: serial means one at a time.
+    pub(super) fn pop_serial(&mut self, job_id: &str) -> Result<Option<String>> {
+        let queue = self.queue(job_id)?;
+        if queue.is_empty() {
+            return Ok(None);
+        }
+        let queued: HashSet<&str> = queue.iter().map(|(_, sid)| sid.as_str()).collect();
+        for sid in self.active_ids(job_id)? {
+            if queued.contains(sid.as_str()) {
+                continue;
+            }
+            if self.load(&sid)?.is_some_and(|r| !r.state.is_final()) {
+                return Ok(None);
+            }
+        }
+        for (pos, sid) in queue {
+            self.serial
+                .remove((job_id, pos))
+                .ctx("delete serial queue entry")?;
+            let Some(mut run) = self.load(&sid)? else {
+                continue;
+            };
+            if run.state != RunState::Waiting {
+                continue;
+            }
+            run.deadlines.wake_at = self.now;
+            run.deadlines.wait_until = self.now.saturating_add(run.plan.dispatch_wait_ms);
+            run.reason.clear();
+            self.save(&run)?;
+            return Ok(Some(sid));
+        }
+        Ok(None)
+    }
+
+    /// Makes the run final (its lease already revoked or released): no deadlines, out
+    /// of the active set and the serial queue. Returns the serial run this released,
+    /// if `pop`. The caller saves the run.
+    pub(super) fn finalize(
+        &mut self,
+        run: &mut RunRecord,
+        state: RunState,
+        reason: &str,
+        pop: bool,
+    ) -> Result<Option<String>> {
+        run.deadlines = Deadlines::default();
+        run.state = state;
+        run.reason = reason.to_owned();
+        if run.finished_at.is_none_or(|f| f == 0) {
+            run.finished_at = Some(self.now);
+        }
+        if !run.parent.is_empty() {
+            return self.count_shard(run);
+        }
+        self.write_outbox(run)?;
+        let (job_id, sid) = (run.job_id.as_str(), run.schedule_id.as_str());
+        self.active.remove((job_id, sid)).ctx("delete active run")?;
+        self.unqueue(job_id, sid)?;
+        if pop {
+            self.pop_serial(job_id)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// The run's webhook: when its plan names a callback URL, its outbox entry (the
+    /// body fixed now, due now) and callback state PENDING, in the step that makes it
+    /// final.
+    pub(super) fn write_outbox(&mut self, run: &mut RunRecord) -> Result<()> {
+        let Some(url) = run.plan.callback_url.clone().filter(|u| !u.is_empty()) else {
+            return Ok(());
+        };
+        let body = encode("webhook body", &WebhookBody::of(run))?;
+        let entry = OutboxEntry {
+            job_id: run.job_id.clone(),
+            url,
+            body,
+            created_at: self.now,
+            attempts: 0,
+            token: 0,
+            in_flight: false,
+            due: self.now,
+        };
+        self.put_outbox(&run.schedule_id, &entry, None)?;
+        run.callback_state = CallbackState::Pending;
+        Ok(())
+    }
+
+    /// Writes an outbox entry and moves its index key from `old_due` (if any).
+    pub(super) fn put_outbox(
+        &mut self,
+        schedule_id: &str,
+        entry: &OutboxEntry,
+        old_due: Option<Millis>,
+    ) -> Result<()> {
+        let p = partition_of(&entry.job_id, self.partitions);
+        if let Some(old) = old_due {
+            self.outbox_due
+                .remove((p, old, schedule_id))
+                .ctx("delete outbox index")?;
+        }
+        let json = encode("outbox entry", entry)?;
+        self.outbox
+            .insert(schedule_id, json.as_str())
+            .ctx("write outbox entry")?;
+        self.outbox_due
+            .insert((p, entry.due, schedule_id), ())
+            .ctx("write outbox index")?;
+        Ok(())
+    }
+
+    pub(super) fn load_outbox(&self, schedule_id: &str) -> Result<Option<OutboxEntry>> {
+        self.outbox
+            .get(schedule_id)
+            .ctx("read outbox entry")?
+            .map(|g| decode("outbox entry", schedule_id, g.value()))
+            .transpose()
+    }
+
+    pub(super) fn remove_outbox(&mut self, schedule_id: &str, entry: &OutboxEntry) -> Result<()> {
+        let p = partition_of(&entry.job_id, self.partitions);
+        self.outbox.remove(schedule_id).ctx("delete outbox entry")?;
+        self.outbox_due
+            .remove((p, entry.due, schedule_id))
+            .ctx("delete outbox index")?;
+        Ok(())
+    }
+
+    /// A shard became final: it counts on its parent, which ends with its last shard
+    /// (SUCCEEDED only if every shard did). Returns the serial run the parent released.
+    pub(super) fn count_shard(&mut self, shard: &RunRecord) -> Result<Option<String>> {
+        let Some(mut parent) = self.load(&shard.parent)? else {
+            return Ok(None);
+        };
+        if parent.state.is_final() {
+            return Ok(None);
+        }
+        parent.shards_done += 1;
+        if shard.state == RunState::Succeeded {
+            parent.shards_succeeded += 1;
+        } else {
+            let mut note = format!("shard {} {}", shard.shard_index, shard.state);
+            if !shard.error_code.is_empty() {
+                note.push_str(&format!(" ({})", shard.error_code));
+            }
+            if !parent.error_message.is_empty() {
+                parent.error_message.push_str("; ");
+            }
+            parent.error_message.push_str(&note);
+        }
+        let mut next = None;
+        if parent.shards_done >= parent.shard_total {
+            let state = if parent.shards_succeeded >= parent.shard_total {
+                RunState::Succeeded
+            } else {
+                parent.error_code = "shards_failed".to_owned();
+                RunState::Failed
+            };
+            next = self.finalize(&mut parent, state, "", true)?;
+        }
+        self.save(&parent)?;
+        Ok(next)
+    }
+
+    /// Cancels a run that is not final and, for a fanned-out broadcast run, each of its
+    /// shards still going (the parent first, so they do not count on it). Returns the
+    /// revocations and the serial run released (if `pop`). The caller saves `run`.
+    pub(super) fn cancel_tree(
+        &mut self,
+        run: &mut RunRecord,
+        reason: &str,
+        pop: bool,
+    ) -> Result<(Vec<Revocation>, Option<String>)> {
+        let mut revoked: Vec<Revocation> = self.revoke(run, reason)?.into_iter().collect();
+        let next = self.finalize(run, RunState::Cancelled, reason, pop)?;
+        if run.is_fanned_out() {
+            self.save(run)?;
+            for i in 0..run.shard_total {
+                let Some(mut shard) = self.load(&RunRecord::shard_id(&run.schedule_id, i))? else {
+                    continue;
+                };
+                if shard.state.is_final() {
+                    continue;
+                }
+                revoked.extend(self.revoke(&mut shard, reason)?);
+                self.finalize(&mut shard, RunState::Cancelled, reason, false)?;
+                self.save(&shard)?;
+            }
+        }
+        Ok((revoked, next))
+    }
+
+    /// An attempt ended badly (its lease already revoked or released): WAITING at
+    /// attempt + 1 after `delay`, with a new token, while attempts remain; otherwise
+    /// final in `final_state`. Returns the serial run a final outcome released.
+    pub(super) fn retry_or_final(
+        &mut self,
+        run: &mut RunRecord,
+        final_state: RunState,
+        reason: &str,
+        delay: i64,
+    ) -> Result<Option<String>> {
+        if run.attempt < run.plan.max_attempts {
+            run.last_node = run.node_id.clone();
+            run.fencing_token = self.new_token(&run.job_id)?;
+            run.attempt += 1;
+            run.state = RunState::Waiting;
+            run.reason = format!("retry: {reason}");
+            run.finished_at = None;
+            let wake_at = self.now.saturating_add(delay);
+            run.deadlines = Deadlines {
+                wake_at,
+                wait_until: wake_at.saturating_add(run.plan.dispatch_wait_ms),
+                ..Deadlines::default()
+            };
+            return Ok(None);
+        }
+        self.finalize(run, final_state, reason, true)
+    }
+
+    /// Writes a new run record with its indexes and timer, then keeps the job's index
+    /// bounded: the oldest (by scheduled time) fall out first, with everything of theirs.
+    pub(super) fn insert_new(&mut self, run: &RunRecord) -> Result<()> {
+        let sid = run.schedule_id.as_str();
+        let job_id = run.job_id.as_str();
+        self.save(run)?;
+        self.by_job
+            .insert((job_id, run.scheduled_at, sid), ())
+            .ctx("write run index key")?;
+        self.by_created
+            .insert((run.created_at, sid), ())
+            .ctx("write run retention key")?;
+        let count = self
+            .counts
+            .get(job_id)
+            .ctx("read run count")?
+            .map(|g| g.value())
+            .unwrap_or(0)
+            + 1;
+        self.counts.insert(job_id, count).ctx("write run count")?;
+        let excess = count.saturating_sub(self.max_runs_per_job);
+        if excess == 0 {
+            return Ok(());
+        }
+        let oldest: Vec<String> = {
+            let mut out = Vec::new();
+            for item in self
+                .by_job
+                .range((job_id, i64::MIN, "")..)
+                .ctx("scan runs-by-job")?
+            {
+                if out.len() as u64 >= excess {
+                    break;
+                }
+                let (k, _) = item.ctx("scan runs-by-job")?;
+                let (j, _, old_sid) = k.value();
+                if j != job_id {
+                    break;
+                }
+                out.push(old_sid.to_owned());
+            }
+            out
+        };
+        for old_sid in oldest {
+            if let Some(old) = load_run(&self.runs, &old_sid)? {
+                self.delete(&old)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a run record and everything that points at it or hangs off it: its
+    /// indexes, its place in the active set and serial queue, its timer, its node slot
+    /// and its logs.
+    pub(super) fn delete(&mut self, run: &RunRecord) -> Result<()> {
+        if run.is_fanned_out() {
+            for i in 0..run.shard_total {
+                if let Some(shard) =
+                    load_run(&self.runs, &RunRecord::shard_id(&run.schedule_id, i))?
+                {
+                    self.delete(&shard)?;
+                }
+            }
+        }
+        let sid = run.schedule_id.as_str();
+        let job_id = run.job_id.as_str();
+        self.runs.remove(sid).ctx("delete run")?;
+        let indexed = self
+            .by_job
+            .remove((job_id, run.scheduled_at, sid))
+            .ctx("delete run index key")?
+            .is_some();
+        self.by_created
+            .remove((run.created_at, sid))
+            .ctx("delete run retention key")?;
+        if indexed {
+            let count = self
+                .counts
+                .get(job_id)
+                .ctx("read run count")?
+                .map(|g| g.value())
+                .unwrap_or(0);
+            if count <= 1 {
+                self.counts.remove(job_id).ctx("delete run count")?;
+            } else {
+                self.counts
+                    .insert(job_id, count - 1)
+                    .ctx("write run count")?;
+            }
+        }
+        self.active.remove((job_id, sid)).ctx("delete active run")?;
+        self.unqueue(job_id, sid)?;
+        self.drop_timer(sid)?;
+        self.leave_node(run)?;
+        let seqs: Vec<u64> = {
+            let mut out = Vec::new();
+            for item in self
+                .logs
+                .range((sid, 0)..=(sid, u64::MAX))
+                .ctx("scan run logs")?
+            {
+                let (k, _) = item.ctx("scan run logs")?;
+                out.push(k.value().1);
+            }
+            out
+        };
+        for seq in seqs {
+            self.logs.remove((sid, seq)).ctx("delete run log line")?;
+        }
+        self.log_meta.remove(sid).ctx("delete run log meta")?;
+        Ok(())
+    }
+
+    /// Deletes up to `SWEEP_BATCH` runs whose retention has passed, oldest first.
+    pub(super) fn sweep(&mut self) -> Result<()> {
+        let cutoff = self.now.saturating_sub(self.retention_ms);
+        let expired = due_keys(&self.by_created, cutoff, "scan runs-by-created")?;
+        for (created_at, sid) in expired {
+            match load_run(&self.runs, &sid)? {
+                Some(run) => self.delete(&run)?,
+                None => {
+                    // A retention key without a record: drop it so the sweep moves on.
+                    tracing::warn!(schedule_id = %sid, "run retention key without a run record");
+                    self.by_created
+                        .remove((created_at, sid.as_str()))
+                        .ctx("delete run retention key")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,410 @@
+//! The embedded backend's own tests: the conformance suite on a redb file, and what
+//! only this backend has: data surviving a reopen, the schema check, caller mistakes as
+//! errors, tokens that outgrow a clock step back, and the lazy sweeps of expired nodes
+//! and runs.
+
+use super::*;
+use crate::model::{RunPlan, schedule_id};
+use crate::store::conformance::{self, arm, cron_trigger, job, manual_trigger, run};
+
+// The file is unlinked as soon as it is open: the open descriptor keeps it alive
+// until the store drops, so the suite leaves nothing behind in the temp dir.
+crate::store::conformance::store_conformance_tests!(|opts| async move {
+    let dir = tempfile::tempdir().expect("temp dir");
+    EmbeddedStore::open(&dir.path().join("store.redb"), opts).expect("open store")
+});
+
+fn open(path: &Path, opts: StoreOptions) -> Arc<dyn Store> {
+    Arc::new(EmbeddedStore::open(path, opts).expect("open store"))
+}
+
+#[tokio::test]
+async fn data_survives_reopen() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    let store = open(&path, conformance::options());
+    let t0 = store.now().await.expect("now");
+
+    store
+        .create_job(job("keep-due", Some(arm(t0 - 1000))))
+        .await
+        .expect("create");
+    store
+        .create_job(job("keep-later", Some(arm(t0 + 3_600_000))))
+        .await
+        .expect("create");
+    for no in ["manual-1", "manual-2", "manual-3"] {
+        store
+            .enqueue_manual(manual_trigger("keep-due", no, t0), Some(no))
+            .await
+            .expect("enqueue");
+    }
+    let delivered = store
+        .read_triggers("c", 2, Duration::ZERO)
+        .await
+        .expect("read");
+    store
+        .ack_trigger(&delivered[0].entry_id)
+        .await
+        .expect("ack");
+    let r = run("keep-due", 5000, t0);
+    store.record_run(r.clone()).await.expect("record");
+    // A run in flight: leased, logged, with a serial run queued behind it.
+    let serial = RunPlan {
+        overlap: OverlapPolicy::Serial,
+        ..RunPlan::default()
+    };
+    let long = LeaseTerms {
+        ttl: Duration::from_secs(60),
+        confirm_within: Duration::from_secs(60),
+    };
+    let grace = Duration::from_secs(60);
+    let flying = conformance::planned_run("keep-due", 6000, serial.clone());
+    store.begin_run(flying.clone(), grace).await.expect("begin");
+    let queued = conformance::planned_run("keep-due", 7000, serial);
+    store.begin_run(queued.clone(), grace).await.expect("begin");
+    let node = NodeSlot {
+        node_id: "node-a".to_owned(),
+        max_concurrency: 1,
+    };
+    let Assigned::Granted(leased) = store
+        .assign_run(&flying.schedule_id, 1, &node, long)
+        .await
+        .expect("assign")
+    else {
+        panic!("expected a grant");
+    };
+    let line = LogLine {
+        seq: 0,
+        time_ms: t0,
+        level: "info".to_owned(),
+        message: "hello".to_owned(),
+        attempt: 1,
+    };
+    assert!(
+        store
+            .append_logs(&flying.schedule_id, leased.fencing_token, vec![line], 1000)
+            .await
+            .expect("append")
+    );
+    assert!(
+        store
+            .check_nonce("app", "n", Duration::from_secs(60))
+            .await
+            .expect("nonce")
+    );
+    let job_before = store.get_job("keep-due").await.expect("get");
+    drop(store);
+
+    // Different options: the file keeps its partition count.
+    let store = open(
+        &path,
+        StoreOptions {
+            partitions: 9,
+            ..conformance::options()
+        },
+    );
+    assert_eq!(store.partitions(), 4);
+    assert_eq!(store.get_job("keep-due").await.expect("get"), job_before);
+    assert!(store.get_job("keep-later").await.expect("get").is_some());
+
+    let p = partition_of("keep-due", 4);
+    let batch = store.due_fires(p, 10).await.expect("due");
+    assert_eq!(batch.fires.len(), 1);
+    assert_eq!(
+        (batch.fires[0].job_id.as_str(), batch.fires[0].due),
+        ("keep-due", t0 - 1000)
+    );
+
+    // Every unacked entry is delivered again after a restart, delivered or not.
+    let again = conformance::drain_triggers(&store, "c").await;
+    let nos: Vec<_> = again
+        .iter()
+        .map(|d| d.trigger.schedule_no.as_str())
+        .collect();
+    assert_eq!(nos, ["manual-2", "manual-3"]);
+    assert_eq!(again[0].entry_id, delivered[1].entry_id);
+
+    // Sequences continue: a new entry's id is above every old one.
+    store
+        .enqueue_manual(manual_trigger("keep-due", "manual-4", t0), None)
+        .await
+        .expect("enqueue");
+    let newer = conformance::drain_triggers(&store, "c").await;
+    let newest: u64 = newer[0].entry_id.parse().expect("numeric entry id");
+    let oldest: u64 = again[1].entry_id.parse().expect("numeric entry id");
+    assert!(newest > oldest);
+
+    // Idempotency keys, runs, leases and nonces too.
+    let dup = store
+        .enqueue_manual(manual_trigger("keep-due", "manual-x", t0), Some("manual-1"))
+        .await
+        .expect("enqueue");
+    assert!(dup.duplicate);
+    assert_eq!(dup.schedule_id, schedule_id("keep-due", "manual-1"));
+    assert_eq!(
+        store.get_run(&r.schedule_id).await.expect("get"),
+        Some(r.clone())
+    );
+    assert_eq!(
+        store.get_run(&flying.schedule_id).await.expect("get"),
+        Some(leased.clone())
+    );
+    assert_eq!(
+        store
+            .read_logs(&flying.schedule_id, 0, 10)
+            .await
+            .expect("read")
+            .len(),
+        1
+    );
+    // The node's slot, the active set, the serial queue and the token counter too.
+    let other = conformance::planned_run("keep-later", 8000, RunPlan::default());
+    store.begin_run(other.clone(), grace).await.expect("begin");
+    assert_eq!(
+        store
+            .assign_run(&other.schedule_id, 1, &node, long)
+            .await
+            .expect("assign"),
+        Assigned::NodeFull
+    );
+    let done = store
+        .finish_run(
+            &flying.schedule_id,
+            Finisher::Token(leased.fencing_token),
+            Outcome {
+                state: RunState::Succeeded,
+                output: None,
+                error_code: String::new(),
+                error_message: String::new(),
+                started_at: None,
+                finished_at: None,
+            },
+        )
+        .await
+        .expect("finish");
+    assert_eq!(done.next_serial, Some(queued.schedule_id.clone()));
+    let Assigned::Granted(next) = store
+        .assign_run(&other.schedule_id, 1, &node, long)
+        .await
+        .expect("assign")
+    else {
+        panic!("expected a grant");
+    };
+    assert!(next.fencing_token > leased.fencing_token);
+    assert!(
+        !store
+            .check_nonce("app", "n", Duration::from_secs(60))
+            .await
+            .expect("nonce")
+    );
+}
+
+#[tokio::test]
+async fn schema_too_new_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    drop(EmbeddedStore::open(&path, StoreOptions::default()).expect("open"));
+    {
+        let db = Database::create(&path).expect("raw open");
+        let txn = db.begin_write().expect("begin");
+        {
+            let mut meta = txn.open_table(META).expect("meta");
+            meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION) + 1)
+                .expect("write");
+        }
+        txn.commit().expect("commit");
+    }
+    match EmbeddedStore::open(&path, StoreOptions::default()) {
+        Err(Error::SchemaTooNew { found, supported }) => {
+            assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn caller_mistakes_are_errors() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open(&dir.path().join("store.redb"), conformance::options());
+    let t0 = store.now().await.expect("now");
+    let id = conformance::ids_in_partition(4, 2, "wrong", 1).remove(0);
+    store
+        .create_job(job(&id, Some(arm(t0 - 10))))
+        .await
+        .expect("create");
+    let claim = FireClaim {
+        job_id: id.clone(),
+        expected_due: t0 - 10,
+        expected_version: 1,
+        next: None,
+        triggers: vec![cron_trigger(&id, t0 - 10, 1)],
+    };
+    assert!(matches!(
+        store.claim_fires(3, vec![claim]).await,
+        Err(Error::Corrupt(_))
+    ));
+    // Nothing was claimed.
+    assert_eq!(store.due_fires(2, 10).await.expect("due").fires.len(), 1);
+    assert!(matches!(
+        store.ack_trigger("not-a-number").await,
+        Err(Error::Corrupt(_))
+    ));
+    assert!(matches!(
+        store
+            .list_runs(
+                &id,
+                RunQuery {
+                    cursor: Some("garbage".into()),
+                    ..RunQuery::default()
+                }
+            )
+            .await,
+        Err(Error::Corrupt(_))
+    ));
+}
+
+#[tokio::test]
+async fn tokens_outgrow_a_clock_step_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open");
+    store.create_job(job("step", None)).await.expect("create");
+    // A counter ahead of the clock stands for a clock that stepped back since.
+    let ahead = now_us() + 3_600_000_000;
+    {
+        let txn = store.inner.db.begin_write().expect("begin");
+        {
+            let mut counters = txn.open_table(TOKENS).expect("counters");
+            counters.insert("step", ahead).expect("write");
+        }
+        txn.commit().expect("commit");
+    }
+    let node = NodeSlot {
+        node_id: "a".to_owned(),
+        max_concurrency: 0,
+    };
+    let terms = LeaseTerms {
+        ttl: Duration::from_secs(5),
+        confirm_within: Duration::from_secs(5),
+    };
+    for (planned, expected) in [(1, ahead + 1), (2, ahead + 2)] {
+        let r = conformance::planned_run("step", planned, RunPlan::default());
+        store
+            .begin_run(r.clone(), Duration::from_secs(5))
+            .await
+            .expect("begin");
+        match store
+            .assign_run(&r.schedule_id, 1, &node, terms)
+            .await
+            .expect("assign")
+        {
+            Assigned::Granted(run) => assert_eq!(run.fencing_token, expected),
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn expired_nodes_are_swept() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open");
+    let count = |store: &EmbeddedStore| -> (usize, usize) {
+        let txn = store.inner.db.begin_read().expect("read");
+        let nodes = txn.open_table(NODES).expect("nodes");
+        let expiry = txn.open_table(NODE_EXPIRY).expect("node expiry");
+        (
+            nodes.iter().expect("iter").count(),
+            expiry.iter().expect("iter").count(),
+        )
+    };
+    // Refreshes replace the expiry key instead of adding one.
+    let ttl = Duration::from_secs(30);
+    for _ in 0..3 {
+        store
+            .upsert_node(conformance::node("live", "g", "i"), ttl)
+            .await
+            .expect("upsert");
+    }
+    assert_eq!(count(&store), (1, 1));
+
+    // Nodes that expired a while ago, written as upsert_node would have.
+    let past = now_ms() - 60_000;
+    {
+        let txn = store.inner.db.begin_write().expect("begin");
+        {
+            let mut nodes = txn.open_table(NODES).expect("nodes");
+            let mut expiry = txn.open_table(NODE_EXPIRY).expect("node expiry");
+            for i in 0..(SWEEP_BATCH + 5) {
+                let id = format!("gone-{i:03}");
+                let json =
+                    serde_json::to_string(&conformance::node(&id, "g", "i")).expect("encode");
+                nodes
+                    .insert(id.as_str(), (json.as_str(), past))
+                    .expect("write");
+                expiry.insert((past, id.as_str()), ()).expect("write");
+            }
+        }
+        txn.commit().expect("commit");
+    }
+    let total = SWEEP_BATCH + 6;
+    // Listing only skips them…
+    let ids = |nodes: Vec<NodeRecord>| nodes.into_iter().map(|n| n.node_id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list_nodes(None).await.expect("list")), ["live"]);
+    assert_eq!(
+        ids(store.list_nodes(Some("g")).await.expect("list")),
+        ["live"]
+    );
+    assert_eq!(count(&store), (total, total));
+    // …and an expired node cannot be removed, but each write sweeps up to SWEEP_BATCH.
+    // gone-036 is beyond this sweep's batch: deleted as expired, not reported removed.
+    assert!(!store.remove_node("gone-036", "i").await.expect("remove"));
+    let left = total - SWEEP_BATCH - 1;
+    assert_eq!(count(&store), (left, left));
+    store
+        .upsert_node(conformance::node("live", "g", "i"), ttl)
+        .await
+        .expect("upsert");
+    assert_eq!(count(&store), (1, 1), "only the live node remains");
+    assert_eq!(ids(store.list_nodes(None).await.expect("list")), ["live"]);
+}
+
+#[tokio::test]
+async fn expired_runs_are_swept() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(
+        &dir.path().join("store.redb"),
+        conformance::short_retention_options(),
+    )
+    .expect("open");
+    let t0 = store.now().await.expect("now");
+    for i in 0..(SWEEP_BATCH as i64 + 5) {
+        store
+            .record_run(run("sweep", i, t0 - 10_000))
+            .await
+            .expect("record");
+    }
+    let count = |store: &EmbeddedStore| -> usize {
+        let txn = store.inner.db.begin_read().expect("read");
+        let runs = txn.open_table(RUNS).expect("runs");
+        runs.iter().expect("iter").count()
+    };
+    // Each record swept up to SWEEP_BATCH of the already-expired ones before it.
+    assert!(count(&store) <= 2, "left {}", count(&store));
+    store
+        .record_run(run("sweep", 1_000_000, 0))
+        .await
+        .expect("record");
+    store
+        .record_run(run("sweep", 1_000_001, 0))
+        .await
+        .expect("record");
+    assert_eq!(count(&store), 2, "only the live runs remain");
+    let txn = store.inner.db.begin_read().expect("read");
+    let counts = txn.open_table(RUN_COUNTS).expect("counts");
+    assert_eq!(
+        counts.get("sweep").expect("get").map(|g| g.value()),
+        Some(2)
+    );
+}
