@@ -1,0 +1,481 @@
+//! Checks of jobs and fires: create / update / delete and listing, the pending
+//! member an update rewrites, paused jobs, due fires by partition, claims and their
+//! races.
+
+use super::*;
+
+pub async fn job_crud(store: Arc<dyn Store>) {
+    let mut changes = store.job_changes();
+    changes.borrow_and_update();
+
+    let mut draft = job("crud-1", None);
+    draft.version = 42; // ignored
+    let created = store.create_job(draft).await.expect("create");
+    assert_eq!(created.version, 1);
+    assert_eq!(created.spec, spec("crud-1"));
+    assert!(!created.paused);
+    assert_eq!(created.next_fire, None);
+    wait_changed(&mut changes, "create").await;
+
+    match store.create_job(job("crud-1", None)).await {
+        Err(Error::JobExists(id)) => assert_eq!(id, "crud-1"),
+        other => panic!("duplicate create: expected JobExists, got {other:?}"),
+    }
+
+    let got = store.get_job("crud-1").await.expect("get").expect("exists");
+    assert_eq!(got, created);
+    assert_eq!(store.get_job("crud-none").await.expect("get"), None);
+
+    let mut renamed = got.clone();
+    renamed.spec.name = "renamed".to_owned();
+    let updated = store.update_job(renamed.clone(), 1).await.expect("update");
+    assert_eq!(updated.version, 2);
+    assert_eq!(updated.spec.name, "renamed");
+    let got = store.get_job("crud-1").await.expect("get").expect("exists");
+    assert_eq!(got.version, 2);
+    assert_eq!(got.spec.name, "renamed");
+    wait_changed(&mut changes, "update").await;
+
+    match store.update_job(renamed.clone(), 1).await {
+        Err(Error::VersionConflict {
+            job_id,
+            expected,
+            current,
+        }) => {
+            assert_eq!((job_id.as_str(), expected, current), ("crud-1", 1, 2));
+        }
+        other => panic!("stale update: expected VersionConflict, got {other:?}"),
+    }
+    // The failed update changed nothing.
+    assert_eq!(
+        store
+            .get_job("crud-1")
+            .await
+            .expect("get")
+            .map(|j| j.version),
+        Some(2)
+    );
+    match store.update_job(job("crud-missing", None), 1).await {
+        Err(Error::JobNotFound(id)) => assert_eq!(id, "crud-missing"),
+        other => panic!("update of a missing job: expected JobNotFound, got {other:?}"),
+    }
+
+    let jobs = store
+        .get_jobs(&["crud-1".to_owned(), "crud-none".to_owned()])
+        .await
+        .expect("get_jobs");
+    assert_eq!(
+        jobs.iter().map(|j| j.spec.id.as_str()).collect::<Vec<_>>(),
+        ["crud-1"]
+    );
+
+    store.delete_job("crud-1").await.expect("delete");
+    wait_changed(&mut changes, "delete").await;
+    assert_eq!(store.get_job("crud-1").await.expect("get"), None);
+    match store.delete_job("crud-1").await {
+        Err(Error::JobNotFound(id)) => assert_eq!(id, "crud-1"),
+        other => panic!("second delete: expected JobNotFound, got {other:?}"),
+    }
+    // The id is free again.
+    assert_eq!(
+        store
+            .create_job(job("crud-1", None))
+            .await
+            .expect("re-create")
+            .version,
+        1
+    );
+}
+
+pub async fn job_list_paging(store: Arc<dyn Store>) {
+    let ids: BTreeSet<String> = (0..25).map(|i| format!("page-{i:02}")).collect();
+    for id in &ids {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    let mut seen = Vec::new();
+    let mut sizes = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let page = store
+            .list_jobs(cursor.as_deref(), 10)
+            .await
+            .expect("list jobs");
+        sizes.push(page.items.len());
+        seen.extend(page.items.into_iter().map(|j| j.spec.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => {
+                cursor = None;
+                break;
+            }
+        }
+    }
+    assert_eq!(cursor, None, "paging never ended");
+    assert_eq!(seen.len(), 25, "every job exactly once: {seen:?}");
+    assert_eq!(seen.iter().cloned().collect::<BTreeSet<_>>(), ids);
+    // `limit` at a time: full pages, then the rest (a trailing empty page is tolerated).
+    assert_eq!(&sizes[..3], &[10, 10, 5], "page sizes {sizes:?}");
+    assert!(sizes[3..].iter().all(|s| *s == 0), "page sizes {sizes:?}");
+}
+
+// ---- fires
+
+pub async fn update_rewrites_pending(store: Arc<dyn Store>) {
+    let id = "pend-1";
+    let p = partition_of(id, store.partitions());
+    let t0 = now(&store).await;
+
+    store
+        .create_job(job(id, Some(arm(t0 - 1000))))
+        .await
+        .expect("create");
+    let batch = store.due_fires(p, 100).await.expect("due");
+    assert_eq!(
+        batch.fires,
+        vec![DueFire {
+            job_id: id.to_owned(),
+            due: t0 - 1000,
+            planned: t0 - 1000,
+            version: 1,
+        }]
+    );
+    assert!(batch.now >= t0);
+
+    // Pause: the member goes away.
+    let mut paused = store.get_job(id).await.expect("get").expect("exists");
+    paused.paused = true;
+    paused.next_fire = None;
+    let paused = store.update_job(paused, 1).await.expect("pause");
+    let batch = store.due_fires(p, 100).await.expect("due");
+    assert_eq!(batch.fires, vec![]);
+    assert_eq!(batch.next_due, None);
+
+    // Resume with a new arm (planned ≠ due: jitter): the new due is what is pending.
+    let mut resumed = paused;
+    resumed.paused = false;
+    resumed.next_fire = Some(Arm {
+        planned: t0 - 600,
+        due: t0 - 500,
+    });
+    store.update_job(resumed.clone(), 2).await.expect("resume");
+    let batch = store.due_fires(p, 100).await.expect("due");
+    assert_eq!(
+        batch.fires,
+        vec![DueFire {
+            job_id: id.to_owned(),
+            due: t0 - 500,
+            planned: t0 - 600,
+            version: 3,
+        }]
+    );
+    assert_eq!(batch.next_due, None);
+
+    // Re-armed into the future: not due, but it is the partition's next due.
+    resumed.next_fire = Some(arm(t0 + 3_600_000));
+    store.update_job(resumed.clone(), 3).await.expect("re-arm");
+    let batch = store.due_fires(p, 100).await.expect("due");
+    assert_eq!(batch.fires, vec![]);
+    assert_eq!(batch.next_due, Some(t0 + 3_600_000));
+
+    // Schedule ended (None without pause): nothing pending.
+    resumed.next_fire = None;
+    store.update_job(resumed, 4).await.expect("end");
+    let batch = store.due_fires(p, 100).await.expect("due");
+    assert_eq!((batch.fires, batch.next_due), (vec![], None));
+
+    // Delete removes the member too.
+    let mut again = store.get_job(id).await.expect("get").expect("exists");
+    again.next_fire = Some(arm(t0 - 10));
+    store.update_job(again, 5).await.expect("arm again");
+    assert_eq!(store.due_fires(p, 100).await.expect("due").fires.len(), 1);
+    store.delete_job(id).await.expect("delete");
+    let batch = store.due_fires(p, 100).await.expect("due");
+    assert_eq!((batch.fires, batch.next_due), (vec![], None));
+}
+
+/// A paused job never has a pending member, even if the record handed to the store
+/// still carries an arm: otherwise every scheduler pass would see it due and every
+/// claim would answer Gone, forever.
+pub async fn paused_job_is_never_due(store: Arc<dyn Store>) {
+    let t0 = now(&store).await;
+    let mut a = job("paused-a", Some(arm(t0 - 1000)));
+    a.paused = true;
+    store.create_job(a).await.expect("create paused");
+    let p = partition_of("paused-a", store.partitions());
+    let batch = store.due_fires(p, 100).await.expect("due");
+    assert_eq!((batch.fires, batch.next_due), (vec![], None));
+
+    store
+        .create_job(job("paused-b", Some(arm(t0 - 1000))))
+        .await
+        .expect("create");
+    let mut b = store
+        .get_job("paused-b")
+        .await
+        .expect("get")
+        .expect("exists");
+    b.paused = true; // next_fire left armed
+    store.update_job(b, 1).await.expect("pause");
+    let p = partition_of("paused-b", store.partitions());
+    let batch = store.due_fires(p, 100).await.expect("due");
+    assert_eq!((batch.fires, batch.next_due), (vec![], None));
+}
+
+pub async fn due_fires_order_limit_partition(store: Arc<dyn Store>) {
+    let parts = store.partitions();
+    assert_eq!(
+        parts, 4,
+        "the store keeps the partition count it was made with"
+    );
+    let ids = ids_in_partition(parts, 0, "due", 4);
+    let other = ids_in_partition(parts, 1, "due-other", 1).remove(0);
+    let t0 = now(&store).await;
+    let dues = [t0 - 3000, t0 - 1000, t0 - 2000, t0 + 3_600_000];
+    for (id, due) in ids.iter().zip(dues) {
+        store
+            .create_job(job(id, Some(arm(due))))
+            .await
+            .expect("create");
+    }
+    store
+        .create_job(job(&other, Some(arm(t0 - 5000))))
+        .await
+        .expect("create other");
+    let fire = |i: usize| DueFire {
+        job_id: ids[i].clone(),
+        due: dues[i],
+        planned: dues[i],
+        version: 1,
+    };
+
+    let batch = store.due_fires(0, 2).await.expect("due");
+    assert_eq!(
+        batch.fires,
+        vec![fire(0), fire(2)],
+        "earliest first, limited"
+    );
+    assert_eq!(
+        batch.next_due,
+        Some(t0 - 1000),
+        "the limit cut a due member off"
+    );
+    assert!(batch.now >= t0);
+
+    let batch = store.due_fires(0, 10).await.expect("due");
+    assert_eq!(batch.fires, vec![fire(0), fire(2), fire(1)]);
+    assert_eq!(
+        batch.next_due,
+        Some(t0 + 3_600_000),
+        "includes not-yet-due members"
+    );
+
+    let batch = store.due_fires(0, 0).await.expect("due");
+    assert_eq!((batch.fires, batch.next_due), (vec![], Some(t0 - 3000)));
+
+    let batch = store.due_fires(1, 10).await.expect("due");
+    assert_eq!(
+        batch.fires,
+        vec![DueFire {
+            job_id: other,
+            due: t0 - 5000,
+            planned: t0 - 5000,
+            version: 1,
+        }]
+    );
+    assert_eq!(batch.next_due, None);
+    for p in 2..parts {
+        let batch = store.due_fires(p, 10).await.expect("due");
+        assert_eq!(
+            (batch.fires, batch.next_due),
+            (vec![], None),
+            "partition {p}"
+        );
+    }
+}
+
+pub async fn claim_outcomes(store: Arc<dyn Store>) {
+    let parts = store.partitions();
+    let ids = ids_in_partition(parts, 1, "claim", 4);
+    let (a, b, c, d) = (&ids[0], &ids[1], &ids[2], &ids[3]);
+    let t0 = now(&store).await;
+    let due = |i: i64| t0 - 4000 + i * 1000;
+    for (i, id) in ids.iter().enumerate() {
+        store
+            .create_job(job(id, Some(arm(due(i as i64)))))
+            .await
+            .expect("create");
+    }
+    // b: the definition changed, same arm. c: paused. d: deleted.
+    let mut bj = store.get_job(b).await.expect("get").expect("b");
+    bj.spec.name = "changed".to_owned();
+    store.update_job(bj, 1).await.expect("update b");
+    let mut cj = store.get_job(c).await.expect("get").expect("c");
+    cj.paused = true;
+    cj.next_fire = None;
+    store.update_job(cj, 1).await.expect("pause c");
+    store.delete_job(d).await.expect("delete d");
+
+    let next_a = arm(t0 + 3_600_000);
+    let claim =
+        |id: &String, i: i64, version: u64, next: Option<Arm>, triggers: Vec<Trigger>| FireClaim {
+            job_id: id.clone(),
+            expected_due: due(i),
+            expected_version: version,
+            next,
+            triggers,
+        };
+    let mut misfire = cron_trigger(a, due(0), 1);
+    misfire.kind = TriggerKind::Misfire;
+    misfire.schedule_no = format!("{}", due(0) - 60_000);
+    let a_triggers = vec![misfire, cron_trigger(a, due(0), 1)];
+
+    let before = now(&store).await;
+    let outcome = store
+        .claim_fires(
+            1,
+            vec![
+                claim(a, 0, 1, Some(next_a), a_triggers.clone()),
+                claim(b, 1, 1, None, vec![cron_trigger(b, due(1), 1)]),
+                claim(c, 2, 1, None, vec![cron_trigger(c, due(2), 1)]),
+                claim(d, 3, 1, None, vec![cron_trigger(d, due(3), 1)]),
+            ],
+        )
+        .await
+        .expect("claim");
+    let after = now(&store).await;
+    assert_eq!(
+        outcome.results,
+        vec![
+            ClaimResult::Claimed,
+            ClaimResult::VersionChanged,
+            ClaimResult::Gone,
+            ClaimResult::Gone
+        ]
+    );
+    assert!(outcome.now >= before && outcome.now <= after);
+    assert_eq!(outcome.next_due, Some(due(1)), "b is still pending");
+
+    // The identical claim again: the score moved.
+    let outcome = store
+        .claim_fires(1, vec![claim(a, 0, 1, Some(next_a), a_triggers.clone())])
+        .await
+        .expect("claim again");
+    assert_eq!(outcome.results, vec![ClaimResult::Moved]);
+
+    // A claim advances the schedule without being a job change.
+    let aj = store.get_job(a).await.expect("get").expect("a");
+    assert_eq!((aj.version, aj.next_fire), (1, Some(next_a)));
+    let batch = store.due_fires(1, 10).await.expect("due");
+    assert_eq!(
+        batch.fires,
+        vec![DueFire {
+            job_id: b.clone(),
+            due: due(1),
+            planned: due(1),
+            version: 2,
+        }]
+    );
+    assert_eq!(batch.next_due, Some(next_a.due));
+
+    // b with its current version, schedule ended, nothing to append.
+    let outcome = store
+        .claim_fires(1, vec![claim(b, 1, 2, None, vec![])])
+        .await
+        .expect("claim b");
+    assert_eq!(outcome.results, vec![ClaimResult::Claimed]);
+    assert_eq!(outcome.next_due, Some(next_a.due));
+    let bj = store.get_job(b).await.expect("get").expect("b");
+    assert_eq!((bj.version, bj.next_fire), (2, None));
+    assert_eq!(store.due_fires(1, 10).await.expect("due").fires, vec![]);
+
+    // Only a's two triggers were queued, in order, stamped with the store's clock.
+    let got = drain_triggers(&store, "claims").await;
+    assert_eq!(
+        schedule_nos(&got),
+        a_triggers
+            .iter()
+            .map(|t| t.schedule_no.clone())
+            .collect::<Vec<_>>()
+    );
+    for (d, want) in got.iter().zip(&a_triggers) {
+        assert_eq!(d.trigger.job_id, *a);
+        assert_eq!(d.trigger.kind, want.kind);
+        assert_eq!(d.trigger.scheduled_at, want.scheduled_at);
+        assert!(
+            d.trigger.triggered_at >= before && d.trigger.triggered_at <= after,
+            "triggered_at {} not the store's claim time [{before}, {after}]",
+            d.trigger.triggered_at
+        );
+        assert!(d.trigger.triggered_at >= due(0));
+    }
+    let ids: HashSet<_> = got.iter().map(|d| d.entry_id.clone()).collect();
+    assert_eq!(ids.len(), got.len(), "entry ids are distinct");
+}
+
+/// 200 due jobs, 8 concurrent claimers: every fire is claimed exactly once.
+pub async fn claim_race(store: Arc<dyn Store>) {
+    const JOBS: usize = 200;
+    let t0 = now(&store).await;
+    let all: BTreeSet<String> = (0..JOBS).map(|i| format!("race-{i:03}")).collect();
+    for (i, id) in all.iter().enumerate() {
+        store
+            .create_job(job(id, Some(arm(t0 - 10_000 - i as i64))))
+            .await
+            .expect("create");
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let mut claimed = Vec::new();
+            loop {
+                let mut saw_any = false;
+                for p in 0..store.partitions() {
+                    let batch = store.due_fires(p, 16).await.expect("due");
+                    if batch.fires.is_empty() {
+                        continue;
+                    }
+                    saw_any = true;
+                    let claims: Vec<FireClaim> = batch
+                        .fires
+                        .iter()
+                        .map(|f| FireClaim {
+                            job_id: f.job_id.clone(),
+                            expected_due: f.due,
+                            expected_version: f.version,
+                            next: None,
+                            triggers: vec![cron_trigger(&f.job_id, f.planned, f.version)],
+                        })
+                        .collect();
+                    let outcome = store.claim_fires(p, claims).await.expect("claim");
+                    assert_eq!(outcome.results.len(), batch.fires.len());
+                    for (f, r) in batch.fires.iter().zip(outcome.results) {
+                        match r {
+                            ClaimResult::Claimed => claimed.push(f.job_id.clone()),
+                            ClaimResult::Moved => {}
+                            other => panic!("unexpected claim result {other:?}"),
+                        }
+                    }
+                }
+                if !saw_any {
+                    return claimed;
+                }
+            }
+        }));
+    }
+    let mut claimed = Vec::new();
+    for t in tasks {
+        claimed.extend(t.await.expect("claimer task"));
+    }
+    assert_eq!(claimed.len(), JOBS, "Claimed results");
+    assert_eq!(claimed.into_iter().collect::<BTreeSet<_>>(), all);
+
+    let got = drain_triggers(&store, "race").await;
+    assert_eq!(got.len(), JOBS, "queued triggers");
+    let queued: BTreeSet<String> = got.iter().map(|d| d.trigger.job_id.clone()).collect();
+    assert_eq!(queued, all, "one trigger per job");
+    for p in 0..store.partitions() {
+        let batch = store.due_fires(p, 100).await.expect("due");
+        assert_eq!((batch.fires, batch.next_due), (vec![], None));
+    }
+}

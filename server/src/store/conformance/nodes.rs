@@ -1,0 +1,300 @@
+//! Checks of nodes and inboxes: per-instance inboxes, round-robin counters, and the
+//! node registry (register, refresh, expire, leased-run counts, removal only by the
+//! node's instance).
+
+use super::*;
+
+pub async fn inbox_order_and_blocking(store: Arc<dyn Store>) {
+    for m in ["a", "b", "c"] {
+        store
+            .push_inbox("inst-1", m.as_bytes().to_vec())
+            .await
+            .expect("push");
+    }
+    store
+        .push_inbox("inst-2", b"other".to_vec())
+        .await
+        .expect("push");
+    let pop = |instance: &'static str, max: usize, block: Duration| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .pop_inbox(instance, max, block)
+                .await
+                .expect("pop inbox")
+        }
+    };
+    assert_eq!(
+        pop("inst-1", 2, Duration::ZERO).await,
+        vec![b"a".to_vec(), b"b".to_vec()],
+        "oldest first"
+    );
+    assert_eq!(pop("inst-1", 10, Duration::ZERO).await, vec![b"c".to_vec()]);
+    assert_eq!(
+        pop("inst-1", 10, Duration::ZERO).await,
+        Vec::<Vec<u8>>::new()
+    );
+    assert_eq!(
+        pop("inst-2", 10, Duration::ZERO).await,
+        vec![b"other".to_vec()]
+    );
+
+    // Nothing arrives: it waits about `block`, then returns empty.
+    let started = Instant::now();
+    assert_eq!(
+        pop("inst-1", 10, Duration::from_millis(200)).await,
+        Vec::<Vec<u8>>::new()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(150));
+
+    // A push wakes a blocked pop at once.
+    let waiter = tokio::spawn(pop("inst-1", 10, Duration::from_secs(5)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pushed = Instant::now();
+    store
+        .push_inbox("inst-2", b"not for inst-1".to_vec())
+        .await
+        .expect("push");
+    store
+        .push_inbox("inst-1", b"wake".to_vec())
+        .await
+        .expect("push");
+    let got = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("a push wakes the waiter")
+        .expect("task");
+    assert_eq!(got, vec![b"wake".to_vec()]);
+    assert!(pushed.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        pop("inst-2", 10, Duration::ZERO).await,
+        vec![b"not for inst-1".to_vec()]
+    );
+}
+
+pub async fn route_counters(store: Arc<dyn Store>) {
+    let next = |job: &'static str| {
+        let store = store.clone();
+        async move { store.next_route_counter(job).await.expect("counter") }
+    };
+    assert_eq!(next("rr-a").await, 0);
+    assert_eq!(next("rr-a").await, 1);
+    assert_eq!(next("rr-b").await, 0, "one counter per job");
+    // Concurrent callers each get their own value.
+    let got: BTreeSet<u64> = futures::future::join_all((0..20).map(|_| next("rr-a")))
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(got, (2..22).collect());
+}
+
+/// Ids of listed nodes, in the order listed.
+async fn node_ids(store: &Arc<dyn Store>, group: Option<&str>) -> Vec<String> {
+    store
+        .list_nodes(group)
+        .await
+        .expect("list nodes")
+        .into_iter()
+        .map(|n| n.node_id)
+        .collect()
+}
+
+pub async fn nodes_report_leased_runs(store: Arc<dyn Store>) {
+    store.create_job(job("lr", None)).await.expect("create");
+    store
+        .upsert_node(node("lr-n", "g1", "i1"), Duration::from_secs(5))
+        .await
+        .expect("upsert");
+    let leased = |store: Arc<dyn Store>| async move {
+        store.list_nodes(None).await.expect("list")[0].leased
+    };
+    assert_eq!(leased(store.clone()).await, 0);
+    let mut tokens = Vec::new();
+    for planned in [1000, 2000] {
+        let r = begin(
+            &store,
+            planned_run("lr", planned, plan(OverlapPolicy::Allow)),
+        )
+        .await;
+        tokens.push(grant(&store, &r.run.schedule_id, 1, &slot("lr-n", 0), LONG).await);
+    }
+    assert_eq!(
+        leased(store.clone()).await,
+        2,
+        "counted from the leases, not heartbeats"
+    );
+    store
+        .finish_run(
+            &tokens[0].schedule_id,
+            Finisher::Token(tokens[0].fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(leased(store.clone()).await, 1);
+}
+
+pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(5);
+    assert_eq!(store.list_nodes(None).await.expect("list"), vec![]);
+
+    let before = now(&store).await;
+    // Registered out of order: listing sorts by node id.
+    let registered = [
+        node("n3", "g2", "i1"),
+        node("n1", "g1", "i1"),
+        node("n2", "g1", "i1"),
+    ];
+    for n in &registered {
+        store.upsert_node(n.clone(), ttl).await.expect("upsert");
+    }
+    let after = now(&store).await;
+
+    let listed = store.list_nodes(None).await.expect("list");
+    let ids: Vec<_> = listed.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, ["n1", "n2", "n3"]);
+    for got in &listed {
+        assert!(
+            (before..=after).contains(&got.last_heartbeat),
+            "{}: last_heartbeat {} not the store's now (within [{before}, {after}])",
+            got.node_id,
+            got.last_heartbeat
+        );
+        let sent = registered
+            .iter()
+            .find(|n| n.node_id == got.node_id)
+            .expect("a registered node");
+        assert_eq!(
+            *got,
+            NodeRecord {
+                last_heartbeat: got.last_heartbeat,
+                ..sent.clone()
+            },
+            "everything but last_heartbeat as sent"
+        );
+    }
+    let g1 = store.list_nodes(Some("g1")).await.expect("list");
+    assert_eq!(g1, listed[..2].to_vec());
+    assert_eq!(node_ids(&store, Some("g2")).await, ["n3"]);
+    assert_eq!(store.list_nodes(Some("nope")).await.expect("list"), vec![]);
+
+    // A refresh replaces the whole record (connected_at as the caller passes it).
+    let first_beat = listed[0].last_heartbeat;
+    let refresh = NodeRecord {
+        ready: false,
+        draining: false,
+        active: 3,
+        leased: 0,
+        connected_at: 2_000,
+        ..node("n1", "g1", "i1")
+    };
+    store
+        .upsert_node(refresh.clone(), ttl)
+        .await
+        .expect("refresh");
+    let after_refresh = now(&store).await;
+    let g1 = store.list_nodes(Some("g1")).await.expect("list");
+    assert_eq!(g1.len(), 2);
+    let n1 = &g1[0];
+    assert_eq!(n1.node_id, "n1");
+    assert!(
+        (first_beat..=after_refresh).contains(&n1.last_heartbeat),
+        "refreshed last_heartbeat {} outside [{first_beat}, {after_refresh}]",
+        n1.last_heartbeat
+    );
+    assert_eq!(
+        *n1,
+        NodeRecord {
+            last_heartbeat: n1.last_heartbeat,
+            ..refresh
+        }
+    );
+    assert_eq!((n1.ready, n1.active, n1.connected_at), (false, 3, 2_000));
+    assert_eq!(g1[1], listed[1], "other nodes untouched");
+    assert_eq!(node_ids(&store, None).await, ["n1", "n2", "n3"]);
+
+    // Expiry: a node not refreshed within its TTL disappears; a refresh with a longer
+    // TTL keeps a node past its first one.
+    let short = Duration::from_millis(100);
+    store
+        .upsert_node(node("e1", "ge", "i1"), short)
+        .await
+        .expect("upsert");
+    store
+        .upsert_node(node("e2", "ge", "i1"), short)
+        .await
+        .expect("upsert");
+    assert_eq!(node_ids(&store, Some("ge")).await, ["e1", "e2"]);
+    store
+        .upsert_node(node("e2", "ge", "i1"), Duration::from_secs(5))
+        .await
+        .expect("refresh");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(node_ids(&store, Some("ge")).await, ["e2"]);
+    assert_eq!(
+        node_ids(&store, None).await,
+        ["e2", "n1", "n2", "n3"],
+        "expired nodes are not listed unfiltered either"
+    );
+    // An expired node cannot be removed: it is already gone.
+    assert!(!store.remove_node("e1", "i1").await.expect("remove"));
+
+    // A refresh with a shorter TTL shortens the expiry too.
+    store
+        .upsert_node(node("e2", "ge", "i1"), short)
+        .await
+        .expect("refresh");
+    assert_eq!(node_ids(&store, Some("ge")).await, ["e2"]);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(store.list_nodes(Some("ge")).await.expect("list"), vec![]);
+
+    // An expired node registers again like a new one.
+    store
+        .upsert_node(node("e1", "ge", "i1"), ttl)
+        .await
+        .expect("upsert");
+    assert_eq!(node_ids(&store, Some("ge")).await, ["e1"]);
+}
+
+pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(5);
+    store
+        .upsert_node(node("n1", "g1", "i1"), ttl)
+        .await
+        .expect("upsert");
+    store
+        .upsert_node(node("n2", "g1", "i1"), ttl)
+        .await
+        .expect("upsert");
+
+    assert!(
+        !store
+            .remove_node("n1", "other-instance")
+            .await
+            .expect("remove")
+    );
+    assert_eq!(node_ids(&store, None).await, ["n1", "n2"]);
+
+    // The node reconnects to instance i2: the stale instance i1 must not remove it.
+    store
+        .upsert_node(node("n1", "g1", "i2"), ttl)
+        .await
+        .expect("re-register");
+    assert!(!store.remove_node("n1", "i1").await.expect("remove"));
+    let listed = store.list_nodes(None).await.expect("list");
+    assert_eq!(listed.len(), 2);
+    assert_eq!(
+        (listed[0].node_id.as_str(), listed[0].instance.as_str()),
+        ("n1", "i2")
+    );
+
+    assert!(store.remove_node("n1", "i2").await.expect("remove"));
+    assert_eq!(node_ids(&store, None).await, ["n2"]);
+    assert!(!store.remove_node("n1", "i2").await.expect("remove again"));
+    assert!(
+        !store
+            .remove_node("never", "i1")
+            .await
+            .expect("remove unknown")
+    );
+    assert_eq!(node_ids(&store, Some("g1")).await, ["n2"]);
+}

@@ -1,0 +1,632 @@
+//! Checks of the webhook outbox and the circuit breakers: the entry written in the
+//! step that makes a run final, delivery claims and outcomes under their token, due
+//! deliveries by partition, breaker transitions.
+
+use super::*;
+
+const HOOK: &str = "https://hooks.example/sundial";
+
+fn hooked(plan: RunPlan) -> RunPlan {
+    RunPlan {
+        callback_url: Some(HOOK.to_owned()),
+        ..plan
+    }
+}
+
+async fn due_deliveries(store: &Arc<dyn Store>, job_id: &str) -> Vec<String> {
+    store
+        .due_deliveries(partition_of(job_id, store.partitions()), 100)
+        .await
+        .expect("due deliveries")
+}
+
+async fn claim(store: &Arc<dyn Store>, sid: &str, lease_ms: u64) -> WebhookDelivery {
+    store
+        .claim_delivery(sid, Duration::from_millis(lease_ms))
+        .await
+        .expect("claim delivery")
+        .unwrap_or_else(|| panic!("{sid}: expected a due delivery"))
+}
+
+fn body_of(d: &WebhookDelivery) -> serde_json::Value {
+    serde_json::from_str(&d.body).expect("the body is JSON")
+}
+
+fn expected_body(run: &RunRecord) -> serde_json::Value {
+    serde_json::to_value(WebhookBody::of(run)).expect("body")
+}
+
+/// A leased run of `job_id` planned at `planned`, RUNNING on its own node.
+async fn running(
+    store: &Arc<dyn Store>,
+    job_id: &str,
+    planned: Millis,
+    plan: RunPlan,
+) -> RunRecord {
+    let r = begin(store, planned_run(job_id, planned, plan)).await.run;
+    let n = slot(&format!("{job_id}-{planned}"), 0);
+    let g = grant(store, &r.schedule_id, 1, &n, LONG).await;
+    store
+        .mark_started(&r.schedule_id, g.fencing_token)
+        .await
+        .expect("start");
+    g
+}
+
+pub async fn outbox_written_when_final(store: Arc<dyn Store>) {
+    store.create_job(job("ob", None)).await.expect("create");
+    let sid = |planned: i64| schedule_id("ob", &planned.to_string());
+
+    // A result that makes the run final writes its entry in the same step: PENDING,
+    // due at once, the body built from the final record.
+    let g = running(&store, "ob", 1000, hooked(plan(OverlapPolicy::Allow))).await;
+    let before = now(&store).await;
+    let t = store
+        .finish_run(
+            &sid(1000),
+            Finisher::Token(g.fencing_token),
+            Outcome {
+                output: Some(b"\x00result".to_vec()),
+                started_at: Some(1_500),
+                finished_at: Some(2_750),
+                ..outcome(RunState::Succeeded)
+            },
+        )
+        .await
+        .expect("finish");
+    let after = now(&store).await;
+    let done = t.run.expect("run");
+    assert_eq!(done.callback_state, CallbackState::Pending);
+    assert_eq!(get(&store, &sid(1000)).await, done);
+    assert_eq!(due_deliveries(&store, "ob").await, vec![sid(1000)]);
+    let d = claim(&store, &sid(1000), 60_000).await;
+    assert_eq!(
+        (d.job_id.as_str(), d.url.as_str(), d.attempts),
+        ("ob", HOOK, 0)
+    );
+    assert_near(d.created_at, before, after, 0, "created_at");
+    assert!(d.token > 0 && d.now >= d.created_at);
+    let body = body_of(&d);
+    assert_eq!(body, expected_body(&done));
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "schedule_id": sid(1000), "job_id": "ob", "attempt": 1,
+            "fencing_token": g.fencing_token.to_string(), "status": "SUCCEEDED",
+            "scheduled_at_ms": 1000, "started_at_ms": 1_500, "finished_at_ms": 2_750,
+            "duration_ms": 1_250, "error_code": "", "error_message": "",
+            "output": "AHJlc3VsdA==", "node_id": "ob-1000",
+        })
+    );
+
+    // No callback URL: no entry, no callback state.
+    let g = running(&store, "ob", 2000, plan(OverlapPolicy::Allow)).await;
+    let t = store
+        .finish_run(
+            &sid(2000),
+            Finisher::Token(g.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(t.run.expect("run").callback_state, CallbackState::None);
+    assert_eq!(due_deliveries(&store, "ob").await, Vec::<String>::new());
+
+    // A failure with attempts left is not final: no entry until the last attempt,
+    // whose body carries that attempt and the executor's finish time.
+    let two = hooked(RunPlan {
+        max_attempts: 2,
+        backoff_ms: 0,
+        ..plan(OverlapPolicy::Allow)
+    });
+    let g = running(&store, "ob", 3000, two).await;
+    let t = store
+        .finish_run(
+            &sid(3000),
+            Finisher::Token(g.fencing_token),
+            Outcome {
+                finished_at: Some(9_000),
+                ..failed("boom")
+            },
+        )
+        .await
+        .expect("finish");
+    let w = t.run.expect("run");
+    assert_eq!(
+        (w.state, w.callback_state, w.finished_at),
+        (RunState::Waiting, CallbackState::None, None)
+    );
+    assert_eq!(due_deliveries(&store, "ob").await, Vec::<String>::new());
+    let g2 = grant(&store, &sid(3000), 2, &slot("ob-3000-2", 0), LONG).await;
+    let t = store
+        .finish_run(
+            &sid(3000),
+            Finisher::Token(g2.fencing_token),
+            Outcome {
+                started_at: Some(9_500),
+                finished_at: Some(9_900),
+                ..failed("boom")
+            },
+        )
+        .await
+        .expect("finish");
+    let f = t.run.expect("run");
+    assert_eq!(
+        (f.state, f.callback_state, f.finished_at),
+        (RunState::Failed, CallbackState::Pending, Some(9_900))
+    );
+    let d = claim(&store, &sid(3000), 60_000).await;
+    assert_eq!(body_of(&d), expected_body(&f));
+    assert_eq!(
+        (
+            body_of(&d)["attempt"].clone(),
+            body_of(&d)["status"].clone()
+        ),
+        (serde_json::json!(2), serde_json::json!("FAILED"))
+    );
+
+    // Cancelled and timed out runs are final too.
+    running(&store, "ob", 4000, hooked(plan(OverlapPolicy::Allow))).await;
+    let t = store
+        .cancel_run(&sid(4000), "by test")
+        .await
+        .expect("cancel");
+    let c = t.run.expect("run");
+    assert_eq!(c.callback_state, CallbackState::Pending);
+    assert_eq!(
+        body_of(&claim(&store, &sid(4000), 60_000).await),
+        expected_body(&c)
+    );
+    let timed = hooked(RunPlan {
+        timeout_ms: 50,
+        ..plan(OverlapPolicy::Allow)
+    });
+    running(&store, "ob", 5000, timed).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = store.expire_run(&sid(5000), GRACE).await.expect("expire");
+    let to = t.run.expect("run");
+    assert_eq!(
+        (to.state, to.callback_state),
+        (RunState::TimedOut, CallbackState::Pending)
+    );
+    assert_eq!(
+        body_of(&claim(&store, &sid(5000), 60_000).await),
+        expected_body(&to)
+    );
+
+    // Sharding broadcast: one webhook, the parent's, when its last shard ends.
+    let r = begin(
+        &store,
+        planned_run("ob", 6000, hooked(plan(OverlapPolicy::Allow))),
+    )
+    .await
+    .run;
+    let (_, shards) = fan(&store, &r.schedule_id, 2).await;
+    for (i, s) in shards.iter().enumerate() {
+        let g = grant(
+            &store,
+            &s.schedule_id,
+            1,
+            &slot(&format!("ob-s{i}"), 0),
+            LONG,
+        )
+        .await;
+        let t = store
+            .finish_run(
+                &s.schedule_id,
+                Finisher::Token(g.fencing_token),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish shard");
+        assert_eq!(t.run.expect("shard").callback_state, CallbackState::None);
+        if i == 0 {
+            assert_eq!(due_deliveries(&store, "ob").await, Vec::<String>::new());
+        }
+    }
+    let parent = get(&store, &sid(6000)).await;
+    assert_eq!(
+        (parent.state, parent.callback_state),
+        (RunState::Succeeded, CallbackState::Pending)
+    );
+    assert_eq!(due_deliveries(&store, "ob").await, vec![sid(6000)]);
+    for s in &shards {
+        assert_eq!(
+            store
+                .claim_delivery(&s.schedule_id, Duration::from_secs(60))
+                .await
+                .expect("claim"),
+            None
+        );
+    }
+    assert_eq!(
+        body_of(&claim(&store, &sid(6000), 60_000).await),
+        expected_body(&parent)
+    );
+}
+
+pub async fn delivery_claims_and_outcomes(store: Arc<dyn Store>) {
+    store.create_job(job("dl", None)).await.expect("create");
+    let sid = |planned: i64| schedule_id("dl", &planned.to_string());
+    let finished = |planned: i64| {
+        let store = store.clone();
+        async move {
+            let g = running(&store, "dl", planned, hooked(plan(OverlapPolicy::Allow))).await;
+            store
+                .finish_run(
+                    &sid(planned),
+                    Finisher::Token(g.fencing_token),
+                    Outcome {
+                        output: Some(b"kept".to_vec()),
+                        ..outcome(RunState::Succeeded)
+                    },
+                )
+                .await
+                .expect("finish")
+                .run
+                .expect("run")
+        }
+    };
+    let s1 = sid(1000);
+    let run1 = finished(1000).await;
+
+    // A claim is exclusive while its lease lasts.
+    let d1 = claim(&store, &s1, 60_000).await;
+    assert_eq!(
+        store
+            .claim_delivery(&s1, Duration::from_secs(60))
+            .await
+            .expect("claim"),
+        None
+    );
+    assert_eq!(due_deliveries(&store, "dl").await, Vec::<String>::new());
+
+    // Only the current token's outcome counts; a retry comes due after its delay.
+    let refused = store
+        .finish_delivery(&s1, d1.token + 1, DeliveryOutcome::Gone)
+        .await
+        .expect("finish");
+    assert!(matches!(refused, Applied::No(_)), "{refused:?}");
+    let retry = DeliveryOutcome::Retry {
+        after: Duration::from_millis(150),
+        status: 500,
+        error: "http_500".to_owned(),
+    };
+    assert_eq!(
+        store
+            .finish_delivery(&s1, d1.token, retry.clone())
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    let r = get(&store, &s1).await;
+    assert_eq!(
+        (
+            r.callback_state,
+            r.callback_attempts,
+            r.callback_status,
+            r.callback_error.as_str()
+        ),
+        (CallbackState::Pending, 1, 500, "http_500")
+    );
+    // The same outcome again: the entry is no longer in flight.
+    let again = store
+        .finish_delivery(&s1, d1.token, retry)
+        .await
+        .expect("finish");
+    assert!(matches!(again, Applied::No(_)), "{again:?}");
+    assert_eq!(
+        store
+            .claim_delivery(&s1, Duration::from_secs(60))
+            .await
+            .expect("claim"),
+        None,
+        "not due before its delay"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(due_deliveries(&store, "dl").await, vec![s1.clone()]);
+    let d2 = claim(&store, &s1, 60_000).await;
+    assert!(d2.token > d1.token);
+    assert_eq!((d2.attempts, d2.body.as_str()), (1, d1.body.as_str()));
+    assert_eq!(d2.created_at, d1.created_at);
+
+    // Delivered: DONE, the entry is gone, nothing more is accepted.
+    assert_eq!(
+        store
+            .finish_delivery(&s1, d2.token, DeliveryOutcome::Delivered { status: 204 })
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    let r = get(&store, &s1).await;
+    assert_eq!(
+        (
+            r.callback_state,
+            r.callback_attempts,
+            r.callback_status,
+            r.callback_error.as_str()
+        ),
+        (CallbackState::Done, 2, 204, "")
+    );
+    assert_eq!(
+        (r.state, r.output.as_deref()),
+        (run1.state, Some(&b"kept"[..]))
+    );
+    assert_eq!(due_deliveries(&store, "dl").await, Vec::<String>::new());
+    assert_eq!(
+        store
+            .claim_delivery(&s1, Duration::from_secs(60))
+            .await
+            .expect("claim"),
+        None
+    );
+    for token in [d1.token, d2.token] {
+        let late = store
+            .finish_delivery(&s1, token, DeliveryOutcome::Gone)
+            .await
+            .expect("finish");
+        assert!(matches!(late, Applied::No(_)), "{late:?}");
+    }
+    assert_eq!(get(&store, &s1).await, r);
+
+    // A claim whose lease runs out comes due again; the stale claimer's outcome is
+    // refused and changes nothing.
+    let s2 = sid(2000);
+    finished(2000).await;
+    let stale = claim(&store, &s2, 100).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(due_deliveries(&store, "dl").await, vec![s2.clone()]);
+    let fresh = claim(&store, &s2, 60_000).await;
+    assert!(fresh.token > stale.token);
+    assert_eq!(fresh.attempts, 0);
+    let refused = store
+        .finish_delivery(&s2, stale.token, DeliveryOutcome::Delivered { status: 200 })
+        .await
+        .expect("finish");
+    assert!(matches!(refused, Applied::No(_)), "{refused:?}");
+    let r = get(&store, &s2).await;
+    assert_eq!(
+        (r.callback_state, r.callback_attempts),
+        (CallbackState::Pending, 0)
+    );
+
+    // Deferred (breaker open): due again then, no attempt spent.
+    let until = now(&store).await + 150;
+    assert_eq!(
+        store
+            .finish_delivery(&s2, fresh.token, DeliveryOutcome::Defer { until })
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    assert_eq!(due_deliveries(&store, "dl").await, Vec::<String>::new());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let d = claim(&store, &s2, 60_000).await;
+    assert_eq!(d.attempts, 0);
+    assert_eq!(get(&store, &s2).await.callback_attempts, 0);
+
+    // Given up: CALLBACK_FAILED, the run's result kept.
+    let failed_outcome = DeliveryOutcome::Failed {
+        status: 503,
+        error: "retries spent".to_owned(),
+    };
+    assert_eq!(
+        store
+            .finish_delivery(&s2, d.token, failed_outcome)
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    let r = get(&store, &s2).await;
+    assert_eq!(
+        (
+            r.state,
+            r.callback_state,
+            r.callback_attempts,
+            r.callback_status,
+            r.callback_error.as_str()
+        ),
+        (
+            RunState::Succeeded,
+            CallbackState::Failed,
+            1,
+            503,
+            "retries spent"
+        )
+    );
+    assert_eq!(r.output.as_deref(), Some(&b"kept"[..]));
+    assert_eq!(due_deliveries(&store, "dl").await, Vec::<String>::new());
+
+    // 410 Gone: failed at once, and the record says why.
+    let s3 = sid(3000);
+    finished(3000).await;
+    let d = claim(&store, &s3, 60_000).await;
+    assert_eq!(
+        store
+            .finish_delivery(&s3, d.token, DeliveryOutcome::Gone)
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    let r = get(&store, &s3).await;
+    assert_eq!(
+        (
+            r.callback_state,
+            r.callback_attempts,
+            r.callback_status,
+            r.callback_error.as_str()
+        ),
+        (CallbackState::Failed, 1, 410, GONE_ERROR)
+    );
+    // Abandoned (too old before any attempt): FAILED, no attempt counted.
+    let s4 = sid(4000);
+    finished(4000).await;
+    let d = claim(&store, &s4, 60_000).await;
+    let abandon = DeliveryOutcome::Abandon {
+        error: "max_age".to_owned(),
+    };
+    assert_eq!(
+        store
+            .finish_delivery(&s4, d.token, abandon)
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    let r = get(&store, &s4).await;
+    assert_eq!(
+        (
+            r.callback_state,
+            r.callback_attempts,
+            r.callback_status,
+            r.callback_error.as_str()
+        ),
+        (CallbackState::Failed, 0, 0, "max_age")
+    );
+    assert_eq!(due_deliveries(&store, "dl").await, Vec::<String>::new());
+    let unknown = store
+        .finish_delivery("dl@404", 1, DeliveryOutcome::Gone)
+        .await
+        .expect("finish");
+    assert!(matches!(unknown, Applied::No(_)), "{unknown:?}");
+    assert_eq!(
+        store
+            .claim_delivery("dl@404", Duration::from_secs(1))
+            .await
+            .expect("claim"),
+        None
+    );
+}
+
+pub async fn outbox_due_per_partition(store: Arc<dyn Store>) {
+    let parts = store.partitions();
+    let a = ids_in_partition(parts, 0, "oba", 1).remove(0);
+    let b = ids_in_partition(parts, 1, "obb", 1).remove(0);
+    for id in [&a, &b] {
+        store.create_job(job(id, None)).await.expect("create");
+        let g = running(&store, id, 1000, hooked(plan(OverlapPolicy::Allow))).await;
+        store
+            .finish_run(
+                &g.schedule_id,
+                Finisher::Token(g.fencing_token),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish");
+    }
+    assert_eq!(
+        store.due_deliveries(0, 10).await.expect("due"),
+        vec![schedule_id(&a, "1000")]
+    );
+    assert_eq!(
+        store.due_deliveries(1, 10).await.expect("due"),
+        vec![schedule_id(&b, "1000")]
+    );
+    assert_eq!(
+        store.due_deliveries(1, 0).await.expect("due"),
+        Vec::<String>::new()
+    );
+}
+
+pub async fn breaker_transitions(store: Arc<dyn Store>) {
+    let dest = "https://hooks.example:443";
+    let other = "http://10.0.0.1:8080";
+    let probe = Duration::from_millis(100);
+    let cool = Duration::from_millis(200);
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::Closed
+    );
+    // Closed until `threshold` failures in a row; a success resets the count.
+    for _ in 0..2 {
+        let u = store
+            .record_breaker(dest, false, 3, cool)
+            .await
+            .expect("record");
+        assert_eq!((u.state, u.changed), (BreakerState::Closed, false));
+    }
+    let u = store
+        .record_breaker(dest, true, 3, cool)
+        .await
+        .expect("record");
+    assert_eq!((u.state, u.changed), (BreakerState::Closed, false));
+    for _ in 0..2 {
+        store
+            .record_breaker(dest, false, 3, cool)
+            .await
+            .expect("record");
+    }
+    let before = now(&store).await;
+    let u = store
+        .record_breaker(dest, false, 3, cool)
+        .await
+        .expect("record");
+    let after = now(&store).await;
+    let BreakerState::Open { until } = u.state else {
+        panic!("three failures open the breaker: {u:?}");
+    };
+    assert!(u.changed);
+    assert_near(until, before, after, 200, "open until");
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::Open { until }
+    );
+    assert_eq!(
+        store.breaker_state(other, probe).await.expect("state"),
+        BreakerState::Closed,
+        "breakers are per destination"
+    );
+    // A failure while open (an attempt that started earlier) changes nothing.
+    let u = store
+        .record_breaker(dest, false, 3, cool)
+        .await
+        .expect("record");
+    assert_eq!((u.state, u.changed), (BreakerState::Open { until }, false));
+
+    // After the cool-down one caller gets the probe; the others wait for it.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::HalfOpen
+    );
+    let held = store.breaker_state(dest, probe).await.expect("state");
+    assert!(
+        matches!(held, BreakerState::Open { until: u } if u > until),
+        "{held:?}"
+    );
+    // The probe fails: open again for a cool-down.
+    let u = store
+        .record_breaker(dest, false, 3, cool)
+        .await
+        .expect("record");
+    assert!(
+        matches!(u.state, BreakerState::Open { .. }) && u.changed,
+        "{u:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::HalfOpen
+    );
+    // A probe that never reports is presumed lost after `probe`: another one goes.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::HalfOpen
+    );
+    // The probe succeeds: closed.
+    let u = store
+        .record_breaker(dest, true, 3, cool)
+        .await
+        .expect("record");
+    assert_eq!((u.state, u.changed), (BreakerState::Closed, true));
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::Closed
+    );
+    // And it takes `threshold` failures again to open it.
+    let u = store
+        .record_breaker(dest, false, 3, cool)
+        .await
+        .expect("record");
+    assert_eq!((u.state, u.changed), (BreakerState::Closed, false));
+}

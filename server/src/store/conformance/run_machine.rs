@@ -1,0 +1,823 @@
+//! Checks of the run state machine up to a run's start: `begin_run` and every overlap
+//! policy, `assign_run` (tokens, capacity, races), `mark_started` and `renew_leases`.
+
+use super::*;
+
+pub async fn begin_run_idempotent_and_skips(store: Arc<dyn Store>) {
+    store
+        .create_job(job("begin-1", None))
+        .await
+        .expect("create");
+
+    let before = now(&store).await;
+    let begun = begin(
+        &store,
+        planned_run("begin-1", 1000, plan(OverlapPolicy::Allow)),
+    )
+    .await;
+    let after = now(&store).await;
+    let r = begun.run.clone();
+    assert!(begun.revoked.is_empty());
+    assert_eq!(
+        (r.state, r.attempt, r.reason.as_str()),
+        (RunState::Waiting, 1, "")
+    );
+    assert_near(r.created_at, before, after, 0, "created_at");
+    assert_near(
+        r.deadlines.wake_at,
+        before,
+        after,
+        30_000,
+        "wake_at = now + grace",
+    );
+    assert_near(r.deadlines.wait_until, before, after, 5_000, "wait_until");
+    assert_eq!(
+        (
+            r.deadlines.lease_expires,
+            r.deadlines.confirm_by,
+            r.deadlines.timeout_at
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!((r.finished_at, r.fencing_token), (None, 0));
+    assert_eq!(get(&store, &r.schedule_id).await, r);
+    let listed = store
+        .list_runs("begin-1", RunQuery::default())
+        .await
+        .expect("list");
+    assert_eq!(listed.items, vec![r.clone()], "indexed under its job");
+
+    // A redelivered trigger finds the run as it is now.
+    let again = store
+        .begin_run(
+            planned_run("begin-1", 1000, plan(OverlapPolicy::Forbid)),
+            GRACE,
+        )
+        .await
+        .expect("begin again");
+    assert!(!again.created && again.revoked.is_empty());
+    assert_eq!(again.run, r);
+    grant(&store, &r.schedule_id, 1, &slot("n", 0), LONG).await;
+    let again = store
+        .begin_run(
+            planned_run("begin-1", 1000, plan(OverlapPolicy::Allow)),
+            GRACE,
+        )
+        .await
+        .expect("begin again");
+    assert!(!again.created);
+    assert_eq!(again.run.state, RunState::Dispatched);
+
+    // A trigger that says skip keeps its reason; SKIPPED runs are finished at once and
+    // never active, so they do not count for the overlap policy.
+    let mut skip = cron_trigger("begin-1", 2000, 1);
+    skip.skip_reason = Some("misfire".to_owned());
+    let before = now(&store).await;
+    let skipped = begin(
+        &store,
+        RunRecord {
+            plan: plan(OverlapPolicy::Forbid),
+            ..RunRecord::from_trigger(&skip)
+        },
+    )
+    .await
+    .run;
+    assert_eq!(
+        (skipped.state, skipped.reason.as_str()),
+        (RunState::Skipped, "misfire")
+    );
+    assert!(skipped.finished_at.expect("finished") >= before);
+    assert_eq!(skipped.deadlines.earliest(), None);
+
+    // Paused, then deleted: SKIPPED with the reason, whatever the policy.
+    let mut j = store.get_job("begin-1").await.expect("get").expect("job");
+    j.paused = true;
+    store.update_job(j, 1).await.expect("pause");
+    let paused = begin(
+        &store,
+        planned_run("begin-1", 3000, plan(OverlapPolicy::Replace)),
+    )
+    .await;
+    assert_eq!(
+        (paused.run.state, paused.run.reason.as_str()),
+        (RunState::Skipped, "paused")
+    );
+    assert!(paused.revoked.is_empty(), "a skipped run replaces nothing");
+    assert!(paused.run.finished_at.is_some());
+    store.delete_job("begin-1").await.expect("delete");
+    let deleted = begin(
+        &store,
+        planned_run("begin-1", 4000, plan(OverlapPolicy::Allow)),
+    )
+    .await;
+    assert_eq!(
+        (deleted.run.state, deleted.run.reason.as_str()),
+        (RunState::Skipped, "deleted")
+    );
+    assert_eq!(
+        get(&store, &r.schedule_id).await.state,
+        RunState::Dispatched,
+        "the replace policy of a skipped run touched nothing"
+    );
+}
+
+pub async fn overlap_allow_and_forbid(store: Arc<dyn Store>) {
+    store.create_job(job("ovl-a", None)).await.expect("create");
+    store.create_job(job("ovl-f", None)).await.expect("create");
+
+    // allow: every run starts.
+    for planned in [1000, 2000, 3000] {
+        let b = begin(
+            &store,
+            planned_run("ovl-a", planned, plan(OverlapPolicy::Allow)),
+        )
+        .await;
+        assert_eq!(b.run.state, RunState::Waiting);
+    }
+
+    // forbid: a run while another is active (WAITING, DISPATCHED, RUNNING) is SKIPPED.
+    let first = begin(
+        &store,
+        planned_run("ovl-f", 1000, plan(OverlapPolicy::Forbid)),
+    )
+    .await
+    .run;
+    assert_eq!(first.state, RunState::Waiting);
+    let before = now(&store).await;
+    let second = begin(
+        &store,
+        planned_run("ovl-f", 2000, plan(OverlapPolicy::Forbid)),
+    )
+    .await
+    .run;
+    assert_eq!(
+        (second.state, second.reason.as_str()),
+        (RunState::Skipped, "overlap")
+    );
+    assert!(second.finished_at.expect("finished") >= before);
+    let held = grant(&store, &first.schedule_id, 1, &slot("n", 0), LONG).await;
+    assert_eq!(
+        begin(
+            &store,
+            planned_run("ovl-f", 3000, plan(OverlapPolicy::Forbid))
+        )
+        .await
+        .run
+        .state,
+        RunState::Skipped
+    );
+    store
+        .mark_started(&held.schedule_id, held.fencing_token)
+        .await
+        .expect("start");
+    assert_eq!(
+        begin(
+            &store,
+            planned_run("ovl-f", 4000, plan(OverlapPolicy::Forbid))
+        )
+        .await
+        .run
+        .reason,
+        "overlap"
+    );
+    // Once it is final the job is free again.
+    let done = store
+        .finish_run(
+            &held.schedule_id,
+            Finisher::Token(held.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(done.applied, Applied::Yes);
+    assert_eq!(done.next_serial, None);
+    assert_eq!(
+        begin(
+            &store,
+            planned_run("ovl-f", 5000, plan(OverlapPolicy::Forbid))
+        )
+        .await
+        .run
+        .state,
+        RunState::Waiting
+    );
+}
+
+pub async fn overlap_serial_queue(store: Arc<dyn Store>) {
+    store.create_job(job("ser", None)).await.expect("create");
+    let serial = RunPlan {
+        serial_limit: 2,
+        ..plan(OverlapPolicy::Serial)
+    };
+    let sid = |planned: i64| schedule_id("ser", &planned.to_string());
+    let r1 = begin(&store, planned_run("ser", 1000, serial.clone()))
+        .await
+        .run;
+    assert_eq!((r1.state, r1.reason.as_str()), (RunState::Waiting, ""));
+    assert!(r1.deadlines.wake_at > 0, "the first run routes at once");
+    for planned in [2000, 3000] {
+        let q = begin(&store, planned_run("ser", planned, serial.clone()))
+            .await
+            .run;
+        assert_eq!((q.state, q.reason.as_str()), (RunState::Waiting, "queued"));
+        assert_eq!(
+            q.deadlines,
+            Deadlines::default(),
+            "a queued run has no timer"
+        );
+    }
+    let full = begin(&store, planned_run("ser", 4000, serial.clone()))
+        .await
+        .run;
+    assert_eq!(
+        (full.state, full.reason.as_str()),
+        (RunState::Skipped, "serial queue full")
+    );
+    assert!(full.finished_at.is_some());
+
+    // A queued run cannot be routed.
+    let a = store
+        .assign_run(&sid(2000), 1, &slot("n", 0), LONG)
+        .await
+        .expect("assign");
+    assert_eq!(not_waiting_state(&a), Some(RunState::Waiting), "{a:?}");
+
+    // The running run finishes: the queue pops its head, due to route now.
+    let h1 = grant(&store, &r1.schedule_id, 1, &slot("n", 0), LONG).await;
+    let before = now(&store).await;
+    let t = store
+        .finish_run(
+            &r1.schedule_id,
+            Finisher::Token(h1.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.next_serial, Some(sid(2000)));
+    let r2 = get(&store, &sid(2000)).await;
+    assert_eq!((r2.state, r2.reason.as_str()), (RunState::Waiting, ""));
+    assert_near(r2.deadlines.wake_at, before, after, 0, "popped wake_at");
+    assert_near(
+        r2.deadlines.wait_until,
+        before,
+        after,
+        5_000,
+        "popped wait_until",
+    );
+    assert_eq!(get(&store, &sid(3000)).await.reason, "queued");
+    // The popped run is due for the sweep, so a dispatcher that died still routes it.
+    let due = store
+        .due_runs(partition_of("ser", store.partitions()), 10)
+        .await
+        .expect("due");
+    assert_eq!(due, vec![sid(2000)]);
+
+    // The queue has room again.
+    let q5 = begin(&store, planned_run("ser", 5000, serial.clone()))
+        .await
+        .run;
+    assert_eq!(q5.reason, "queued");
+
+    // Cancelling the running run pops the next one too…
+    let t = store
+        .cancel_run(&sid(2000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.next_serial, Some(sid(3000)));
+    assert!(get(&store, &sid(3000)).await.deadlines.wake_at > 0);
+    // …and so does a serial run that found no executor.
+    let t = store
+        .finish_run(
+            &sid(3000),
+            Finisher::Waiting { attempt: 1 },
+            failed("no executor"),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.run.expect("run").state, RunState::Failed);
+    assert_eq!(t.next_serial, Some(sid(5000)));
+    // The queue is empty: nothing pops, and the next run starts at once.
+    let t = store
+        .cancel_run(&sid(5000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.next_serial, None);
+    let r6 = begin(&store, planned_run("ser", 6000, serial)).await.run;
+    assert_eq!((r6.state, r6.reason.as_str()), (RunState::Waiting, ""));
+    assert!(r6.deadlines.wake_at > 0);
+}
+
+/// Serial means one at a time: a queued run leaves the queue only when no run of the
+/// job that is not queued is still active.
+pub async fn serial_queue_one_at_a_time(store: Arc<dyn Store>) {
+    store.create_job(job("one", None)).await.expect("create");
+    let serial = plan(OverlapPolicy::Serial);
+    let sid = |planned: i64| schedule_id("one", &planned.to_string());
+    for planned in [1000, 2000, 3000] {
+        begin(&store, planned_run("one", planned, serial.clone())).await;
+    }
+    assert_eq!(get(&store, &sid(3000)).await.reason, "queued");
+
+    // Nobody may route a queued run, so nobody may find that no executor takes it:
+    // failing it "for want of an executor" would release the run behind it early.
+    let t = store
+        .finish_run(
+            &sid(2000),
+            Finisher::Waiting { attempt: 1 },
+            failed("no executor"),
+        )
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    assert_eq!(t.next_serial, None);
+    let r2 = get(&store, &sid(2000)).await;
+    assert_eq!(
+        (r2.state, r2.reason.as_str()),
+        (RunState::Waiting, "queued")
+    );
+
+    // Cancelling a queued run while the first one is active releases nothing.
+    let t = store
+        .cancel_run(&sid(2000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(t.revoked, vec![]);
+    assert_eq!(t.next_serial, None, "run 1000 still holds the line");
+    let r3 = get(&store, &sid(3000)).await;
+    assert_eq!(
+        (r3.reason.as_str(), r3.deadlines.wake_at),
+        ("queued", 0),
+        "still queued"
+    );
+    // The first one ends: now the queue pops.
+    let t = store
+        .cancel_run(&sid(1000), "by user")
+        .await
+        .expect("cancel");
+    assert_eq!(t.next_serial, Some(sid(3000)));
+}
+
+pub async fn overlap_replace(store: Arc<dyn Store>) {
+    store.create_job(job("rep", None)).await.expect("create");
+    let node = slot("rep-node", 1);
+    let a = begin(
+        &store,
+        planned_run("rep", 1000, plan(OverlapPolicy::Serial)),
+    )
+    .await
+    .run;
+    let held_a = grant(&store, &a.schedule_id, 1, &node, LONG).await;
+    let b = begin(
+        &store,
+        planned_run("rep", 2000, plan(OverlapPolicy::Serial)),
+    )
+    .await
+    .run;
+    assert_eq!(b.reason, "queued");
+
+    let before = now(&store).await;
+    let c = begin(
+        &store,
+        planned_run("rep", 3000, plan(OverlapPolicy::Replace)),
+    )
+    .await;
+    assert_eq!(
+        c.revoked,
+        vec![Revocation {
+            schedule_id: a.schedule_id.clone(),
+            node_id: "rep-node".to_owned(),
+            token: held_a.fencing_token,
+            reason: "replaced".to_owned(),
+        }],
+        "only a leased run has a holder to tell"
+    );
+    assert_eq!(
+        (c.run.state, c.run.reason.as_str()),
+        (RunState::Waiting, "")
+    );
+    assert!(c.run.deadlines.wake_at > 0);
+    for old in [&a.schedule_id, &b.schedule_id] {
+        let r = get(&store, old).await;
+        assert_eq!(
+            (r.state, r.reason.as_str()),
+            (RunState::Cancelled, "replaced")
+        );
+        assert!(r.finished_at.expect("finished") >= before);
+        assert_eq!(r.deadlines, Deadlines::default());
+    }
+    // The old holder is fenced off…
+    let a_now = get(&store, &a.schedule_id).await;
+    assert!(a_now.fencing_token > held_a.fencing_token);
+    let t = store
+        .mark_started(&a.schedule_id, held_a.fencing_token)
+        .await
+        .expect("start");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    let t = store
+        .finish_run(
+            &a.schedule_id,
+            Finisher::Token(held_a.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
+    // …and its node slot is free for the new run.
+    grant(&store, &c.run.schedule_id, 1, &node, LONG).await;
+    // The queued run was dequeued: nothing pops when the new run ends.
+    let d = begin(
+        &store,
+        planned_run("rep", 4000, plan(OverlapPolicy::Replace)),
+    )
+    .await;
+    assert_eq!(d.revoked.len(), 1);
+    assert_eq!(d.revoked[0].schedule_id, c.run.schedule_id);
+    let t = store
+        .cancel_run(&d.run.schedule_id, "done")
+        .await
+        .expect("cancel");
+    assert_eq!(t.next_serial, None);
+    assert_eq!(get(&store, &b.schedule_id).await.state, RunState::Cancelled);
+}
+
+pub async fn assign_run_tokens_and_capacity(store: Arc<dyn Store>) {
+    store.create_job(job("asg", None)).await.expect("create");
+    let timed = RunPlan {
+        timeout_ms: 60_000,
+        ..plan(OverlapPolicy::Allow)
+    };
+    let mut sids = Vec::new();
+    for i in 1..=6 {
+        let r = begin(&store, planned_run("asg", i * 1000, timed.clone()))
+            .await
+            .run;
+        sids.push(r.schedule_id);
+    }
+    let n = slot("asg-n", 2);
+
+    let before = now(&store).await;
+    let r1 = grant(&store, &sids[0], 1, &n, terms(10_000, 4_000)).await;
+    let after = now(&store).await;
+    assert_eq!(
+        (
+            r1.state,
+            r1.node_id.as_str(),
+            r1.attempt,
+            r1.reason.as_str()
+        ),
+        (RunState::Dispatched, "asg-n", 1, "")
+    );
+    assert!(r1.fencing_token > 0);
+    assert_near(
+        r1.deadlines.lease_expires,
+        before,
+        after,
+        10_000,
+        "lease_expires",
+    );
+    assert_near(r1.deadlines.confirm_by, before, after, 4_000, "confirm_by");
+    assert_near(r1.deadlines.timeout_at, before, after, 60_000, "timeout_at");
+    assert_eq!((r1.deadlines.wake_at, r1.deadlines.wait_until), (0, 0));
+    assert_eq!(get(&store, &sids[0]).await, r1);
+
+    let r2 = grant(&store, &sids[1], 1, &n, LONG).await;
+    assert!(r2.fencing_token > r1.fencing_token, "tokens grow per job");
+    // At its max concurrency the node takes nothing more; the run is left as it was.
+    assert_eq!(
+        store
+            .assign_run(&sids[2], 1, &n, LONG)
+            .await
+            .expect("assign"),
+        Assigned::NodeFull
+    );
+    assert_eq!(get(&store, &sids[2]).await.state, RunState::Waiting);
+    // Another node (no limit) does.
+    let r3 = grant(&store, &sids[2], 1, &slot("asg-m", 0), LONG).await;
+    assert!(r3.fencing_token > r2.fencing_token);
+
+    // Not WAITING at that attempt, or gone.
+    let a = store.assign_run(&sids[0], 1, &slot("asg-m", 0), LONG).await;
+    assert_eq!(
+        not_waiting_state(&a.expect("assign")),
+        Some(RunState::Dispatched)
+    );
+    let a = store
+        .assign_run(&sids[3], 2, &slot("asg-m", 0), LONG)
+        .await
+        .expect("assign");
+    assert_eq!(
+        not_waiting_state(&a),
+        Some(RunState::Waiting),
+        "wrong attempt"
+    );
+    assert_eq!(
+        store
+            .assign_run("asg@404", 1, &slot("asg-m", 0), LONG)
+            .await
+            .expect("assign"),
+        Assigned::NotWaiting(None)
+    );
+
+    // A run that ends (finished or cancelled) frees its slot.
+    store
+        .finish_run(
+            &sids[0],
+            Finisher::Token(r1.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let r4 = grant(&store, &sids[3], 1, &n, LONG).await;
+    assert_eq!(
+        store
+            .assign_run(&sids[4], 1, &n, LONG)
+            .await
+            .expect("assign"),
+        Assigned::NodeFull
+    );
+    store.cancel_run(&sids[1], "test").await.expect("cancel");
+    let r5 = grant(&store, &sids[4], 1, &n, LONG).await;
+    assert!(r5.fencing_token > r4.fencing_token && r4.fencing_token > r3.fencing_token);
+
+    // Tokens grow across many grants of one job, whatever the run.
+    let mut last = r5.fencing_token;
+    for i in 0..20 {
+        let r = begin(
+            &store,
+            planned_run("asg", 100_000 + i, plan(OverlapPolicy::Allow)),
+        )
+        .await
+        .run;
+        let g = grant(&store, &r.schedule_id, 1, &slot("asg-many", 0), LONG).await;
+        assert!(
+            g.fencing_token > last,
+            "grant {i}: {} after {last}",
+            g.fencing_token
+        );
+        last = g.fencing_token;
+    }
+}
+
+pub async fn assign_run_race(store: Arc<dyn Store>) {
+    store.create_job(job("race", None)).await.expect("create");
+    let two = RunPlan {
+        max_attempts: 2,
+        backoff_ms: 1,
+        ..plan(OverlapPolicy::Allow)
+    };
+    let r = begin(&store, planned_run("race", 1000, two)).await.run;
+    let sid = r.schedule_id.clone();
+
+    // Eight dispatchers route the same run at once, each to its own node: exactly one
+    // wins, and the losers see it taken. Then again for the second attempt.
+    let mut last_token = 0;
+    for attempt in 1..=2u32 {
+        let barrier = Arc::new(tokio::sync::Barrier::new(8));
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let (store, barrier, sid) = (Arc::clone(&store), Arc::clone(&barrier), sid.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store
+                    .assign_run(&sid, attempt, &slot(&format!("race-{i}"), 1), LONG)
+                    .await
+                    .expect("assign")
+            }));
+        }
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.expect("task") {
+                Assigned::Granted(run) => winners.push(run),
+                Assigned::NotWaiting(Some(run)) => {
+                    assert_eq!((run.state, run.attempt), (RunState::Dispatched, attempt));
+                }
+                other => panic!("attempt {attempt}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "attempt {attempt}: one grant");
+        let won = winners.remove(0);
+        assert!(won.fencing_token > last_token);
+        last_token = won.fencing_token;
+        assert_eq!(get(&store, &sid).await, won);
+        let t = store
+            .finish_run(&sid, Finisher::Token(won.fencing_token), failed("boom"))
+            .await
+            .expect("finish");
+        assert_eq!(t.applied, Applied::Yes);
+    }
+    assert_eq!(get(&store, &sid).await.state, RunState::Failed);
+
+    // Eight runs race for a node with three slots: exactly three fit.
+    let mut sids = Vec::new();
+    for i in 0..8 {
+        let r = begin(
+            &store,
+            planned_run("race", 10_000 + i, plan(OverlapPolicy::Allow)),
+        )
+        .await
+        .run;
+        sids.push(r.schedule_id);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for sid in sids {
+        let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store
+                .assign_run(&sid, 1, &slot("race-small", 3), LONG)
+                .await
+                .expect("assign")
+        }));
+    }
+    let (mut granted, mut full) = (0, 0);
+    for t in tasks {
+        match t.await.expect("task") {
+            Assigned::Granted(_) => granted += 1,
+            Assigned::NodeFull => full += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((granted, full), (3, 5));
+}
+
+pub async fn mark_started_transitions(store: Arc<dyn Store>) {
+    store.create_job(job("start", None)).await.expect("create");
+    let r = begin(
+        &store,
+        planned_run("start", 1000, plan(OverlapPolicy::Allow)),
+    )
+    .await
+    .run;
+    let sid = r.schedule_id.as_str();
+    let t = store.mark_started(sid, 1).await.expect("start");
+    assert!(matches!(t.applied, Applied::No(_)), "WAITING: {t:?}");
+    assert_eq!(t.run.map(|r| r.state), Some(RunState::Waiting));
+
+    let g = grant(&store, sid, 1, &slot("n", 0), terms(30_000, 10_000)).await;
+    let t = store
+        .mark_started(sid, g.fencing_token + 1)
+        .await
+        .expect("start");
+    assert!(matches!(t.applied, Applied::No(_)), "wrong token: {t:?}");
+    let before = now(&store).await;
+    let t = store
+        .mark_started(sid, g.fencing_token)
+        .await
+        .expect("start");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!((t.revoked, t.next_serial), (vec![], None));
+    let running = t.run.expect("run");
+    assert_eq!(running.state, RunState::Running);
+    assert_near(
+        running.started_at.expect("started"),
+        before,
+        after,
+        0,
+        "started_at",
+    );
+    assert_eq!(running.deadlines.confirm_by, 0);
+    assert_eq!(running.deadlines.lease_expires, g.deadlines.lease_expires);
+    assert_eq!(get(&store, sid).await, running);
+
+    let t = store
+        .mark_started(sid, g.fencing_token)
+        .await
+        .expect("start");
+    assert_eq!(t.applied, Applied::Already);
+    assert_eq!(t.run, Some(running));
+
+    store
+        .finish_run(
+            sid,
+            Finisher::Token(g.fencing_token),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let t = store
+        .mark_started(sid, g.fencing_token)
+        .await
+        .expect("start");
+    assert!(matches!(t.applied, Applied::No(_)), "final: {t:?}");
+    let t = store.mark_started("start@404", 1).await.expect("start");
+    assert!(matches!(t.applied, Applied::No(_)));
+    assert_eq!(t.run, None);
+}
+
+pub async fn renew_leases_extend_and_confirm(store: Arc<dyn Store>) {
+    store.create_job(job("renew", None)).await.expect("create");
+    let mut sids = Vec::new();
+    for i in 1..=3 {
+        let r = begin(
+            &store,
+            planned_run("renew", i * 1000, plan(OverlapPolicy::Allow)),
+        )
+        .await
+        .run;
+        sids.push(r.schedule_id);
+    }
+    let n = slot("renew-n", 0);
+    let a = grant(&store, &sids[0], 1, &n, terms(500, 300)).await;
+    let b = grant(&store, &sids[1], 1, &n, terms(500, 300)).await;
+    let c = grant(&store, &sids[2], 1, &slot("renew-m", 0), terms(500, 300)).await;
+    let held = |r: &RunRecord, token: u64| Held {
+        schedule_id: r.schedule_id.clone(),
+        token,
+    };
+
+    // Current → renewed for the new ttl; a wrong token, another node's run or an
+    // unknown run → gone.
+    let before = now(&store).await;
+    let got = store
+        .renew_leases(
+            "renew-n",
+            &[
+                held(&a, a.fencing_token),
+                held(&b, b.fencing_token + 1),
+                held(&c, c.fencing_token),
+                Held {
+                    schedule_id: "renew@404".to_owned(),
+                    token: 1,
+                },
+            ],
+            Duration::from_millis(900),
+        )
+        .await
+        .expect("renew");
+    let after = now(&store).await;
+    assert_eq!(got, vec![Some(900), None, None, None]);
+    let a_now = get(&store, &sids[0]).await;
+    assert_near(
+        a_now.deadlines.lease_expires,
+        before,
+        after,
+        900,
+        "renewed lease",
+    );
+    assert_eq!(
+        a_now.deadlines.confirm_by, 0,
+        "a listed dispatch is confirmed"
+    );
+    assert_eq!(a_now.state, RunState::Dispatched);
+    assert_eq!(
+        store
+            .renew_leases("renew-n", &[], Duration::from_millis(900))
+            .await
+            .expect("renew"),
+        Vec::<Option<i64>>::new()
+    );
+
+    // Past the confirm deadline: the confirmed dispatch stays, the unconfirmed one is
+    // re-routed.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let t = store.expire_run(&sids[0], GRACE).await.expect("expire");
+    assert!(matches!(t.applied, Applied::No(_)), "confirmed: {t:?}");
+    assert_eq!(t.revoked, vec![]);
+    assert_eq!(get(&store, &sids[0]).await.state, RunState::Dispatched);
+    let t = store.expire_run(&sids[1], GRACE).await.expect("expire");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(revocation_of(&t).reason, "unconfirmed");
+
+    // An expired lease is not renewed, even with its current token.
+    let got = store
+        .renew_leases(
+            "renew-m",
+            &[held(&c, c.fencing_token)],
+            Duration::from_millis(900),
+        )
+        .await
+        .expect("renew");
+    assert_eq!(got, vec![None]);
+    // Nor a revoked one.
+    let got = store
+        .renew_leases(
+            "renew-n",
+            &[held(&b, b.fencing_token)],
+            Duration::from_millis(900),
+        )
+        .await
+        .expect("renew");
+    assert_eq!(got, vec![None]);
+    // The confirmed run's renewed lease runs out too: that is a lost run, not an
+    // unconfirmed one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        store
+            .renew_leases("renew-n", &[held(&a, a.fencing_token)], LONG.ttl)
+            .await
+            .expect("renew"),
+        vec![None]
+    );
+    let t = store.expire_run(&sids[0], GRACE).await.expect("expire");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(revocation_of(&t).reason, "lost");
+    let r = t.run.expect("run");
+    assert_eq!((r.state, r.reason.as_str()), (RunState::Failed, "lost"));
+}
