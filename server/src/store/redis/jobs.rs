@@ -1,0 +1,388 @@
+//! Jobs, fires and the trigger queue in Redis: job CRUD and listing, due fires and
+//! their claims (one script per partition batch), manual triggers with idempotency
+//! keys, and the per-partition trigger streams (read, reclaim, ack, trim).
+
+use super::*;
+
+impl RedisStore {
+    pub(super) async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
+        let id = job.spec.id.clone();
+        let p = self.part(&id);
+        let mut job = job;
+        job.version = 1;
+        if job.paused {
+            // A paused job has no pending member, whatever the record carried.
+            job.next_fire = None;
+        }
+        let (due, jit) = arm_args(job.next_fire);
+        let mut c = self.conn().await?;
+        let r: String = self
+            .inner
+            .scripts
+            .create_job
+            .arg(self.pfx(p))
+            .arg(&id)
+            .arg(encode_job(&job)?)
+            .arg(if job.paused { "1" } else { "0" })
+            .arg(due)
+            .arg(jit)
+            .arg(self.channel())
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_str() {
+            "ok" => Ok(job),
+            "exists" => Err(Error::JobExists(id)),
+            other => Err(corrupt(format!("create_job answered {other:?}"))),
+        }
+    }
+
+    pub(super) async fn update_job(
+        &self,
+        job: JobRecord,
+        expected_version: u64,
+    ) -> Result<JobRecord> {
+        let id = job.spec.id.clone();
+        let p = self.part(&id);
+        let mut job = job;
+        job.version = expected_version + 1;
+        if job.paused {
+            job.next_fire = None;
+        }
+        let (due, jit) = arm_args(job.next_fire);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .update_job
+            .arg(self.pfx(p))
+            .arg(&id)
+            .arg(expected_version)
+            .arg(encode_job(&job)?)
+            .arg(if job.paused { "1" } else { "0" })
+            .arg(due)
+            .arg(jit)
+            .arg(self.channel())
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.first().map(String::as_str) {
+            Some("ok") => Ok(job),
+            Some("notfound") => Err(Error::JobNotFound(id)),
+            Some("conflict") => Err(Error::VersionConflict {
+                job_id: id,
+                expected: expected_version,
+                current: r.get(1).and_then(|v| v.parse().ok()).unwrap_or(0),
+            }),
+            other => Err(corrupt(format!("update_job answered {other:?}"))),
+        }
+    }
+
+    pub(super) async fn delete_job(&self, job_id: &str) -> Result<()> {
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let removed: i64 = self
+            .inner
+            .scripts
+            .delete_job
+            .arg(self.pfx(p))
+            .arg(job_id)
+            .arg(self.channel())
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        if removed == 1 {
+            Ok(())
+        } else {
+            Err(Error::JobNotFound(job_id.to_owned()))
+        }
+    }
+
+    pub(super) async fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+        self.read_job(job_id).await
+    }
+
+    pub(super) async fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
+        let mut by_partition: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+        for id in job_ids {
+            by_partition
+                .entry(self.part(id))
+                .or_default()
+                .push(id.clone());
+        }
+        let mut out = Vec::with_capacity(job_ids.len());
+        for (p, ids) in by_partition {
+            out.extend(self.read_jobs(p, &ids).await?);
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn list_jobs(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<JobRecord>> {
+        // Cursor: "<partition>:<last job id>" — jobs are listed partition by partition,
+        // by id within one.
+        let (mut p, mut after) = match cursor.and_then(|c| c.split_once(':')) {
+            Some((p, id)) => (p.parse::<u32>().map_err(corrupt)?, id.to_owned()),
+            None => (0, String::new()),
+        };
+        let limit = limit.max(1);
+        let mut items = Vec::new();
+        let mut c = self.conn().await?;
+        while p < self.inner.partitions && items.len() < limit {
+            let min = if after.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("({after}")
+            };
+            let want = limit - items.len();
+            let ids: Vec<String> = redis::cmd("ZRANGEBYLEX")
+                .arg(self.key(p, "jobs"))
+                .arg(min)
+                .arg("+")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(want)
+                .query_async(&mut c)
+                .await
+                .map_err(unavailable)?;
+            let full = ids.len() == want;
+            if let Some(last) = ids.last() {
+                after = last.clone();
+            }
+            items.extend(self.read_jobs(p, &ids).await?);
+            if !full {
+                p += 1;
+                after.clear();
+            }
+        }
+        let next_cursor = (p < self.inner.partitions).then(|| format!("{p}:{after}"));
+        Ok(Page { items, next_cursor })
+    }
+
+    pub(super) async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
+        let mut c = self.conn().await?;
+        let (now, rows, next): (String, Vec<String>, Option<String>) = self
+            .inner
+            .scripts
+            .due_fires
+            .arg(self.pfx(partition))
+            .arg(limit)
+            .arg(&self.inner.opts.instance_id)
+            .arg(u64::try_from(self.inner.opts.partition_lease.as_millis()).unwrap_or(0))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let mut fires = Vec::with_capacity(rows.len() / 2);
+        for pair in rows.chunks(2) {
+            let [member, due] = pair else {
+                return Err(corrupt("odd due-fires reply"));
+            };
+            let (version, jit, job_id) = split_member(member)?;
+            let due = parse_i64(due)?;
+            fires.push(DueFire {
+                job_id: job_id.to_owned(),
+                due,
+                planned: due - jit,
+                version,
+            });
+        }
+        Ok(DueBatch {
+            now: parse_i64(&now)?,
+            fires,
+            next_due: next.as_deref().map(parse_i64).transpose()?,
+        })
+    }
+
+    pub(super) async fn claim_fires(
+        &self,
+        partition: u32,
+        claims: Vec<FireClaim>,
+    ) -> Result<ClaimOutcome> {
+        let mut inv = self.inner.scripts.claim_fires.prepare_invoke();
+        inv.arg(self.pfx(partition))
+            .arg(self.channel())
+            .arg(claims.len());
+        for claim in &claims {
+            debug_assert_eq!(self.part(&claim.job_id), partition);
+            let (next_due, jit) = match claim.next {
+                Some(a) => (a.due.to_string(), (a.due - a.planned).to_string()),
+                None => (String::new(), String::new()),
+            };
+            inv.arg(&claim.job_id)
+                .arg(claim.expected_due)
+                .arg(claim.expected_version)
+                .arg(jit)
+                .arg(next_due)
+                .arg(claim.triggers.len());
+            for t in &claim.triggers {
+                inv.arg(serde_json::to_string(t).map_err(corrupt)?);
+            }
+        }
+        let mut c = self.conn().await?;
+        let (now, results, next): (String, Vec<String>, Option<String>) =
+            inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let results = results
+            .iter()
+            .map(|r| match r.as_str() {
+                "ok" => Ok(ClaimResult::Claimed),
+                "moved" => Ok(ClaimResult::Moved),
+                "version" => Ok(ClaimResult::VersionChanged),
+                "gone" => Ok(ClaimResult::Gone),
+                other => Err(corrupt(format!("claim answered {other:?}"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ClaimOutcome {
+            now: parse_i64(&now)?,
+            results,
+            next_due: next.as_deref().map(parse_i64).transpose()?,
+        })
+    }
+
+    pub(super) async fn enqueue_manual(
+        &self,
+        trigger: Trigger,
+        idempotency_key: Option<&str>,
+    ) -> Result<Enqueued> {
+        let p = self.part(&trigger.job_id);
+        let sid = trigger.schedule_id();
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .enqueue_manual
+            .arg(self.pfx(p))
+            .arg(&trigger.job_id)
+            .arg(&sid)
+            .arg(serde_json::to_string(&trigger).map_err(corrupt)?)
+            .arg(idempotency_key.unwrap_or(""))
+            .arg(ms(self.inner.opts.idempotency_ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match (r.first().map(String::as_str), r.get(1)) {
+            (Some("ok"), Some(sid)) => Ok(Enqueued {
+                schedule_id: sid.clone(),
+                duplicate: false,
+            }),
+            (Some("dup"), Some(sid)) => Ok(Enqueued {
+                schedule_id: sid.clone(),
+                duplicate: true,
+            }),
+            (Some("notfound"), _) => Err(Error::JobNotFound(trigger.job_id)),
+            other => Err(corrupt(format!("enqueue_manual answered {other:?}"))),
+        }
+    }
+
+    pub(super) async fn read_triggers(
+        &self,
+        consumer: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>> {
+        let keys: Vec<String> = (0..self.inner.partitions)
+            .map(|p| self.key(p, "triggers"))
+            .collect();
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(max.max(1))
+            .arg("BLOCK")
+            .arg(ms(block))
+            .arg("STREAMS")
+            .arg(&keys);
+        for _ in &keys {
+            cmd.arg(">");
+        }
+        let mut c = self.conn().await?;
+        let reply: redis::RedisResult<Option<StreamReadReply>> = cmd.query_async(&mut c).await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) if is_nogroup(&e) => {
+                self.recover_groups().await?;
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        let mut out = Vec::new();
+        for sk in reply.map(|r| r.keys).unwrap_or_default() {
+            let Some(p) = keys.iter().position(|k| *k == sk.key) else {
+                continue;
+            };
+            out.extend(self.deliveries(p as u32, sk.ids));
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn reclaim_triggers(
+        &self,
+        consumer: &str,
+        min_idle: Duration,
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        let mut out = Vec::new();
+        let mut c = self.conn().await?;
+        for p in 0..self.inner.partitions {
+            if out.len() >= max {
+                break;
+            }
+            let reply: redis::RedisResult<StreamAutoClaimReply> = redis::cmd("XAUTOCLAIM")
+                .arg(self.key(p, "triggers"))
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(u64::try_from(min_idle.as_millis()).unwrap_or(u64::MAX))
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(max - out.len())
+                .query_async(&mut c)
+                .await;
+            match reply {
+                Ok(r) => out.extend(self.deliveries(p, r.claimed)),
+                Err(e) if is_nogroup(&e) => {
+                    drop(c);
+                    self.recover_groups().await?;
+                    return Ok(out);
+                }
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
+        let (p, id) = split_entry(entry_id)?;
+        let mut c = self.conn().await?;
+        let r: redis::RedisResult<i64> = c.xack(self.key(p, "triggers"), GROUP, &[id]).await;
+        match r {
+            Ok(_) => Ok(()),
+            // The group vanished with a Redis restart: nothing is pending any more.
+            Err(e) if is_nogroup(&e) => Ok(()),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    pub(super) async fn trim_triggers(&self, older_than: Millis) -> Result<()> {
+        let mut c = self.conn().await?;
+        for p in 0..self.inner.partitions {
+            let r: redis::RedisResult<i64> = self
+                .inner
+                .scripts
+                .trim_triggers
+                .arg(self.pfx(p))
+                .arg(GROUP)
+                .arg(older_than.max(0))
+                .invoke_async(&mut c)
+                .await;
+            match r {
+                Ok(_) => {}
+                Err(e) if is_nogroup(&e) => {}
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        Ok(())
+    }
+}

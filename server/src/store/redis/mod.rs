@@ -1,0 +1,610 @@
+//! The `redis` backend: production, any number of server instances.
+//!
+//! Owns the key layout, the Lua scripts and the pub/sub watcher. Every decision is one
+//! script, called by SHA and reloaded on `NOSCRIPT` (a restarted Redis forgets them).
+//! A job lives in partition `p = partition_of(job_id, P)`; every key of a partition
+//! carries the hash tag `{p}`, so each script touches one cluster slot:
+//!
+//! ```text
+//! <prefix>:meta                         schema version, partition count
+//! <prefix>:{p}:job:<job_id>             hash: rec (JSON), version, paused, jit (due − planned),
+//!                                       member (its pending member while armed)
+//! <prefix>:{p}:jobs                     zset (score 0) of job ids, for listing
+//! <prefix>:{p}:pending                  zset "<version>:<jit>:<job_id>" -> due time (ms)
+//! <prefix>:{p}:claimer                  instance working the partition (short TTL)
+//! <prefix>:{p}:triggers                 stream of triggers, consumer group "dispatch"
+//! <prefix>:{p}:idem:<job_id>:<key>      manual-trigger idempotency key -> schedule_id
+//! <prefix>:{p}:run:<schedule_id>        run record (JSON), expires after the retention
+//! <prefix>:{p}:runs:<job_id>            zset schedule_id -> scheduled_at: bounded per-job index
+//! <prefix>:{p}:lease:<schedule_id>      hash: holder, token, expires
+//! <prefix>:{p}:leases                   zset schedule_id -> lease expiry
+//! <prefix>:{p}:tokens                   hash job_id -> last fencing token
+//! <prefix>:{p}:outbox:<schedule_id>     webhook outbox entry (JSON: job, url, body, created_at,
+//!                                       attempts, token, in_flight, due); gone once delivered
+//!                                       or given up
+//! <prefix>:{p}:outbox_due               zset schedule_id -> due (next attempt, or the end of
+//!                                       an in-flight claim's lease)
+//! <prefix>:{webhooks}:breaker:<dest>    hash: state, until, failures (a day's TTL)
+//! <prefix>:{n}:nonce:<app>:<nonce>      replay-protection marker with a TTL
+//! <prefix>:{nodes}:node:<node_id>       hash: rec (JSON), inst, hb (store clock); expires with its TTL
+//! <prefix>:{nodes}:ids                  set of registered node ids, pruned when listed
+//! <prefix>:changes                      pub/sub channel: a job was created or changed
+//! ```
+//!
+//! One file per concern, each an `impl RedisStore` block that the `Store` trait
+//! (`store_impl`) forwards to: `jobs` (jobs, fires, the trigger queue), `runs` (runs,
+//! leases, the run machine, logs), `nodes` (registry, inboxes, routing counters),
+//! `outbox` (webhook outbox, breakers), `apps` (apps, nonces). The scripts are in
+//! `lua/`; this file holds the connection, the scripts' table and the decoding helpers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::{Manager, Pool, Runtime};
+use futures::StreamExt;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::{AsyncCommands, Script, Value};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
+    DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
+    GONE_ERROR, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded, Result,
+    Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
+    partition_of,
+};
+use crate::model::{
+    AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
+};
+
+mod apps;
+mod jobs;
+mod nodes;
+mod outbox;
+mod runs;
+mod store_impl;
+#[cfg(test)]
+mod tests;
+
+const GROUP: &str = "dispatch";
+
+macro_rules! script {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("lua/common.lua"),
+            "\n",
+            include_str!(concat!("lua/", $name, ".lua"))
+        ))
+    };
+}
+
+/// A run-machine script: the common prelude, then the run helpers, then its body.
+macro_rules! run_script {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("lua/common.lua"),
+            "\n",
+            include_str!("lua/runlib.lua"),
+            "\n",
+            include_str!(concat!("lua/", $name, ".lua"))
+        ))
+    };
+}
+
+struct Scripts {
+    create_job: Script,
+    update_job: Script,
+    delete_job: Script,
+    due_fires: Script,
+    claim_fires: Script,
+    enqueue_manual: Script,
+    record_run: Script,
+    trim_triggers: Script,
+    read_jobs: Script,
+    upsert_node: Script,
+    remove_node: Script,
+    begin_run: Script,
+    assign_run: Script,
+    mark_started: Script,
+    renew_leases: Script,
+    finish_run: Script,
+    due_runs: Script,
+    expire_run: Script,
+    cancel_run: Script,
+    report_progress: Script,
+    append_logs: Script,
+    fan_out: Script,
+    create_app: Script,
+    rotate_app_secret: Script,
+    due_deliveries: Script,
+    claim_delivery: Script,
+    finish_delivery: Script,
+    breaker_state: Script,
+    record_breaker: Script,
+}
+
+impl Scripts {
+    fn load() -> Self {
+        Self {
+            create_job: script!("create_job"),
+            update_job: script!("update_job"),
+            delete_job: script!("delete_job"),
+            due_fires: script!("due_fires"),
+            claim_fires: script!("claim_fires"),
+            enqueue_manual: script!("enqueue_manual"),
+            record_run: script!("record_run"),
+            trim_triggers: script!("trim_triggers"),
+            read_jobs: script!("read_jobs"),
+            upsert_node: script!("upsert_node"),
+            remove_node: script!("remove_node"),
+            begin_run: run_script!("begin_run"),
+            assign_run: run_script!("assign_run"),
+            mark_started: run_script!("mark_started"),
+            renew_leases: run_script!("renew_leases"),
+            finish_run: run_script!("finish_run"),
+            due_runs: run_script!("due_runs"),
+            expire_run: run_script!("expire_run"),
+            cancel_run: run_script!("cancel_run"),
+            report_progress: run_script!("report_progress"),
+            append_logs: run_script!("append_logs"),
+            fan_out: run_script!("fan_out"),
+            create_app: script!("create_app"),
+            rotate_app_secret: script!("rotate_app_secret"),
+            due_deliveries: script!("due_deliveries"),
+            claim_delivery: script!("claim_delivery"),
+            finish_delivery: run_script!("finish_delivery"),
+            breaker_state: script!("breaker_state"),
+            record_breaker: script!("record_breaker"),
+        }
+    }
+}
+
+/// The Redis-backed store. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    prefix: String,
+    partitions: u32,
+    opts: StoreOptions,
+    scripts: Scripts,
+    changes: watch::Receiver<u64>,
+    /// Stops the pub/sub watcher when the last handle is dropped.
+    watcher: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watcher.cancel();
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Error {
+    Error::Unavailable(e.to_string())
+}
+
+fn corrupt(e: impl std::fmt::Display) -> Error {
+    Error::Corrupt(e.to_string())
+}
+
+impl RedisStore {
+    /// Connects, checks or writes the schema record, creates the consumer groups and
+    /// starts the change watcher. `prefix` namespaces every key (tests use one per run).
+    pub async fn connect(url: &str, prefix: &str, opts: StoreOptions) -> Result<Self> {
+        // Blocking stream reads and large claim batches outlast redis-rs's default
+        // 500 ms response timeout; a dead server is still noticed within seconds.
+        let conn_cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
+        let manager = Manager::new_with_config(url, conn_cfg).map_err(unavailable)?;
+        let pool = Pool::builder(manager)
+            .max_size(64)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(unavailable)?;
+        let partitions = Self::init_meta(&pool, prefix, opts.partitions).await?;
+        let (tx, rx) = watch::channel(0u64);
+        let watcher = CancellationToken::new();
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        tokio::spawn(watch_changes(
+            client,
+            format!("{prefix}:changes"),
+            tx,
+            watcher.clone(),
+        ));
+        let store = Self {
+            inner: Arc::new(Inner {
+                pool,
+                prefix: prefix.to_owned(),
+                partitions,
+                opts,
+                scripts: Scripts::load(),
+                changes: rx,
+                watcher,
+            }),
+        };
+        for p in 0..partitions {
+            store.ensure_group(p).await?;
+        }
+        Ok(store)
+    }
+
+    /// Writes the schema record if absent; refuses a newer schema; returns the store's
+    /// partition count (which wins over the configured one for an existing store).
+    async fn init_meta(pool: &Pool, prefix: &str, partitions: u32) -> Result<u32> {
+        let mut c = pool.get().await.map_err(unavailable)?;
+        let key = format!("{prefix}:meta");
+        let _: () = redis::pipe()
+            .hset_nx(&key, "schema", SCHEMA_VERSION)
+            .hset_nx(&key, "partitions", partitions.max(1))
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let (schema, parts): (Option<u32>, Option<u32>) = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("schema")
+            .arg("partitions")
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let schema = schema.ok_or_else(|| corrupt("meta record without schema"))?;
+        if schema > SCHEMA_VERSION {
+            return Err(Error::SchemaTooNew {
+                found: schema,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        parts.ok_or_else(|| corrupt("meta record without partitions"))
+    }
+
+    async fn ensure_group(&self, p: u32) -> Result<()> {
+        let mut c = self.conn().await?;
+        let r: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(self.key(p, "triggers"))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut c)
+            .await;
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// After a Redis restart without persistence the streams and groups are gone:
+    /// recreate them (and the meta record) so reads resume.
+    async fn recover_groups(&self) -> Result<()> {
+        Self::init_meta(&self.inner.pool, &self.inner.prefix, self.inner.partitions).await?;
+        for p in 0..self.inner.partitions {
+            self.ensure_group(p).await?;
+        }
+        Ok(())
+    }
+
+    async fn conn(&self) -> Result<deadpool_redis::Connection> {
+        self.inner.pool.get().await.map_err(unavailable)
+    }
+
+    /// An app's record: one key in the `{apps}` slot.
+    fn app_key(&self, app_id: &str) -> String {
+        format!("{}:{{apps}}:app:{app_id}", self.inner.prefix)
+    }
+
+    fn pfx(&self, p: u32) -> String {
+        format!("{}:{{{p}}}:", self.inner.prefix)
+    }
+
+    fn key(&self, p: u32, rest: &str) -> String {
+        format!("{}{rest}", self.pfx(p))
+    }
+
+    fn part(&self, job_id: &str) -> u32 {
+        partition_of(job_id, self.inner.partitions)
+    }
+
+    /// Nodes are not partitioned: all of them share the `{nodes}` slot.
+    fn nodes_prefix(&self) -> String {
+        format!("{}:{{nodes}}:", self.inner.prefix)
+    }
+
+    /// Breakers are per destination, not per partition: all of them share one slot.
+    fn breakers_prefix(&self) -> String {
+        format!("{}:{{webhooks}}:", self.inner.prefix)
+    }
+
+    /// Calls a run-transition script with (partition prefix, nodes prefix,
+    /// schedule_id, `extra`…) and parses its reply; a malformed schedule_id is an
+    /// unknown run.
+    async fn run_transition(
+        &self,
+        script: &Script,
+        schedule_id: &str,
+        extra: &[String],
+    ) -> Result<Transition> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(unknown_run());
+        };
+        let mut inv = script.prepare_invoke();
+        inv.arg(self.pfx(self.part(job_id)))
+            .arg(self.nodes_prefix())
+            .arg(schedule_id);
+        for a in extra {
+            inv.arg(a);
+        }
+        let mut c = self.conn().await?;
+        let r: Vec<String> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        transition(&r)
+    }
+
+    fn channel(&self) -> String {
+        format!("{}:changes", self.inner.prefix)
+    }
+
+    async fn read_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+        let p = self.part(job_id);
+        Ok(self.read_jobs(p, &[job_id.to_owned()]).await?.pop())
+    }
+
+    /// Reads jobs of one partition with their armed fire, in one script so the record
+    /// and the pending score are from the same moment.
+    async fn read_jobs(&self, p: u32, ids: &[String]) -> Result<Vec<JobRecord>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.inner.scripts.read_jobs.prepare_invoke();
+        inv.arg(self.pfx(p));
+        for id in ids {
+            inv.arg(id);
+        }
+        let mut c = self.conn().await?;
+        #[allow(clippy::type_complexity)]
+        let rows: Vec<(Option<String>, Option<u64>, Option<Millis>, Option<Millis>)> =
+            inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (rec, version, due, jit) in rows {
+            if let Some(job) = decode_job(rec, version, due.map(|d| (d, jit.unwrap_or(0))))? {
+                out.push(job);
+            }
+        }
+        Ok(out)
+    }
+
+    fn deliveries(&self, p: u32, ids: Vec<StreamId>) -> Vec<Delivery> {
+        ids.into_iter()
+            .filter_map(|sid| match decode_trigger(&sid) {
+                Ok(trigger) => Some(Delivery {
+                    entry_id: format!("{p}/{}", sid.id),
+                    trigger,
+                }),
+                Err(e) => {
+                    // A malformed entry would be redelivered forever; log it loudly.
+                    tracing::error!(entry = %sid.id, partition = p, error = %e, "undecodable trigger entry");
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+/// Subscribes to the change channel and bumps the watch counter per message; after a
+/// reconnect it bumps once too, because messages may have been missed meanwhile.
+async fn watch_changes(
+    client: redis::Client,
+    channel: String,
+    tx: watch::Sender<u64>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let connected = async {
+            let mut ps = client.get_async_pubsub().await?;
+            ps.subscribe(&channel).await?;
+            redis::RedisResult::Ok(ps)
+        };
+        let ps = tokio::select! {
+            () = stop.cancelled() => return,
+            r = connected => r,
+        };
+        match ps {
+            Ok(mut ps) => {
+                backoff = Duration::from_millis(100);
+                tx.send_modify(|v| *v += 1);
+                let mut msgs = ps.on_message();
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        m = msgs.next() => match m {
+                            Some(_) => tx.send_modify(|v| *v += 1),
+                            None => break,
+                        },
+                    }
+                }
+                tracing::warn!("store change subscription lost; reconnecting");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to store changes; retrying");
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+fn decode_job(
+    rec: Option<String>,
+    version: Option<u64>,
+    armed: Option<(Millis, Millis)>,
+) -> Result<Option<JobRecord>> {
+    let Some(rec) = rec else { return Ok(None) };
+    let mut job: JobRecord = serde_json::from_str(&rec).map_err(corrupt)?;
+    job.version = version.ok_or_else(|| corrupt("job without version"))?;
+    job.next_fire = armed.map(|(due, jit)| Arm {
+        planned: due - jit,
+        due,
+    });
+    Ok(Some(job))
+}
+
+fn decode_trigger(sid: &StreamId) -> std::result::Result<Trigger, String> {
+    let json: String = sid
+        .get("t")
+        .ok_or_else(|| "entry without trigger".to_owned())?;
+    let mut t: Trigger = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+    if let Some(at) = sid.get::<Millis>("at") {
+        t.triggered_at = at;
+    }
+    Ok(t)
+}
+
+/// The record as persisted: `next_fire` lives in its own fields, written by claims.
+fn encode_job(job: &JobRecord) -> Result<String> {
+    let mut stored = job.clone();
+    stored.next_fire = None;
+    serde_json::to_string(&stored).map_err(corrupt)
+}
+
+/// (pending score, jitter offset) of an arm, as script arguments.
+fn arm_args(arm: Option<Arm>) -> (String, String) {
+    match arm {
+        Some(a) => (a.due.to_string(), (a.due - a.planned).to_string()),
+        None => (String::new(), "0".to_owned()),
+    }
+}
+
+/// Splits a pending member "<version>:<jitter offset>:<job_id>".
+fn split_member(member: &str) -> Result<(u64, Millis, &str)> {
+    let mut parts = member.splitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(v), Some(j), Some(id)) => Ok((v.parse().map_err(corrupt)?, parse_i64(j)?, id)),
+        _ => Err(corrupt(format!("bad pending member {member:?}"))),
+    }
+}
+
+/// An outcome as the finish script reads it (payload bytes as base64, like records).
+#[derive(serde::Serialize)]
+struct OutcomeJson {
+    state: RunState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<String>,
+    error_code: String,
+    error_message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_at: Option<Millis>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finished_at: Option<Millis>,
+}
+
+impl From<Outcome> for OutcomeJson {
+    fn from(o: Outcome) -> Self {
+        use base64::Engine as _;
+        Self {
+            state: o.state,
+            output: o
+                .output
+                .map(|b| base64::engine::general_purpose::STANDARD.encode(b)),
+            error_code: o.error_code,
+            error_message: o.error_message,
+            started_at: o.started_at,
+            finished_at: o.finished_at,
+        }
+    }
+}
+
+fn unknown_run() -> Transition {
+    Transition {
+        applied: Applied::No("unknown run".to_owned()),
+        run: None,
+        revoked: Vec::new(),
+        next_serial: None,
+    }
+}
+
+fn revocation(sid: &str, node: &str, token: &str, reason: &str) -> Result<Option<Revocation>> {
+    if sid.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Revocation {
+        schedule_id: sid.to_owned(),
+        node_id: node.to_owned(),
+        token: token.parse().map_err(corrupt)?,
+        reason: reason.to_owned(),
+    }))
+}
+
+/// Revocations as the run scripts list them: 4 fields each (sid, node, token, reason).
+fn revocations(fields: &[String]) -> Result<Vec<Revocation>> {
+    fields
+        .chunks(4)
+        .map(|f| match f {
+            [sid, node, token, reason] => revocation(sid, node, token, reason),
+            _ => Err(corrupt(format!("a revocation of {} fields", f.len()))),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(|v| v.into_iter().flatten().collect())
+}
+
+/// Parses the reply every transition script gives: {applied, reason, run_json,
+/// next_serial, then 4 fields per revoked lease}.
+fn transition(r: &[String]) -> Result<Transition> {
+    let [applied, reason, json, next, rest @ ..] = r else {
+        return Err(corrupt(format!("run script answered {r:?}")));
+    };
+    Ok(Transition {
+        applied: match applied.as_str() {
+            "yes" => Applied::Yes,
+            "already" => Applied::Already,
+            _ => Applied::No(reason.clone()),
+        },
+        run: if json.is_empty() {
+            None
+        } else {
+            Some(serde_json::from_str(json).map_err(corrupt)?)
+        },
+        revoked: revocations(rest)?,
+        next_serial: (!next.is_empty()).then(|| next.clone()),
+    })
+}
+
+/// A breaker as the breaker scripts answer it: (state, until).
+fn breaker(state: &str, until: &str) -> Result<BreakerState> {
+    match state {
+        "closed" => Ok(BreakerState::Closed),
+        "open" => Ok(BreakerState::Open {
+            until: parse_i64(until)?,
+        }),
+        "half_open" => Ok(BreakerState::HalfOpen),
+        other => Err(corrupt(format!("breaker state {other:?}"))),
+    }
+}
+
+fn parse_i64(v: &str) -> Result<i64> {
+    v.parse().map_err(|e| corrupt(format!("{v:?}: {e}")))
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn split_entry(entry_id: &str) -> Result<(u32, &str)> {
+    let (p, id) = entry_id
+        .split_once('/')
+        .ok_or_else(|| corrupt(format!("bad entry id {entry_id:?}")))?;
+    Ok((p.parse().map_err(corrupt)?, id))
+}
+
+fn is_nogroup(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOGROUP")
+}

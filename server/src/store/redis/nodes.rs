@@ -1,0 +1,153 @@
+//! Nodes and inboxes in Redis: the executor node registry (TTL'd records under
+//! `{nodes}`), per-instance inboxes, and the per-job round-robin counters.
+
+use super::*;
+
+/// One node's `rec` and `hb` fields, and how many runs are leased to it.
+type NodeRow = ((Option<String>, Option<Millis>), u32);
+
+impl RedisStore {
+    pub(super) async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()> {
+        let key = format!("{}inbox:{instance}", self.nodes_prefix());
+        let mut c = self.conn().await?;
+        let _: () = redis::pipe()
+            .lpush(&key, message)
+            .ignore()
+            .pexpire(&key, 60_000)
+            .ignore()
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    pub(super) async fn pop_inbox(
+        &self,
+        instance: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        let key = format!("{}inbox:{instance}", self.nodes_prefix());
+        let Some(count) = std::num::NonZeroUsize::new(max) else {
+            return Ok(Vec::new());
+        };
+        let mut c = self.conn().await?;
+        let got: Option<Vec<Vec<u8>>> = c.rpop(&key, Some(count)).await.map_err(unavailable)?;
+        if let Some(got) = got.filter(|g| !g.is_empty()) {
+            return Ok(got);
+        }
+        if block.is_zero() {
+            return Ok(Vec::new());
+        }
+        let one: Option<(String, Vec<u8>)> = c
+            .brpop(&key, block.as_secs_f64())
+            .await
+            .map_err(unavailable)?;
+        let Some((_, first)) = one else {
+            return Ok(Vec::new());
+        };
+        let mut out = vec![first];
+        if let Some(more) = std::num::NonZeroUsize::new(max - 1) {
+            let rest: Option<Vec<Vec<u8>>> = c.rpop(&key, Some(more)).await.map_err(unavailable)?;
+            out.extend(rest.unwrap_or_default());
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()> {
+        let mut c = self.conn().await?;
+        let json = serde_json::to_string(&node).map_err(corrupt)?;
+        let _: i64 = self
+            .inner
+            .scripts
+            .upsert_node
+            .arg(self.nodes_prefix())
+            .arg(&node.node_id)
+            .arg(json)
+            .arg(&node.instance)
+            .arg(ms(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    pub(super) async fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
+        let mut c = self.conn().await?;
+        let removed: i64 = self
+            .inner
+            .scripts
+            .remove_node
+            .arg(self.nodes_prefix())
+            .arg(node_id)
+            .arg(instance)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(removed == 1)
+    }
+
+    pub(super) async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
+        let prefix = self.nodes_prefix();
+        let mut c = self.conn().await?;
+        let mut ids: Vec<String> = c
+            .smembers(format!("{prefix}ids"))
+            .await
+            .map_err(unavailable)?;
+        ids.sort();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("HMGET")
+                .arg(format!("{prefix}node:{id}"))
+                .arg("rec")
+                .arg("hb");
+            pipe.cmd("SCARD").arg(format!("{prefix}busy:{id}"));
+        }
+        let rows: Vec<NodeRow> = {
+            let flat: Vec<redis::Value> = pipe.query_async(&mut c).await.map_err(unavailable)?;
+            flat.chunks(2)
+                .map(|pair| match pair {
+                    [rec, busy] => Ok((
+                        redis::from_redis_value(rec.clone()).map_err(unavailable)?,
+                        redis::from_redis_value(busy.clone()).map_err(unavailable)?,
+                    )),
+                    _ => Err(corrupt("list_nodes: an odd reply")),
+                })
+                .collect::<Result<_>>()?
+        };
+        let mut out = Vec::new();
+        let mut gone = Vec::new();
+        for (id, (row, leased)) in ids.iter().zip(rows) {
+            match row {
+                (Some(j), hb) => {
+                    let mut node: NodeRecord = serde_json::from_str(&j).map_err(corrupt)?;
+                    node.last_heartbeat = hb.unwrap_or(node.last_heartbeat);
+                    node.leased = leased;
+                    if group.is_none_or(|g| node.group == g) {
+                        out.push(node);
+                    }
+                }
+                (None, _) => gone.push(id.clone()),
+            }
+        }
+        if !gone.is_empty() {
+            // Expired records leave their id behind; forget it (a node that came
+            // back meanwhile re-adds its id in the same script that writes it).
+            let _: i64 = c
+                .srem(format!("{prefix}ids"), &gone)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn next_route_counter(&self, job_id: &str) -> Result<u64> {
+        let mut c = self.conn().await?;
+        let key = format!("{}rr", self.pfx(self.part(job_id)));
+        let n: i64 = c.hincr(key, job_id, 1).await.map_err(unavailable)?;
+        Ok(u64::try_from(n.saturating_sub(1)).unwrap_or(0))
+    }
+}

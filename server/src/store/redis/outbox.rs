@@ -1,0 +1,144 @@
+//! The webhook outbox and the circuit breakers in Redis: due deliveries, their claims
+//! and outcomes under the delivery token, and the per-destination breakers.
+
+use super::*;
+
+impl RedisStore {
+    pub(super) async fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut c = self.conn().await?;
+        self.inner
+            .scripts
+            .due_deliveries
+            .arg(self.pfx(partition))
+            .arg(limit)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)
+    }
+
+    pub(super) async fn claim_delivery(
+        &self,
+        schedule_id: &str,
+        lease: Duration,
+    ) -> Result<Option<WebhookDelivery>> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(None);
+        };
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .claim_delivery
+            .arg(self.pfx(self.part(job_id)))
+            .arg(schedule_id)
+            .arg(ms(lease))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [] => Ok(None),
+            [job_id, url, body, attempts, created_at, token, now] => Ok(Some(WebhookDelivery {
+                schedule_id: schedule_id.to_owned(),
+                job_id: job_id.clone(),
+                url: url.clone(),
+                body: body.clone(),
+                attempts: attempts.parse().map_err(corrupt)?,
+                created_at: parse_i64(created_at)?,
+                token: token.parse().map_err(corrupt)?,
+                now: parse_i64(now)?,
+            })),
+            other => Err(corrupt(format!("claim_delivery answered {other:?}"))),
+        }
+    }
+
+    pub(super) async fn finish_delivery(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        outcome: DeliveryOutcome,
+    ) -> Result<Applied> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(Applied::No("unknown delivery".to_owned()));
+        };
+        let (kind, status, error, at): (&str, u16, String, i64) = match outcome {
+            DeliveryOutcome::Delivered { status } => ("delivered", status, String::new(), 0),
+            DeliveryOutcome::Retry {
+                after,
+                status,
+                error,
+            } => ("retry", status, error, crate::model::duration_ms(after)),
+            DeliveryOutcome::Failed { status, error } => ("failed", status, error, 0),
+            DeliveryOutcome::Gone => ("gone", 410, GONE_ERROR.to_owned(), 0),
+            DeliveryOutcome::Abandon { error } => ("abandon", 0, error, 0),
+            DeliveryOutcome::Defer { until } => ("defer", 0, String::new(), until),
+        };
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .finish_delivery
+            .arg(self.pfx(self.part(job_id)))
+            .arg(schedule_id)
+            .arg(token.to_string())
+            .arg(kind)
+            .arg(status)
+            .arg(error)
+            .arg(at)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [yes, _] if yes == "yes" => Ok(Applied::Yes),
+            [_, reason] => Ok(Applied::No(reason.clone())),
+            other => Err(corrupt(format!("finish_delivery answered {other:?}"))),
+        }
+    }
+
+    pub(super) async fn breaker_state(
+        &self,
+        destination: &str,
+        probe: Duration,
+    ) -> Result<BreakerState> {
+        let mut c = self.conn().await?;
+        let (state, until): (String, String) = self
+            .inner
+            .scripts
+            .breaker_state
+            .arg(self.breakers_prefix())
+            .arg(destination)
+            .arg(ms(probe))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        breaker(&state, &until)
+    }
+
+    pub(super) async fn record_breaker(
+        &self,
+        destination: &str,
+        success: bool,
+        threshold: u32,
+        cool_down: Duration,
+    ) -> Result<BreakerUpdate> {
+        let mut c = self.conn().await?;
+        let (state, until, changed): (String, String, String) = self
+            .inner
+            .scripts
+            .record_breaker
+            .arg(self.breakers_prefix())
+            .arg(destination)
+            .arg(if success { "1" } else { "0" })
+            .arg(threshold.max(1))
+            .arg(ms(cool_down))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(BreakerUpdate {
+            state: breaker(&state, &until)?,
+            changed: changed == "1",
+        })
+    }
+}

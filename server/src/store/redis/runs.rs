@@ -1,0 +1,388 @@
+//! Runs and leases in Redis: recording and listing runs, the run state machine (one
+//! Lua script per decision, sharing `lua/runlib.lua`), progress and logs.
+
+use super::*;
+
+impl RedisStore {
+    pub(super) async fn record_run(&self, run: RunRecord) -> Result<Recorded> {
+        let p = self.part(&run.job_id);
+        let mut c = self.conn().await?;
+        let (created, json): (i64, String) = self
+            .inner
+            .scripts
+            .record_run
+            .arg(self.pfx(p))
+            .arg(&run.job_id)
+            .arg(&run.schedule_id)
+            .arg(serde_json::to_string(&run).map_err(corrupt)?)
+            .arg(run.scheduled_at)
+            .arg(ms(self.inner.opts.run_retention))
+            .arg(self.inner.opts.max_runs_per_job.max(1))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(Recorded {
+            run: serde_json::from_str(&json).map_err(corrupt)?,
+            created: created == 1,
+        })
+    }
+
+    pub(super) async fn get_run(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(None);
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let json: Option<String> = c
+            .get(self.key(p, &format!("run:{schedule_id}")))
+            .await
+            .map_err(unavailable)?;
+        json.map(|j| serde_json::from_str(&j).map_err(corrupt))
+            .transpose()
+    }
+
+    pub(super) async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>> {
+        // Keyset paging. Cursor: "<scheduled_at>:<schedule_id>" of the last run handed
+        // out; the next page starts strictly after it in (score desc, member desc)
+        // order, so runs recorded meanwhile never repeat or shift a listing.
+        let p = self.part(job_id);
+        let index = self.key(p, &format!("runs:{job_id}"));
+        let limit = query.limit.max(1);
+        let min = query
+            .from
+            .map_or_else(|| "-inf".to_owned(), |f| f.to_string());
+        let mut c = self.conn().await?;
+        let (max, skip) = match query.cursor.as_deref().and_then(|c| c.split_once(':')) {
+            Some((score, member)) => {
+                let score = parse_i64(score)?;
+                let ties: Vec<String> = c
+                    .zrevrangebyscore(&index, score, score)
+                    .await
+                    .map_err(unavailable)?;
+                let skip = ties.iter().filter(|m| m.as_str() >= member).count();
+                (score.to_string(), skip)
+            }
+            None => (
+                query
+                    .to
+                    .map_or_else(|| "+inf".to_owned(), |t| format!("({t}")),
+                0,
+            ),
+        };
+        let rows: Vec<(String, i64)> = redis::cmd("ZREVRANGEBYSCORE")
+            .arg(&index)
+            .arg(max)
+            .arg(min)
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(skip)
+            .arg(limit)
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let next_cursor = match rows.last() {
+            Some((member, score)) if rows.len() == limit => Some(format!("{score}:{member}")),
+            _ => None,
+        };
+        if rows.is_empty() {
+            return Ok(Page {
+                items: Vec::new(),
+                next_cursor,
+            });
+        }
+        let keys: Vec<String> = rows
+            .iter()
+            .map(|(id, _)| self.key(p, &format!("run:{id}")))
+            .collect();
+        let jsons: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        // Records past their retention are gone while their index entry lingers
+        // until record_run sweeps it: skip them.
+        let items = jsons
+            .into_iter()
+            .flatten()
+            .map(|j| serde_json::from_str(&j).map_err(corrupt))
+            .collect::<Result<Vec<RunRecord>>>()?;
+        Ok(Page { items, next_cursor })
+    }
+
+    pub(super) async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
+        let p = self.part(&run.job_id);
+        let json = serde_json::to_string(&run).map_err(corrupt)?;
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .begin_run
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(&run.job_id)
+            .arg(&run.schedule_id)
+            .arg(json)
+            .arg(run.scheduled_at)
+            .arg(ms(self.inner.opts.run_retention))
+            .arg(self.inner.opts.max_runs_per_job)
+            .arg(ms(route_grace))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let [created, json, rest @ ..] = r.as_slice() else {
+            return Err(corrupt(format!("begin_run answered {r:?}")));
+        };
+        let revoked = revocations(rest)?;
+        Ok(Begun {
+            run: serde_json::from_str(json).map_err(corrupt)?,
+            created: created == "1",
+            revoked,
+        })
+    }
+
+    pub(super) async fn assign_run(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<Assigned> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(Assigned::NotWaiting(None));
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .assign_run
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(schedule_id)
+            .arg(attempt)
+            .arg(&node.node_id)
+            .arg(node.max_concurrency)
+            .arg(ms(terms.ttl))
+            .arg(ms(terms.confirm_within))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [ok, json] if ok == "ok" => Ok(Assigned::Granted(
+                serde_json::from_str(json).map_err(corrupt)?,
+            )),
+            [full] if full == "full" => Ok(Assigned::NodeFull),
+            [nw, json] if nw == "not_waiting" => Ok(Assigned::NotWaiting(if json.is_empty() {
+                None
+            } else {
+                Some(serde_json::from_str(json).map_err(corrupt)?)
+            })),
+            other => Err(corrupt(format!("assign_run answered {other:?}"))),
+        }
+    }
+
+    pub(super) async fn fan_out(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        shards: u32,
+        route_grace: Duration,
+    ) -> Result<FannedOut> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(FannedOut::NotWaiting(None));
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .fan_out
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(schedule_id)
+            .arg(attempt)
+            .arg(shards)
+            .arg(ms(route_grace))
+            .arg(ms(self.inner.opts.run_retention))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let decode = |j: &String| serde_json::from_str::<RunRecord>(j).map_err(corrupt);
+        match r.as_slice() {
+            [yes, _, parent, shards @ ..] if yes == "yes" => Ok(FannedOut::Shards {
+                parent: decode(parent)?,
+                shards: shards.iter().map(decode).collect::<Result<_>>()?,
+            }),
+            [_, _, json] => Ok(FannedOut::NotWaiting(if json.is_empty() {
+                None
+            } else {
+                Some(decode(json)?)
+            })),
+            other => Err(corrupt(format!("fan_out answered {other:?}"))),
+        }
+    }
+
+    pub(super) async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
+        let script = &self.inner.scripts.mark_started;
+        self.run_transition(script, schedule_id, &[token.to_string()])
+            .await
+    }
+
+    pub(super) async fn renew_leases(
+        &self,
+        node_id: &str,
+        held: &[Held],
+        ttl: Duration,
+    ) -> Result<Vec<Option<i64>>> {
+        let mut out = vec![None; held.len()];
+        // One script call per partition the held runs live in.
+        let mut by_part: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (i, h) in held.iter().enumerate() {
+            if let Some((job_id, _)) = split_schedule_id(&h.schedule_id) {
+                by_part.entry(self.part(job_id)).or_default().push(i);
+            }
+        }
+        let mut c = self.conn().await?;
+        for (p, idx) in by_part {
+            let mut inv = self.inner.scripts.renew_leases.prepare_invoke();
+            inv.arg(self.pfx(p)).arg(node_id).arg(ms(ttl));
+            for &i in &idx {
+                inv.arg(&held[i].schedule_id).arg(held[i].token.to_string());
+            }
+            let r: Vec<i64> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+            for (&i, remaining) in idx.iter().zip(r) {
+                out[i] = (remaining >= 0).then_some(remaining);
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn finish_run(
+        &self,
+        schedule_id: &str,
+        by: Finisher,
+        outcome: Outcome,
+    ) -> Result<Transition> {
+        let (kind, value) = match by {
+            Finisher::Token(t) => ("token", t.to_string()),
+            Finisher::Waiting { attempt } => ("waiting", attempt.to_string()),
+        };
+        let json = serde_json::to_string(&OutcomeJson::from(outcome)).map_err(corrupt)?;
+        let script = &self.inner.scripts.finish_run;
+        self.run_transition(script, schedule_id, &[kind.to_owned(), value, json])
+            .await
+    }
+
+    pub(super) async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        let mut c = self.conn().await?;
+        self.inner
+            .scripts
+            .due_runs
+            .arg(self.pfx(partition))
+            .arg(limit)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)
+    }
+
+    pub(super) async fn expire_run(
+        &self,
+        schedule_id: &str,
+        route_grace: Duration,
+    ) -> Result<Transition> {
+        let script = &self.inner.scripts.expire_run;
+        self.run_transition(script, schedule_id, &[ms(route_grace).to_string()])
+            .await
+    }
+
+    pub(super) async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
+        let script = &self.inner.scripts.cancel_run;
+        self.run_transition(script, schedule_id, &[reason.to_owned()])
+            .await
+    }
+
+    pub(super) async fn report_progress(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        percent: u32,
+        message: &str,
+    ) -> Result<bool> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(false);
+        };
+        let p = self.part(job_id);
+        let mut c = self.conn().await?;
+        let r: i64 = self
+            .inner
+            .scripts
+            .report_progress
+            .arg(self.pfx(p))
+            .arg(schedule_id)
+            .arg(token.to_string())
+            .arg(percent)
+            .arg(message)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(r == 1)
+    }
+
+    pub(super) async fn append_logs(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        lines: Vec<LogLine>,
+        max_bytes: usize,
+    ) -> Result<bool> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(false);
+        };
+        if lines.is_empty() {
+            return Ok(true);
+        }
+        let p = self.part(job_id);
+        let mut inv = self.inner.scripts.append_logs.prepare_invoke();
+        inv.arg(self.pfx(p))
+            .arg(schedule_id)
+            .arg(token.to_string())
+            .arg(max_bytes);
+        for l in &lines {
+            inv.arg(serde_json::to_string(l).map_err(corrupt)?);
+        }
+        let mut c = self.conn().await?;
+        let r: i64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        Ok(r == 1)
+    }
+
+    pub(super) async fn read_logs(
+        &self,
+        schedule_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<LogLine>> {
+        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let key = self.key(self.part(job_id), &format!("logs:{schedule_id}"));
+        let mut c = self.conn().await?;
+        // Sequence numbers are contiguous within the list, so the first line's seq
+        // says where `after` sits.
+        let first: Option<String> = c.lindex(&key, 0).await.map_err(unavailable)?;
+        let Some(first) = first else {
+            return Ok(Vec::new());
+        };
+        let first: LogLine = serde_json::from_str(&first).map_err(corrupt)?;
+        let start = isize::try_from(after.saturating_sub(first.seq.saturating_sub(1)))
+            .unwrap_or(isize::MAX);
+        let stop = start.saturating_add(isize::try_from(limit).unwrap_or(isize::MAX) - 1);
+        let rows: Vec<String> = c.lrange(&key, start, stop).await.map_err(unavailable)?;
+        rows.iter()
+            .map(|j| serde_json::from_str(j).map_err(corrupt))
+            .filter(|l: &Result<LogLine>| l.as_ref().map_or(true, |l| l.seq > after))
+            .collect()
+    }
+}

@@ -1,0 +1,228 @@
+//! The redis backend's own tests: the conformance suite against a real Redis, and what
+//! only this backend has.
+
+use super::*;
+use crate::testing::{shared_redis_url, unique_prefix};
+
+crate::store::conformance::store_conformance_tests!(|opts| async move {
+    let url = shared_redis_url().expect("redis-server");
+    RedisStore::connect(&url, &unique_prefix("conf"), opts)
+        .await
+        .expect("connect")
+});
+
+#[tokio::test]
+async fn newer_schema_is_refused_and_partitions_stick() {
+    let url = shared_redis_url().expect("redis-server");
+    let prefix = unique_prefix("schema");
+    let opts = StoreOptions {
+        partitions: 3,
+        ..StoreOptions::default()
+    };
+    let first = RedisStore::connect(&url, &prefix, opts.clone())
+        .await
+        .expect("connect");
+    assert_eq!(first.partitions(), 3);
+    // A second instance configured differently adopts the store's partition count.
+    let other = StoreOptions {
+        partitions: 8,
+        ..opts.clone()
+    };
+    let second = RedisStore::connect(&url, &prefix, other)
+        .await
+        .expect("connect");
+    assert_eq!(second.partitions(), 3);
+    let mut c = raw_connection().await;
+    let _: () = c
+        .hset(format!("{prefix}:meta"), "schema", SCHEMA_VERSION + 1)
+        .await
+        .expect("hset");
+    match RedisStore::connect(&url, &prefix, opts).await {
+        Err(Error::SchemaTooNew { found, supported }) => {
+            assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a newer schema must be refused"),
+    }
+}
+
+#[tokio::test]
+async fn scripts_reload_after_script_flush() {
+    let url = shared_redis_url().expect("redis-server");
+    let store = RedisStore::connect(&url, &unique_prefix("noscript"), StoreOptions::default())
+        .await
+        .expect("connect");
+    store
+        .due_fires(0, 10)
+        .await
+        .expect("first call loads the script");
+    let mut c = raw_connection().await;
+    // What a Redis restart does to the script cache: the next EVALSHA gets NOSCRIPT.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .expect("flush");
+    store.due_fires(0, 10).await.expect("reloaded on NOSCRIPT");
+}
+
+async fn store(name: &str, opts: StoreOptions) -> (RedisStore, String) {
+    let url = shared_redis_url().expect("redis-server");
+    let prefix = unique_prefix(name);
+    let store = RedisStore::connect(&url, &prefix, opts)
+        .await
+        .expect("connect");
+    (store, prefix)
+}
+
+/// A plain connection to the shared test Redis, for looking behind the store.
+async fn raw_connection() -> redis::aio::MultiplexedConnection {
+    let url = shared_redis_url().expect("redis-server");
+    redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn")
+}
+
+fn one_partition() -> StoreOptions {
+    StoreOptions {
+        partitions: 1,
+        ..StoreOptions::default()
+    }
+}
+
+async fn queue_len(prefix: &str) -> usize {
+    let mut c = raw_connection().await;
+    c.xlen(format!("{prefix}:{{0}}:triggers"))
+        .await
+        .expect("xlen")
+}
+
+#[tokio::test]
+async fn trimming_by_age_never_drops_pending_or_undelivered_triggers() {
+    use crate::store::conformance::{job, manual_trigger};
+    let (store, prefix) = store("trim", one_partition()).await;
+    store.create_job(job("t", None)).await.expect("create");
+    for i in 0..3 {
+        store
+            .enqueue_manual(manual_trigger("t", &format!("manual-{i}"), 0), None)
+            .await
+            .expect("enqueue");
+    }
+    // Deliver all three, ack the first and the last: the middle one stays pending.
+    let got = store
+        .read_triggers("c1", 10, Duration::from_millis(10))
+        .await
+        .expect("read");
+    assert_eq!(got.len(), 3);
+    store.ack_trigger(&got[0].entry_id).await.expect("ack");
+    store.ack_trigger(&got[2].entry_id).await.expect("ack");
+    // One more, never delivered.
+    store
+        .enqueue_manual(manual_trigger("t", "manual-3", 0), None)
+        .await
+        .expect("enqueue");
+    let future = store.now().await.expect("now") + 60_000;
+    store.trim_triggers(future).await.expect("trim");
+    // Only the acked entry older than the oldest pending one can go.
+    assert_eq!(queue_len(&prefix).await, 3);
+    let again = store
+        .reclaim_triggers("c2", Duration::ZERO, 10)
+        .await
+        .expect("reclaim");
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].trigger.schedule_no, "manual-1");
+    store.ack_trigger(&again[0].entry_id).await.expect("ack");
+    store.trim_triggers(future).await.expect("trim");
+    assert_eq!(queue_len(&prefix).await, 1, "the undelivered entry stays");
+    let last = store
+        .read_triggers("c1", 10, Duration::from_millis(10))
+        .await
+        .expect("read");
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].trigger.schedule_no, "manual-3");
+    // An age cutoff in the past trims nothing that is younger.
+    store.ack_trigger(&last[0].entry_id).await.expect("ack");
+    store.trim_triggers(0).await.expect("trim");
+    assert_eq!(queue_len(&prefix).await, 1);
+    // Consumers that hold nothing and were last seen before the cutoff go.
+    let consumers = |prefix: String| async move {
+        let mut c = raw_connection().await;
+        let v: Vec<redis::Value> = redis::cmd("XINFO")
+            .arg("CONSUMERS")
+            .arg(format!("{prefix}:{{0}}:triggers"))
+            .arg(GROUP)
+            .query_async(&mut c)
+            .await
+            .expect("xinfo");
+        v.len()
+    };
+    // The earlier future-cutoff trims forgot c1 and c2 once they held nothing; c1's
+    // last read re-created it.
+    assert_eq!(consumers(prefix.clone()).await, 1);
+    store.trim_triggers(0).await.expect("trim");
+    assert_eq!(consumers(prefix.clone()).await, 1, "recently seen: kept");
+    store.trim_triggers(future).await.expect("trim");
+    assert_eq!(
+        consumers(prefix.clone()).await,
+        0,
+        "idle and empty: forgotten"
+    );
+}
+
+#[tokio::test]
+async fn a_job_change_on_one_instance_wakes_the_others() {
+    use crate::store::conformance::job;
+    let (a, prefix) = store("notify", one_partition()).await;
+    let url = shared_redis_url().expect("redis-server");
+    let b = RedisStore::connect(&url, &prefix, one_partition())
+        .await
+        .expect("connect");
+    let mut changes = b.job_changes();
+    // The subscription itself bumps once when it is established.
+    tokio::time::timeout(Duration::from_secs(5), changes.changed())
+        .await
+        .expect("subscribed")
+        .expect("watch");
+    changes.borrow_and_update();
+    a.create_job(job("n", None)).await.expect("create");
+    tokio::time::timeout(Duration::from_secs(5), changes.changed())
+        .await
+        .expect("instance b is told about a's new job")
+        .expect("watch");
+}
+
+#[tokio::test]
+async fn a_partition_lease_keeps_a_second_instance_off_a_busy_partition() {
+    use crate::store::conformance::{arm, job};
+    let lease = StoreOptions {
+        partition_lease: Duration::from_millis(300),
+        instance_id: "a".into(),
+        ..one_partition()
+    };
+    let (a, prefix) = store("lease", lease.clone()).await;
+    let url = shared_redis_url().expect("redis-server");
+    let b = RedisStore::connect(
+        &url,
+        &prefix,
+        StoreOptions {
+            instance_id: "b".into(),
+            ..lease
+        },
+    )
+    .await
+    .expect("connect");
+    let now = a.now().await.expect("now");
+    a.create_job(job("l", Some(arm(now - 10))))
+        .await
+        .expect("create");
+    assert_eq!(a.due_fires(0, 10).await.expect("due").fires.len(), 1);
+    let blocked = b.due_fires(0, 10).await.expect("due");
+    assert!(blocked.fires.is_empty(), "b must leave a's partition alone");
+    let retry = blocked.next_due.expect("when to look again");
+    assert!(retry > blocked.now && retry <= blocked.now + 300);
+    // Once a stops reading, the lease runs out and b takes the partition over.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(b.due_fires(0, 10).await.expect("due").fires.len(), 1);
+}
