@@ -16,6 +16,8 @@ pub mod deliver;
 pub mod dispatch;
 pub mod egress;
 pub mod fault;
+#[cfg(test)]
+mod layout;
 pub mod metrics;
 pub mod model;
 pub mod schedule;
