@@ -91,6 +91,8 @@ pub(crate) async fn open(
     }
     let channel = dial
         .connect_timeout(CONNECT_TIMEOUT)
+        // Small messages (Started, Result) go out at once, not after a delayed ACK.
+        .tcp_nodelay(true)
         .connect()
         .await
         .map_err(|e| format!("connect: {e}"))?;

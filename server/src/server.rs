@@ -9,6 +9,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt as _;
+use futures::StreamExt as _;
 use sundial_proto::v1::app_service_server::AppServiceServer;
 use sundial_proto::v1::executor_service_server::ExecutorServiceServer;
 use sundial_proto::v1::job_service_server::JobServiceServer;
@@ -264,7 +266,13 @@ pub async fn run(
         .add_service(NodeServiceServer::new(executors))
         .add_service(AppServiceServer::new(AppApi::new(store.clone())))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc_listener),
+            // Nagle's algorithm would hold a response's last segment until the
+            // client's delayed ACK (tens of ms for any unary answer over one segment).
+            TcpListenerStream::new(grpc_listener).inspect(|accepted| {
+                if let Ok(stream) = accepted {
+                    let _ = stream.set_nodelay(true);
+                }
+            }),
             servers_stop.clone().cancelled_owned(),
         );
     let grpc_task = tokio::spawn(grpc);
@@ -278,9 +286,14 @@ pub async fn run(
     let stop = servers_stop.clone().cancelled_owned();
     let http_task = match (http_listener, https_listener) {
         (Some(l), _) => Some(tokio::spawn(
-            axum::serve(l, app)
-                .with_graceful_shutdown(stop)
-                .into_future(),
+            axum::serve(
+                l.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                }),
+                app,
+            )
+            .with_graceful_shutdown(stop)
+            .into_future(),
         )),
         (None, Some(l)) => Some(tokio::spawn(
             axum::serve(l, app)

@@ -243,6 +243,8 @@ async fn accept_handshakes(
                 }
             },
         };
+        // As on plain listeners: no Nagle delay on responses.
+        let _ = stream.set_nodelay(true);
         let Ok(permit) = handshakes.clone().try_acquire_owned() else {
             debug!(%peer, "too many TLS handshakes in progress; connection closed");
             continue;
