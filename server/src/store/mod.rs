@@ -450,6 +450,17 @@ pub trait Store: Send + Sync + 'static {
     /// Also used for pause and resume, which are updates of `paused` and `next_fire`.
     async fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord>;
 
+    /// Creates and updates many jobs of one `partition` in one atomic step (the bulk
+    /// twin of [`Store::create_job`] and [`Store::update_job`], same rules per item). One
+    /// answer per write, in order: the record as written, or the refusal that write met
+    /// (`JobExists`, `JobNotFound`, `VersionConflict`), which leaves the others applied.
+    /// Every write must belong to `partition` (else `Error::Corrupt`, nothing written).
+    async fn apply_jobs(
+        &self,
+        partition: u32,
+        writes: Vec<JobWrite>,
+    ) -> Result<Vec<Result<JobRecord>>>;
+
     /// Deletes the job and its pending member. Its runs stay until retention ends.
     async fn delete_job(&self, job_id: &str) -> Result<()>;
 
@@ -776,6 +787,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// True if `nonce` was not seen for `app_id` within `ttl`; remembers it.
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool>;
+}
+
+/// One write of [`Store::apply_jobs`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobWrite {
+    /// Create the job (refused with `JobExists` if it exists).
+    Create(JobRecord),
+    /// Replace the job if it is still at `expected_version`.
+    Update {
+        job: JobRecord,
+        expected_version: u64,
+    },
+}
+
+impl JobWrite {
+    /// The job this write is for.
+    pub fn job_id(&self) -> &str {
+        match self {
+            JobWrite::Create(job) | JobWrite::Update { job, .. } => &job.spec.id,
+        }
+    }
 }
 
 /// The partition of a job: FNV-1a 32 of its id, mod `partitions`. Fixed at creation

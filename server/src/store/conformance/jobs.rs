@@ -479,3 +479,149 @@ pub async fn claim_race(store: Arc<dyn Store>) {
         assert_eq!((batch.fires, batch.next_due), (vec![], None));
     }
 }
+
+/// `apply_jobs`: creates and updates of one partition in one step, each write with its
+/// own answer; a refused write leaves the rest applied; the pending members are those
+/// single creates and updates would leave; a write for another partition is refused
+/// before anything is written.
+pub async fn apply_jobs_batches_and_refusals(store: Arc<dyn Store>) {
+    let parts = store.partitions();
+    let ids = ids_in_partition(parts, 1, "apply", 4);
+    let (a, b, c, d) = (&ids[0], &ids[1], &ids[2], &ids[3]);
+    let t0 = now(&store).await;
+    let mut changes = store.job_changes();
+    changes.borrow_and_update();
+
+    assert!(
+        store
+            .apply_jobs(1, Vec::new())
+            .await
+            .expect("empty")
+            .is_empty(),
+        "an empty batch is answered empty"
+    );
+
+    let mut paused = job(b, Some(arm(t0 - 1000)));
+    paused.paused = true;
+    let out = store
+        .apply_jobs(
+            1,
+            vec![
+                JobWrite::Create(job(a, Some(arm(t0 - 1000)))),
+                JobWrite::Create(paused),
+            ],
+        )
+        .await
+        .expect("apply");
+    let created: Vec<(String, u64, bool)> = out
+        .into_iter()
+        .map(|r| {
+            let j = r.expect("created");
+            (j.spec.id, j.version, j.next_fire.is_some())
+        })
+        .collect();
+    assert_eq!(
+        created,
+        vec![(a.clone(), 1, true), (b.clone(), 1, false)],
+        "version 1; a paused job is never pending"
+    );
+    wait_changed(&mut changes, "apply_jobs").await;
+    let batch = store.due_fires(1, 100).await.expect("due");
+    assert_eq!(
+        batch.fires,
+        vec![DueFire {
+            job_id: a.clone(),
+            due: t0 - 1000,
+            planned: t0 - 1000,
+            version: 1,
+        }]
+    );
+
+    // One batch of four: two refused, two applied.
+    let mut a2 = store.get_job(a).await.expect("get").expect("a exists");
+    a2.spec.name = "renamed".into();
+    a2.next_fire = Some(arm(t0 - 500));
+    let out = store
+        .apply_jobs(
+            1,
+            vec![
+                JobWrite::Create(job(a, None)),
+                JobWrite::Update {
+                    job: a2,
+                    expected_version: 1,
+                },
+                JobWrite::Update {
+                    job: job(c, None),
+                    expected_version: 1,
+                },
+                JobWrite::Update {
+                    job: job(b, Some(arm(t0))),
+                    expected_version: 5,
+                },
+                JobWrite::Create(job(d, Some(arm(t0 + 3_600_000)))),
+            ],
+        )
+        .await
+        .expect("apply");
+    assert_eq!(out.len(), 5, "one answer per write");
+    assert!(
+        matches!(&out[0], Err(Error::JobExists(id)) if id == a),
+        "{:?}",
+        out[0]
+    );
+    match &out[1] {
+        Ok(j) => assert_eq!((j.version, j.spec.name.as_str()), (2, "renamed")),
+        other => panic!("update of a: {other:?}"),
+    }
+    assert!(
+        matches!(&out[2], Err(Error::JobNotFound(id)) if id == c),
+        "{:?}",
+        out[2]
+    );
+    assert!(
+        matches!(&out[3], Err(Error::VersionConflict { job_id, expected: 5, current: 1 }) if job_id == b),
+        "{:?}",
+        out[3]
+    );
+    assert!(matches!(&out[4], Ok(j) if j.version == 1), "{:?}", out[4]);
+    let stored = store.get_job(a).await.expect("get").expect("a");
+    assert_eq!((stored.version, stored.spec.name.as_str()), (2, "renamed"));
+    assert!(
+        store.get_job(c).await.expect("get").is_none(),
+        "no update creates"
+    );
+    let stored_b = store.get_job(b).await.expect("get").expect("b");
+    assert_eq!(
+        (stored_b.version, stored_b.paused),
+        (1, true),
+        "the conflict changed nothing"
+    );
+    let batch = store.due_fires(1, 100).await.expect("due");
+    assert_eq!(
+        batch.fires,
+        vec![DueFire {
+            job_id: a.clone(),
+            due: t0 - 500,
+            planned: t0 - 500,
+            version: 2,
+        }],
+        "the update replaced a's member"
+    );
+    assert_eq!(batch.next_due, Some(t0 + 3_600_000), "d is armed");
+
+    // A write for another partition: the whole batch is refused, nothing written.
+    let other = ids_in_partition(parts, 2, "apply-other", 1).remove(0);
+    let err = store
+        .apply_jobs(
+            1,
+            vec![
+                JobWrite::Create(job(c, None)),
+                JobWrite::Create(job(&other, None)),
+            ],
+        )
+        .await
+        .expect_err("wrong partition");
+    assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    assert!(store.get_job(c).await.expect("get").is_none());
+    assert!(store.get_job(&other).await.expect("get").is_none());
+}

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use super::{
     Applied, Assigned, Begun, BreakerState, ClaimResult, Delivery, DeliveryOutcome, DueFire,
-    Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, LeaseTerms, LogLine,
-    NodeRecord, NodeSlot, Outcome, Revocation, RunQuery, Store, StoreOptions, Transition,
+    Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, JobWrite, LeaseTerms,
+    LogLine, NodeRecord, NodeSlot, Outcome, Revocation, RunQuery, Store, StoreOptions, Transition,
     WebhookDelivery, partition_of,
 };
 use crate::model::{
@@ -71,6 +71,7 @@ macro_rules! store_conformance_tests {
             trigger_queue_ack_reclaim: options,
             trigger_read_blocks_until_append: options,
             manual_idempotency: options,
+            apply_jobs_batches_and_refusals: options,
             record_run_idempotent_and_skips: options,
             list_runs_order_filter_paging: options,
             runs_bounded_per_job: bounded_runs_options,

@@ -5,65 +5,114 @@
 use super::*;
 
 impl Inner {
-    pub(super) fn create_job(&self, mut job: JobRecord) -> Result<JobRecord> {
+    pub(super) fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
+        write(&self.db, |txn| self.create_in(txn, job))
+    }
+
+    pub(super) fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
+        write(&self.db, |txn| self.update_in(txn, job, expected_version))
+    }
+
+    /// The writes of one partition in one transaction: each one's record, or the
+    /// refusal it met (which leaves the others applied). A storage error aborts all.
+    pub(super) fn apply_jobs(
+        &self,
+        partition: u32,
+        writes: Vec<JobWrite>,
+    ) -> Result<Vec<Result<JobRecord>>> {
+        if let Some(w) = writes
+            .iter()
+            .find(|w| partition_of(w.job_id(), self.partitions) != partition)
+        {
+            return Err(Error::Corrupt(format!(
+                "write for job {:?} sent to partition {partition}, but it lives in {}",
+                w.job_id(),
+                partition_of(w.job_id(), self.partitions)
+            )));
+        }
         write(&self.db, |txn| {
-            let now = now_ms();
-            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
-            if jobs.get(job.spec.id.as_str()).ctx("read job")?.is_some() {
-                return Err(Error::JobExists(job.spec.id.clone()));
+            let mut out = Vec::with_capacity(writes.len());
+            for w in writes {
+                let r = match w {
+                    JobWrite::Create(job) => self.create_in(txn, job),
+                    JobWrite::Update {
+                        job,
+                        expected_version,
+                    } => self.update_in(txn, job, expected_version),
+                };
+                match r {
+                    Err(
+                        e @ (Error::JobExists(_)
+                        | Error::JobNotFound(_)
+                        | Error::VersionConflict { .. }),
+                    ) => out.push(Err(e)),
+                    Err(e) => return Err(e),
+                    Ok(job) => out.push(Ok(job)),
+                }
             }
-            job.version = 1;
-            job.created_at = now;
-            job.updated_at = now;
-            if job.paused {
-                job.next_fire = None;
-            }
-            store_job(&mut jobs, &job)?;
-            drop(jobs);
-            set_pending(
-                txn,
-                self.partitions,
-                &job.spec.id,
-                job.next_fire.map(|a| a.due),
-            )?;
-            Ok(job)
+            Ok(out)
         })
     }
 
-    pub(super) fn update_job(
+    /// Creates `job` inside `txn`: refused before anything is written if it exists.
+    fn create_in(&self, txn: &WriteTransaction, mut job: JobRecord) -> Result<JobRecord> {
+        let now = now_ms();
+        let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        if jobs.get(job.spec.id.as_str()).ctx("read job")?.is_some() {
+            return Err(Error::JobExists(job.spec.id.clone()));
+        }
+        job.version = 1;
+        job.created_at = now;
+        job.updated_at = now;
+        if job.paused {
+            job.next_fire = None;
+        }
+        store_job(&mut jobs, &job)?;
+        drop(jobs);
+        set_pending(
+            txn,
+            self.partitions,
+            &job.spec.id,
+            job.next_fire.map(|a| a.due),
+        )?;
+        Ok(job)
+    }
+
+    /// Replaces `job` inside `txn` if it is still at `expected_version`: refused before
+    /// anything is written otherwise.
+    fn update_in(
         &self,
+        txn: &WriteTransaction,
         mut job: JobRecord,
         expected_version: u64,
     ) -> Result<JobRecord> {
-        write(&self.db, |txn| {
-            let now = now_ms();
-            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
-            let Some(stored) = load_job(&jobs, &job.spec.id)? else {
-                return Err(Error::JobNotFound(job.spec.id.clone()));
-            };
-            if stored.version != expected_version {
-                return Err(Error::VersionConflict {
-                    job_id: job.spec.id.clone(),
-                    expected: expected_version,
-                    current: stored.version,
-                });
-            }
-            job.version = stored.version + 1;
-            job.created_at = stored.created_at;
-            job.updated_at = now;
-            if job.paused {
-                job.next_fire = None;
-            }
-            store_job(&mut jobs, &job)?;
-            drop(jobs);
-            set_pending(
-                txn,
-                self.partitions,
-                &job.spec.id,
-                job.next_fire.map(|a| a.due),
-            )?;
-            Ok(job)
-        })
+        let now = now_ms();
+        let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let Some(stored) = load_job(&jobs, &job.spec.id)? else {
+            return Err(Error::JobNotFound(job.spec.id.clone()));
+        };
+        if stored.version != expected_version {
+            return Err(Error::VersionConflict {
+                job_id: job.spec.id.clone(),
+                expected: expected_version,
+                current: stored.version,
+            });
+        }
+        job.version = stored.version + 1;
+        job.created_at = stored.created_at;
+        job.updated_at = now;
+        if job.paused {
+            job.next_fire = None;
+        }
+        store_job(&mut jobs, &job)?;
+        drop(jobs);
+        set_pending(
+            txn,
+            self.partitions,
+            &job.spec.id,
+            job.next_fire.map(|a| a.due),
+        )?;
+        Ok(job)
     }
 
     pub(super) fn delete_job(&self, job_id: &str) -> Result<()> {

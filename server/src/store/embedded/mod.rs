@@ -110,8 +110,9 @@ use tokio::sync::{Notify, watch};
 use super::{
     Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
     DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, Held,
-    LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded, Result, Revocation,
-    RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery, partition_of,
+    JobWrite, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded, Result,
+    Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
+    partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,

@@ -36,6 +36,20 @@ impl Store for EmbeddedStore {
         Ok(job)
     }
 
+    async fn apply_jobs(
+        &self,
+        partition: u32,
+        writes: Vec<JobWrite>,
+    ) -> Result<Vec<Result<JobRecord>>> {
+        let out = self
+            .blocking(move |i| i.apply_jobs(partition, writes))
+            .await?;
+        if out.iter().any(Result::is_ok) {
+            self.job_changed();
+        }
+        Ok(out)
+    }
+
     async fn delete_job(&self, job_id: &str) -> Result<()> {
         let job_id = job_id.to_owned();
         self.blocking(move |i| i.delete_job(&job_id)).await?;

@@ -78,6 +78,78 @@ impl RedisStore {
         }
     }
 
+    pub(super) async fn apply_jobs(
+        &self,
+        partition: u32,
+        writes: Vec<JobWrite>,
+    ) -> Result<Vec<Result<JobRecord>>> {
+        if let Some(w) = writes.iter().find(|w| self.part(w.job_id()) != partition) {
+            return Err(Error::Corrupt(format!(
+                "write for job {:?} sent to partition {partition}, but it lives in {}",
+                w.job_id(),
+                self.part(w.job_id())
+            )));
+        }
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = self.inner.scripts.apply_jobs.prepare_invoke();
+        invocation.arg(self.pfx(partition)).arg(self.channel());
+        // The records as they will be written, to answer with once the script says ok.
+        let mut written = Vec::with_capacity(writes.len());
+        for w in writes {
+            let (kind, mut job, expected) = match w {
+                JobWrite::Create(job) => ("c", job, None),
+                JobWrite::Update {
+                    job,
+                    expected_version,
+                } => ("u", job, Some(expected_version)),
+            };
+            job.version = expected.map_or(1, |v| v + 1);
+            if job.paused {
+                // A paused job has no pending member, whatever the record carried.
+                job.next_fire = None;
+            }
+            let (due, jit) = arm_args(job.next_fire);
+            invocation
+                .arg(kind)
+                .arg(&job.spec.id)
+                .arg(expected.map(|v| v.to_string()).unwrap_or_default())
+                .arg(encode_job(&job)?)
+                .arg(if job.paused { "1" } else { "0" })
+                .arg(due)
+                .arg(jit);
+            written.push((job, expected));
+        }
+        let mut c = self.conn().await?;
+        let r: Vec<String> = invocation.invoke_async(&mut c).await.map_err(unavailable)?;
+        if r.len() != written.len() * 2 {
+            return Err(corrupt(format!(
+                "apply_jobs answered {} fields for {} writes",
+                r.len(),
+                written.len()
+            )));
+        }
+        Ok(written
+            .into_iter()
+            .zip(r.chunks(2))
+            .map(|((job, expected), answer)| {
+                let id = job.spec.id.clone();
+                match answer[0].as_str() {
+                    "ok" => Ok(job),
+                    "exists" => Err(Error::JobExists(id)),
+                    "notfound" => Err(Error::JobNotFound(id)),
+                    "conflict" => Err(Error::VersionConflict {
+                        job_id: id,
+                        expected: expected.unwrap_or(0),
+                        current: answer[1].parse().unwrap_or(0),
+                    }),
+                    other => Err(corrupt(format!("apply_jobs answered {other:?} for {id:?}"))),
+                }
+            })
+            .collect())
+    }
+
     pub(super) async fn delete_job(&self, job_id: &str) -> Result<()> {
         let p = self.part(job_id);
         let mut c = self.conn().await?;

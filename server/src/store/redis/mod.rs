@@ -51,8 +51,8 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
     DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    GONE_ERROR, Held, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded, Result,
-    Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
+    GONE_ERROR, Held, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded,
+    Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
     partition_of,
 };
 use crate::model::{
@@ -96,6 +96,7 @@ macro_rules! run_script {
 struct Scripts {
     create_job: Script,
     update_job: Script,
+    apply_jobs: Script,
     delete_job: Script,
     due_fires: Script,
     claim_fires: Script,
@@ -130,6 +131,7 @@ impl Scripts {
         Self {
             create_job: script!("create_job"),
             update_job: script!("update_job"),
+            apply_jobs: script!("apply_jobs"),
             delete_job: script!("delete_job"),
             due_fires: script!("due_fires"),
             claim_fires: script!("claim_fires"),

@@ -34,6 +34,14 @@ impl Store for RedisStore {
         RedisStore::update_job(self, job, expected_version).await
     }
 
+    async fn apply_jobs(
+        &self,
+        partition: u32,
+        writes: Vec<JobWrite>,
+    ) -> Result<Vec<Result<JobRecord>>> {
+        RedisStore::apply_jobs(self, partition, writes).await
+    }
+
     async fn delete_job(&self, job_id: &str) -> Result<()> {
         RedisStore::delete_job(self, job_id).await
     }
