@@ -603,3 +603,147 @@ async fn unknown_runs_and_later_work_answer_precisely() -> Result<()> {
     ensure!(err.code() == Code::NotFound, "{err:?}");
     Ok(())
 }
+
+/// `ApplyJobs` on one store: creates what is new, replaces what differs, leaves equal
+/// specs alone (a re-apply writes nothing), names bad items by index and field while
+/// the rest apply, and refuses an empty or oversized request with nothing written.
+async fn apply_jobs_on(opts: SundialOptions) -> Result<()> {
+    let server = Sundial::start(opts)?;
+    let mut jobs = server.jobs().await?;
+    let apply = |specs: Vec<pb::JobSpec>| pb::ApplyJobsRequest { specs };
+    let outcomes = |r: &pb::ApplyJobsResponse| -> Vec<pb::ApplyOutcome> {
+        r.results.iter().map(|x| x.outcome()).collect()
+    };
+    let noon = |id: &str| {
+        let mut s = every_second(id);
+        s.cron = "0 0 12 * * ?".into();
+        s
+    };
+    let mut paused = noon("apply-b");
+    paused.paused = true;
+    let mut bad = noon("apply-c");
+    bad.cron = "61 * * * *".into();
+    let list = vec![noon("apply-a"), paused.clone(), bad, noon("apply-a")];
+
+    let first = jobs.apply_jobs(apply(list.clone())).await?.into_inner();
+    use pb::ApplyOutcome::{Created, Invalid, Unchanged, Updated};
+    ensure!(
+        outcomes(&first) == [Created, Created, Invalid, Invalid],
+        "{first:?}"
+    );
+    ensure!(
+        first.results[2].error.starts_with("specs[2].cron: "),
+        "{:?}",
+        first.results[2].error
+    );
+    ensure!(
+        first.results[3].error == r#"specs[3].id: "apply-a" is also specs[0]"#,
+        "{:?}",
+        first.results[3].error
+    );
+    let a = first.results[0].job.clone().context("a's job")?;
+    ensure!(a.version == 1 && a.next_fire_time_ms > 0, "{a:?}");
+    let b = first.results[1].job.clone().context("b's job")?;
+    ensure!(b.state() == pb::JobState::Paused, "{b:?}");
+    let missing = jobs
+        .get_job(pb::GetJobRequest {
+            job_id: "apply-c".into(),
+        })
+        .await
+        .expect_err("the invalid item was not written");
+    ensure!(missing.code() == Code::NotFound, "{missing:?}");
+
+    // The same list again: nothing changes.
+    let again = jobs.apply_jobs(apply(list)).await?.into_inner();
+    ensure!(
+        outcomes(&again) == [Unchanged, Unchanged, Invalid, Invalid],
+        "{again:?}"
+    );
+    ensure!(
+        again.results[..2]
+            .iter()
+            .all(|r| r.job.as_ref().is_some_and(|j| j.version == 1)),
+        "{again:?}"
+    );
+
+    // A changed spec is updated; `paused` of an existing job is left to Pause/Resume.
+    let mut renamed = noon("apply-a");
+    renamed.name = "renamed".into();
+    let mut unpaused = paused;
+    unpaused.paused = false;
+    let third = jobs
+        .apply_jobs(apply(vec![renamed, unpaused]))
+        .await?
+        .into_inner();
+    ensure!(outcomes(&third) == [Updated, Unchanged], "{third:?}");
+    let a = third.results[0].job.clone().context("a")?;
+    ensure!(a.version == 2 && a.spec.context("spec")?.name == "renamed");
+    let b = third.results[1].job.clone().context("b")?;
+    ensure!(b.state() == pb::JobState::Paused, "{b:?}");
+
+    // Request-level refusals write nothing.
+    let err = jobs.apply_jobs(apply(Vec::new())).await.expect_err("empty");
+    ensure!(
+        err.code() == Code::InvalidArgument && err.message().starts_with("specs: "),
+        "{err:?}"
+    );
+    let too_many: Vec<pb::JobSpec> = (0..1001).map(|i| noon(&format!("bulk-{i}"))).collect();
+    let err = jobs
+        .apply_jobs(apply(too_many.clone()))
+        .await
+        .expect_err("1001 specs");
+    ensure!(
+        err.code() == Code::InvalidArgument && err.message().contains("at most 1000"),
+        "{err:?}"
+    );
+    ensure!(
+        jobs.get_job(pb::GetJobRequest {
+            job_id: "bulk-0".into()
+        })
+        .await
+        .is_err(),
+        "nothing of an oversized request is written"
+    );
+
+    // A full batch of 1000, across every partition.
+    let full = jobs
+        .apply_jobs(apply(too_many[..1000].to_vec()))
+        .await?
+        .into_inner();
+    ensure!(
+        full.results.len() == 1000 && outcomes(&full).iter().all(|o| *o == Created),
+        "{:?}",
+        outcomes(&full).iter().filter(|o| **o != Created).count()
+    );
+    let mut bulk = 0;
+    let mut page_token = String::new();
+    loop {
+        let page = jobs
+            .list_jobs(pb::ListJobsRequest {
+                page_size: 500,
+                page_token: page_token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        bulk += page
+            .jobs
+            .iter()
+            .filter(|j| j.spec.as_ref().is_some_and(|s| s.id.starts_with("bulk-")))
+            .count();
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    ensure!(bulk == 1000, "listed {bulk} bulk jobs");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_jobs_creates_updates_leaves_alone_and_names_bad_items() -> Result<()> {
+    let redis = RedisServer::start()?;
+    apply_jobs_on(SundialOptions::redis(&redis)).await?;
+    let dir = tempfile::tempdir()?;
+    apply_jobs_on(SundialOptions::embedded(dir.path())).await
+}

@@ -6,7 +6,9 @@ use tonic::{Request, Response, Status};
 
 use super::{convert, status};
 use crate::model::MAX_PAYLOAD_BYTES;
-use crate::schedule::jobs::Jobs;
+use std::collections::HashMap;
+
+use crate::schedule::jobs::{self, ApplyOutcome, Jobs, MAX_APPLY};
 
 /// Bounds how many store pages one ListJobs call scans while filtering.
 const MAX_SCAN_PAGES: usize = 50;
@@ -55,6 +57,89 @@ impl JobService for JobApi {
         Ok(Response::new(pb::UpdateJobResponse {
             job: Some(convert::job_to_pb(job)),
         }))
+    }
+
+    async fn apply_jobs(
+        &self,
+        req: Request<pb::ApplyJobsRequest>,
+    ) -> Result<Response<pb::ApplyJobsResponse>, Status> {
+        let specs = req.into_inner().specs;
+        if specs.is_empty() {
+            return Err(Status::invalid_argument(
+                "specs: required (1 to 1000 job specs)",
+            ));
+        }
+        if specs.len() > MAX_APPLY {
+            return Err(Status::invalid_argument(format!(
+                "specs: at most {MAX_APPLY} per call, got {}",
+                specs.len()
+            )));
+        }
+        let mut results: Vec<pb::ApplyJobResult> = specs
+            .iter()
+            .map(|s| pb::ApplyJobResult {
+                job_id: s.id.clone(),
+                ..Default::default()
+            })
+            .collect();
+        // Valid specs go on to `Jobs::apply`, remembered by their index here.
+        let mut valid = Vec::new();
+        let mut first_at: HashMap<String, usize> = HashMap::new();
+        for (i, s) in specs.into_iter().enumerate() {
+            match convert::job_spec(Some(s)) {
+                Err(e) => invalid_item(&mut results[i], i, &e),
+                Ok((spec, _)) if first_at.contains_key(&spec.id) => {
+                    let first = first_at[&spec.id];
+                    results[i].outcome = pb::ApplyOutcome::Invalid as i32;
+                    results[i].error =
+                        format!("specs[{i}].id: {:?} is also specs[{first}]", spec.id);
+                }
+                Ok((spec, paused)) => {
+                    first_at.insert(spec.id.clone(), i);
+                    valid.push((i, spec, paused));
+                }
+            }
+        }
+        let (slots, valid): (Vec<usize>, Vec<_>) = valid
+            .into_iter()
+            .map(|(i, spec, paused)| (i, (spec, paused)))
+            .unzip();
+        let outcomes = self.jobs.apply(valid).await.map_err(status)?;
+        let mut counts = [0usize; 6];
+        for (i, outcome) in slots.into_iter().zip(outcomes) {
+            let r = &mut results[i];
+            match outcome {
+                Err(e) => invalid_item(r, i, &e),
+                Ok(ApplyOutcome::Created(job)) => {
+                    r.outcome = pb::ApplyOutcome::Created as i32;
+                    r.job = Some(convert::job_to_pb(job));
+                }
+                Ok(ApplyOutcome::Updated(job)) => {
+                    r.outcome = pb::ApplyOutcome::Updated as i32;
+                    r.job = Some(convert::job_to_pb(job));
+                }
+                Ok(ApplyOutcome::Unchanged(job)) => {
+                    r.outcome = pb::ApplyOutcome::Unchanged as i32;
+                    r.job = Some(convert::job_to_pb(job));
+                }
+                Ok(ApplyOutcome::Conflict(why)) => {
+                    r.outcome = pb::ApplyOutcome::Conflict as i32;
+                    r.error = why;
+                }
+            }
+        }
+        for r in &results {
+            counts[usize::try_from(r.outcome).unwrap_or(0).min(5)] += 1;
+        }
+        tracing::info!(
+            created = counts[1],
+            updated = counts[2],
+            unchanged = counts[3],
+            invalid = counts[4],
+            conflict = counts[5],
+            "jobs applied"
+        );
+        Ok(Response::new(pb::ApplyJobsResponse { results }))
     }
 
     async fn get_job(
@@ -164,4 +249,24 @@ impl JobService for JobApi {
             duplicate: enq.duplicate,
         }))
     }
+}
+
+/// Marks item `i` INVALID with its error, the field named as `specs[i].<field>`.
+fn invalid_item(r: &mut pb::ApplyJobResult, i: usize, e: &jobs::Error) {
+    r.outcome = pb::ApplyOutcome::Invalid as i32;
+    r.error = match e {
+        jobs::Error::Invalid { field, reason } => {
+            // The single-spec names ("spec.cron", or a bare "cron" from the cron parser).
+            let rest = match field.strip_prefix("spec") {
+                Some(rest) => rest.trim_start_matches('.'),
+                None => field,
+            };
+            if rest.is_empty() {
+                format!("specs[{i}]: {reason}")
+            } else {
+                format!("specs[{i}].{rest}: {reason}")
+            }
+        }
+        other => format!("specs[{i}]: {other}"),
+    };
 }

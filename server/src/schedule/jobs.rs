@@ -5,13 +5,16 @@
 //! The gRPC handlers only forward here; the scheduler uses [`Plan`] to compute the next
 //! fire of a claimed one.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+
+use futures::StreamExt as _;
 
 use crate::model::{
     Arm, JobRecord, JobSpec, Millis, Trigger, TriggerKind, manual_schedule_no, valid_job_id,
 };
 use crate::schedule::cron::{CronError, CronSchedule};
-use crate::store::{self, Enqueued, Page, Store};
+use crate::store::{self, Enqueued, JobWrite, Page, Store, partition_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -99,6 +102,24 @@ pub fn jitter_offset(job_id: &str, jitter_ms: i64) -> i64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     (h % jitter_ms.unsigned_abs()) as i64
+}
+
+/// Most specs one [`Jobs::apply`] call takes.
+pub const MAX_APPLY: usize = 1000;
+
+/// Partitions whose batches one [`Jobs::apply`] call writes at once.
+const APPLY_PARALLEL_PARTITIONS: usize = 8;
+
+/// What [`Jobs::apply`] did with one spec.
+#[derive(Debug)]
+pub enum ApplyOutcome {
+    Created(JobRecord),
+    Updated(JobRecord),
+    /// The spec equals the job's: nothing was written.
+    Unchanged(JobRecord),
+    /// Another caller created, changed or deleted the job between our read and our
+    /// write: nothing was written for this spec.
+    Conflict(String),
 }
 
 /// The job operations, over a store. Cheap to clone.
@@ -195,6 +216,105 @@ impl Jobs {
                 r => return Ok(r?),
             }
         }
+    }
+
+    /// Makes each spec true (see `ApplyJobsRequest` in the proto): creates the jobs
+    /// that do not exist (paused as their spec says), replaces the spec of those whose
+    /// spec differs (re-armed from now, paused state kept), leaves equal ones alone.
+    /// One read of the current jobs, then one store write per partition. The answer has
+    /// one entry per spec, in order: an outcome, or the spec's own validation error.
+    /// Ids must be distinct (the caller checks); a store failure fails the whole call
+    /// (some partitions may be written: applying again finishes the job).
+    pub async fn apply(&self, specs: Vec<(JobSpec, bool)>) -> Result<Vec<Result<ApplyOutcome>>> {
+        let mut answers: Vec<Option<Result<ApplyOutcome>>> = Vec::with_capacity(specs.len());
+        let mut plans = Vec::new();
+        for (i, (spec, paused)) in specs.into_iter().enumerate() {
+            match Plan::new(spec) {
+                Ok(plan) => {
+                    answers.push(None);
+                    plans.push((i, plan, paused));
+                }
+                Err(e) => answers.push(Some(Err(e))),
+            }
+        }
+        let ids: Vec<String> = plans.iter().map(|(_, p, _)| p.spec.id.clone()).collect();
+        let current: HashMap<String, JobRecord> = self
+            .store
+            .get_jobs(&ids)
+            .await?
+            .into_iter()
+            .map(|j| (j.spec.id.clone(), j))
+            .collect();
+        let now = self.store.now().await?;
+        let partitions = self.store.partitions();
+        let mut batches: HashMap<u32, Vec<(usize, JobWrite)>> = HashMap::new();
+        for (i, plan, paused) in plans {
+            let write = match current.get(&plan.spec.id) {
+                Some(job) if job.spec == *plan.spec => {
+                    answers[i] = Some(Ok(ApplyOutcome::Unchanged(job.clone())));
+                    continue;
+                }
+                Some(job) => JobWrite::Update {
+                    job: JobRecord {
+                        spec: (*plan.spec).clone(),
+                        next_fire: if job.paused { None } else { plan.next_arm(now) },
+                        updated_at: now,
+                        ..job.clone()
+                    },
+                    expected_version: job.version,
+                },
+                None => JobWrite::Create(JobRecord {
+                    spec: (*plan.spec).clone(),
+                    version: 1,
+                    paused,
+                    next_fire: if paused { None } else { plan.next_arm(now) },
+                    created_at: now,
+                    updated_at: now,
+                }),
+            };
+            batches
+                .entry(partition_of(write.job_id(), partitions))
+                .or_default()
+                .push((i, write));
+        }
+        let store = &self.store;
+        let mut written = futures::stream::iter(batches.into_iter().map(|(p, batch)| async move {
+            let (slots, writes): (Vec<(usize, bool)>, Vec<JobWrite>) = batch
+                .into_iter()
+                .map(|(i, w)| ((i, matches!(w, JobWrite::Create(_))), w))
+                .unzip();
+            store.apply_jobs(p, writes).await.map(|out| (slots, out))
+        }))
+        .buffer_unordered(APPLY_PARALLEL_PARTITIONS);
+        while let Some(batch) = written.next().await {
+            let (slots, out) = batch?;
+            for ((i, created), r) in slots.into_iter().zip(out) {
+                answers[i] = Some(Ok(match r {
+                    Ok(job) if created => ApplyOutcome::Created(job),
+                    Ok(job) => ApplyOutcome::Updated(job),
+                    Err(store::Error::JobExists(_)) => {
+                        ApplyOutcome::Conflict("created by another caller meanwhile".into())
+                    }
+                    Err(store::Error::JobNotFound(_)) => {
+                        ApplyOutcome::Conflict("deleted by another caller meanwhile".into())
+                    }
+                    Err(store::Error::VersionConflict { current, .. }) => ApplyOutcome::Conflict(
+                        format!("changed by another caller meanwhile (now version {current})"),
+                    ),
+                    Err(e) => return Err(e.into()),
+                }));
+            }
+        }
+        // Every spec is answered above (invalid, unchanged, or one answer per write);
+        // a store that answered fewer writes than it was given is corrupt.
+        Ok(answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(store::Error::Corrupt("apply_jobs left a write unanswered".into()).into())
+                })
+            })
+            .collect())
     }
 
     pub async fn delete(&self, job_id: &str) -> Result<()> {
