@@ -102,6 +102,9 @@ pub struct SundialOptions {
     /// The CA (PEM) the server's certificate chains to, when it serves TLS: the
     /// harness then dials `https://` trusting it.
     pub tls_ca: Option<Vec<u8>>,
+    /// The `sundial` binary to run; None = [`sundial_bin`] (e.g. the benchmark's
+    /// release build).
+    pub bin: Option<PathBuf>,
 }
 
 impl SundialOptions {
@@ -176,7 +179,11 @@ impl Sundial {
         let log_dir = tempfile::tempdir()?;
         let stderr_log = log_dir.path().join("stderr.log");
         let stdout_log = log_dir.path().join("stdout.log");
-        let mut cmd = Command::new(sundial_bin()?);
+        let bin = match &opts.bin {
+            Some(b) => b.clone(),
+            None => sundial_bin()?,
+        };
+        let mut cmd = Command::new(bin);
         let port = match opts.port {
             Some(p) => p,
             None => free_port()?,

@@ -1,0 +1,140 @@
+//! `sundial-bench`: what users wait for, measured from outside against real processes.
+//!
+//! Each scenario starts everything it needs (a throwaway `redis-server` without
+//! persistence or an embedded store, `sundial serve` processes of this binary's build
+//! profile, `test_executor` processes with journals), runs, tears it all down, and
+//! prints a table and one line `BENCH {json}`. It fails (exit 1) only when the counts
+//! are inconsistent — a run lost, failed, missing or started twice — never on a timing.
+//!
+//! ```sh
+//! cargo run --release -p sundial-tests --bin sundial-bench -- burst --jobs 10000 --executors 10
+//! cargo run --release -p sundial-tests --bin sundial-bench -- unary
+//! cargo run -p sundial-tests --bin sundial-bench -- --quick all   # the smoke scripts/test runs
+//! ```
+//!
+//! Scenarios built so far: `burst` and `unary` (see their modules). Not built yet:
+//! `sustained`, `idle`, `registered`, `executors`, and the Redis command and CPU
+//! accounting per run.
+
+mod burst;
+mod rig;
+mod stats;
+mod unary;
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+
+use crate::burst::BurstArgs;
+use crate::rig::{Binaries, StoreKind};
+use crate::unary::UnaryArgs;
+
+#[derive(Debug, Parser)]
+#[command(name = "sundial-bench")]
+struct Cli {
+    /// Every scenario at a small size (a smoke test of the counts, not a measurement).
+    #[arg(long, global = true)]
+    quick: bool,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Debug, Subcommand)]
+enum Scenario {
+    /// N jobs due in the same second, R rounds: due → handler start, duplicates, spread.
+    Burst(BurstArgs),
+    /// Single admin calls' round trips (small and ~1 KB messages).
+    Unary(UnaryArgs),
+    /// Every scenario, on every store it supports.
+    All,
+}
+
+fn emit<T: Serialize>(report: &T) -> Result<()> {
+    println!("BENCH {}", serde_json::to_string(report)?);
+    Ok(())
+}
+
+fn quick_burst(store: StoreKind, instances: usize) -> BurstArgs {
+    BurstArgs {
+        jobs: 200,
+        executors: 2,
+        instances,
+        rounds: 2,
+        interval_s: 5,
+        store,
+        max_concurrency: 0,
+        timeout_s: 120,
+    }
+}
+
+async fn burst(bins: &Binaries, args: &BurstArgs) -> Result<Vec<String>> {
+    let report = burst::run(bins, args).await?;
+    report.print();
+    emit(&report)?;
+    Ok(report.consistency())
+}
+
+async fn unary(bins: &Binaries, args: &UnaryArgs) -> Result<Vec<String>> {
+    let report = unary::run(bins, args).await?;
+    report.print();
+    emit(&report)?;
+    Ok(report.consistency())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let bins = Binaries::build()?;
+    let mut problems = Vec::new();
+    match &cli.scenario {
+        Scenario::Burst(args) => {
+            let args = if cli.quick {
+                quick_burst(args.store, args.instances)
+            } else {
+                args.clone()
+            };
+            problems.extend(burst(&bins, &args).await?);
+        }
+        Scenario::Unary(args) => {
+            let mut args = args.clone();
+            if cli.quick {
+                args.calls = 20;
+            }
+            problems.extend(unary(&bins, &args).await?);
+        }
+        Scenario::All => {
+            let calls = if cli.quick { 20 } else { 500 };
+            let bursts = if cli.quick {
+                vec![
+                    quick_burst(StoreKind::Redis, 1),
+                    quick_burst(StoreKind::Redis, 2),
+                    quick_burst(StoreKind::Embedded, 1),
+                ]
+            } else {
+                let full = |store, instances| BurstArgs {
+                    store,
+                    instances,
+                    ..quick_burst(store, instances).with_full_size()
+                };
+                vec![
+                    full(StoreKind::Redis, 1),
+                    full(StoreKind::Redis, 2),
+                    full(StoreKind::Embedded, 1),
+                ]
+            };
+            for args in &bursts {
+                problems.extend(burst(&bins, args).await?);
+            }
+            for store in [StoreKind::Redis, StoreKind::Embedded] {
+                problems.extend(unary(&bins, &UnaryArgs { calls, store }).await?);
+            }
+        }
+    }
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!("sundial-bench: inconsistent: {p}");
+        }
+        bail!("{} inconsistencies", problems.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! What a scenario runs against: a throwaway Redis (no persistence) or an embedded store,
+//! one or two `sundial serve` processes of the bench's own build profile, and
+//! `test_executor` processes journalling every handler start and finish. Everything is
+//! torn down when the rig drops.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use sundial_proto::v1 as pb;
+use sundial_tests::{
+    JobServiceClient, RedisServer, Sundial, SundialOptions, TestExecutor, read_journals,
+};
+use tonic::transport::Channel;
+
+/// Where the jobs live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    Redis,
+    Embedded,
+}
+
+impl StoreKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Redis => "redis",
+            StoreKind::Embedded => "embedded",
+        }
+    }
+}
+
+/// The `sundial` and `test_executor` binaries next to this one, built first (by the
+/// cargo that runs the bench) so they are never stale.
+pub struct Binaries {
+    pub sundial: PathBuf,
+    pub executor: PathBuf,
+}
+
+impl Binaries {
+    pub fn build() -> Result<Self> {
+        let me = std::env::current_exe().context("the bench's own path")?;
+        let dir = me.parent().context("the bench's directory")?.to_path_buf();
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        if let Ok(cargo) = std::env::var("CARGO") {
+            let mut cmd = Command::new(cargo);
+            cmd.args([
+                "build",
+                "--quiet",
+                "-p",
+                "sundial-server",
+                "--bin",
+                "sundial",
+                "-p",
+                "sundial-tests",
+                "--bin",
+                "test_executor",
+            ])
+            .current_dir(sundial_tests::workspace_root());
+            if release {
+                cmd.arg("--release");
+            }
+            let status = cmd.status().context("running cargo build")?;
+            ensure!(
+                status.success(),
+                "cargo build of sundial and test_executor failed"
+            );
+        }
+        let bins = Self {
+            sundial: dir.join("sundial"),
+            executor: dir.join("test_executor"),
+        };
+        for b in [&bins.sundial, &bins.executor] {
+            ensure!(
+                b.exists(),
+                "{} is missing: build it (cargo build -p sundial-server -p sundial-tests), or run the bench with cargo run",
+                b.display()
+            );
+        }
+        Ok(bins)
+    }
+}
+
+/// The processes of one scenario.
+pub struct Rig {
+    /// Kept until the rig drops (the servers need it).
+    _redis: Option<RedisServer>,
+    pub instances: Vec<Sundial>,
+    pub executors: Vec<TestExecutor>,
+    /// The journals and the embedded store's file live here.
+    _dir: tempfile::TempDir,
+}
+
+/// How to build a rig.
+pub struct RigSpec<'a> {
+    pub bins: &'a Binaries,
+    pub store: StoreKind,
+    pub instances: usize,
+    pub executors: usize,
+    /// Extra `--flag value` for every server.
+    pub server_args: Vec<(String, String)>,
+    /// Extra arguments for every executor (e.g. `--max-concurrency 8`).
+    pub executor_args: Vec<String>,
+}
+
+impl Rig {
+    pub fn start(spec: &RigSpec<'_>) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        if spec.store == StoreKind::Embedded && spec.instances != 1 {
+            bail!("the embedded store serves one instance; use --store redis for more");
+        }
+        let redis = match spec.store {
+            StoreKind::Redis => Some(RedisServer::start()?),
+            StoreKind::Embedded => None,
+        };
+        let mut instances = Vec::new();
+        for i in 0..spec.instances {
+            // The production defaults: not the harness's shortened test intervals.
+            let mut opts = SundialOptions {
+                redis_url: redis.as_ref().map(RedisServer::url),
+                data_dir: redis.is_none().then(|| dir.path().join("data")),
+                bin: Some(spec.bins.sundial.clone()),
+                ..SundialOptions::default()
+            };
+            opts = opts
+                .arg("instance-id", &format!("bench-{i}"))
+                .env("RUST_LOG", "warn");
+            for (flag, value) in &spec.server_args {
+                opts = opts.arg(flag, value);
+            }
+            instances.push(Sundial::start(opts)?);
+        }
+        let endpoints: Vec<String> = instances.iter().map(Sundial::grpc_url).collect();
+        let mut executors = Vec::new();
+        let extra: Vec<&str> = spec.executor_args.iter().map(String::as_str).collect();
+        for e in 0..spec.executors {
+            // Executors are spread over the instances, as a load balancer would.
+            let endpoint = endpoints[e % endpoints.len()].clone();
+            let journal = dir.path().join(format!("exec-{e}.journal"));
+            executors.push(TestExecutor::start_with(
+                &spec.bins.executor.to_string_lossy(),
+                &[endpoint],
+                &format!("bench-exec-{e}"),
+                &journal,
+                &extra,
+            )?);
+        }
+        Ok(Self {
+            _redis: redis,
+            instances,
+            executors,
+            _dir: dir,
+        })
+    }
+
+    pub async fn jobs(&self) -> Result<JobServiceClient<Channel>> {
+        self.instances[0].jobs().await
+    }
+
+    pub fn journals(&self) -> Vec<PathBuf> {
+        self.executors.iter().map(|e| e.journal.clone()).collect()
+    }
+
+    /// Every journal line so far.
+    pub fn journal(&self) -> Result<Vec<sundial_tests::JournalEntry>> {
+        read_journals(&self.journals())
+    }
+
+    /// The sum over instances of a counter sample (e.g.
+    /// `sundial_runs_finished_total{state="SUCCEEDED"}`), from `/metrics`.
+    pub async fn metric(&self, client: &reqwest::Client, sample: &str) -> Result<f64> {
+        let mut total = 0.0;
+        for s in &self.instances {
+            let url = format!("{}/metrics", s.http_url().context("http is on")?);
+            let text = client.get(url).send().await?.text().await?;
+            total += text
+                .lines()
+                .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+        }
+        Ok(total)
+    }
+}
+
+/// Registers `specs` with `ApplyJobs`, 1,000 per call, `parallel` calls at once;
+/// fails unless every one was created. Returns how long it took.
+pub async fn register(
+    jobs: &JobServiceClient<Channel>,
+    specs: Vec<pb::JobSpec>,
+    parallel: usize,
+) -> Result<Duration> {
+    use futures::StreamExt as _;
+    let started = std::time::Instant::now();
+    let chunks: Vec<Vec<pb::JobSpec>> = specs.chunks(1000).map(<[_]>::to_vec).collect();
+    let mut calls = futures::stream::iter(chunks.into_iter().map(|specs| {
+        let mut jobs = jobs.clone();
+        async move { jobs.apply_jobs(pb::ApplyJobsRequest { specs }).await }
+    }))
+    .buffer_unordered(parallel.max(1));
+    while let Some(r) = calls.next().await {
+        let r = r.context("ApplyJobs")?.into_inner();
+        if let Some(bad) = r
+            .results
+            .iter()
+            .find(|x| x.outcome() != pb::ApplyOutcome::Created)
+        {
+            bail!(
+                "ApplyJobs did not create {}: {:?} {}",
+                bad.job_id,
+                bad.outcome(),
+                bad.error
+            );
+        }
+    }
+    Ok(started.elapsed())
+}
