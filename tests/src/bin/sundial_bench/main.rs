@@ -35,6 +35,10 @@ struct Cli {
     /// Every scenario at a small size (a smoke test of the counts, not a measurement).
     #[arg(long, global = true)]
     quick: bool,
+    /// Run this `sundial` binary instead of the one built next to the bench (e.g. an
+    /// older build, for a before/after figure).
+    #[arg(long, global = true)]
+    sundial_bin: Option<std::path::PathBuf>,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -84,7 +88,7 @@ async fn unary(bins: &Binaries, args: &UnaryArgs) -> Result<Vec<String>> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let bins = Binaries::build()?;
+    let bins = Binaries::build(cli.sundial_bin.clone())?;
     let mut problems = Vec::new();
     match &cli.scenario {
         Scenario::Burst(args) => {

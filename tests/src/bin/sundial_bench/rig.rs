@@ -38,7 +38,9 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    pub fn build() -> Result<Self> {
+    /// `sundial` may be given (e.g. an older build, to compare); otherwise it and
+    /// `test_executor` are built and taken from this binary's directory.
+    pub fn build(sundial: Option<PathBuf>) -> Result<Self> {
         let me = std::env::current_exe().context("the bench's own path")?;
         let dir = me.parent().context("the bench's directory")?.to_path_buf();
         let release = dir.file_name().is_some_and(|n| n == "release");
@@ -67,7 +69,7 @@ impl Binaries {
             );
         }
         let bins = Self {
-            sundial: dir.join("sundial"),
+            sundial: sundial.unwrap_or_else(|| dir.join("sundial")),
             executor: dir.join("test_executor"),
         };
         for b in [&bins.sundial, &bins.executor] {
