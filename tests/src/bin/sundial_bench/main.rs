@@ -12,11 +12,12 @@
 //! cargo run -p sundial-tests --bin sundial-bench -- --quick all   # the smoke scripts/test runs
 //! ```
 //!
-//! Scenarios built so far: `burst` and `unary` (see their modules). Not built yet:
-//! `sustained`, `idle`, `registered`, `executors`, and the Redis command and CPU
+//! Scenarios built so far: `burst`, `unary` and `idle` (see their modules). Not built
+//! yet: `sustained`, `registered`, `executors`, and the Redis command and CPU
 //! accounting per run.
 
 mod burst;
+mod idle;
 mod rig;
 mod stats;
 mod unary;
@@ -26,6 +27,7 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 use crate::burst::BurstArgs;
+use crate::idle::IdleArgs;
 use crate::rig::{Binaries, StoreKind};
 use crate::unary::UnaryArgs;
 
@@ -49,6 +51,8 @@ enum Scenario {
     Burst(BurstArgs),
     /// Single admin calls' round trips (small and ~1 KB messages).
     Unary(UnaryArgs),
+    /// Redis commands per second with nothing due (Redis only).
+    Idle(IdleArgs),
     /// Every scenario, on every store it supports.
     All,
 }
@@ -76,6 +80,21 @@ async fn burst(bins: &Binaries, args: &BurstArgs) -> Result<Vec<String>> {
     report.print();
     emit(&report)?;
     Ok(report.consistency())
+}
+
+async fn idle(bins: &Binaries, args: &IdleArgs) -> Result<Vec<String>> {
+    let report = idle::run(bins, args).await?;
+    report.print();
+    emit(&report)?;
+    Ok(report.consistency())
+}
+
+fn quick_idle() -> IdleArgs {
+    IdleArgs {
+        jobs: 200,
+        executors: 2,
+        seconds: 3,
+    }
 }
 
 async fn unary(bins: &Binaries, args: &UnaryArgs) -> Result<Vec<String>> {
@@ -106,6 +125,14 @@ async fn main() -> Result<()> {
             }
             problems.extend(unary(&bins, &args).await?);
         }
+        Scenario::Idle(args) => {
+            let args = if cli.quick {
+                quick_idle()
+            } else {
+                args.clone()
+            };
+            problems.extend(idle(&bins, &args).await?);
+        }
         Scenario::All => {
             let calls = if cli.quick { 20 } else { 500 };
             let bursts = if cli.quick {
@@ -132,6 +159,16 @@ async fn main() -> Result<()> {
             for store in [StoreKind::Redis, StoreKind::Embedded] {
                 problems.extend(unary(&bins, &UnaryArgs { calls, store }).await?);
             }
+            let idle_args = if cli.quick {
+                quick_idle()
+            } else {
+                IdleArgs {
+                    jobs: 1000,
+                    executors: 10,
+                    seconds: 30,
+                }
+            };
+            problems.extend(idle(&bins, &idle_args).await?);
         }
     }
     if !problems.is_empty() {

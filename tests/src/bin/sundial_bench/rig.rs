@@ -85,7 +85,7 @@ impl Binaries {
 
 /// The processes of one scenario.
 pub struct Rig {
-    /// Kept until the rig drops (the servers need it).
+    /// Kept until the rig drops (the servers need it); see [`Rig::redis_url`].
     _redis: Option<RedisServer>,
     pub instances: Vec<Sundial>,
     pub executors: Vec<TestExecutor>,
@@ -153,6 +153,11 @@ impl Rig {
             executors,
             _dir: dir,
         })
+    }
+
+    /// The Redis the servers share, for the scenarios that read its statistics.
+    pub fn redis_url(&self) -> Option<String> {
+        self._redis.as_ref().map(RedisServer::url)
     }
 
     pub async fn jobs(&self) -> Result<JobServiceClient<Channel>> {

@@ -1,0 +1,135 @@
+//! `idle`: what a server costs Redis with nothing due: N jobs armed far in the future
+//! and E connected executors, Redis commands per second by name over a window (from
+//! `INFO commandstats`, which counts the commands run inside scripts too).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use sundial_proto::v1 as pb;
+
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, register};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct IdleArgs {
+    /// Jobs, armed for decades from now.
+    #[arg(long, default_value_t = 1000)]
+    pub jobs: usize,
+    #[arg(long, default_value_t = 10)]
+    pub executors: usize,
+    /// The measured window, after 5 s for everything to settle.
+    #[arg(long, default_value_t = 30)]
+    pub seconds: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct IdleReport {
+    pub scenario: &'static str,
+    pub jobs: usize,
+    pub executors: usize,
+    pub seconds: f64,
+    pub commands_per_s: f64,
+    /// Per command name (lower case, as Redis reports it), per second.
+    pub by_command: BTreeMap<String, f64>,
+}
+
+impl IdleReport {
+    pub fn print(&self) {
+        println!(
+            "idle: {} jobs far in the future, {} executors, {:.0} s window: {:.0} Redis commands/s",
+            self.jobs, self.executors, self.seconds, self.commands_per_s
+        );
+        let mut top: Vec<(&String, &f64)> = self.by_command.iter().collect();
+        top.sort_by(|a, b| b.1.total_cmp(a.1));
+        for (name, rate) in top.into_iter().take(12) {
+            println!("  {name:<24} {rate:>8.1}/s");
+        }
+    }
+
+    pub fn consistency(&self) -> Vec<String> {
+        // Heartbeats alone renew the registry: a window with no command at all means
+        // the statistics were not read.
+        if self.commands_per_s <= 0.0 {
+            vec!["idle: no Redis command counted".into()]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+/// Calls per command since Redis started (`INFO commandstats`).
+pub async fn commandstats(url: &str) -> Result<BTreeMap<String, u64>> {
+    let client = redis::Client::open(url)?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await?;
+    let mut out = BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|rest| rest.split_once(':'))
+        else {
+            continue;
+        };
+        let calls = fields
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        out.insert(name.to_owned(), calls);
+    }
+    Ok(out)
+}
+
+pub async fn run(bins: &Binaries, args: &IdleArgs) -> Result<IdleReport> {
+    let rig = Rig::start(&RigSpec {
+        bins,
+        store: StoreKind::Redis,
+        instances: 1,
+        executors: args.executors,
+        server_args: Vec::new(),
+        executor_args: Vec::new(),
+    })?;
+    let specs = (0..args.jobs)
+        .map(|i| pb::JobSpec {
+            id: format!("idle-{i}"),
+            cron: sundial_tests::MANUAL_ONLY.into(),
+            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+                group: "g".into(),
+                handler: "noop".into(),
+            })),
+            ..Default::default()
+        })
+        .collect();
+    register(&rig.jobs().await?, specs, 4).await?;
+    let url = rig.redis_url().context("idle runs on Redis")?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = commandstats(&url).await?;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.seconds.max(1))).await;
+    let after = commandstats(&url).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    // The two INFO calls themselves are not the server's.
+    let by_command: BTreeMap<String, f64> = after
+        .iter()
+        .map(|(name, n)| {
+            let mut d = n.saturating_sub(before.get(name).copied().unwrap_or(0));
+            if name == "info" {
+                d = d.saturating_sub(1);
+            }
+            (name.clone(), d as f64 / seconds)
+        })
+        .filter(|(_, rate)| *rate > 0.0)
+        .collect();
+    Ok(IdleReport {
+        scenario: "idle",
+        jobs: args.jobs,
+        executors: args.executors,
+        seconds,
+        commands_per_s: by_command.values().sum(),
+        by_command,
+    })
+}
