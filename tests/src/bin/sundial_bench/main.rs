@@ -12,12 +12,13 @@
 //! cargo run -p sundial-tests --bin sundial-bench -- --quick all   # the smoke scripts/test runs
 //! ```
 //!
-//! Scenarios built so far: `burst`, `unary` and `idle` (see their modules). Not built
-//! yet: `sustained`, `registered`, `executors`, and the Redis command and CPU
+//! Scenarios built so far: `burst`, `unary`, `idle` and `registered` (see their
+//! modules). Not built yet: `sustained`, `executors`, and the Redis command and CPU
 //! accounting per run.
 
 mod burst;
 mod idle;
+mod registered;
 mod rig;
 mod stats;
 mod unary;
@@ -28,6 +29,7 @@ use serde::Serialize;
 
 use crate::burst::BurstArgs;
 use crate::idle::IdleArgs;
+use crate::registered::RegisteredArgs;
 use crate::rig::{Binaries, StoreKind};
 use crate::unary::UnaryArgs;
 
@@ -53,6 +55,8 @@ enum Scenario {
     Unary(UnaryArgs),
     /// Redis commands per second with nothing due (Redis only).
     Idle(IdleArgs),
+    /// Redis memory per registered job and the server's RSS (Redis only).
+    Registered(RegisteredArgs),
     /// Every scenario, on every store it supports.
     All,
 }
@@ -84,6 +88,13 @@ async fn burst(bins: &Binaries, args: &BurstArgs) -> Result<Vec<String>> {
 
 async fn idle(bins: &Binaries, args: &IdleArgs) -> Result<Vec<String>> {
     let report = idle::run(bins, args).await?;
+    report.print();
+    emit(&report)?;
+    Ok(report.consistency())
+}
+
+async fn registered(bins: &Binaries, args: &RegisteredArgs) -> Result<Vec<String>> {
+    let report = registered::run(bins, args).await?;
     report.print();
     emit(&report)?;
     Ok(report.consistency())
@@ -133,6 +144,14 @@ async fn main() -> Result<()> {
             };
             problems.extend(idle(&bins, &args).await?);
         }
+        Scenario::Registered(args) => {
+            let args = if cli.quick {
+                RegisteredArgs { jobs: 200 }
+            } else {
+                args.clone()
+            };
+            problems.extend(registered(&bins, &args).await?);
+        }
         Scenario::All => {
             let calls = if cli.quick { 20 } else { 500 };
             let bursts = if cli.quick {
@@ -169,6 +188,8 @@ async fn main() -> Result<()> {
                 }
             };
             problems.extend(idle(&bins, &idle_args).await?);
+            let jobs = if cli.quick { 200 } else { 10_000 };
+            problems.extend(registered(&bins, &RegisteredArgs { jobs }).await?);
         }
     }
     if !problems.is_empty() {

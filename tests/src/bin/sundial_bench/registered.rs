@@ -1,0 +1,133 @@
+//! `registered`: what N registered jobs cost at rest: Redis `used_memory` per job and
+//! the server's resident memory, with no executor and nothing due.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use sundial_proto::v1 as pb;
+
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, register};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RegisteredArgs {
+    #[arg(long, default_value_t = 10_000)]
+    pub jobs: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RegisteredReport {
+    pub scenario: &'static str,
+    pub jobs: usize,
+    pub register_ms: u128,
+    pub redis_bytes_per_job: f64,
+    pub server_rss_before_kib: u64,
+    pub server_rss_after_kib: u64,
+    pub jobs_listed: usize,
+}
+
+impl RegisteredReport {
+    pub fn print(&self) {
+        println!(
+            "registered: {} jobs in {} ms; Redis {:.0} bytes per job; server RSS {} KiB before, {} KiB after",
+            self.jobs,
+            self.register_ms,
+            self.redis_bytes_per_job,
+            self.server_rss_before_kib,
+            self.server_rss_after_kib
+        );
+    }
+
+    pub fn consistency(&self) -> Vec<String> {
+        if self.jobs_listed == self.jobs {
+            Vec::new()
+        } else {
+            vec![format!(
+                "registered: {} of {} jobs listed",
+                self.jobs_listed, self.jobs
+            )]
+        }
+    }
+}
+
+async fn used_memory(url: &str) -> Result<u64> {
+    let client = redis::Client::open(url)?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut c).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("INFO memory without used_memory")
+}
+
+/// VmRSS of a process, KiB.
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS")
+}
+
+pub async fn run(bins: &Binaries, args: &RegisteredArgs) -> Result<RegisteredReport> {
+    let rig = Rig::start(&RigSpec {
+        bins,
+        store: StoreKind::Redis,
+        instances: 1,
+        executors: 0,
+        server_args: Vec::new(),
+        executor_args: Vec::new(),
+    })?;
+    let url = rig.redis_url().context("registered runs on Redis")?;
+    let pid = rig.instances[0].pid();
+    let jobs = rig.jobs().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mem_before = used_memory(&url).await?;
+    let rss_before = rss_kib(pid)?;
+    let specs = (0..args.jobs)
+        .map(|i| pb::JobSpec {
+            id: format!("registered-{i}"),
+            cron: sundial_tests::MANUAL_ONLY.into(),
+            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+                group: "g".into(),
+                handler: "noop".into(),
+            })),
+            ..Default::default()
+        })
+        .collect();
+    let started = Instant::now();
+    register(&jobs, specs, 4).await?;
+    let took = started.elapsed();
+    // A few scheduler passes over the new jobs (it caches their plans).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mem_after = used_memory(&url).await?;
+    let rss_after = rss_kib(pid)?;
+    let mut listed = 0;
+    let mut token = String::new();
+    let mut client = jobs.clone();
+    loop {
+        let page = client
+            .list_jobs(pb::ListJobsRequest {
+                page_size: 1000,
+                page_token: token,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        listed += page.jobs.len();
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    Ok(RegisteredReport {
+        scenario: "registered",
+        jobs: args.jobs,
+        register_ms: took.as_millis(),
+        redis_bytes_per_job: mem_after.saturating_sub(mem_before) as f64 / args.jobs.max(1) as f64,
+        server_rss_before_kib: rss_before,
+        server_rss_after_kib: rss_after,
+        jobs_listed: listed,
+    })
+}
