@@ -12,15 +12,16 @@
 //! cargo run -p sundial-tests --bin sundial-bench -- --quick all   # the smoke scripts/test runs
 //! ```
 //!
-//! Scenarios built so far: `burst`, `unary`, `idle` and `registered` (see their
-//! modules). Not built yet: `sustained`, `executors`, and the Redis command and CPU
-//! accounting per run.
+//! Scenarios built so far: `burst`, `unary`, `idle`, `registered` and `executors` (see
+//! their modules). Not built yet: `sustained`, and the Redis command and CPU accounting
+//! per run.
 
 mod burst;
 mod idle;
 mod registered;
 mod rig;
 mod stats;
+mod streams;
 mod unary;
 
 use anyhow::{Result, bail};
@@ -31,6 +32,7 @@ use crate::burst::BurstArgs;
 use crate::idle::IdleArgs;
 use crate::registered::RegisteredArgs;
 use crate::rig::{Binaries, StoreKind};
+use crate::streams::StreamsArgs;
 use crate::unary::UnaryArgs;
 
 #[derive(Debug, Parser)]
@@ -57,6 +59,8 @@ enum Scenario {
     Idle(IdleArgs),
     /// Redis memory per registered job and the server's RSS (Redis only).
     Registered(RegisteredArgs),
+    /// The server's memory per idle executor stream (in-process SDK executors).
+    Executors(StreamsArgs),
     /// Every scenario, on every store it supports.
     All,
 }
@@ -95,6 +99,13 @@ async fn idle(bins: &Binaries, args: &IdleArgs) -> Result<Vec<String>> {
 
 async fn registered(bins: &Binaries, args: &RegisteredArgs) -> Result<Vec<String>> {
     let report = registered::run(bins, args).await?;
+    report.print();
+    emit(&report)?;
+    Ok(report.consistency())
+}
+
+async fn executors(bins: &Binaries, args: &StreamsArgs) -> Result<Vec<String>> {
+    let report = streams::run(bins, args).await?;
     report.print();
     emit(&report)?;
     Ok(report.consistency())
@@ -152,6 +163,13 @@ async fn main() -> Result<()> {
             };
             problems.extend(registered(&bins, &args).await?);
         }
+        Scenario::Executors(args) => {
+            let mut args = args.clone();
+            if cli.quick {
+                args.streams = 20;
+            }
+            problems.extend(executors(&bins, &args).await?);
+        }
         Scenario::All => {
             let calls = if cli.quick { 20 } else { 500 };
             let bursts = if cli.quick {
@@ -190,6 +208,17 @@ async fn main() -> Result<()> {
             problems.extend(idle(&bins, &idle_args).await?);
             let jobs = if cli.quick { 200 } else { 10_000 };
             problems.extend(registered(&bins, &RegisteredArgs { jobs }).await?);
+            let streams = if cli.quick { 20 } else { 1000 };
+            problems.extend(
+                executors(
+                    &bins,
+                    &StreamsArgs {
+                        streams,
+                        store: StoreKind::Redis,
+                    },
+                )
+                .await?,
+            );
         }
     }
     if !problems.is_empty() {

@@ -61,7 +61,7 @@ async fn used_memory(url: &str) -> Result<u64> {
 }
 
 /// VmRSS of a process, KiB.
-fn rss_kib(pid: u32) -> Result<u64> {
+pub fn rss_kib(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
