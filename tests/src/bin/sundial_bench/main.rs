@@ -13,8 +13,8 @@
 //! ```
 //!
 //! Scenarios built so far: `burst`, `unary`, `idle`, `registered` and `executors` (see
-//! their modules). Not built yet: `sustained`, and the Redis command and CPU accounting
-//! per run.
+//! their modules); `burst` also counts Redis commands, Redis CPU and server CPU per run.
+//! Not built yet: `sustained` (with webhooks) and a `redis-benchmark` reference.
 
 mod burst;
 mod idle;
