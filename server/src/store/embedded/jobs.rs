@@ -57,25 +57,14 @@ impl Inner {
     /// Creates `job` inside `txn`: refused before anything is written if it exists.
     fn create_in(&self, txn: &WriteTransaction, mut job: JobRecord) -> Result<JobRecord> {
         let now = now_ms();
-        let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
         if jobs.get(job.spec.id.as_str()).ctx("read job")?.is_some() {
             return Err(Error::JobExists(job.spec.id.clone()));
         }
         job.version = 1;
         job.created_at = now;
         job.updated_at = now;
-        if job.paused {
-            job.next_fire = None;
-        }
-        store_job(&mut jobs, &job)?;
-        drop(jobs);
-        set_pending(
-            txn,
-            self.partitions,
-            &job.spec.id,
-            job.next_fire.map(|a| a.due),
-        )?;
-        Ok(job)
+        self.store_armed(txn, jobs, job)
     }
 
     /// Replaces `job` inside `txn` if it is still at `expected_version`: refused before
@@ -87,7 +76,7 @@ impl Inner {
         expected_version: u64,
     ) -> Result<JobRecord> {
         let now = now_ms();
-        let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
         let Some(stored) = load_job(&jobs, &job.spec.id)? else {
             return Err(Error::JobNotFound(job.spec.id.clone()));
         };
@@ -101,6 +90,17 @@ impl Inner {
         job.version = stored.version + 1;
         job.created_at = stored.created_at;
         job.updated_at = now;
+        self.store_armed(txn, jobs, job)
+    }
+
+    /// Writes the record and makes its pending member match it (none while paused,
+    /// whatever `next_fire` says): the last step of a create and of an update.
+    fn store_armed(
+        &self,
+        txn: &WriteTransaction,
+        mut jobs: Table<&'static str, &'static str>,
+        mut job: JobRecord,
+    ) -> Result<JobRecord> {
         if job.paused {
             job.next_fire = None;
         }

@@ -5,36 +5,10 @@
 use super::*;
 
 impl RedisStore {
+    /// One create: the one-write batch of [`RedisStore::apply_jobs`] (one script for
+    /// every job write, so the pending member is armed in exactly one place).
     pub(super) async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
-        let id = job.spec.id.clone();
-        let p = self.part(&id);
-        let mut job = job;
-        job.version = 1;
-        if job.paused {
-            // A paused job has no pending member, whatever the record carried.
-            job.next_fire = None;
-        }
-        let (due, jit) = arm_args(job.next_fire);
-        let mut c = self.conn().await?;
-        let r: String = self
-            .inner
-            .scripts
-            .create_job
-            .arg(self.pfx(p))
-            .arg(&id)
-            .arg(encode_job(&job)?)
-            .arg(if job.paused { "1" } else { "0" })
-            .arg(due)
-            .arg(jit)
-            .arg(self.channel())
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        match r.as_str() {
-            "ok" => Ok(job),
-            "exists" => Err(Error::JobExists(id)),
-            other => Err(corrupt(format!("create_job answered {other:?}"))),
-        }
+        self.write_one(JobWrite::Create(job)).await
     }
 
     pub(super) async fn update_job(
@@ -42,40 +16,19 @@ impl RedisStore {
         job: JobRecord,
         expected_version: u64,
     ) -> Result<JobRecord> {
-        let id = job.spec.id.clone();
-        let p = self.part(&id);
-        let mut job = job;
-        job.version = expected_version + 1;
-        if job.paused {
-            job.next_fire = None;
-        }
-        let (due, jit) = arm_args(job.next_fire);
-        let mut c = self.conn().await?;
-        let r: Vec<String> = self
-            .inner
-            .scripts
-            .update_job
-            .arg(self.pfx(p))
-            .arg(&id)
-            .arg(expected_version)
-            .arg(encode_job(&job)?)
-            .arg(if job.paused { "1" } else { "0" })
-            .arg(due)
-            .arg(jit)
-            .arg(self.channel())
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        match r.first().map(String::as_str) {
-            Some("ok") => Ok(job),
-            Some("notfound") => Err(Error::JobNotFound(id)),
-            Some("conflict") => Err(Error::VersionConflict {
-                job_id: id,
-                expected: expected_version,
-                current: r.get(1).and_then(|v| v.parse().ok()).unwrap_or(0),
-            }),
-            other => Err(corrupt(format!("update_job answered {other:?}"))),
-        }
+        self.write_one(JobWrite::Update {
+            job,
+            expected_version,
+        })
+        .await
+    }
+
+    async fn write_one(&self, write: JobWrite) -> Result<JobRecord> {
+        let p = self.part(write.job_id());
+        self.apply_jobs(p, vec![write])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(corrupt("apply_jobs answered no write")))
     }
 
     pub(super) async fn apply_jobs(

@@ -94,8 +94,6 @@ macro_rules! run_script {
 }
 
 struct Scripts {
-    create_job: Script,
-    update_job: Script,
     apply_jobs: Script,
     delete_job: Script,
     due_fires: Script,
@@ -129,8 +127,6 @@ struct Scripts {
 impl Scripts {
     fn load() -> Self {
         Self {
-            create_job: script!("create_job"),
-            update_job: script!("update_job"),
             apply_jobs: script!("apply_jobs"),
             delete_job: script!("delete_job"),
             due_fires: script!("due_fires"),

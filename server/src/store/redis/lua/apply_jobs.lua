@@ -1,9 +1,14 @@
+-- Every job create and update (single ones are batches of one).
 -- ARGV: P, channel, then 7 per write: kind ('c' create | 'u' update), job_id,
 -- expected_version ('' for a create), record_json, paused(0|1), next_due|'', jitter_offset.
--- Each write follows create_job.lua / update_job.lua exactly; a refused write (exists,
--- notfound, conflict) leaves the others applied. Returns 2 entries per write: the
--- outcome ('ok', 'exists', 'notfound', 'conflict') and the version (written, or current
--- on a conflict; '' otherwise). One PUBLISH for the whole batch.
+-- The pending member is "<version>:<jitter offset>:<job_id>", so a due-fires read needs
+-- no per-job lookup and a claim's compare-and-set on the member's score checks the
+-- version too; the job hash remembers its member so a change can remove it. An update
+-- is one atomic version bump that replaces the member, so a claim computed from the old
+-- definition can never re-arm it. A refused write (exists, notfound, conflict) leaves
+-- the others applied. Returns 2 entries per write: the outcome ('ok', 'exists',
+-- 'notfound', 'conflict') and the version (written, or current on a conflict; ''
+-- otherwise). One PUBLISH for the whole batch.
 local P, channel = ARGV[1], ARGV[2]
 local out = {}
 local changed = false

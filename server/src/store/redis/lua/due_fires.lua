@@ -1,6 +1,6 @@
 -- ARGV: P, limit, instance, partition_lease_ms.
 -- Returns {now, {member, due, member, due, ...}, next_due|false}; a member is
--- "<version>:<jitter offset>:<job_id>" (see create_job.lua).
+-- "<version>:<jitter offset>:<job_id>" (see apply_jobs.lua).
 local P, limit = ARGV[1], tonumber(ARGV[2])
 local now = store_now_ms()
 local pending = P .. 'pending'
