@@ -72,6 +72,32 @@ impl Plan {
         })
     }
 
+    /// The record of a new job with this plan, armed from `now` unless `paused`.
+    pub fn new_record(&self, paused: bool, now: Millis) -> JobRecord {
+        JobRecord {
+            spec: (*self.spec).clone(),
+            version: 1,
+            paused,
+            next_fire: if paused { None } else { self.next_arm(now) },
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// `current` with this plan's spec, re-armed from `now` (unless it is paused).
+    pub fn replacing(&self, current: &JobRecord, now: Millis) -> JobRecord {
+        JobRecord {
+            spec: (*self.spec).clone(),
+            next_fire: if current.paused {
+                None
+            } else {
+                self.next_arm(now)
+            },
+            updated_at: now,
+            ..current.clone()
+        }
+    }
+
     /// Up to `n` upcoming planned fires after `after`.
     pub fn upcoming(&self, after: Millis, n: usize) -> Vec<Millis> {
         let mut out = Vec::with_capacity(n);
@@ -141,16 +167,7 @@ impl Jobs {
     pub async fn create(&self, spec: JobSpec, paused: bool) -> Result<JobRecord> {
         let plan = Plan::new(spec)?;
         let now = self.store.now().await?;
-        let next_fire = if paused { None } else { plan.next_arm(now) };
-        let record = JobRecord {
-            spec: (*plan.spec).clone(),
-            version: 1,
-            paused,
-            next_fire,
-            created_at: now,
-            updated_at: now,
-        };
-        Ok(self.store.create_job(record).await?)
+        Ok(self.store.create_job(plan.new_record(paused, now)).await?)
     }
 
     /// Replaces the spec if the job is still at `expected_version`; re-arms from now.
@@ -158,17 +175,7 @@ impl Jobs {
         let plan = Plan::new(spec)?;
         let current = self.require(&plan.spec.id).await?;
         let now = self.store.now().await?;
-        let next_fire = if current.paused {
-            None
-        } else {
-            plan.next_arm(now)
-        };
-        let record = JobRecord {
-            spec: (*plan.spec).clone(),
-            next_fire,
-            updated_at: now,
-            ..current
-        };
+        let record = plan.replacing(&current, now);
         Ok(self.store.update_job(record, expected_version).await?)
     }
 
@@ -255,22 +262,10 @@ impl Jobs {
                     continue;
                 }
                 Some(job) => JobWrite::Update {
-                    job: JobRecord {
-                        spec: (*plan.spec).clone(),
-                        next_fire: if job.paused { None } else { plan.next_arm(now) },
-                        updated_at: now,
-                        ..job.clone()
-                    },
+                    job: plan.replacing(job, now),
                     expected_version: job.version,
                 },
-                None => JobWrite::Create(JobRecord {
-                    spec: (*plan.spec).clone(),
-                    version: 1,
-                    paused,
-                    next_fire: if paused { None } else { plan.next_arm(now) },
-                    created_at: now,
-                    updated_at: now,
-                }),
+                None => JobWrite::Create(plan.new_record(paused, now)),
             };
             batches
                 .entry(partition_of(write.job_id(), partitions))
