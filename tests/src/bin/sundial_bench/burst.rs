@@ -8,8 +8,8 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 use sundial_proto::v1 as pb;
 
-use crate::idle::commandstats;
-use crate::rig::{Binaries, Rig, RigSpec, StoreKind, register};
+use crate::idle::{calls_since, commandstats};
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, info_field, noop_job, redis_info, register};
 use crate::stats::{Spread, Starts, planned_ms};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -37,21 +37,6 @@ pub struct BurstArgs {
     /// Give up waiting for the runs to end after this many seconds past the last due time.
     #[arg(long, default_value_t = 600)]
     pub timeout_s: u64,
-}
-
-impl BurstArgs {
-    /// The full-size defaults (10,000 jobs, 10 executors, 2 rounds 10 s apart), keeping
-    /// the store and instances.
-    pub fn with_full_size(self) -> Self {
-        Self {
-            jobs: 10_000,
-            executors: 10,
-            rounds: 2,
-            interval_s: 10,
-            timeout_s: 600,
-            ..self
-        }
-    }
 }
 
 #[derive(Debug, Serialize)]
@@ -96,9 +81,9 @@ pub struct BurstReport {
     pub server_cpu_us_per_run: f64,
 }
 
-impl BurstReport {
+impl crate::Report for BurstReport {
     /// What must hold whatever the timing: every run ran once and succeeded.
-    pub fn consistency(&self) -> Vec<String> {
+    fn consistency(&self) -> Vec<String> {
         let mut bad = Vec::new();
         if self.duplicate_starts > 0 {
             bad.push(format!(
@@ -129,7 +114,7 @@ impl BurstReport {
         bad
     }
 
-    pub fn print(&self) {
+    fn print(&self) {
         println!(
             "burst: {} jobs x {} rounds, {} executors, {} instance(s), store {}",
             self.jobs,
@@ -186,15 +171,9 @@ const FINAL: [&str; 5] = ["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIP
 
 fn spec(id: String, interval_s: u64, first_ms: i64, last_ms: i64) -> pb::JobSpec {
     pb::JobSpec {
-        id,
-        cron: format!("*/{interval_s} * * * * *"),
         start_time_ms: first_ms,
         end_time_ms: last_ms,
-        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
-            group: "g".into(),
-            handler: "noop".into(),
-        })),
-        ..Default::default()
+        ..noop_job(id, &format!("*/{interval_s} * * * * *"))
     }
 }
 
@@ -254,46 +233,27 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
     let deadline = Instant::now()
         + Duration::from_millis(u64::try_from(last - now_ms()).unwrap_or(0))
         + Duration::from_secs(args.timeout_s);
-    loop {
-        let mut done = 0.0;
-        for state in FINAL {
-            done += rig
-                .metric(
-                    &client,
-                    &format!("sundial_runs_finished_total{{state=\"{state}\"}}"),
-                )
-                .await?;
-        }
+    // Polls until every run is final; the last scrape gives the final states.
+    let (states, lost) = loop {
+        let scraped = rig.scrape(&client).await?;
+        let states = FINAL
+            .map(|state| scraped.sum(&format!("sundial_runs_finished_total{{state=\"{state}\"}}")));
+        let done: f64 = states.iter().sum();
         if done as usize >= expected {
-            break;
+            break (states, scraped.sum("sundial_runs_lost_total"));
         }
         if Instant::now() >= deadline {
             bail!("only {done} of {expected} runs ended within the timeout");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let mut states = [0.0; 5];
-    for (i, state) in FINAL.iter().enumerate() {
-        states[i] = rig
-            .metric(
-                &client,
-                &format!("sundial_runs_finished_total{{state=\"{state}\"}}"),
-            )
-            .await?;
-    }
-    let lost = rig.metric(&client, "sundial_runs_lost_total").await?;
+    };
     let server_cpu = server_cpu_us(&pids)?.saturating_sub(cpu_before);
     let per_run = |n: f64| n / expected.max(1) as f64;
     let (mut commands, mut scripts, mut top, mut redis_cpu) = (None, None, Vec::new(), None);
     if let (Some(url), Some((calls_before, cpu0))) = (&redis_url, &stats_before) {
-        let calls = commandstats(url).await?;
-        let delta: Vec<(String, f64)> = calls
-            .iter()
-            .map(|(name, n)| {
-                let d = n.saturating_sub(calls_before.get(name).copied().unwrap_or(0));
-                (name.clone(), per_run(d as f64))
-            })
-            .filter(|(_, v)| *v > 0.0)
+        let delta: Vec<(String, f64)> = calls_since(calls_before, &commandstats(url).await?)
+            .into_iter()
+            .map(|(name, n)| (name, per_run(n as f64)))
             .collect();
         commands = Some(delta.iter().map(|(_, v)| v).sum());
         scripts = Some(
@@ -361,16 +321,9 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
 
 /// Redis's own CPU so far (`used_cpu_user` + `used_cpu_sys`), µs.
 async fn redis_cpu_us(url: &str) -> Result<u64> {
-    let client = redis::Client::open(url)?;
-    let mut c = client.get_multiplexed_async_connection().await?;
-    let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut c).await?;
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Ok(((field("used_cpu_user:") + field("used_cpu_sys:")) * 1e6) as u64)
+    let info = redis_info(url, "cpu").await?;
+    let field = |name| info_field(&info, name).unwrap_or(0.0);
+    Ok(((field("used_cpu_user") + field("used_cpu_sys")) * 1e6) as u64)
 }
 
 /// The CPU (utime + stime) of these processes so far, µs, from `/proc/<pid>/stat`

@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use sundial_proto::v1 as pb;
 
-use crate::rig::{Binaries, Rig, RigSpec, StoreKind, register};
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, redis_info, register};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct IdleArgs {
@@ -34,8 +33,8 @@ pub struct IdleReport {
     pub by_command: BTreeMap<String, f64>,
 }
 
-impl IdleReport {
-    pub fn print(&self) {
+impl crate::Report for IdleReport {
+    fn print(&self) {
         println!(
             "idle: {} jobs far in the future, {} executors, {:.0} s window: {:.0} Redis commands/s",
             self.jobs, self.executors, self.seconds, self.commands_per_s
@@ -47,7 +46,7 @@ impl IdleReport {
         }
     }
 
-    pub fn consistency(&self) -> Vec<String> {
+    fn consistency(&self) -> Vec<String> {
         // Heartbeats alone renew the registry: a window with no command at all means
         // the statistics were not read.
         if self.commands_per_s <= 0.0 {
@@ -58,14 +57,25 @@ impl IdleReport {
     }
 }
 
+/// The calls per command between two `commandstats` readings, commands not called
+/// left out.
+pub fn calls_since(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(name, n)| {
+            let d = n.saturating_sub(before.get(name).copied().unwrap_or(0));
+            (name.clone(), d)
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect()
+}
+
 /// Calls per command since Redis started (`INFO commandstats`).
 pub async fn commandstats(url: &str) -> Result<BTreeMap<String, u64>> {
-    let client = redis::Client::open(url)?;
-    let mut c = client.get_multiplexed_async_connection().await?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut c)
-        .await?;
+    let info = redis_info(url, "commandstats").await?;
     let mut out = BTreeMap::new();
     for line in info.lines() {
         let Some((name, fields)) = line
@@ -94,15 +104,7 @@ pub async fn run(bins: &Binaries, args: &IdleArgs) -> Result<IdleReport> {
         executor_args: Vec::new(),
     })?;
     let specs = (0..args.jobs)
-        .map(|i| pb::JobSpec {
-            id: format!("idle-{i}"),
-            cron: sundial_tests::MANUAL_ONLY.into(),
-            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
-                group: "g".into(),
-                handler: "noop".into(),
-            })),
-            ..Default::default()
-        })
+        .map(|i| noop_job(format!("idle-{i}"), sundial_tests::MANUAL_ONLY))
         .collect();
     register(&rig.jobs().await?, specs, 4).await?;
     let url = rig.redis_url().context("idle runs on Redis")?;
@@ -112,17 +114,15 @@ pub async fn run(bins: &Binaries, args: &IdleArgs) -> Result<IdleReport> {
     tokio::time::sleep(Duration::from_secs(args.seconds.max(1))).await;
     let after = commandstats(&url).await?;
     let seconds = started.elapsed().as_secs_f64();
-    // The two INFO calls themselves are not the server's.
-    let by_command: BTreeMap<String, f64> = after
-        .iter()
-        .map(|(name, n)| {
-            let mut d = n.saturating_sub(before.get(name).copied().unwrap_or(0));
-            if name == "info" {
-                d = d.saturating_sub(1);
-            }
-            (name.clone(), d as f64 / seconds)
-        })
-        .filter(|(_, rate)| *rate > 0.0)
+    let mut calls = calls_since(&before, &after);
+    // The INFO call that took the first reading is not the server's.
+    if let Some(info) = calls.get_mut("info") {
+        *info -= 1;
+    }
+    let by_command: BTreeMap<String, f64> = calls
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| (name, n as f64 / seconds))
         .collect();
     Ok(IdleReport {
         scenario: "idle",

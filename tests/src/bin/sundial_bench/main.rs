@@ -65,9 +65,29 @@ enum Scenario {
     All,
 }
 
-fn emit<T: Serialize>(report: &T) -> Result<()> {
+/// What every scenario's report does.
+trait Report: Serialize {
+    /// The human table.
+    fn print(&self);
+    /// What is wrong with its counts, whatever the timing (empty when they add up).
+    fn consistency(&self) -> Vec<String>;
+}
+
+/// Prints a report, then its `BENCH` line; answers its inconsistencies.
+fn finish<R: Report>(report: &R) -> Result<Vec<String>> {
+    report.print();
     println!("BENCH {}", serde_json::to_string(report)?);
-    Ok(())
+    Ok(report.consistency())
+}
+
+/// A scenario's arguments as its command line's defaults give them (the full size).
+fn defaults<T: clap::Args>() -> T {
+    #[derive(Parser)]
+    struct Only<T: clap::Args> {
+        #[command(flatten)]
+        args: T,
+    }
+    Only::<T>::parse_from(["sundial-bench"]).args
 }
 
 fn quick_burst(store: StoreKind, instances: usize) -> BurstArgs {
@@ -83,34 +103,6 @@ fn quick_burst(store: StoreKind, instances: usize) -> BurstArgs {
     }
 }
 
-async fn burst(bins: &Binaries, args: &BurstArgs) -> Result<Vec<String>> {
-    let report = burst::run(bins, args).await?;
-    report.print();
-    emit(&report)?;
-    Ok(report.consistency())
-}
-
-async fn idle(bins: &Binaries, args: &IdleArgs) -> Result<Vec<String>> {
-    let report = idle::run(bins, args).await?;
-    report.print();
-    emit(&report)?;
-    Ok(report.consistency())
-}
-
-async fn registered(bins: &Binaries, args: &RegisteredArgs) -> Result<Vec<String>> {
-    let report = registered::run(bins, args).await?;
-    report.print();
-    emit(&report)?;
-    Ok(report.consistency())
-}
-
-async fn executors(bins: &Binaries, args: &StreamsArgs) -> Result<Vec<String>> {
-    let report = streams::run(bins, args).await?;
-    report.print();
-    emit(&report)?;
-    Ok(report.consistency())
-}
-
 fn quick_idle() -> IdleArgs {
     IdleArgs {
         jobs: 200,
@@ -119,106 +111,89 @@ fn quick_idle() -> IdleArgs {
     }
 }
 
-async fn unary(bins: &Binaries, args: &UnaryArgs) -> Result<Vec<String>> {
-    let report = unary::run(bins, args).await?;
-    report.print();
-    emit(&report)?;
-    Ok(report.consistency())
-}
+const QUICK_CALLS: usize = 20;
+const QUICK_JOBS: usize = 200;
+const QUICK_STREAMS: usize = 20;
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
     let bins = Binaries::build(cli.sundial_bin.clone())?;
+    let quick = cli.quick;
     let mut problems = Vec::new();
     match &cli.scenario {
         Scenario::Burst(args) => {
-            let args = if cli.quick {
+            let args = if quick {
                 quick_burst(args.store, args.instances)
             } else {
                 args.clone()
             };
-            problems.extend(burst(&bins, &args).await?);
+            problems.extend(finish(&burst::run(&bins, &args).await?)?);
         }
         Scenario::Unary(args) => {
             let mut args = args.clone();
-            if cli.quick {
-                args.calls = 20;
+            if quick {
+                args.calls = QUICK_CALLS;
             }
-            problems.extend(unary(&bins, &args).await?);
+            problems.extend(finish(&unary::run(&bins, &args).await?)?);
         }
         Scenario::Idle(args) => {
-            let args = if cli.quick {
-                quick_idle()
-            } else {
-                args.clone()
-            };
-            problems.extend(idle(&bins, &args).await?);
+            let args = if quick { quick_idle() } else { args.clone() };
+            problems.extend(finish(&idle::run(&bins, &args).await?)?);
         }
         Scenario::Registered(args) => {
-            let args = if cli.quick {
-                RegisteredArgs { jobs: 200 }
-            } else {
-                args.clone()
-            };
-            problems.extend(registered(&bins, &args).await?);
+            let mut args = args.clone();
+            if quick {
+                args.jobs = QUICK_JOBS;
+            }
+            problems.extend(finish(&registered::run(&bins, &args).await?)?);
         }
         Scenario::Executors(args) => {
             let mut args = args.clone();
-            if cli.quick {
-                args.streams = 20;
+            if quick {
+                args.streams = QUICK_STREAMS;
             }
-            problems.extend(executors(&bins, &args).await?);
+            problems.extend(finish(&streams::run(&bins, &args).await?)?);
         }
         Scenario::All => {
-            let calls = if cli.quick { 20 } else { 500 };
-            let bursts = if cli.quick {
-                vec![
-                    quick_burst(StoreKind::Redis, 1),
-                    quick_burst(StoreKind::Redis, 2),
-                    quick_burst(StoreKind::Embedded, 1),
-                ]
-            } else {
-                let full = |store, instances| BurstArgs {
-                    store,
-                    instances,
-                    ..quick_burst(store, instances).with_full_size()
+            for (store, instances) in [
+                (StoreKind::Redis, 1),
+                (StoreKind::Redis, 2),
+                (StoreKind::Embedded, 1),
+            ] {
+                let args = if quick {
+                    quick_burst(store, instances)
+                } else {
+                    BurstArgs {
+                        store,
+                        instances,
+                        ..defaults()
+                    }
                 };
-                vec![
-                    full(StoreKind::Redis, 1),
-                    full(StoreKind::Redis, 2),
-                    full(StoreKind::Embedded, 1),
-                ]
-            };
-            for args in &bursts {
-                problems.extend(burst(&bins, args).await?);
+                problems.extend(finish(&burst::run(&bins, &args).await?)?);
             }
             for store in [StoreKind::Redis, StoreKind::Embedded] {
-                problems.extend(unary(&bins, &UnaryArgs { calls, store }).await?);
-            }
-            let idle_args = if cli.quick {
-                quick_idle()
-            } else {
-                IdleArgs {
-                    jobs: 1000,
-                    executors: 10,
-                    seconds: 30,
+                let mut args = UnaryArgs {
+                    store,
+                    ..defaults()
+                };
+                if quick {
+                    args.calls = QUICK_CALLS;
                 }
-            };
-            problems.extend(idle(&bins, &idle_args).await?);
-            let jobs = if cli.quick { 200 } else { 10_000 };
-            problems.extend(registered(&bins, &RegisteredArgs { jobs }).await?);
-            let streams = if cli.quick { 20 } else { 1000 };
-            problems.extend(
-                executors(
-                    &bins,
-                    &StreamsArgs {
-                        streams,
-                        store: StoreKind::Redis,
-                    },
-                )
-                .await?,
-            );
+                problems.extend(finish(&unary::run(&bins, &args).await?)?);
+            }
+            let args = if quick { quick_idle() } else { defaults() };
+            problems.extend(finish(&idle::run(&bins, &args).await?)?);
+            let mut args: RegisteredArgs = defaults();
+            if quick {
+                args.jobs = QUICK_JOBS;
+            }
+            problems.extend(finish(&registered::run(&bins, &args).await?)?);
+            let mut args: StreamsArgs = defaults();
+            if quick {
+                args.streams = QUICK_STREAMS;
+            }
+            problems.extend(finish(&streams::run(&bins, &args).await?)?);
         }
     }
     if !problems.is_empty() {
@@ -228,4 +203,20 @@ async fn main() -> Result<()> {
         bail!("{} inconsistencies", problems.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_size_is_the_command_lines_defaults() {
+        let burst: BurstArgs = defaults();
+        assert_eq!((burst.jobs, burst.executors, burst.rounds), (10_000, 10, 2));
+        let idle: IdleArgs = defaults();
+        assert_eq!((idle.jobs, idle.executors, idle.seconds), (1000, 10, 30));
+        assert_eq!(defaults::<RegisteredArgs>().jobs, 10_000);
+        assert_eq!(defaults::<StreamsArgs>().streams, 1000);
+        assert_eq!(defaults::<UnaryArgs>().calls, 500);
+    }
 }

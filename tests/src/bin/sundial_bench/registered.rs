@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use sundial_proto::v1 as pb;
 
-use crate::rig::{Binaries, Rig, RigSpec, StoreKind, register};
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, info_field, noop_job, redis_info, register};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RegisteredArgs {
@@ -26,8 +26,8 @@ pub struct RegisteredReport {
     pub jobs_listed: usize,
 }
 
-impl RegisteredReport {
-    pub fn print(&self) {
+impl crate::Report for RegisteredReport {
+    fn print(&self) {
         println!(
             "registered: {} jobs in {} ms; Redis {:.0} bytes per job; server RSS {} KiB before, {} KiB after",
             self.jobs,
@@ -38,7 +38,7 @@ impl RegisteredReport {
         );
     }
 
-    pub fn consistency(&self) -> Vec<String> {
+    fn consistency(&self) -> Vec<String> {
         if self.jobs_listed == self.jobs {
             Vec::new()
         } else {
@@ -51,12 +51,9 @@ impl RegisteredReport {
 }
 
 async fn used_memory(url: &str) -> Result<u64> {
-    let client = redis::Client::open(url)?;
-    let mut c = client.get_multiplexed_async_connection().await?;
-    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut c).await?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
+    let info = redis_info(url, "memory").await?;
+    info_field(&info, "used_memory")
+        .map(|v| v as u64)
         .context("INFO memory without used_memory")
 }
 
@@ -86,15 +83,7 @@ pub async fn run(bins: &Binaries, args: &RegisteredArgs) -> Result<RegisteredRep
     let mem_before = used_memory(&url).await?;
     let rss_before = rss_kib(pid)?;
     let specs = (0..args.jobs)
-        .map(|i| pb::JobSpec {
-            id: format!("registered-{i}"),
-            cron: sundial_tests::MANUAL_ONLY.into(),
-            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
-                group: "g".into(),
-                handler: "noop".into(),
-            })),
-            ..Default::default()
-        })
+        .map(|i| noop_job(format!("registered-{i}"), sundial_tests::MANUAL_ONLY))
         .collect();
     let started = Instant::now();
     register(&jobs, specs, 4).await?;

@@ -173,20 +173,59 @@ impl Rig {
         read_journals(&self.journals())
     }
 
-    /// The sum over instances of a counter sample (e.g.
-    /// `sundial_runs_finished_total{state="SUCCEEDED"}`), from `/metrics`.
-    pub async fn metric(&self, client: &reqwest::Client, sample: &str) -> Result<f64> {
-        let mut total = 0.0;
+    /// Every instance's `/metrics`, read once.
+    pub async fn scrape(&self, client: &reqwest::Client) -> Result<Scraped> {
+        let mut texts = Vec::with_capacity(self.instances.len());
         for s in &self.instances {
             let url = format!("{}/metrics", s.http_url().context("http is on")?);
-            let text = client.get(url).send().await?.text().await?;
-            total += text
-                .lines()
-                .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .unwrap_or(0.0);
+            texts.push(client.get(url).send().await?.text().await?);
         }
-        Ok(total)
+        Ok(Scraped(texts))
+    }
+}
+
+/// The `/metrics` texts of every instance at one moment.
+pub struct Scraped(Vec<String>);
+
+impl Scraped {
+    /// The sum over instances of one sample (e.g.
+    /// `sundial_runs_finished_total{state="SUCCEEDED"}`); 0 where it is absent.
+    pub fn sum(&self, sample: &str) -> f64 {
+        self.0
+            .iter()
+            .filter_map(|text| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .sum()
+    }
+}
+
+/// One section of Redis's `INFO`.
+pub async fn redis_info(url: &str, section: &str) -> Result<String> {
+    let client = redis::Client::open(url)?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    Ok(redis::cmd("INFO").arg(section).query_async(&mut c).await?)
+}
+
+/// A numeric `name:value` field of an `INFO` text.
+pub fn info_field(info: &str, name: &str) -> Option<f64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A job for the `test_executor` processes (group `g`), handler `noop`.
+pub fn noop_job(id: String, cron: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id,
+        cron: cron.to_owned(),
+        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+            group: "g".into(),
+            handler: "noop".into(),
+        })),
+        ..Default::default()
     }
 }
 
@@ -221,4 +260,27 @@ pub async fn register(
         }
     }
     Ok(started.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_and_info_fields() {
+        let scraped = Scraped(vec![
+            "# HELP x\nsundial_runs_lost_total 2\nsundial_runs_finished_total{state=\"FAILED\"} 1\n"
+                .into(),
+            "sundial_runs_lost_total 3\n".into(),
+        ]);
+        assert_eq!(scraped.sum("sundial_runs_lost_total"), 5.0);
+        assert_eq!(
+            scraped.sum(r#"sundial_runs_finished_total{state="FAILED"}"#),
+            1.0
+        );
+        assert_eq!(scraped.sum("absent"), 0.0);
+        let info = "# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:0.25\r\n";
+        assert_eq!(info_field(info, "used_cpu_user"), Some(0.25));
+        assert_eq!(info_field(info, "used_cpu"), None);
+    }
 }

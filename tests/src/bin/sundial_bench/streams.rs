@@ -31,8 +31,8 @@ pub struct StreamsReport {
     pub kib_per_stream: f64,
 }
 
-impl StreamsReport {
-    pub fn print(&self) {
+impl crate::Report for StreamsReport {
+    fn print(&self) {
         println!(
             "executors: {} idle streams ({} listed), store {}: server RSS {} KiB -> {} KiB, {:.1} KiB per stream",
             self.streams,
@@ -44,7 +44,7 @@ impl StreamsReport {
         );
     }
 
-    pub fn consistency(&self) -> Vec<String> {
+    fn consistency(&self) -> Vec<String> {
         if self.nodes_listed == self.streams {
             Vec::new()
         } else {

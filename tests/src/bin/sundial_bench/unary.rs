@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use sundial_proto::v1 as pb;
 
-use crate::rig::{Binaries, Rig, RigSpec, StoreKind};
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job};
 use crate::stats::Spread;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -31,8 +31,8 @@ pub struct UnaryReport {
     pub get_run_us: Spread,
 }
 
-impl UnaryReport {
-    pub fn print(&self) {
+impl crate::Report for UnaryReport {
+    fn print(&self) {
         println!("unary: store {}, µs per round trip", self.store);
         for (what, s) in [
             ("CreateJob, small spec", &self.create_small_us),
@@ -47,7 +47,7 @@ impl UnaryReport {
         }
     }
 
-    pub fn consistency(&self) -> Vec<String> {
+    fn consistency(&self) -> Vec<String> {
         let mut bad = Vec::new();
         for (what, s, want) in [
             ("create small", &self.create_small_us, 1),
@@ -65,14 +65,8 @@ impl UnaryReport {
 
 fn job(id: String, payload: usize) -> pb::JobSpec {
     pb::JobSpec {
-        id,
-        cron: sundial_tests::MANUAL_ONLY.into(),
-        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
-            group: "g".into(),
-            handler: "noop".into(),
-        })),
         payload: vec![b'x'; payload],
-        ..Default::default()
+        ..noop_job(id, sundial_tests::MANUAL_ONLY)
     }
 }
 
