@@ -443,6 +443,27 @@ pub fn every_second(id: &str) -> pb::JobSpec {
     }
 }
 
+/// Every job (all pages).
+pub async fn all_jobs(jobs: &mut JobServiceClient<Channel>) -> Result<Vec<pb::Job>> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = jobs
+            .list_jobs(pb::ListJobsRequest {
+                page_size: 1000,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        out.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
 /// Every run of a job (all pages), as schedule_nos.
 pub async fn all_runs(runs: &mut RunServiceClient<Channel>, job_id: &str) -> Result<Vec<pb::Run>> {
     let mut out = Vec::new();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use sundial_proto::v1 as pb;
 use sundial_tests::{
-    RedisServer, Sundial, SundialOptions, all_runs, every_second, redis_now, wait_for,
+    RedisServer, Sundial, SundialOptions, all_jobs, all_runs, every_second, redis_now, wait_for,
 };
 use tonic::Code;
 
@@ -715,27 +715,11 @@ async fn apply_jobs_on(opts: SundialOptions) -> Result<()> {
         "{:?}",
         outcomes(&full).iter().filter(|o| **o != Created).count()
     );
-    let mut bulk = 0;
-    let mut page_token = String::new();
-    loop {
-        let page = jobs
-            .list_jobs(pb::ListJobsRequest {
-                page_size: 500,
-                page_token: page_token.clone(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        bulk += page
-            .jobs
-            .iter()
-            .filter(|j| j.spec.as_ref().is_some_and(|s| s.id.starts_with("bulk-")))
-            .count();
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
+    let bulk = all_jobs(&mut jobs)
+        .await?
+        .iter()
+        .filter(|j| j.spec.as_ref().is_some_and(|s| s.id.starts_with("bulk-")))
+        .count();
     ensure!(bulk == 1000, "listed {bulk} bulk jobs");
     Ok(())
 }

@@ -105,7 +105,6 @@ impl JobService for JobApi {
             .map(|(i, spec, paused)| (i, (spec, paused)))
             .unzip();
         let outcomes = self.jobs.apply(valid).await.map_err(status)?;
-        let mut counts = [0usize; 6];
         for (i, outcome) in slots.into_iter().zip(outcomes) {
             let r = &mut results[i];
             match outcome {
@@ -128,15 +127,13 @@ impl JobService for JobApi {
                 }
             }
         }
-        for r in &results {
-            counts[usize::try_from(r.outcome).unwrap_or(0).min(5)] += 1;
-        }
+        let count = |o: pb::ApplyOutcome| results.iter().filter(|r| r.outcome() == o).count();
         tracing::info!(
-            created = counts[1],
-            updated = counts[2],
-            unchanged = counts[3],
-            invalid = counts[4],
-            conflict = counts[5],
+            created = count(pb::ApplyOutcome::Created),
+            updated = count(pb::ApplyOutcome::Updated),
+            unchanged = count(pb::ApplyOutcome::Unchanged),
+            invalid = count(pb::ApplyOutcome::Invalid),
+            conflict = count(pb::ApplyOutcome::Conflict),
             "jobs applied"
         );
         Ok(Response::new(pb::ApplyJobsResponse { results }))

@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use sundial_proto::v1 as pb;
 
 use crate::rig::{Binaries, Rig, RigSpec, StoreKind, info_field, noop_job, redis_info, register};
 
@@ -78,7 +77,7 @@ pub async fn run(bins: &Binaries, args: &RegisteredArgs) -> Result<RegisteredRep
     })?;
     let url = rig.redis_url().context("registered runs on Redis")?;
     let pid = rig.instances[0].pid();
-    let jobs = rig.jobs().await?;
+    let mut jobs = rig.jobs().await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mem_before = used_memory(&url).await?;
     let rss_before = rss_kib(pid)?;
@@ -92,24 +91,7 @@ pub async fn run(bins: &Binaries, args: &RegisteredArgs) -> Result<RegisteredRep
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mem_after = used_memory(&url).await?;
     let rss_after = rss_kib(pid)?;
-    let mut listed = 0;
-    let mut token = String::new();
-    let mut client = jobs.clone();
-    loop {
-        let page = client
-            .list_jobs(pb::ListJobsRequest {
-                page_size: 1000,
-                page_token: token,
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        listed += page.jobs.len();
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
-    }
+    let listed = sundial_tests::all_jobs(&mut jobs).await?.len();
     Ok(RegisteredReport {
         scenario: "registered",
         jobs: args.jobs,
