@@ -8,8 +8,8 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 use sundial_proto::v1 as pb;
 
-use crate::idle::{calls_since, commandstats};
-use crate::rig::{Binaries, Rig, RigSpec, StoreKind, info_field, noop_job, redis_info, register};
+use crate::cost::{CostProbe, Costs};
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, now_ms, register};
 use crate::stats::{Spread, Starts, planned_ms};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -34,6 +34,10 @@ pub struct BurstArgs {
     /// Each executor's `--max-concurrency` (0: the SDK's default).
     #[arg(long, default_value_t = 0)]
     pub max_concurrency: u32,
+    /// Count the servers' round trips and the commands inside scripts apart (Redis
+    /// `MONITOR`, which costs Redis CPU: the CPU per run then includes it).
+    #[arg(long)]
+    pub monitor: bool,
     /// Give up waiting for the runs to end after this many seconds past the last due time.
     #[arg(long, default_value_t = 600)]
     pub timeout_s: u64,
@@ -69,16 +73,9 @@ pub struct BurstReport {
     pub runs_started_twice: usize,
     pub runs_per_executor_min: usize,
     pub runs_per_executor_max: usize,
-    /// Redis only, from registration's end to the last run final: every command per
-    /// run (`INFO commandstats` counts commands run inside scripts too), the script
-    /// calls per run (`evalsha`: the round trips that carry the run machine), the top
-    /// commands per run by name, and Redis CPU (user + sys) per run.
-    pub redis_commands_per_run: Option<f64>,
-    pub redis_script_calls_per_run: Option<f64>,
-    pub redis_top_commands_per_run: Vec<(String, f64)>,
-    pub redis_cpu_us_per_run: Option<f64>,
-    /// The servers' CPU (user + sys, all instances) per run, same window.
-    pub server_cpu_us_per_run: f64,
+    /// From registration's end to the last run final.
+    #[serde(flatten)]
+    pub costs: Costs,
 }
 
 impl crate::Report for BurstReport {
@@ -148,22 +145,7 @@ impl crate::Report for BurstReport {
             "  runs per executor: min {} / max {}",
             self.runs_per_executor_min, self.runs_per_executor_max
         );
-        if let (Some(cmds), Some(scripts), Some(cpu)) = (
-            self.redis_commands_per_run,
-            self.redis_script_calls_per_run,
-            self.redis_cpu_us_per_run,
-        ) {
-            println!(
-                "  Redis per run: {cmds:.1} commands, {scripts:.1} script calls, {cpu:.0} µs CPU"
-            );
-            let top: Vec<String> = self
-                .redis_top_commands_per_run
-                .iter()
-                .map(|(n, v)| format!("{n} {v:.1}"))
-                .collect();
-            println!("    top: {}", top.join(", "));
-        }
-        println!("  server CPU per run: {:.0} µs", self.server_cpu_us_per_run);
+        self.costs.print();
     }
 }
 
@@ -175,12 +157,6 @@ fn spec(id: String, interval_s: u64, first_ms: i64, last_ms: i64) -> pb::JobSpec
         end_time_ms: last_ms,
         ..noop_job(id, &format!("*/{interval_s} * * * * *"))
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
@@ -199,6 +175,7 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
             Vec::new()
         },
     })?;
+    let ceiling = rig.redis_ceiling()?;
     let jobs = rig.jobs().await?;
     // The first round's due time: a whole multiple of the interval, far enough ahead
     // that registration ends before it (a generous guess of 2,000 jobs/s, plus 3 s).
@@ -218,17 +195,7 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
         );
     }
     let expected = args.jobs * args.rounds.max(1);
-    let redis_url = rig.redis_url();
-    let stats_before = match &redis_url {
-        Some(url) => Some((commandstats(url).await?, redis_cpu_us(url).await?)),
-        None => None,
-    };
-    let pids: Vec<u32> = rig
-        .instances
-        .iter()
-        .map(sundial_tests::Sundial::pid)
-        .collect();
-    let cpu_before = server_cpu_us(&pids)?;
+    let probe = CostProbe::start(&rig, ceiling, args.monitor).await?;
     let client = reqwest::Client::new();
     let deadline = Instant::now()
         + Duration::from_millis(u64::try_from(last - now_ms()).unwrap_or(0))
@@ -247,30 +214,7 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let server_cpu = server_cpu_us(&pids)?.saturating_sub(cpu_before);
-    let per_run = |n: f64| n / expected.max(1) as f64;
-    let (mut commands, mut scripts, mut top, mut redis_cpu) = (None, None, Vec::new(), None);
-    if let (Some(url), Some((calls_before, cpu0))) = (&redis_url, &stats_before) {
-        let delta: Vec<(String, f64)> = calls_since(calls_before, &commandstats(url).await?)
-            .into_iter()
-            .map(|(name, n)| (name, per_run(n as f64)))
-            .collect();
-        commands = Some(delta.iter().map(|(_, v)| v).sum());
-        scripts = Some(
-            delta
-                .iter()
-                .filter(|(n, _)| n.starts_with("eval"))
-                .map(|(_, v)| v)
-                .sum(),
-        );
-        let mut sorted = delta;
-        sorted.sort_by(|a, b| b.1.total_cmp(&a.1));
-        sorted.truncate(8);
-        top = sorted;
-        redis_cpu = Some(per_run(
-            redis_cpu_us(url).await?.saturating_sub(*cpu0) as f64
-        ));
-    }
+    let costs = probe.finish(expected).await?;
     let starts = Starts::of(&rig.journal()?);
     let mut by_round: Vec<Vec<i64>> = vec![Vec::new(); args.rounds.max(1)];
     for (sid, (at, _)) in &starts.first {
@@ -311,34 +255,6 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
         runs_started_twice: starts.runs_started_twice,
         runs_per_executor_min: per.values().copied().min().unwrap_or(0),
         runs_per_executor_max: per.values().copied().max().unwrap_or(0),
-        redis_commands_per_run: commands,
-        redis_script_calls_per_run: scripts,
-        redis_top_commands_per_run: top,
-        redis_cpu_us_per_run: redis_cpu,
-        server_cpu_us_per_run: per_run(server_cpu as f64),
+        costs,
     })
-}
-
-/// Redis's own CPU so far (`used_cpu_user` + `used_cpu_sys`), µs.
-async fn redis_cpu_us(url: &str) -> Result<u64> {
-    let info = redis_info(url, "cpu").await?;
-    let field = |name| info_field(&info, name).unwrap_or(0.0);
-    Ok(((field("used_cpu_user") + field("used_cpu_sys")) * 1e6) as u64)
-}
-
-/// The CPU (utime + stime) of these processes so far, µs, from `/proc/<pid>/stat`
-/// (in clock ticks of 1/100 s, Linux's `USER_HZ`).
-fn server_cpu_us(pids: &[u32]) -> Result<u64> {
-    let mut total = 0;
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after the command name (which is in parentheses and may hold spaces).
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
-        let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-        total += ticks * 10_000;
-    }
-    Ok(total)
 }

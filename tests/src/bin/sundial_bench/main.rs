@@ -12,16 +12,19 @@
 //! cargo run -p sundial-tests --bin sundial-bench -- --quick all   # the smoke scripts/test runs
 //! ```
 //!
-//! Scenarios built so far: `burst`, `unary`, `idle`, `registered` and `executors` (see
-//! their modules); `burst` also counts Redis commands, Redis CPU and server CPU per run.
-//! Not built yet: `sustained` (with webhooks) and a `redis-benchmark` reference.
+//! Scenarios: `burst`, `sustained` (with webhooks), `unary`, `idle`, `registered` and
+//! `executors` (see their modules). `burst` and `sustained` also count what a run costs
+//! (`cost`): Redis commands, Redis CPU and server CPU per run, read against
+//! `redis-benchmark` on the same Redis.
 
 mod burst;
+mod cost;
 mod idle;
 mod registered;
 mod rig;
 mod stats;
 mod streams;
+mod sustained;
 mod unary;
 
 use anyhow::{Result, bail};
@@ -33,6 +36,7 @@ use crate::idle::IdleArgs;
 use crate::registered::RegisteredArgs;
 use crate::rig::{Binaries, StoreKind};
 use crate::streams::StreamsArgs;
+use crate::sustained::SustainedArgs;
 use crate::unary::UnaryArgs;
 
 #[derive(Debug, Parser)]
@@ -53,6 +57,8 @@ struct Cli {
 enum Scenario {
     /// N jobs due in the same second, R rounds: due → handler start, duplicates, spread.
     Burst(BurstArgs),
+    /// R jobs firing every second for S seconds, with verified webhooks.
+    Sustained(SustainedArgs),
     /// Single admin calls' round trips (small and ~1 KB messages).
     Unary(UnaryArgs),
     /// Redis commands per second with nothing due (Redis only).
@@ -99,6 +105,19 @@ fn quick_burst(store: StoreKind, instances: usize) -> BurstArgs {
         interval_s: 5,
         store,
         max_concurrency: 0,
+        monitor: true,
+        timeout_s: 120,
+    }
+}
+
+fn quick_sustained(store: StoreKind) -> SustainedArgs {
+    SustainedArgs {
+        rate: 40,
+        seconds: 5,
+        executors: 2,
+        instances: 1,
+        store,
+        monitor: true,
         timeout_s: 120,
     }
 }
@@ -129,6 +148,14 @@ async fn main() -> Result<()> {
                 args.clone()
             };
             problems.extend(finish(&burst::run(&bins, &args).await?)?);
+        }
+        Scenario::Sustained(args) => {
+            let args = if quick {
+                quick_sustained(args.store)
+            } else {
+                args.clone()
+            };
+            problems.extend(finish(&sustained::run(&bins, &args).await?)?);
         }
         Scenario::Unary(args) => {
             let mut args = args.clone();
@@ -173,6 +200,17 @@ async fn main() -> Result<()> {
                 problems.extend(finish(&burst::run(&bins, &args).await?)?);
             }
             for store in [StoreKind::Redis, StoreKind::Embedded] {
+                let args = if quick {
+                    quick_sustained(store)
+                } else {
+                    SustainedArgs {
+                        store,
+                        ..defaults()
+                    }
+                };
+                problems.extend(finish(&sustained::run(&bins, &args).await?)?);
+            }
+            for store in [StoreKind::Redis, StoreKind::Embedded] {
                 let mut args = UnaryArgs {
                     store,
                     ..defaults()
@@ -213,6 +251,8 @@ mod tests {
     fn full_size_is_the_command_lines_defaults() {
         let burst: BurstArgs = defaults();
         assert_eq!((burst.jobs, burst.executors, burst.rounds), (10_000, 10, 2));
+        let sustained: SustainedArgs = defaults();
+        assert_eq!((sustained.rate, sustained.seconds), (1000, 30));
         let idle: IdleArgs = defaults();
         assert_eq!((idle.jobs, idle.executors, idle.seconds), (1000, 10, 30));
         assert_eq!(defaults::<RegisteredArgs>().jobs, 10_000);

@@ -160,6 +160,18 @@ impl Rig {
         self._redis.as_ref().map(RedisServer::url)
     }
 
+    pub fn redis_port(&self) -> Option<u16> {
+        self._redis.as_ref().map(|r| r.port)
+    }
+
+    /// `redis-benchmark` on the rig's Redis (none on the embedded store). Run it before
+    /// the scenario: its keys stay, but are not the servers'.
+    pub fn redis_ceiling(&self) -> Result<Option<crate::cost::RedisCeiling>> {
+        self.redis_port()
+            .map(crate::cost::RedisCeiling::measure)
+            .transpose()
+    }
+
     pub async fn jobs(&self) -> Result<JobServiceClient<Channel>> {
         self.instances[0].jobs().await
     }
@@ -200,6 +212,13 @@ impl Scraped {
             })
             .sum()
     }
+}
+
+/// Unix ms now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// One section of Redis's `INFO`.

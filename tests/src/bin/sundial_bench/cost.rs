@@ -1,0 +1,294 @@
+//! What a scenario's runs cost, over a window: Redis commands per run by name, script
+//! calls per run, Redis CPU and the servers' CPU per run; with `--monitor`, the
+//! commands split into the servers' round trips and the commands their scripts ran;
+//! and `redis-benchmark` on the same Redis, so each figure can be read against the
+//! machine.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::idle::{calls_since, commandstats};
+use crate::rig::{Rig, info_field, redis_info};
+
+/// What `redis-benchmark -q -t set,zadd -P 16` says of the rig's Redis before the
+/// scenario: the ceiling of one Redis core on this machine.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RedisCeiling {
+    pub set_per_s: f64,
+    pub zadd_per_s: f64,
+}
+
+impl RedisCeiling {
+    /// Runs `redis-benchmark` against the Redis on `port` (100,000 requests each).
+    pub fn measure(port: u16) -> Result<Self> {
+        let out = Command::new("redis-benchmark")
+            .args(["-p", &port.to_string(), "-q", "-t", "set,zadd", "-P", "16"])
+            .args(["-n", "100000"])
+            .stderr(Stdio::null())
+            .output()
+            .context("running redis-benchmark (Debian's redis-tools, with redis-server)")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rate = |name: &str| -> Result<f64> {
+            // Progress lines end in '\r'; the result line is "SET: 806451.62 requests
+            // per second, p50=…".
+            text.split(['\r', '\n'])
+                .find_map(|l| {
+                    let rest = l.trim().strip_prefix(name)?.strip_prefix(": ")?;
+                    rest.split_once(" requests per second")?.0.parse().ok()
+                })
+                .with_context(|| format!("redis-benchmark printed no {name} rate: {text}"))
+        };
+        Ok(Self {
+            set_per_s: rate("SET")?,
+            zadd_per_s: rate("ZADD")?,
+        })
+    }
+}
+
+/// The costs of the runs of one window, per run.
+#[derive(Debug, Default, Serialize)]
+pub struct Costs {
+    /// Every command Redis ran (`INFO commandstats` counts those inside scripts too).
+    pub redis_commands_per_run: Option<f64>,
+    /// `eval`/`evalsha` calls: the round trips that carry the run machine.
+    pub redis_script_calls_per_run: Option<f64>,
+    /// With `--monitor`: the commands the servers sent (round trips, pipelined or not)…
+    pub redis_round_trips_per_run: Option<f64>,
+    /// …and the ones their scripts ran.
+    pub redis_in_scripts_per_run: Option<f64>,
+    /// The eight most called commands, per run.
+    pub redis_top_commands_per_run: Vec<(String, f64)>,
+    pub redis_cpu_us_per_run: Option<f64>,
+    /// Redis CPU per run as pipelined SETs of `redis-benchmark` it could have run.
+    pub redis_cpu_per_run_in_sets: Option<f64>,
+    /// The servers' CPU (user + sys, all instances) per run.
+    pub server_cpu_us_per_run: f64,
+    pub redis_ceiling: Option<RedisCeiling>,
+}
+
+impl Costs {
+    pub fn print(&self) {
+        if let Some(c) = self.redis_ceiling {
+            println!(
+                "  machine: redis-benchmark -P 16 SET {:.0}/s, ZADD {:.0}/s",
+                c.set_per_s, c.zadd_per_s
+            );
+        }
+        if let (Some(cmds), Some(scripts), Some(cpu)) = (
+            self.redis_commands_per_run,
+            self.redis_script_calls_per_run,
+            self.redis_cpu_us_per_run,
+        ) {
+            let sets = self
+                .redis_cpu_per_run_in_sets
+                .map_or(String::new(), |s| format!(" (= {s:.0} pipelined SETs)"));
+            println!(
+                "  Redis per run: {cmds:.1} commands, {scripts:.1} script calls, {cpu:.0} µs CPU{sets}"
+            );
+            if let (Some(trips), Some(inside)) = (
+                self.redis_round_trips_per_run,
+                self.redis_in_scripts_per_run,
+            ) {
+                println!(
+                    "    by MONITOR: {trips:.1} sent by the servers, {inside:.1} run inside scripts"
+                );
+            }
+            let top: Vec<String> = self
+                .redis_top_commands_per_run
+                .iter()
+                .map(|(n, v)| format!("{n} {v:.1}"))
+                .collect();
+            println!("    top: {}", top.join(", "));
+        }
+        println!("  server CPU per run: {:.0} µs", self.server_cpu_us_per_run);
+    }
+}
+
+/// Readings at the start of a window.
+pub struct CostProbe {
+    redis: Option<(String, BTreeMap<String, u64>, u64)>,
+    pids: Vec<u32>,
+    server_cpu: u64,
+    monitor: Option<Monitor>,
+    ceiling: Option<RedisCeiling>,
+}
+
+impl CostProbe {
+    /// Starts a window now (and `MONITOR`, when `monitor`).
+    pub async fn start(rig: &Rig, ceiling: Option<RedisCeiling>, monitor: bool) -> Result<Self> {
+        let redis = match rig.redis_url() {
+            Some(url) => {
+                let calls = commandstats(&url).await?;
+                let cpu = redis_cpu_us(&url).await?;
+                Some((url, calls, cpu))
+            }
+            None => None,
+        };
+        let monitor = match (monitor, rig.redis_port()) {
+            (true, Some(port)) => Some(Monitor::start(port)?),
+            _ => None,
+        };
+        let pids: Vec<u32> = rig
+            .instances
+            .iter()
+            .map(sundial_tests::Sundial::pid)
+            .collect();
+        let server_cpu = server_cpu_us(&pids)?;
+        Ok(Self {
+            redis,
+            pids,
+            server_cpu,
+            monitor,
+            ceiling,
+        })
+    }
+
+    /// Ends the window: the costs per run of `runs`.
+    pub async fn finish(self, runs: usize) -> Result<Costs> {
+        let per_run = |n: f64| n / runs.max(1) as f64;
+        let server_cpu = server_cpu_us(&self.pids)?.saturating_sub(self.server_cpu);
+        let mut costs = Costs {
+            server_cpu_us_per_run: per_run(server_cpu as f64),
+            redis_ceiling: self.ceiling,
+            ..Costs::default()
+        };
+        if let Some(monitor) = self.monitor {
+            let (trips, inside) = monitor.stop()?;
+            costs.redis_round_trips_per_run = Some(per_run(trips as f64));
+            costs.redis_in_scripts_per_run = Some(per_run(inside as f64));
+        }
+        let Some((url, calls_before, cpu_before)) = &self.redis else {
+            return Ok(costs);
+        };
+        let delta: Vec<(String, f64)> = calls_since(calls_before, &commandstats(url).await?)
+            .into_iter()
+            .map(|(name, n)| (name, per_run(n as f64)))
+            .collect();
+        costs.redis_commands_per_run = Some(delta.iter().map(|(_, v)| v).sum());
+        costs.redis_script_calls_per_run = Some(
+            delta
+                .iter()
+                .filter(|(n, _)| n.starts_with("eval"))
+                .map(|(_, v)| v)
+                .sum(),
+        );
+        let mut sorted = delta;
+        sorted.sort_by(|a, b| b.1.total_cmp(&a.1));
+        sorted.truncate(8);
+        costs.redis_top_commands_per_run = sorted;
+        let cpu = per_run(redis_cpu_us(url).await?.saturating_sub(*cpu_before) as f64);
+        costs.redis_cpu_us_per_run = Some(cpu);
+        costs.redis_cpu_per_run_in_sets = self.ceiling.map(|c| cpu * c.set_per_s / 1e6);
+        Ok(costs)
+    }
+}
+
+/// `redis-cli monitor`, its lines counted by where each command came from: a script
+/// (`[0 lua]`) or a client (`[0 127.0.0.1:5555]`).
+struct Monitor {
+    child: Child,
+    counter: JoinHandle<(u64, u64)>,
+}
+
+impl Monitor {
+    fn start(port: u16) -> Result<Self> {
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "monitor"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("running redis-cli monitor")?;
+        let mut lines = BufReader::new(child.stdout.take().context("monitor's stdout")?).lines();
+        // Commands are shown from the "OK" on.
+        match lines.next() {
+            Some(Ok(l)) if l.trim() == "OK" => {}
+            other => bail!("redis-cli monitor began with {other:?}"),
+        }
+        let counter = std::thread::spawn(move || {
+            let (mut trips, mut inside) = (0, 0);
+            for line in lines.map_while(std::io::Result::ok) {
+                match source(&line) {
+                    Some(Source::Script) => inside += 1,
+                    Some(Source::Client) => trips += 1,
+                    None => {}
+                }
+            }
+            (trips, inside)
+        });
+        Ok(Self { child, counter })
+    }
+
+    /// Stops monitoring: (commands sent by clients, commands run inside scripts).
+    fn stop(mut self) -> Result<(u64, u64)> {
+        self.child.kill()?;
+        self.child.wait()?;
+        self.counter
+            .join()
+            .map_err(|_| anyhow::anyhow!("the monitor's counter panicked"))
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Source {
+    Script,
+    Client,
+}
+
+/// Where a `MONITOR` line's command came from: `1700000000.123456 [0 lua] "zadd" …`.
+fn source(line: &str) -> Option<Source> {
+    let (_, rest) = line.split_once(" [")?;
+    let (origin, _) = rest.split_once(']')?;
+    let (_, from) = origin.split_once(' ')?;
+    Some(if from == "lua" {
+        Source::Script
+    } else {
+        Source::Client
+    })
+}
+
+/// Redis's own CPU so far (`used_cpu_user` + `used_cpu_sys`), µs.
+async fn redis_cpu_us(url: &str) -> Result<u64> {
+    let info = redis_info(url, "cpu").await?;
+    let field = |name| info_field(&info, name).unwrap_or(0.0);
+    Ok(((field("used_cpu_user") + field("used_cpu_sys")) * 1e6) as u64)
+}
+
+/// The CPU (utime + stime) of these processes so far, µs, from `/proc/<pid>/stat`
+/// (in clock ticks of 1/100 s, Linux's `USER_HZ`).
+fn server_cpu_us(pids: &[u32]) -> Result<u64> {
+    let mut total = 0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command name (which is in parentheses and may hold spaces).
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
+        let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+        total += ticks * 10_000;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monitor_lines_by_source() {
+        assert_eq!(
+            source(r#"1700000000.123456 [0 lua] "zadd" "k" "1" "m""#),
+            Some(Source::Script)
+        );
+        assert_eq!(
+            source(r#"1700000000.123456 [0 127.0.0.1:5555] "evalsha" "ab" "0""#),
+            Some(Source::Client)
+        );
+        assert_eq!(source("OK"), None);
+    }
+}

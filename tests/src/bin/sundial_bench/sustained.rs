@@ -1,0 +1,366 @@
+//! `sustained`: R jobs firing every second for S seconds, each with a `callback_url` to
+//! the bench's own webhook receiver, which verifies every delivery by both signature
+//! schemes. What a user waits for: due → handler start (journals), due → result (the
+//! run's `finished_at_ms` in the webhook body) and due → webhook arrival; and whether
+//! every run ran once and was delivered, verified.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use serde::Serialize;
+use sundial_proto::v1 as pb;
+use sundial_sdk::webhook::{MemoryNonceCache, Secret, Verifier};
+use tokio_util::sync::CancellationToken;
+
+use crate::cost::{CostProbe, Costs};
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, now_ms, register};
+use crate::stats::{Spread, Starts, planned_ms};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SustainedArgs {
+    /// Jobs, each firing every second: the offered runs per second.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: usize,
+    /// Seconds of firing.
+    #[arg(long, default_value_t = 30)]
+    pub seconds: usize,
+    /// `test_executor` processes (handler `noop`).
+    #[arg(long, default_value_t = 10)]
+    pub executors: usize,
+    /// Server instances (Redis only), executors spread over them.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
+    #[arg(long, value_enum, default_value_t = StoreKind::Redis)]
+    pub store: StoreKind,
+    /// Count the servers' round trips and the commands inside scripts apart (Redis
+    /// `MONITOR`, which costs Redis CPU: the CPU per run then includes it).
+    #[arg(long)]
+    pub monitor: bool,
+    /// Stop waiting for results and webhooks this many seconds after the last fire
+    /// (what has not arrived by then is reported missing).
+    #[arg(long, default_value_t = 300)]
+    pub timeout_s: u64,
+}
+
+/// One delivery the receiver accepted (both schemes verified).
+#[derive(Debug, Clone)]
+struct Delivery {
+    arrived_ms: i64,
+    scheduled_at_ms: i64,
+    finished_at_ms: i64,
+    succeeded: bool,
+}
+
+/// What the receiver saw, by schedule_id.
+#[derive(Default)]
+struct Inbox {
+    /// The first verified delivery of each run.
+    first: HashMap<String, Delivery>,
+    /// Verified deliveries of a run already delivered (at least once allows them).
+    redelivered: usize,
+    /// Deliveries refused (401): a signature, timestamp or replay check failed, or the
+    /// body was not a run's webhook.
+    refused: usize,
+}
+
+struct Receiver {
+    addr: SocketAddr,
+    inbox: Arc<Mutex<Inbox>>,
+    stop: CancellationToken,
+}
+
+#[derive(Clone)]
+struct Checks {
+    /// Classic and standard, each with its own replay cache.
+    classic: Verifier,
+    standard: Verifier,
+    inbox: Arc<Mutex<Inbox>>,
+}
+
+impl Receiver {
+    /// Listens on a free local port; accepts what both schemes verify with `secret`.
+    async fn start(secret: &Secret, capacity: usize) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let inbox = Arc::new(Mutex::new(Inbox::default()));
+        let verifier =
+            || Verifier::new(secret.clone()).nonce_cache(MemoryNonceCache::new(capacity));
+        let checks = Checks {
+            classic: verifier(),
+            standard: verifier(),
+            inbox: inbox.clone(),
+        };
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(hook))
+            .with_state(checks);
+        let stop = CancellationToken::new();
+        let until = stop.clone().cancelled_owned();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(until)
+                .await;
+        });
+        Ok(Self { addr, inbox, stop })
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&Inbox) -> T) -> T {
+        f(&self.inbox.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn hook(State(checks): State<Checks>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let arrived_ms = now_ms();
+    let verified = checks.classic.verify_classic(&headers, &body).is_ok()
+        && checks.standard.verify_standard(&headers, &body).is_ok();
+    let parsed = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| {
+            let int = |name: &str| v.get(name)?.as_i64();
+            Some((
+                v.get("schedule_id")?.as_str()?.to_owned(),
+                Delivery {
+                    arrived_ms,
+                    scheduled_at_ms: int("scheduled_at_ms")?,
+                    finished_at_ms: int("finished_at_ms")?,
+                    succeeded: v.get("status")?.as_str()? == "SUCCEEDED",
+                },
+            ))
+        });
+    let mut inbox = checks.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+    match parsed {
+        Some((sid, delivery)) if verified => {
+            match inbox.first.entry(sid) {
+                Entry::Occupied(_) => inbox.redelivered += 1,
+                Entry::Vacant(v) => {
+                    v.insert(delivery);
+                }
+            }
+            StatusCode::OK
+        }
+        _ => {
+            inbox.refused += 1;
+            StatusCode::UNAUTHORIZED
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct SustainedReport {
+    pub scenario: &'static str,
+    pub store: &'static str,
+    pub rate: usize,
+    pub seconds: usize,
+    pub executors: usize,
+    pub instances: usize,
+    pub expected_runs: usize,
+    pub runs_started: usize,
+    /// Runs whose webhook arrived, verified by both schemes.
+    pub webhooks_verified: usize,
+    pub webhooks_succeeded: usize,
+    pub webhooks_redelivered: usize,
+    pub webhooks_refused: usize,
+    pub duplicate_starts: usize,
+    pub runs_started_twice: usize,
+    pub lost: f64,
+    /// Due → first handler start.
+    pub due_to_start: Spread,
+    /// Due → the run's result recorded (`finished_at_ms`).
+    pub due_to_result: Spread,
+    /// Due → its webhook at the receiver.
+    pub due_to_webhook: Spread,
+    /// Results per second: the runs delivered over first due → last result, + 1 s.
+    pub results_per_s: f64,
+    /// Webhooks per second, the same way to the last arrival.
+    pub webhooks_per_s: f64,
+    /// From registration's end to the last webhook.
+    #[serde(flatten)]
+    pub costs: Costs,
+}
+
+impl crate::Report for SustainedReport {
+    fn print(&self) {
+        println!(
+            "sustained: {} jobs firing every second for {} s, {} executors, {} instance(s), store {}",
+            self.rate, self.seconds, self.executors, self.instances, self.store
+        );
+        println!("  due -> handler start {}", self.due_to_start);
+        println!("  due -> result        {}", self.due_to_result);
+        println!("  due -> webhook       {}", self.due_to_webhook);
+        println!(
+            "  {:.0} results/s, {:.0} webhooks/s (offered {} runs/s)",
+            self.results_per_s, self.webhooks_per_s, self.rate
+        );
+        println!(
+            "  runs: {} expected, {} started, {} webhooks verified by both schemes ({} SUCCEEDED), {} redelivered, {} refused, {} lost",
+            self.expected_runs,
+            self.runs_started,
+            self.webhooks_verified,
+            self.webhooks_succeeded,
+            self.webhooks_redelivered,
+            self.webhooks_refused,
+            self.lost
+        );
+        println!(
+            "  duplicate starts: {} ({} runs started twice or more)",
+            self.duplicate_starts, self.runs_started_twice
+        );
+        self.costs.print();
+    }
+
+    /// Every run started once, succeeded, and its webhook arrived and verified.
+    fn consistency(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        if self.duplicate_starts > 0 {
+            bad.push(format!(
+                "sustained: {} duplicate handler starts",
+                self.duplicate_starts
+            ));
+        }
+        if self.runs_started != self.expected_runs {
+            bad.push(format!(
+                "sustained: {} of {} runs started",
+                self.runs_started, self.expected_runs
+            ));
+        }
+        if self.webhooks_verified != self.expected_runs {
+            bad.push(format!(
+                "sustained: {} of {} webhooks arrived verified",
+                self.webhooks_verified, self.expected_runs
+            ));
+        }
+        if self.webhooks_succeeded != self.webhooks_verified {
+            bad.push(format!(
+                "sustained: {} of {} delivered runs SUCCEEDED",
+                self.webhooks_succeeded, self.webhooks_verified
+            ));
+        }
+        if self.webhooks_refused > 0 {
+            bad.push(format!(
+                "sustained: {} deliveries failed verification",
+                self.webhooks_refused
+            ));
+        }
+        if self.lost > 0.0 {
+            bad.push(format!("sustained: {} runs lost their lease", self.lost));
+        }
+        bad
+    }
+}
+
+pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedReport> {
+    if args.rate == 0 || args.seconds == 0 {
+        bail!("--rate and --seconds must be at least 1");
+    }
+    let expected = args.rate * args.seconds;
+    let secret = Secret::generate();
+    let receiver = Receiver::start(&secret, 2 * expected + 1000).await?;
+    let rig = Rig::start(&RigSpec {
+        bins,
+        store: args.store,
+        instances: args.instances,
+        executors: args.executors,
+        server_args: vec![
+            ("webhook-secret".into(), secret.to_string()),
+            ("webhook-allow".into(), "127.0.0.1/32".into()),
+        ],
+        executor_args: Vec::new(),
+    })?;
+    let ceiling = rig.redis_ceiling()?;
+    let jobs = rig.jobs().await?;
+    // The first fire: a whole second far enough ahead that registration ends before it.
+    let margin = 3_000 + i64::try_from(args.rate / 2)?;
+    let first = (now_ms() + margin).div_euclid(1000) * 1000 + 1000;
+    let last = first + i64::try_from(args.seconds - 1)? * 1000;
+    let specs = (0..args.rate)
+        .map(|i| pb::JobSpec {
+            start_time_ms: first,
+            end_time_ms: last,
+            callback_url: receiver.url(),
+            ..noop_job(format!("sustained-{i}"), "* * * * * *")
+        })
+        .collect();
+    let took = register(&jobs, specs, 4).await?;
+    if now_ms() >= first {
+        bail!(
+            "registering {} jobs took {took:?}, past the first fire",
+            args.rate
+        );
+    }
+    let probe = CostProbe::start(&rig, ceiling, args.monitor).await?;
+    let deadline = Instant::now()
+        + Duration::from_millis(u64::try_from(last - now_ms()).unwrap_or(0))
+        + Duration::from_secs(args.timeout_s);
+    while receiver.read(|i| i.first.len()) < expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let costs = probe.finish(expected).await?;
+    let lost = rig
+        .scrape(&reqwest::Client::new())
+        .await?
+        .sum("sundial_runs_lost_total");
+    let starts = Starts::of(&rig.journal()?);
+    let due_to_start = starts
+        .first
+        .iter()
+        .filter_map(|(sid, (at, _))| Some(at - planned_ms(sid)?))
+        .collect();
+    let (deliveries, redelivered, refused) = receiver.read(|i| {
+        let d: Vec<Delivery> = i.first.values().cloned().collect();
+        (d, i.redelivered, i.refused)
+    });
+    let per_s = |last_ms: Option<i64>| {
+        last_ms.map_or(0.0, |l| {
+            deliveries.len() as f64 * 1000.0 / ((l - first) + 1000).max(1) as f64
+        })
+    };
+    Ok(SustainedReport {
+        scenario: "sustained",
+        store: args.store.name(),
+        rate: args.rate,
+        seconds: args.seconds,
+        executors: args.executors,
+        instances: args.instances,
+        expected_runs: expected,
+        runs_started: starts.first.len(),
+        webhooks_verified: deliveries.len(),
+        webhooks_succeeded: deliveries.iter().filter(|d| d.succeeded).count(),
+        webhooks_redelivered: redelivered,
+        webhooks_refused: refused,
+        duplicate_starts: starts.duplicates,
+        runs_started_twice: starts.runs_started_twice,
+        lost,
+        due_to_start: Spread::of(due_to_start),
+        due_to_result: Spread::of(
+            deliveries
+                .iter()
+                .map(|d| d.finished_at_ms - d.scheduled_at_ms)
+                .collect(),
+        ),
+        due_to_webhook: Spread::of(
+            deliveries
+                .iter()
+                .map(|d| d.arrived_ms - d.scheduled_at_ms)
+                .collect(),
+        ),
+        results_per_s: per_s(deliveries.iter().map(|d| d.finished_at_ms).max()),
+        webhooks_per_s: per_s(deliveries.iter().map(|d| d.arrived_ms).max()),
+        costs,
+    })
+}
