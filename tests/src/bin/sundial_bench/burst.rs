@@ -154,7 +154,8 @@ const FINAL: [&str; 5] = ["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIP
 fn spec(id: String, interval_s: u64, first_ms: i64, last_ms: i64) -> pb::JobSpec {
     pb::JobSpec {
         start_time_ms: first_ms,
-        end_time_ms: last_ms,
+        // Just after the last fire (an end must come after the start, even for one round).
+        end_time_ms: last_ms + 1,
         ..noop_job(id, &format!("*/{interval_s} * * * * *"))
     }
 }

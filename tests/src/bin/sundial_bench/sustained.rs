@@ -4,8 +4,8 @@
 //! run's `finished_at_ms` in the webhook body) and due → webhook arrival; and whether
 //! every run ran once and was delivered, verified.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -55,7 +55,7 @@ struct Delivery {
     arrived_ms: i64,
     scheduled_at_ms: i64,
     finished_at_ms: i64,
-    succeeded: bool,
+    status: String,
 }
 
 /// What the receiver saw, by schedule_id.
@@ -139,7 +139,7 @@ async fn hook(State(checks): State<Checks>, headers: HeaderMap, body: Bytes) -> 
                     arrived_ms,
                     scheduled_at_ms: int("scheduled_at_ms")?,
                     finished_at_ms: int("finished_at_ms")?,
-                    succeeded: v.get("status")?.as_str()? == "SUCCEEDED",
+                    status: v.get("status")?.as_str()?.to_owned(),
                 },
             ))
         });
@@ -174,6 +174,9 @@ pub struct SustainedReport {
     /// Runs whose webhook arrived, verified by both schemes.
     pub webhooks_verified: usize,
     pub webhooks_succeeded: usize,
+    /// The delivered runs by final state (e.g. SKIPPED by the overlap policy, FAILED
+    /// `no_executor`).
+    pub webhooks_by_status: BTreeMap<String, usize>,
     pub webhooks_redelivered: usize,
     pub webhooks_refused: usize,
     pub duplicate_starts: usize,
@@ -217,6 +220,12 @@ impl crate::Report for SustainedReport {
             self.webhooks_refused,
             self.lost
         );
+        let states: Vec<String> = self
+            .webhooks_by_status
+            .iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect();
+        println!("  delivered runs by state: {}", states.join(", "));
         println!(
             "  duplicate starts: {} ({} runs started twice or more)",
             self.duplicate_starts, self.runs_started_twice
@@ -325,6 +334,10 @@ pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedRepor
         let d: Vec<Delivery> = i.first.values().cloned().collect();
         (d, i.redelivered, i.refused)
     });
+    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
+    for d in &deliveries {
+        *by_status.entry(d.status.clone()).or_default() += 1;
+    }
     let per_s = |last_ms: Option<i64>| {
         last_ms.map_or(0.0, |l| {
             deliveries.len() as f64 * 1000.0 / ((l - first) + 1000).max(1) as f64
@@ -340,7 +353,8 @@ pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedRepor
         expected_runs: expected,
         runs_started: starts.first.len(),
         webhooks_verified: deliveries.len(),
-        webhooks_succeeded: deliveries.iter().filter(|d| d.succeeded).count(),
+        webhooks_succeeded: by_status.get("SUCCEEDED").copied().unwrap_or(0),
+        webhooks_by_status: by_status,
         webhooks_redelivered: redelivered,
         webhooks_refused: refused,
         duplicate_starts: starts.duplicates,
