@@ -471,3 +471,137 @@ async fn round_robin_is_shared_across_instances() -> Result<()> {
     ensure!(distinct.len() == 3, "{order:?}");
     Ok(())
 }
+
+/// Many jobs due in the same second, each firing once, on four executors: round robin
+/// and least active each spread the burst over every executor (neither leaves a node
+/// idle while another takes the burst), and every run starts exactly once. Both
+/// stores.
+async fn a_burst_spreads_over_every_executor(store: &str) -> Result<()> {
+    const JOBS: usize = 200;
+    let redis;
+    let dir = tempfile::tempdir()?;
+    let server = if store == "redis" {
+        redis = RedisServer::start()?;
+        Sundial::start(opts(&redis, "a"))?
+    } else {
+        Sundial::start(
+            SundialOptions::embedded(&dir.path().join("data"))
+                .arg("heartbeat-interval", "300ms")
+                .arg("sweep-every", "50ms")
+                .arg("route-retry", "200ms"),
+        )?
+    };
+    let ids = ["s1", "s2", "s3", "s4"];
+    let execs = start_executors(&[format!("http://{}", server.grpc)], dir.path(), &ids)?;
+    wait_for("four executors", Duration::from_secs(20), || async {
+        Ok((nodes(&server).await?.len() == ids.len()).then_some(()))
+    })
+    .await?;
+    // One fire each, at a whole second far enough ahead for the registration.
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    let due = (now + 3_000) / 1000 * 1000 + 1000;
+    let strategies = [
+        pb::RouteStrategy::RoundRobin,
+        pb::RouteStrategy::LeastActive,
+    ];
+    let specs: Vec<pb::JobSpec> = strategies
+        .iter()
+        .flat_map(|&strategy| {
+            (0..JOBS).map(move |i| pb::JobSpec {
+                cron: "* * * * * *".into(),
+                start_time_ms: due,
+                end_time_ms: due + 1,
+                ..job(
+                    &format!("{}-{i}", strategy.as_str_name()),
+                    "noop",
+                    strategy,
+                    "",
+                )
+            })
+        })
+        .collect();
+    let applied = server
+        .jobs()
+        .await?
+        .apply_jobs(pb::ApplyJobsRequest { specs })
+        .await?
+        .into_inner();
+    ensure!(
+        applied
+            .results
+            .iter()
+            .all(|r| r.outcome() == pb::ApplyOutcome::Created),
+        "{applied:?}"
+    );
+    let journals: Vec<_> = execs.iter().map(|e| e.journal.clone()).collect();
+    let total = JOBS * strategies.len();
+    wait_for("every run to finish", Duration::from_secs(60), || async {
+        let entries = sundial_tests::read_journals(&journals)?;
+        let finished = entries.iter().filter(|e| e.event == "finish").count();
+        Ok((finished >= total).then_some(()))
+    })
+    .await?;
+    // Whatever could still arrive late would be a second start: give it a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let entries = sundial_tests::read_journals(&journals)?;
+    let starts: Vec<_> = entries.iter().filter(|e| e.event == "start").collect();
+    let distinct: BTreeSet<&str> = starts.iter().map(|e| e.schedule_id.as_str()).collect();
+    let mut seen = BTreeMap::<&str, usize>::new();
+    for e in &starts {
+        *seen.entry(e.schedule_id.as_str()).or_default() += 1;
+    }
+    let twice: Vec<&&sundial_tests::JournalEntry> = starts
+        .iter()
+        .filter(|e| seen[e.schedule_id.as_str()] > 1)
+        .take(12)
+        .collect();
+    ensure!(
+        starts.len() == total && distinct.len() == total,
+        "{} starts of {} runs, {total} expected; started twice: {twice:?}",
+        starts.len(),
+        distinct.len()
+    );
+    ensure!(
+        entries
+            .iter()
+            .filter(|e| e.event == "finish")
+            .all(|e| e.status == "SUCCEEDED"),
+        "every run succeeded"
+    );
+    let spread = |prefix: &str| {
+        let mut per_node: BTreeMap<&str, usize> = ids.iter().map(|id| (*id, 0)).collect();
+        for e in starts.iter().filter(|e| e.schedule_id.starts_with(prefix)) {
+            *per_node.entry(e.node_id.as_str()).or_default() += 1;
+        }
+        per_node
+    };
+    // An even share is a quarter; each executor ran at least a fifth of all runs, and
+    // each strategy gave every executor at least half an even share.
+    let all = spread("");
+    ensure!(
+        all.values().all(|&n| n >= total / 5),
+        "a node ran under a fifth of the runs: {all:?}"
+    );
+    for strategy in strategies {
+        let per_node = spread(&format!("{}-", strategy.as_str_name()));
+        ensure!(
+            per_node.values().all(|&n| n >= JOBS / 8),
+            "{strategy:?} left a node (nearly) idle: {per_node:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_spreads_over_every_executor_on_redis() -> Result<()> {
+    a_burst_spreads_over_every_executor("redis").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_spreads_over_every_executor_on_the_embedded_store() -> Result<()> {
+    a_burst_spreads_over_every_executor("embedded").await
+}

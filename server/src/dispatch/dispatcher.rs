@@ -83,10 +83,15 @@ impl Default for DispatchOptions {
     }
 }
 
-/// The node registry as routing sees it, re-read at most every `node_refresh`.
+/// The node registry as routing sees it, re-read at most every `node_refresh`, and
+/// what this instance saw happen on each node since that read: leases it granted, less
+/// the runs whose end a stream attached here reported. The snapshot's counts do not
+/// show those yet; without them every run of a burst would see the same node as the
+/// least busy one.
 struct NodeCache {
     refresh: Duration,
     snapshot: tokio::sync::Mutex<(Option<Instant>, Arc<Vec<NodeRecord>>)>,
+    since_read: Mutex<HashMap<String, i64>>,
 }
 
 impl NodeCache {
@@ -94,7 +99,10 @@ impl NodeCache {
         let mut s = self.snapshot.lock().await;
         if s.0.is_none_or(|t| t.elapsed() >= self.refresh) {
             match store.list_nodes(None).await {
-                Ok(nodes) => *s = (Some(Instant::now()), Arc::new(nodes)),
+                Ok(nodes) => {
+                    *s = (Some(Instant::now()), Arc::new(nodes));
+                    lock(&self.since_read).clear();
+                }
                 Err(e) => {
                     warn!(error = %e, "reading the node registry failed; using the last snapshot")
                 }
@@ -102,6 +110,34 @@ impl NodeCache {
         }
         s.1.clone()
     }
+
+    /// One more (`delta` 1: a lease granted here) or one fewer (-1: a run's end
+    /// reported here) active run on `node_id` than the snapshot says.
+    fn moved(&self, node_id: &str, delta: i64) {
+        *lock(&self.since_read)
+            .entry(node_id.to_owned())
+            .or_default() += delta;
+    }
+
+    /// The node's active runs as routing should count them: the registry's figure
+    /// plus what was granted here since it was read and has not ended.
+    fn busy(&self, node: &NodeRecord) -> u32 {
+        let since = lock(&self.since_read)
+            .get(&node.node_id)
+            .copied()
+            .unwrap_or(0);
+        let snapshot = i64::from(node.active.max(node.leased));
+        u32::try_from((snapshot + since.max(0)).max(0)).unwrap_or(u32::MAX)
+    }
+}
+
+/// Where a job's turn-taking starts: a stable hash of its id, so that many jobs that
+/// each fire once (a burst) start on different nodes instead of all on the first.
+fn spread_offset(job_id: &str) -> u64 {
+    // FNV-1a: stable across processes and instances.
+    job_id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 pub struct Dispatcher {
@@ -159,6 +195,7 @@ impl Dispatcher {
             nodes: NodeCache {
                 refresh,
                 snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
+                since_read: Mutex::new(HashMap::new()),
             },
             jobs: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
@@ -167,6 +204,12 @@ impl Dispatcher {
 
     pub fn options(&self) -> &DispatchOptions {
         &self.opts
+    }
+
+    /// A stream attached here reported the end of a run on `node_id`: routing counts
+    /// the node one run less busy until its next registry read.
+    pub fn run_ended_on(&self, node_id: &str) {
+        self.nodes.moved(node_id, -1);
     }
 
     /// Consumes the trigger queue until `shutdown`; the batch in hand is finished
@@ -445,7 +488,7 @@ impl Dispatcher {
                 node_id: n.node_id.clone(),
                 weight: n.weight,
                 max_concurrency: n.max_concurrency,
-                active: n.active.max(n.leased),
+                active: self.nodes.busy(n),
                 mean_duration_ms: n.mean_duration_ms,
                 recent_errors: n.recent_errors,
                 slow: health::classify(n, policy) == Health::Slow,
@@ -468,9 +511,15 @@ impl Dispatcher {
         };
         let first = {
             let mut routes = lock(&self.routes);
-            let state = routes.entry(run.job_id.clone()).or_default();
+            let offset = spread_offset(&run.job_id);
+            let state = routes
+                .entry(run.job_id.clone())
+                .or_insert_with(|| RouteState {
+                    counter: offset,
+                    ..RouteState::default()
+                });
             if let Some(n) = shared {
-                state.counter = n;
+                state.counter = n.wrapping_add(offset);
             }
             routing::route(strategy, &views, &route_key, state, rand::random::<f64>())
         };
@@ -485,7 +534,7 @@ impl Dispatcher {
             (
                 n.node_id != first,
                 slow,
-                n.active.max(n.leased),
+                self.nodes.busy(n),
                 n.node_id.clone(),
             )
         });
@@ -552,6 +601,7 @@ impl Dispatcher {
             .await
         {
             Ok(Assigned::Granted(leased)) => {
+                self.nodes.moved(&node.node_id, 1);
                 let dispatch = dispatch_message(&leased, job, route_key);
                 debug!(node_id = %node.node_id, token = leased.fencing_token, shard = leased.shard_index, "dispatched");
                 self.links

@@ -14,12 +14,18 @@
 //! fencing token (the ack says so); `Reject` sends the run back to be routed elsewhere
 //! without spending an attempt; progress and log lines are stored under the run's
 //! current token only. Dispatches and cancels reach the stream through [`Links`].
+//!
+//! Each stream has a reader task that takes messages off it as they arrive and
+//! answers heartbeats itself, so a node's registry entry and leases never wait behind
+//! other messages' store calls; the session task handles the rest in batches, the
+//! `Started` / `Result` reports about distinct runs concurrently, never one overtaking
+//! an earlier message about the same run.
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::executor_message::Msg;
 use sundial_proto::v1::executor_service_server::ExecutorService;
@@ -78,6 +84,12 @@ impl ExecutorOptions {
 }
 
 const MAX_HANDLERS: usize = 256;
+/// Messages read off a stream ahead of their handling.
+const READ_AHEAD: usize = 1024;
+/// Messages handled per batch.
+const BATCH: usize = 256;
+/// Run reports of one stream in the store at once.
+const REPORT_CONCURRENCY: usize = 32;
 /// Runs one heartbeat or hello may list.
 const MAX_IN_FLIGHT: usize = 10_000;
 /// Lines in one `LogLines` message, and bytes in one line (longer ones are cut).
@@ -240,17 +252,40 @@ impl ExecutorService for Executors {
 impl Executors {
     /// Serves one stream after the handshake until it ends, goes silent, misbehaves or
     /// the server shuts down; then takes the node out of the registry.
+    ///
+    /// Reading never waits for the store: a reader task takes every message off the
+    /// stream as it arrives (so a node that keeps talking is never taken for silent,
+    /// however far its reports are behind), and this loop handles them in batches, the
+    /// run reports of a batch concurrently ([`Executors::handle_batch`]).
     async fn session(
         self,
-        mut node: NodeRecord,
+        node: NodeRecord,
         conn: u64,
-        mut inbound: Streaming<pb::ExecutorMessage>,
+        inbound: Streaming<pb::ExecutorMessage>,
         tx: mpsc::Sender<Result<pb::ServerMessage, Status>>,
     ) {
-        let silence = self.opts.node_ttl();
-        let mut window = ResultWindow::default();
+        let node_id = node.node_id.clone();
+        let state = Arc::new(Mutex::new(NodeState {
+            node,
+            window: ResultWindow::default(),
+        }));
+        let (read_tx, mut read_rx) = mpsc::channel(READ_AHEAD);
+        let stop_reading = CancellationToken::new();
+        tokio::spawn(
+            self.clone()
+                .read_stream(
+                    inbound,
+                    state.clone(),
+                    read_tx,
+                    tx.clone(),
+                    stop_reading.clone(),
+                )
+                .in_current_span(),
+        );
+        let mut batch = Vec::with_capacity(BATCH);
         loop {
-            let next = tokio::select! {
+            batch.clear();
+            let got = tokio::select! {
                 () = self.shutdown.cancelled() => {
                     let _ = tx.send(out(Out::GoAway(pb::GoAway {
                         reason: "server shutting down".into(),
@@ -259,52 +294,176 @@ impl Executors {
                     break;
                 }
                 () = tx.closed() => break,
-                m = tokio::time::timeout(silence, inbound.message()) => m,
+                n = read_rx.recv_many(&mut batch, BATCH) => n,
             };
-            let msg = match next {
-                Err(_) => {
-                    warn!(?silence, "executor silent; closing its stream");
-                    let _ = tx
-                        .send(Err(Status::deadline_exceeded(format!(
-                            "heartbeat: none within {silence:?}"
-                        ))))
-                        .await;
-                    break;
-                }
-                Ok(Err(status)) => {
-                    // A message that could not be read (too large, undecodable) ends
-                    // the stream; say why, in case the executor is still listening.
-                    debug!(%status, "executor stream failed");
-                    let _ = tx.send(Err(status)).await;
-                    break;
-                }
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(m))) => m,
-            };
-            match self.handle(&mut node, &mut window, msg).await {
-                Ok(replies) => {
-                    for r in replies {
-                        if tx.send(out(r)).await.is_err() {
-                            break;
-                        }
+            if got == 0 {
+                break;
+            }
+            let mut msgs = Vec::with_capacity(batch.len());
+            let mut ended = None;
+            for item in batch.drain(..) {
+                match item {
+                    Read::Message(m) => msgs.push(m),
+                    Read::Ended(status) => {
+                        ended = Some(status);
+                        break;
                     }
                 }
-                Err(status) => {
-                    warn!(%status, "executor protocol error; closing its stream");
-                    let _ = tx.send(Err(status)).await;
+            }
+            let handled = self.handle_batch(&state, msgs).await;
+            let (replies, failed) = match handled {
+                Ok(replies) => (replies, None),
+                Err((replies, status)) => (replies, Some(status)),
+            };
+            for r in replies {
+                if tx.send(out(r)).await.is_err() {
                     break;
                 }
             }
+            if let Some(status) = failed {
+                warn!(%status, "executor protocol error; closing its stream");
+                let _ = tx.send(Err(status)).await;
+                break;
+            }
+            if let Some(status) = ended {
+                // Say why, in case the executor is still listening.
+                if let Some(status) = status {
+                    let _ = tx.send(Err(status)).await;
+                }
+                break;
+            }
         }
-        self.links.detach(&node.node_id, conn);
+        stop_reading.cancel();
+        self.links.detach(&node_id, conn);
         match self
             .store
-            .remove_node(&node.node_id, &self.opts.instance_id)
+            .remove_node(&node_id, &self.opts.instance_id)
             .await
         {
             Ok(_) => info!("executor disconnected"),
             Err(e) => warn!(error = %e, "could not unregister the executor; it expires by itself"),
         }
+    }
+
+    /// Takes every message off the stream as it arrives, until the stream ends, stays
+    /// silent for the node's TTL, or the session stops reading (`stop`) or listening.
+    /// Heartbeats are answered here, at once (they are what keeps the node's leases
+    /// and registry entry alive, so they never wait behind other messages' store
+    /// calls); everything else goes to the session in order.
+    async fn read_stream(
+        self,
+        mut inbound: Streaming<pb::ExecutorMessage>,
+        state: Arc<Mutex<NodeState>>,
+        to_session: mpsc::Sender<Read>,
+        replies: mpsc::Sender<Result<pb::ServerMessage, Status>>,
+        stop: CancellationToken,
+    ) {
+        let silence = self.opts.node_ttl();
+        loop {
+            let next = tokio::select! {
+                () = stop.cancelled() => return,
+                m = tokio::time::timeout(silence, inbound.message()) => m,
+            };
+            let item = match next {
+                Err(_) => {
+                    warn!(?silence, "executor silent; closing its stream");
+                    Read::Ended(Some(Status::deadline_exceeded(format!(
+                        "heartbeat: none within {silence:?}"
+                    ))))
+                }
+                Ok(Err(status)) => {
+                    // A message that could not be read (too large, undecodable) ends
+                    // the stream.
+                    debug!(%status, "executor stream failed");
+                    Read::Ended(Some(status))
+                }
+                Ok(Ok(None)) => Read::Ended(None),
+                Ok(Ok(Some(pb::ExecutorMessage {
+                    msg: Some(Msg::Heartbeat(hb)),
+                }))) => match self.heartbeat(&state, hb).await {
+                    Ok(ack) => {
+                        if replies.send(out(ack)).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(status) => {
+                        warn!(%status, "heartbeat refused; closing the stream");
+                        Read::Ended(Some(status))
+                    }
+                },
+                Ok(Ok(Some(m))) => Read::Message(m),
+            };
+            let last = matches!(item, Read::Ended(_));
+            if to_session.send(item).await.is_err() || last {
+                return;
+            }
+        }
+    }
+
+    /// A heartbeat: the node's registry entry is refreshed (readiness, activity,
+    /// health window) and exactly the listed leases renewed; the ack says what is left
+    /// of each.
+    async fn heartbeat(&self, state: &Mutex<NodeState>, hb: pb::Heartbeat) -> Result<Out, Status> {
+        if hb.in_flight.len() > MAX_IN_FLIGHT {
+            return Err(Status::invalid_argument(format!(
+                "heartbeat.in_flight: more than {MAX_IN_FLIGHT} runs"
+            )));
+        }
+        let node = {
+            let mut st = lock(state);
+            let NodeState { node, window } = &mut *st;
+            node.ready = hb.ready;
+            node.draining = self.links.draining(&node.node_id);
+            node.active = hb.active;
+            window.apply(node, now_ms(), self.opts.health.window);
+            node.load = if hb.load.is_finite() { hb.load } else { 0.0 };
+            node.clone()
+        };
+        let node_id = node.node_id.clone();
+        self.store.upsert_node(node, self.opts.node_ttl()).await?;
+        let (leases, _) = self.renew(&node_id, hb.in_flight).await?;
+        Ok(Out::HeartbeatAck(pb::HeartbeatAck { leases }))
+    }
+
+    /// Handles a batch of messages in their order, except that each stretch of run
+    /// reports (`Started`, `Result`) naming distinct runs goes to the store concurrently:
+    /// a report never overtakes an earlier message about the same run. The replies so
+    /// far, and the status that ends the stream if one message did.
+    async fn handle_batch(
+        &self,
+        state: &Mutex<NodeState>,
+        msgs: Vec<pb::ExecutorMessage>,
+    ) -> Result<Vec<Out>, (Vec<Out>, Status)> {
+        let mut replies = Vec::new();
+        for stretch in stretches(msgs) {
+            let reports = match stretch {
+                Stretch::One(m) => {
+                    match self.handle(state, m).await {
+                        Ok(r) => replies.extend(r),
+                        Err(status) => return Err((replies, status)),
+                    }
+                    continue;
+                }
+                Stretch::Reports(reports) => reports,
+            };
+            let reported: Vec<Result<Reported, Status>> = futures::stream::iter(reports)
+                .map(|m| self.report(m))
+                .buffered(REPORT_CONCURRENCY)
+                .collect()
+                .await;
+            for r in reported {
+                let settled = match r {
+                    Ok(r) => self.settle(state, r).await,
+                    Err(status) => Err(status),
+                };
+                match settled {
+                    Ok(reply) => replies.extend(reply),
+                    Err(status) => return Err((replies, status)),
+                }
+            }
+        }
+        Ok(replies)
     }
 
     /// Renews the listed leases held by `node_id`: the lease statuses, and the runs
@@ -347,110 +506,18 @@ impl Executors {
     /// re-sends what was not acknowledged).
     async fn handle(
         &self,
-        node: &mut NodeRecord,
-        window: &mut ResultWindow,
+        state: &Mutex<NodeState>,
         msg: pb::ExecutorMessage,
     ) -> Result<Vec<Out>, Status> {
-        let run_ref = |r: Option<pb::RunRef>, what: &str| {
-            r.filter(|r| !r.schedule_id.is_empty())
-                .ok_or_else(|| Status::invalid_argument(format!("{what}.run: required")))
-        };
         match msg.msg {
             None => Err(Status::invalid_argument("message: empty")),
             Some(Msg::Hello(_)) => Err(Status::failed_precondition(
                 "hello: sent twice on one stream",
             )),
-            Some(Msg::Heartbeat(hb)) => {
-                if hb.in_flight.len() > MAX_IN_FLIGHT {
-                    return Err(Status::invalid_argument(format!(
-                        "heartbeat.in_flight: more than {MAX_IN_FLIGHT} runs"
-                    )));
-                }
-                node.ready = hb.ready;
-                node.draining = self.links.draining(&node.node_id);
-                node.active = hb.active;
-                window.apply(node, now_ms(), self.opts.health.window);
-                node.load = if hb.load.is_finite() { hb.load } else { 0.0 };
-                self.store
-                    .upsert_node(node.clone(), self.opts.node_ttl())
-                    .await?;
-                let (leases, _) = self.renew(&node.node_id, hb.in_flight).await?;
-                Ok(vec![Out::HeartbeatAck(pb::HeartbeatAck { leases })])
-            }
-            Some(Msg::Result(r)) => {
-                let run = run_ref(r.run.clone(), "result")?;
-                let state = match pb::ResultStatus::try_from(r.status) {
-                    Ok(pb::ResultStatus::Succeeded) => RunState::Succeeded,
-                    Ok(pb::ResultStatus::Failed) => RunState::Failed,
-                    Ok(pb::ResultStatus::Cancelled) => RunState::Cancelled,
-                    _ => {
-                        return Err(Status::invalid_argument(
-                            "result.status: must be SUCCEEDED, FAILED or CANCELLED",
-                        ));
-                    }
-                };
-                let duration = (r.started_at_ms > 0 && r.finished_at_ms >= r.started_at_ms)
-                    .then(|| u64::try_from(r.finished_at_ms - r.started_at_ms).unwrap_or(0));
-                let outcome = Outcome {
-                    state,
-                    output: (!r.output.is_empty()).then_some(r.output),
-                    error_code: r.error_code,
-                    error_message: r.error_message,
-                    started_at: (r.started_at_ms > 0).then_some(r.started_at_ms),
-                    finished_at: (r.finished_at_ms > 0).then_some(r.finished_at_ms),
-                };
-                let t = self
-                    .store
-                    .finish_run(
-                        &stored_id(&run),
-                        Finisher::Token(run.fencing_token),
-                        outcome,
-                    )
-                    .await?;
-                if t.applied == Applied::Yes {
-                    crate::fault::crash_point("run.after_finish");
-                }
-                let (accepted, reason) = match &t.applied {
-                    Applied::Yes => (true, String::new()),
-                    Applied::Already => (true, "already recorded".to_owned()),
-                    Applied::No(why) => (false, why.clone()),
-                };
-                if !accepted {
-                    info!(schedule_id = %run.schedule_id, token = run.fencing_token, %reason, "result refused");
-                }
-                if t.applied == Applied::Yes {
-                    let now = now_ms();
-                    let before = health::classify(node, &self.opts.health);
-                    window.record(now, state == RunState::Succeeded, duration);
-                    window.apply(node, now, self.opts.health.window);
-                    // A change of health is published at once, not at the next
-                    // heartbeat, so routing stops (or resumes) sending work sooner.
-                    if health::classify(node, &self.opts.health) != before {
-                        self.store
-                            .upsert_node(node.clone(), self.opts.node_ttl())
-                            .await?;
-                    }
-                    self.spawn_follow_up(t);
-                }
-                Ok(vec![Out::ResultAck(pb::ResultAck {
-                    run: Some(run),
-                    accepted,
-                    reason,
-                })])
-            }
-            Some(Msg::Started(s)) => {
-                let run = run_ref(s.run, "started")?;
-                let t = self
-                    .store
-                    .mark_started(&stored_id(&run), run.fencing_token)
-                    .await?;
-                match t.applied {
-                    Applied::Yes | Applied::Already => Ok(Vec::new()),
-                    Applied::No(why) => Ok(vec![Out::Cancel(pb::Cancel {
-                        run: Some(run),
-                        reason: format!("no lease for this run: {why}"),
-                    })]),
-                }
+            Some(Msg::Heartbeat(hb)) => Ok(vec![self.heartbeat(state, hb).await?]),
+            Some(m @ (Msg::Result(_) | Msg::Started(_))) => {
+                let r = self.report(pb::ExecutorMessage { msg: Some(m) }).await?;
+                Ok(self.settle(state, r).await?.into_iter().collect())
             }
             Some(Msg::Progress(p)) => {
                 let run = run_ref(p.run, "progress")?;
@@ -529,6 +596,115 @@ impl Executors {
         }
     }
 
+    /// A run report's store call (`Started` confirms the dispatch, `Result` finishes
+    /// the attempt); touches nothing of the stream's own state, so reports about
+    /// different runs may be made at once.
+    async fn report(&self, msg: pb::ExecutorMessage) -> Result<Reported, Status> {
+        match msg.msg {
+            Some(Msg::Started(s)) => {
+                let run = run_ref(s.run, "started")?;
+                let t = self
+                    .store
+                    .mark_started(&stored_id(&run), run.fencing_token)
+                    .await?;
+                Ok(match t.applied {
+                    Applied::Yes | Applied::Already => Reported::Started(None),
+                    Applied::No(why) => Reported::Started(Some(Out::Cancel(pb::Cancel {
+                        run: Some(run),
+                        reason: format!("no lease for this run: {why}"),
+                    }))),
+                })
+            }
+            Some(Msg::Result(r)) => {
+                let run = run_ref(r.run.clone(), "result")?;
+                let state = match pb::ResultStatus::try_from(r.status) {
+                    Ok(pb::ResultStatus::Succeeded) => RunState::Succeeded,
+                    Ok(pb::ResultStatus::Failed) => RunState::Failed,
+                    Ok(pb::ResultStatus::Cancelled) => RunState::Cancelled,
+                    _ => {
+                        return Err(Status::invalid_argument(
+                            "result.status: must be SUCCEEDED, FAILED or CANCELLED",
+                        ));
+                    }
+                };
+                let duration = (r.started_at_ms > 0 && r.finished_at_ms >= r.started_at_ms)
+                    .then(|| u64::try_from(r.finished_at_ms - r.started_at_ms).unwrap_or(0));
+                let outcome = Outcome {
+                    state,
+                    output: (!r.output.is_empty()).then_some(r.output),
+                    error_code: r.error_code,
+                    error_message: r.error_message,
+                    started_at: (r.started_at_ms > 0).then_some(r.started_at_ms),
+                    finished_at: (r.finished_at_ms > 0).then_some(r.finished_at_ms),
+                };
+                let t = self
+                    .store
+                    .finish_run(
+                        &stored_id(&run),
+                        Finisher::Token(run.fencing_token),
+                        outcome,
+                    )
+                    .await?;
+                Ok(Reported::Finished {
+                    run,
+                    t: Box::new(t),
+                    state,
+                    duration,
+                })
+            }
+            _ => Err(Status::internal("report: not a run report")),
+        }
+    }
+
+    /// What a run report leaves for the stream: the reply, and for an applied result
+    /// the node's health window and the attempt's follow-up.
+    async fn settle(&self, state: &Mutex<NodeState>, r: Reported) -> Result<Option<Out>, Status> {
+        let (run, t, ended_as, duration) = match r {
+            Reported::Started(reply) => return Ok(reply),
+            Reported::Finished {
+                run,
+                t,
+                state,
+                duration,
+            } => (run, t, state, duration),
+        };
+        if t.applied == Applied::Yes {
+            crate::fault::crash_point("run.after_finish");
+        }
+        let (accepted, reason) = match &t.applied {
+            Applied::Yes => (true, String::new()),
+            Applied::Already => (true, "already recorded".to_owned()),
+            Applied::No(why) => (false, why.clone()),
+        };
+        if !accepted {
+            info!(schedule_id = %run.schedule_id, token = run.fencing_token, %reason, "result refused");
+        }
+        if t.applied == Applied::Yes {
+            let now = now_ms();
+            let (node_id, changed) = {
+                let mut st = lock(state);
+                let NodeState { node, window } = &mut *st;
+                let before = health::classify(node, &self.opts.health);
+                window.record(now, ended_as == RunState::Succeeded, duration);
+                window.apply(node, now, self.opts.health.window);
+                let changed = health::classify(node, &self.opts.health) != before;
+                (node.node_id.clone(), changed.then(|| node.clone()))
+            };
+            self.dispatcher.run_ended_on(&node_id);
+            // A change of health is published at once, not at the next heartbeat, so
+            // routing stops (or resumes) sending work sooner.
+            if let Some(node) = changed {
+                self.store.upsert_node(node, self.opts.node_ttl()).await?;
+            }
+            self.spawn_follow_up(*t);
+        }
+        Ok(Some(Out::ResultAck(pb::ResultAck {
+            run: Some(run),
+            accepted,
+            reason,
+        })))
+    }
+
     /// Routes what a finished or rejected attempt left behind, off the stream's task.
     fn spawn_follow_up(&self, t: crate::store::Transition) {
         let dispatcher = self.dispatcher.clone();
@@ -546,6 +722,92 @@ impl Executors {
             .in_current_span(),
         );
     }
+}
+
+/// A message's run reference, which must name a run.
+fn run_ref(r: Option<pb::RunRef>, what: &str) -> Result<pb::RunRef, Status> {
+    r.filter(|r| !r.schedule_id.is_empty())
+        .ok_or_else(|| Status::invalid_argument(format!("{what}.run: required")))
+}
+
+/// The stored run a run report (`Started`, `Result`) names; None for other messages
+/// and for a report that names none (handled on its own, and refused).
+fn report_key(m: &pb::ExecutorMessage) -> Option<String> {
+    let run = match &m.msg {
+        Some(Msg::Started(s)) => s.run.as_ref(),
+        Some(Msg::Result(r)) => r.run.as_ref(),
+        _ => None,
+    }?;
+    (!run.schedule_id.is_empty()).then(|| stored_id(run))
+}
+
+/// A batch cut for handling: a message handled on its own, or run reports about
+/// distinct runs, which may go to the store at once.
+#[derive(Debug, PartialEq)]
+enum Stretch {
+    One(pb::ExecutorMessage),
+    Reports(Vec<pb::ExecutorMessage>),
+}
+
+/// Cuts a batch, in order, into stretches: each maximal run of reports naming distinct
+/// runs is one stretch (a second report about a run starts the next), every other
+/// message one of its own.
+fn stretches(msgs: Vec<pb::ExecutorMessage>) -> Vec<Stretch> {
+    let mut out = Vec::new();
+    let mut current: Vec<pb::ExecutorMessage> = Vec::new();
+    let mut runs = std::collections::HashSet::new();
+    for m in msgs {
+        match report_key(&m) {
+            Some(key) => {
+                if !runs.insert(key.clone()) {
+                    out.push(Stretch::Reports(std::mem::take(&mut current)));
+                    runs = std::collections::HashSet::from([key]);
+                }
+                current.push(m);
+            }
+            None => {
+                if !current.is_empty() {
+                    out.push(Stretch::Reports(std::mem::take(&mut current)));
+                    runs.clear();
+                }
+                out.push(Stretch::One(m));
+            }
+        }
+    }
+    if !current.is_empty() {
+        out.push(Stretch::Reports(current));
+    }
+    out
+}
+
+/// What the reader task hands the session.
+enum Read {
+    Message(pb::ExecutorMessage),
+    /// The stream ended: cleanly (None) or with the status to answer it with.
+    Ended(Option<Status>),
+}
+
+/// A run report after its store call.
+enum Reported {
+    /// The reply to `Started`: a `Cancel` when the lease is gone.
+    Started(Option<Out>),
+    Finished {
+        run: pb::RunRef,
+        t: Box<crate::store::Transition>,
+        state: RunState,
+        duration: Option<u64>,
+    },
+}
+
+/// What a stream's tasks share of its node: the registry record it keeps publishing
+/// and the health window behind it.
+struct NodeState {
+    node: NodeRecord,
+    window: ResultWindow,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The stored run an executor's reference names: a shard's own record when it names
@@ -645,5 +907,72 @@ impl NodeService for Executors {
         Ok(Response::new(pb::DrainNodeResponse {
             node: Some(node_view(node, &self.opts.health)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(id: &str) -> Option<pb::RunRef> {
+        Some(pb::RunRef {
+            schedule_id: id.into(),
+            attempt: 1,
+            fencing_token: 1,
+            shard_index: 0,
+        })
+    }
+
+    fn started(id: &str) -> pb::ExecutorMessage {
+        pb::ExecutorMessage {
+            msg: Some(Msg::Started(pb::Started { run: run(id) })),
+        }
+    }
+
+    fn result(id: &str) -> pb::ExecutorMessage {
+        pb::ExecutorMessage {
+            msg: Some(Msg::Result(pb::Result {
+                run: run(id),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn heartbeat() -> pb::ExecutorMessage {
+        pb::ExecutorMessage {
+            msg: Some(Msg::Heartbeat(pb::Heartbeat::default())),
+        }
+    }
+
+    #[test]
+    fn reports_about_distinct_runs_share_a_stretch_and_never_overtake() {
+        use Stretch::{One, Reports};
+        let cut = stretches(vec![
+            started("a@1"),
+            started("b@1"),
+            result("a@1"),
+            result("c@1"),
+            heartbeat(),
+            result("b@1"),
+            started("x@1"),
+            pb::ExecutorMessage {
+                msg: Some(Msg::Started(pb::Started { run: None })),
+            },
+        ]);
+        assert_eq!(
+            cut,
+            vec![
+                Reports(vec![started("a@1"), started("b@1")]),
+                // The second report about a@1 waits for the first.
+                Reports(vec![result("a@1"), result("c@1")]),
+                One(heartbeat()),
+                Reports(vec![result("b@1"), started("x@1")]),
+                // A report naming no run is handled (and refused) on its own.
+                One(pb::ExecutorMessage {
+                    msg: Some(Msg::Started(pb::Started { run: None })),
+                }),
+            ]
+        );
+        assert!(stretches(Vec::new()).is_empty());
     }
 }

@@ -6,7 +6,9 @@
 //!
 //! Dispatch seeds `RouteState::counter` from the store's shared per-job counter before
 //! every round-robin, weighted or busyover decision, so instances take turns from one
-//! sequence (ARCHITECTURE.md, "Routing").
+//! sequence (ARCHITECTURE.md, "Routing"), shifted by a stable hash of the job id so
+//! that many jobs firing at once do not all begin their turns on the same node; and it
+//! counts the leases it granted since its node snapshot into each node's `active`.
 
 use std::collections::{BTreeMap, HashMap};
 
