@@ -9,10 +9,17 @@ The protocol, one bidirectional gRPC stream (ExecutorService.Connect) per connec
    executes (each a RunRef: schedule_id, attempt, fencing_token, shard_index) with
    ready=true; the server renews those leases and answers HeartbeatAck (a lease with
    remaining_ms <= 0 is gone: stop that run).
-3. On Dispatch the executor sends Started, runs the handler, and sends one Result
-   (status, output or error, started/finished ms) carrying the dispatch's RunRef. It
-   keeps the Result until a ResultAck for that RunRef arrives; results not yet
-   acknowledged are sent again after a reconnect.
+3. On Dispatch the executor admits the run (it now counts as held and is listed in
+   heartbeats) and sends Started, but does not run the handler yet: the server answers
+   StartAck. go=true: run the handler, then send one Result (status, output or error,
+   started/finished ms) carrying the dispatch's RunRef. go=false (the lease is gone,
+   e.g. the dispatch waited unread while this process was frozen): forget the run, no
+   Result. A run whose StartAck has not come when the stream ends is forgotten too,
+   and sent as a Reject after the next Welcome; one cancelled before its go=true
+   arrives is not started and is rejected at once (a Reject re-routes the run without
+   spending an attempt).
+   The executor keeps each Result until a ResultAck for that RunRef arrives; results
+   not yet acknowledged are sent again after a reconnect.
 4. Cancel: stop the run (no result is sent for it). Drain: take no new work.
    GoAway: reconnect. A broken stream: reconnect with exponential backoff.
 
@@ -70,6 +77,8 @@ class Executor:
         self.args = args
         self.lock = threading.Lock()
         self.executing = {}  # RunRef key -> threading.Event set on Cancel
+        self.awaiting_go = {}  # RunRef key -> (handler, payload): Started sent, no StartAck yet
+        self.to_reject = []  # RunRef keys forgotten unstarted when a stream broke
         self.awaiting_ack = {}  # RunRef key -> pb.Result not yet acknowledged
         self.outq = None  # the current session's send queue (None: offline)
         self.call = None
@@ -129,6 +138,8 @@ class Executor:
                             self.cancel(key_of(lease.run))
                 elif kind == "dispatch":
                     self.dispatch(msg.dispatch)
+                elif kind == "start_ack":
+                    self.start_ack(msg.start_ack)
                 elif kind == "result_ack":
                     with self.lock:
                         self.awaiting_ack.pop(key_of(msg.result_ack.run), None)
@@ -146,6 +157,10 @@ class Executor:
             session_over.set()
             with self.lock:
                 self.outq = None
+                for key in self.awaiting_go:  # never got the go-ahead: never started
+                    self.executing.pop(key, None)
+                    self.to_reject.append(key)
+                self.awaiting_go.clear()
             outq.put(None)
             channel.close()
         return welcomed
@@ -155,6 +170,10 @@ class Executor:
             self.cancel(key_of(ref))
         with self.lock:
             self.outq = outq
+            for key in self.to_reject:  # not started when the last stream broke
+                outq.put(pb.ExecutorMessage(reject=pb.Reject(
+                    run=ref_of(key), reason="not started: the stream broke before the go-ahead")))
+            self.to_reject = []
             for result in self.awaiting_ack.values():  # re-send what was not acknowledged
                 outq.put(pb.ExecutorMessage(result=result))
         interval = max(welcome.heartbeat_interval_ms, 50) / 1000.0
@@ -181,11 +200,27 @@ class Executor:
             reason = "unknown handler" if handler is None else "draining"
             self.send(reject=pb.Reject(run=d.run, reason=reason))
             return
-        cancelled = threading.Event()
         with self.lock:
-            self.executing[key] = cancelled
+            self.executing[key] = threading.Event()
+            self.awaiting_go[key] = (handler, d.payload)
         self.send(started=pb.Started(run=d.run))
-        args = (key, handler, d.payload, cancelled)
+
+    def start_ack(self, ack):
+        key = key_of(ack.run)
+        with self.lock:
+            pending = self.awaiting_go.pop(key, None)
+            cancelled = self.executing.get(key)
+            if pending is None or cancelled is None:
+                return  # already started, or forgotten
+            if not ack.go or cancelled.is_set():
+                self.executing.pop(key, None)
+                print(f"not starting {key[0]}: {ack.reason or 'cancelled'}", file=sys.stderr, flush=True)
+                if ack.go and self.outq is not None:  # cancelled first: route it again
+                    self.outq.put(pb.ExecutorMessage(reject=pb.Reject(
+                        run=ack.run, reason="not started: cancelled before the go-ahead")))
+                return
+        handler, payload = pending
+        args = (key, handler, payload, cancelled)
         threading.Thread(target=self.execute, args=args, daemon=True).start()
 
     def execute(self, key, handler, payload, cancelled):

@@ -1,6 +1,8 @@
 //! [`Executor::run`]: the one loop that owns this process's runs for its whole life,
 //! across connections. It dials servers through [`connection`],
-//! admits dispatches into the [`RunTable`], runs each handler as a task, forwards log
+//! admits dispatches into the [`RunTable`], asks the server for the go-ahead
+//! (`Started`, answered by `StartAck`) and only then runs each handler as a task,
+//! forwards log
 //! lines and results, renews and enforces leases, and drains on `Drain` or shutdown.
 //! Handler tasks talk to it only through a channel (log lines, progress) and their
 //! return value, so none of its state is shared or locked.
@@ -175,6 +177,7 @@ impl Executor {
                     }));
                     let ended = core.serve(&mut session, &shutdown).await;
                     connected.send_replace(None);
+                    core.drop_unstarted();
                     ended
                 }
             };
@@ -211,6 +214,15 @@ struct Core {
     tasks: JoinSet<Outcome>,
     /// Which run each handler task executes: a task that panicked only tells its id.
     task_runs: HashMap<task::Id, RunKey>,
+    /// Admitted dispatches (in `runs`, so they count against the concurrency limit and
+    /// their leases are renewed) whose `Started` waits for the server's go-ahead.
+    awaiting_go: HashMap<RunKey, Pending>,
+    /// Dispatches the server said not to start (their lease was gone), or whose
+    /// go-ahead never came because the stream broke.
+    dropped_unstarted: u64,
+    /// Dispatches forgotten unstarted when a stream broke, rejected after the next
+    /// welcome.
+    to_reject: Vec<RunKey>,
     /// Handed to every run's context.
     notes_tx: mpsc::UnboundedSender<Note>,
     notes_rx: mpsc::UnboundedReceiver<Note>,
@@ -231,6 +243,9 @@ impl Core {
             logs: LogBatcher::new(LOG_BATCH_LINES, LOG_BATCH_DELAY, LOG_LINES_OFFLINE),
             tasks: JoinSet::new(),
             task_runs: HashMap::new(),
+            awaiting_go: HashMap::new(),
+            dropped_unstarted: 0,
+            to_reject: Vec::new(),
             notes_tx,
             notes_rx,
             drained: false,
@@ -326,6 +341,12 @@ impl Core {
                 warn!(run = %key, "the server no longer leases this run to us; cancelling it");
             }
         }
+        for key in std::mem::take(&mut self.to_reject) {
+            session.send(Msg::Reject(pb::Reject {
+                run: Some(key.to_proto()),
+                reason: "not started: the stream broke before the go-ahead".into(),
+            }))?;
+        }
         for lines in self.logs.take_all() {
             session.send(Msg::Logs(lines))?;
         }
@@ -415,6 +436,35 @@ impl Core {
                 }
             }
             In::Dispatch(d) => self.dispatch(d, session)?,
+            In::StartAck(ack) => {
+                let Some(run) = ack.run else {
+                    return Ok(());
+                };
+                let key = RunKey::from(&run);
+                // Nothing waits for it: already started (a repeated answer) or forgotten.
+                let Some(pending) = self.awaiting_go.remove(&key) else {
+                    return Ok(());
+                };
+                if !ack.go {
+                    self.runs.forget(&key);
+                    self.dropped_unstarted += 1;
+                    info!(run = %key, reason = %ack.reason, dropped = self.dropped_unstarted, "the server no longer leases this dispatch; not starting it");
+                } else if pending.cancel.is_cancelled() {
+                    // Cancelled, or its lease ran out here, while the answer was on its
+                    // way: not started, and the server is told so (it routes the run
+                    // again without spending an attempt).
+                    self.runs.forget(&key);
+                    self.dropped_unstarted += 1;
+                    info!(run = %key, "cancelled before the go-ahead came; not starting it");
+                    session.send(Msg::Reject(pb::Reject {
+                        run: Some(run),
+                        reason: "not started: cancelled or its lease ran out before the go-ahead"
+                            .into(),
+                    }))?;
+                } else {
+                    self.begin(key, pending);
+                }
+            }
             In::ResultAck(ack) => {
                 let Some(run) = ack.run else {
                     return Ok(());
@@ -477,34 +527,61 @@ impl Core {
                 }))?;
             }
             Admission::Start(handler) => {
-                let now = Instant::now();
-                let deadline = millis(d.deadline_ms).map(|ms| now + ms);
+                // Held from now (it counts against the limit, and heartbeats renew its
+                // lease), but started only on the server's go-ahead.
                 let cancel = CancellationToken::new();
-                let span = info_span!(
-                    "run",
-                    schedule_id = %key.schedule_id,
-                    attempt = key.attempt,
-                    shard = key.shard_index,
-                    token = key.fencing_token,
-                    handler = %d.handler,
+                self.runs
+                    .start(key.clone(), cancel.clone(), Instant::now(), now_ms());
+                self.awaiting_go.insert(
+                    key,
+                    Pending {
+                        handler,
+                        dispatch: d,
+                        cancel,
+                    },
                 );
-                info!(run = %key, handler = %d.handler, "starting");
-                let ctx = RunContext::new(
-                    key.clone(),
-                    d,
-                    deadline,
-                    cancel.clone(),
-                    self.notes_tx.clone(),
-                );
-                let task = self.tasks.spawn(
-                    async move { Outcome::returned(handler.call(ctx).await) }.instrument(span),
-                );
-                self.task_runs.insert(task.id(), key.clone());
-                self.runs.start(key, cancel, now, now_ms());
                 session.send(Msg::Started(pb::Started { run: Some(run) }))?;
             }
         }
         Ok(())
+    }
+
+    /// The go-ahead came: the handler runs as a task from now.
+    fn begin(&mut self, key: RunKey, pending: Pending) {
+        let Pending {
+            handler,
+            dispatch: d,
+            cancel,
+        } = pending;
+        let now = Instant::now();
+        let deadline = millis(d.deadline_ms).map(|ms| now + ms);
+        let span = info_span!(
+            "run",
+            schedule_id = %key.schedule_id,
+            attempt = key.attempt,
+            shard = key.shard_index,
+            token = key.fencing_token,
+            handler = %d.handler,
+        );
+        info!(run = %key, handler = %d.handler, "starting");
+        let ctx = RunContext::new(key.clone(), d, deadline, cancel, self.notes_tx.clone());
+        let task = self
+            .tasks
+            .spawn(async move { Outcome::returned(handler.call(ctx).await) }.instrument(span));
+        self.task_runs.insert(task.id(), key);
+    }
+
+    /// The stream ended: a dispatch still waiting for its go-ahead is forgotten (not
+    /// started, no result, not in the next `Hello.in_flight`) and rejected on the next
+    /// connection, so that the server routes it again at once if it still leases it to
+    /// us.
+    fn drop_unstarted(&mut self) {
+        for (key, _) in self.awaiting_go.drain() {
+            self.runs.forget(&key);
+            self.dropped_unstarted += 1;
+            debug!(run = %key, "the stream ended before the go-ahead; not starting it");
+            self.to_reject.push(key);
+        }
     }
 
     /// A handler task ended: its result waits for an acknowledgement, and goes out now
@@ -598,6 +675,15 @@ impl Core {
         self.runs.cancel_all();
         self.tasks.abort_all();
     }
+}
+
+/// An admitted dispatch waiting for the server's go-ahead.
+struct Pending {
+    handler: Handler,
+    dispatch: pb::Dispatch,
+    /// The run's cancellation: a `Cancel`, a lease revoked by a heartbeat ack or run
+    /// out meanwhile fires it, and the run is then never started.
+    cancel: CancellationToken,
 }
 
 /// A positive millisecond count from the wire; None for 0 or less.

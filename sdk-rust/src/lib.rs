@@ -11,6 +11,11 @@
 //!   panics is reported FAILED with code `"panic"`;
 //! - at most `max_concurrency` handlers run at once (a dispatch beyond that is
 //!   rejected as `"busy"`, an unknown handler as `"unknown handler: <name>"`);
+//! - a handler starts only on the server's go-ahead: an admitted dispatch is answered
+//!   with `Started`, and the handler begins when `StartAck` says the lease is still
+//!   current. A dispatch that waited past its lease (say, unread while the process
+//!   was frozen) is dropped without starting, as is one whose answer never came
+//!   because the stream broke;
 //! - every heartbeat lists the runs still executing, so the server renews exactly
 //!   those leases. A handler whose lease is gone, or ran out on this process's own
 //!   monotonic clock without renewal (for example while no server can be reached), is

@@ -251,6 +251,12 @@ impl RunTable {
         }
     }
 
+    /// A run admitted but never started (the server withheld the go-ahead, or the
+    /// stream broke before it): forgotten, with no result. False if it was not held.
+    pub fn forget(&mut self, key: &RunKey) -> bool {
+        self.executing.remove(key).is_some()
+    }
+
     /// The handler returned: its result now waits for an acknowledgement. None if the
     /// run was not executing.
     pub fn finish(&mut self, key: &RunKey, outcome: Outcome) -> Option<pb::Result> {

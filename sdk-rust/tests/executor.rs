@@ -1,9 +1,10 @@
 //! The executor against a scripted in-process server: each test plays the server's
-//! side of the stream message by message (the fake only answers heartbeats by
-//! itself, per a lease policy the test sets) and checks what the SDK sends back.
+//! side of the stream message by message (the fake answers only heartbeats, per a
+//! lease policy the test sets, and `Started`, with the go-ahead unless the test
+//! withholds it, by itself) and checks what the SDK sends back.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use sundial_sdk::proto as pb;
@@ -45,6 +46,8 @@ struct Conn {
     /// How heartbeats are answered: > 0 renews every listed run for that many ms, 0
     /// says every lease is gone, < 0 acknowledges without renewing anything.
     lease_ms: Arc<AtomicI64>,
+    /// How `Started` is answered: `StartAck` with this `go` (true unless set).
+    go: Arc<AtomicBool>,
 }
 
 #[tonic::async_trait]
@@ -65,23 +68,33 @@ impl ExecutorService for Service {
         let (tx, out) = mpsc::unbounded_channel();
         let (seen, rx) = mpsc::unbounded_channel();
         let lease_ms = Arc::new(AtomicI64::new(5_000));
-        tokio::spawn(pump(inbound, tx.clone(), seen, lease_ms.clone()));
+        let go = Arc::new(AtomicBool::new(true));
+        tokio::spawn(pump(
+            inbound,
+            tx.clone(),
+            seen,
+            lease_ms.clone(),
+            go.clone(),
+        ));
         let _ = self.conns.send(Conn {
             hello,
             tx,
             rx,
             lease_ms,
+            go,
         });
         Ok(Response::new(UnboundedReceiverStream::new(out)))
     }
 }
 
-/// Forwards the executor's messages to the test, answering heartbeats on the way.
+/// Forwards the executor's messages to the test, answering heartbeats and starts on
+/// the way.
 async fn pump(
     mut inbound: Streaming<pb::ExecutorMessage>,
     tx: Outbound,
     seen: mpsc::UnboundedSender<Msg>,
     lease_ms: Arc<AtomicI64>,
+    go: Arc<AtomicBool>,
 ) {
     while let Ok(Some(m)) = inbound.message().await {
         let Some(m) = m.msg else { continue };
@@ -99,6 +112,14 @@ async fn pump(
                     .collect()
             };
             let _ = tx.send(Ok(out(Out::HeartbeatAck(pb::HeartbeatAck { leases }))));
+        }
+        if let Msg::Started(s) = &m {
+            let go = go.load(Ordering::SeqCst);
+            let _ = tx.send(Ok(out(Out::StartAck(pb::StartAck {
+                run: s.run.clone(),
+                go,
+                reason: if go { String::new() } else { "no lease".into() },
+            }))));
         }
         if seen.send(m).is_err() {
             break;
@@ -506,6 +527,37 @@ async fn a_lease_not_renewed_in_time_cancels_the_handler() {
     let run = conn.dispatch("l@3", 3, "sleep", b"60000");
     let result = conn.result().await;
     assert_eq!(status(&result), pb::ResultStatus::Cancelled);
+    conn.ack(&run);
+    running.shutdown.cancel();
+    running.stopped_within(WAIT).await;
+}
+
+/// A dispatch the server withholds the go-ahead for (its lease is gone) never runs:
+/// no handler, no result, and no longer listed in heartbeats; the next one runs.
+#[tokio::test]
+async fn a_dispatch_without_the_go_ahead_never_starts() {
+    let mut server = FakeServer::start().await;
+    let running = spawn(builder(&[&server]));
+    let mut conn = server.accept(5_000, Vec::new()).await;
+    conn.go.store(false, Ordering::SeqCst);
+    let stale = conn.dispatch("s@1", 1, "echo", b"");
+    assert_eq!(
+        conn.next_event().await,
+        Msg::Started(pb::Started { run: Some(stale) })
+    );
+    // Every message after Started was sent after the dispatch was admitted: a
+    // heartbeat that lists nothing means it was forgotten.
+    conn.until("a heartbeat listing nothing", |m| match m {
+        Msg::Heartbeat(hb) if hb.in_flight.is_empty() => Some(()),
+        _ => None,
+    })
+    .await;
+    conn.go.store(true, Ordering::SeqCst);
+    let run = conn.dispatch("s@2", 2, "echo", b"x");
+    // The first result is the second run's: the first never ran.
+    let result = conn.result().await;
+    assert_eq!(result.run, Some(run.clone()));
+    assert_eq!(status(&result), pb::ResultStatus::Succeeded);
     conn.ack(&run);
     running.shutdown.cancel();
     running.stopped_within(WAIT).await;

@@ -61,6 +61,7 @@ pub struct Metrics {
     runs_finished: Family<Label, Counter>,
     runs_retried: Counter,
     runs_lost: Counter,
+    starts_refused: Counter,
     misfires: Family<Label, Counter>,
     late_fires: Counter,
     executors_connected: Gauge,
@@ -103,6 +104,12 @@ impl Metrics {
             "sundial_runs_lost",
             "Runs whose executor stopped renewing the lease (retried or failed 'lost')",
             runs_lost.clone(),
+        );
+        let starts_refused = Counter::default();
+        registry.register(
+            "sundial_starts_refused",
+            "Started reports for dispatches whose lease was already gone: not started",
+            starts_refused.clone(),
         );
         let misfires = Family::default();
         registry.register(
@@ -171,6 +178,7 @@ impl Metrics {
             runs_finished,
             runs_retried,
             runs_lost,
+            starts_refused,
             misfires,
             late_fires,
             executors_connected,
@@ -217,6 +225,11 @@ impl Metrics {
 
     /// Counts a run begun SKIPPED and the runs the replace policy cancelled with it
     /// (the ones that held a lease).
+    /// A `Started` was answered "do not start": its lease was gone.
+    pub fn start_refused(&self) {
+        self.starts_refused.inc();
+    }
+
     pub fn record_begun(&self, b: &Begun) {
         if b.created && b.run.state == RunState::Skipped {
             self.finished(RunState::Skipped);

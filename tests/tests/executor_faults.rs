@@ -303,3 +303,59 @@ async fn server_killed_mid_load_loses_and_repeats_nothing() -> Result<()> {
     );
     Ok(())
 }
+
+/// An executor frozen (SIGSTOP) while dispatches sit unread in its socket, thawed
+/// after the server revoked them and ran them elsewhere: it starts none of them (the
+/// go-ahead: a handler begins only when the server confirms the lease is current),
+/// and each ran exactly once, on the other node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thawed_executor_never_starts_the_dispatches_it_missed() -> Result<()> {
+    const RUNS: usize = 5;
+    let redis = RedisServer::start()?;
+    // A 1 s heartbeat: the frozen node stays registered (3 s) long enough to be sent
+    // the dispatches; they go unconfirmed after 2 s and are re-routed.
+    let server = Sundial::start(opts(&redis, "a").arg("heartbeat-interval", "1s"))?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![format!("http://{}", server.grpc)];
+    let journals = vec![dir.path().join("x.log"), dir.path().join("y.log")];
+    let x = TestExecutor::start(EXECUTOR, &endpoints, "x", &journals[0])?;
+    let _y = TestExecutor::start(EXECUTOR, &endpoints, "y", &journals[1])?;
+    // FIRST routes to the first node by id, x, while it is registered.
+    let mut jobs = server.jobs().await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(pb::JobSpec {
+            route_strategy: pb::RouteStrategy::First as i32,
+            ..sleep_job("missed", 10, 0)
+        }),
+    })
+    .await?;
+    x.signal("STOP")?;
+    let mut sids = Vec::new();
+    for _ in 0..RUNS {
+        sids.push(server.trigger("missed").await?);
+    }
+    for sid in &sids {
+        let run = wait_for("the run to succeed", Duration::from_secs(30), || async {
+            let r = server.run(sid).await?;
+            Ok((r.state == pb::RunState::Succeeded as i32).then_some(r))
+        })
+        .await?;
+        ensure!(run.node_id == "y", "{run:?}");
+    }
+    x.signal("CONT")?;
+    // Give the thawed node time to read what waited in its socket and to reconnect.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let entries = read_journals(&journals)?;
+    ensure!(
+        !entries.iter().any(|e| e.node_id == "x"),
+        "the thawed node started a handler: {entries:?}"
+    );
+    for sid in &sids {
+        let starts = journal_of(&entries, sid)
+            .into_iter()
+            .filter(|e| e.event == "start")
+            .count();
+        ensure!(starts == 1, "{sid} started {starts} times: {entries:?}");
+    }
+    Ok(())
+}

@@ -140,6 +140,17 @@ async fn handshake_heartbeats_and_the_registry() -> Result<()> {
         run: Some(run_ref("job@6")),
     }))
     .await?;
+    // No go-ahead for a run the server does not lease to this node, and a Cancel for
+    // executors that started without waiting for it.
+    let Out::StartAck(a) = s.next().await? else {
+        bail!("expected start ack");
+    };
+    ensure!(
+        !a.go
+            && a.reason.contains("no lease")
+            && a.run.as_ref().map(|r| r.schedule_id.as_str()) == Some("job@6"),
+        "{a:?}"
+    );
     let Out::Cancel(c) = s.next().await? else {
         bail!("expected cancel");
     };

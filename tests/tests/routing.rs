@@ -474,19 +474,21 @@ async fn round_robin_is_shared_across_instances() -> Result<()> {
 
 /// Many jobs due in the same second, each firing once, on four executors: round robin
 /// and least active each spread the burst over every executor (neither leaves a node
-/// idle while another takes the burst), and every run starts exactly once. Both
-/// stores.
+/// idle while another takes the burst; round robin gives each at least a fifth), and
+/// every run starts exactly once and succeeds. Both stores.
 async fn a_burst_spreads_over_every_executor(store: &str) -> Result<()> {
     const JOBS: usize = 200;
     let redis;
     let dir = tempfile::tempdir()?;
+    // A 1 s heartbeat (3 s leases): the burst's confirmations must not be outrun by
+    // the short leases of the other tests on a slow debug build.
     let server = if store == "redis" {
         redis = RedisServer::start()?;
-        Sundial::start(opts(&redis, "a"))?
+        Sundial::start(opts(&redis, "a").arg("heartbeat-interval", "1s"))?
     } else {
         Sundial::start(
             SundialOptions::embedded(&dir.path().join("data"))
-                .arg("heartbeat-interval", "300ms")
+                .arg("heartbeat-interval", "1s")
                 .arg("sweep-every", "50ms")
                 .arg("route-retry", "200ms"),
         )?
@@ -579,18 +581,22 @@ async fn a_burst_spreads_over_every_executor(store: &str) -> Result<()> {
         }
         per_node
     };
-    // An even share is a quarter; each executor ran at least a fifth of all runs, and
-    // each strategy gave every executor at least half an even share.
-    let all = spread("");
-    ensure!(
-        all.values().all(|&n| n >= total / 5),
-        "a node ran under a fifth of the runs: {all:?}"
-    );
-    for strategy in strategies {
-        let per_node = spread(&format!("{}-", strategy.as_str_name()));
+    // An even share is a quarter. Round robin gives every executor at least a fifth of
+    // its runs; least active counts what each node has in hand (a node slower to
+    // confirm gets less), but leaves none (nearly) idle: at least a tenth.
+    let by_strategy: Vec<_> = strategies
+        .iter()
+        .map(|s| (*s, spread(&format!("{}-", s.as_str_name()))))
+        .collect();
+    for (strategy, per_node) in &by_strategy {
+        let floor = if *strategy == pb::RouteStrategy::RoundRobin {
+            JOBS / 5
+        } else {
+            JOBS / 10
+        };
         ensure!(
-            per_node.values().all(|&n| n >= JOBS / 8),
-            "{strategy:?} left a node (nearly) idle: {per_node:?}"
+            per_node.values().all(|&n| n >= floor),
+            "{strategy:?} gave a node under {floor} of {JOBS}: {by_strategy:?}"
         );
     }
     Ok(())

@@ -206,6 +206,12 @@ impl Dispatcher {
         &self.opts
     }
 
+    /// A `Started` came for a dispatch whose lease was gone: the executor was told not
+    /// to start it (counted in `sundial_starts_refused_total`).
+    pub fn start_refused(&self) {
+        self.alerts.metrics().start_refused();
+    }
+
     /// A stream attached here reported the end of a run on `node_id`: routing counts
     /// the node one run less busy until its next registry read.
     pub fn run_ended_on(&self, node_id: &str) {

@@ -10,14 +10,16 @@
 //!
 //! Runs on the stream: a heartbeat renews exactly the leases it lists (the ack
 //! carries each one's remaining time, ≤ 0 = gone: stop it); `Started` confirms a
-//! dispatch; a `Result` finishes the attempt through the store, which refuses a stale
+//! dispatch and is answered with the go-ahead (`StartAck`: go, or not when the lease
+//! is already gone, so a stale dispatch never starts a handler); a `Result` finishes the attempt through the store, which refuses a stale
 //! fencing token (the ack says so); `Reject` sends the run back to be routed elsewhere
 //! without spending an attempt; progress and log lines are stored under the run's
 //! current token only. Dispatches and cancels reach the stream through [`Links`].
 //!
-//! Each stream has a reader task that takes messages off it as they arrive and
-//! answers heartbeats itself, so a node's registry entry and leases never wait behind
-//! other messages' store calls; the session task handles the rest in batches, the
+//! Each stream has a reader task that takes messages off it as they arrive (it never
+//! waits for the store) and hands heartbeats to their own task, so a node's registry
+//! entry and leases never wait behind other messages' store calls; the session task
+//! handles the rest in batches, the
 //! `Started` / `Result` reports about distinct runs concurrently, never one overtaking
 //! an earlier message about the same run.
 
@@ -86,10 +88,12 @@ impl ExecutorOptions {
 const MAX_HANDLERS: usize = 256;
 /// Messages read off a stream ahead of their handling.
 const READ_AHEAD: usize = 1024;
+/// Heartbeats read off a stream ahead of their answer.
+const BEATS_AHEAD: usize = 64;
 /// Messages handled per batch.
 const BATCH: usize = 256;
 /// Run reports of one stream in the store at once.
-const REPORT_CONCURRENCY: usize = 32;
+const REPORT_CONCURRENCY: usize = 8;
 /// Runs one heartbeat or hello may list.
 const MAX_IN_FLIGHT: usize = 10_000;
 /// Lines in one `LogLines` message, and bytes in one line (longer ones are cut).
@@ -270,16 +274,16 @@ impl Executors {
             window: ResultWindow::default(),
         }));
         let (read_tx, mut read_rx) = mpsc::channel(READ_AHEAD);
+        let (beats_tx, beats_rx) = mpsc::channel(BEATS_AHEAD);
         let stop_reading = CancellationToken::new();
         tokio::spawn(
             self.clone()
-                .read_stream(
-                    inbound,
-                    state.clone(),
-                    read_tx,
-                    tx.clone(),
-                    stop_reading.clone(),
-                )
+                .read_stream(inbound, read_tx.clone(), beats_tx, stop_reading.clone())
+                .in_current_span(),
+        );
+        tokio::spawn(
+            self.clone()
+                .answer_heartbeats(beats_rx, state.clone(), tx.clone(), read_tx)
                 .in_current_span(),
         );
         let mut batch = Vec::with_capacity(BATCH);
@@ -347,15 +351,14 @@ impl Executors {
 
     /// Takes every message off the stream as it arrives, until the stream ends, stays
     /// silent for the node's TTL, or the session stops reading (`stop`) or listening.
-    /// Heartbeats are answered here, at once (they are what keeps the node's leases
-    /// and registry entry alive, so they never wait behind other messages' store
-    /// calls); everything else goes to the session in order.
+    /// It never waits for the store: heartbeats go to their own task (they keep the
+    /// node's registry entry and leases alive, so they never wait behind other
+    /// messages' store calls), everything else to the session, in order.
     async fn read_stream(
         self,
         mut inbound: Streaming<pb::ExecutorMessage>,
-        state: Arc<Mutex<NodeState>>,
         to_session: mpsc::Sender<Read>,
-        replies: mpsc::Sender<Result<pb::ServerMessage, Status>>,
+        beats: mpsc::Sender<pb::Heartbeat>,
         stop: CancellationToken,
     ) {
         let silence = self.opts.node_ttl();
@@ -380,23 +383,42 @@ impl Executors {
                 Ok(Ok(None)) => Read::Ended(None),
                 Ok(Ok(Some(pb::ExecutorMessage {
                     msg: Some(Msg::Heartbeat(hb)),
-                }))) => match self.heartbeat(&state, hb).await {
-                    Ok(ack) => {
-                        if replies.send(out(ack)).await.is_err() {
-                            return;
-                        }
-                        continue;
+                }))) => {
+                    if beats.send(hb).await.is_err() {
+                        return;
                     }
-                    Err(status) => {
-                        warn!(%status, "heartbeat refused; closing the stream");
-                        Read::Ended(Some(status))
-                    }
-                },
+                    continue;
+                }
                 Ok(Ok(Some(m))) => Read::Message(m),
             };
             let last = matches!(item, Read::Ended(_));
             if to_session.send(item).await.is_err() || last {
                 return;
+            }
+        }
+    }
+
+    /// Answers the stream's heartbeats in order until the stream ends; a heartbeat
+    /// that is refused (malformed, or the store failed) ends the session.
+    async fn answer_heartbeats(
+        self,
+        mut beats: mpsc::Receiver<pb::Heartbeat>,
+        state: Arc<Mutex<NodeState>>,
+        replies: mpsc::Sender<Result<pb::ServerMessage, Status>>,
+        session: mpsc::Sender<Read>,
+    ) {
+        while let Some(hb) = beats.recv().await {
+            match self.heartbeat(&state, hb).await {
+                Ok(ack) => {
+                    if replies.send(out(ack)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(status) => {
+                    warn!(%status, "heartbeat refused; closing the stream");
+                    let _ = session.send(Read::Ended(Some(status))).await;
+                    return;
+                }
             }
         }
     }
@@ -517,7 +539,7 @@ impl Executors {
             Some(Msg::Heartbeat(hb)) => Ok(vec![self.heartbeat(state, hb).await?]),
             Some(m @ (Msg::Result(_) | Msg::Started(_))) => {
                 let r = self.report(pb::ExecutorMessage { msg: Some(m) }).await?;
-                Ok(self.settle(state, r).await?.into_iter().collect())
+                self.settle(state, r).await
             }
             Some(Msg::Progress(p)) => {
                 let run = run_ref(p.run, "progress")?;
@@ -607,13 +629,32 @@ impl Executors {
                     .store
                     .mark_started(&stored_id(&run), run.fencing_token)
                     .await?;
-                Ok(match t.applied {
-                    Applied::Yes | Applied::Already => Reported::Started(None),
-                    Applied::No(why) => Reported::Started(Some(Out::Cancel(pb::Cancel {
+                Ok(Reported::Started(match t.applied {
+                    Applied::Yes | Applied::Already => vec![Out::StartAck(pb::StartAck {
                         run: Some(run),
-                        reason: format!("no lease for this run: {why}"),
-                    }))),
-                })
+                        go: true,
+                        reason: String::new(),
+                    })],
+                    Applied::No(why) => {
+                        // A dispatch that waited past its lease (e.g. unread in a frozen
+                        // process): the handler must not start.
+                        info!(schedule_id = %run.schedule_id, token = run.fencing_token, %why, "start refused: the lease is gone");
+                        self.dispatcher.start_refused();
+                        let reason = format!("no lease for this run: {why}");
+                        vec![
+                            Out::StartAck(pb::StartAck {
+                                run: Some(run.clone()),
+                                go: false,
+                                reason: reason.clone(),
+                            }),
+                            // For executors that start without waiting for the answer.
+                            Out::Cancel(pb::Cancel {
+                                run: Some(run),
+                                reason,
+                            }),
+                        ]
+                    }
+                }))
             }
             Some(Msg::Result(r)) => {
                 let run = run_ref(r.run.clone(), "result")?;
@@ -658,7 +699,7 @@ impl Executors {
 
     /// What a run report leaves for the stream: the reply, and for an applied result
     /// the node's health window and the attempt's follow-up.
-    async fn settle(&self, state: &Mutex<NodeState>, r: Reported) -> Result<Option<Out>, Status> {
+    async fn settle(&self, state: &Mutex<NodeState>, r: Reported) -> Result<Vec<Out>, Status> {
         let (run, t, ended_as, duration) = match r {
             Reported::Started(reply) => return Ok(reply),
             Reported::Finished {
@@ -698,11 +739,11 @@ impl Executors {
             }
             self.spawn_follow_up(*t);
         }
-        Ok(Some(Out::ResultAck(pb::ResultAck {
+        Ok(vec![Out::ResultAck(pb::ResultAck {
             run: Some(run),
             accepted,
             reason,
-        })))
+        })])
     }
 
     /// Routes what a finished or rejected attempt left behind, off the stream's task.
@@ -789,8 +830,8 @@ enum Read {
 
 /// A run report after its store call.
 enum Reported {
-    /// The reply to `Started`: a `Cancel` when the lease is gone.
-    Started(Option<Out>),
+    /// The replies to `Started`: the go-ahead, or its refusal and a `Cancel`.
+    Started(Vec<Out>),
     Finished {
         run: pb::RunRef,
         t: Box<crate::store::Transition>,
