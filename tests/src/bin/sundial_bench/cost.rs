@@ -24,6 +24,16 @@ pub struct RedisCeiling {
 }
 
 impl RedisCeiling {
+    /// The report line, when there is a Redis to measure.
+    pub fn print(ceiling: Option<Self>) {
+        if let Some(c) = ceiling {
+            println!(
+                "  machine: redis-benchmark -P 16 SET {:.0}/s, ZADD {:.0}/s",
+                c.set_per_s, c.zadd_per_s
+            );
+        }
+    }
+
     /// Runs `redis-benchmark` against the Redis on `port` (100,000 requests each).
     pub fn measure(port: u16) -> Result<Self> {
         let out = Command::new("redis-benchmark")
@@ -73,12 +83,7 @@ pub struct Costs {
 
 impl Costs {
     pub fn print(&self) {
-        if let Some(c) = self.redis_ceiling {
-            println!(
-                "  machine: redis-benchmark -P 16 SET {:.0}/s, ZADD {:.0}/s",
-                c.set_per_s, c.zadd_per_s
-            );
-        }
+        RedisCeiling::print(self.redis_ceiling);
         if let (Some(cmds), Some(scripts), Some(cpu)) = (
             self.redis_commands_per_run,
             self.redis_script_calls_per_run,

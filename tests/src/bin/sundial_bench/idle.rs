@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::cost::RedisCeiling;
 use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, redis_info, register};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -31,6 +32,8 @@ pub struct IdleReport {
     pub commands_per_s: f64,
     /// Per command name (lower case, as Redis reports it), per second.
     pub by_command: BTreeMap<String, f64>,
+    /// `redis-benchmark` on the same Redis, after the measurement (none on embedded).
+    pub redis_ceiling: Option<RedisCeiling>,
 }
 
 impl crate::Report for IdleReport {
@@ -44,6 +47,7 @@ impl crate::Report for IdleReport {
         for (name, rate) in top.into_iter().take(12) {
             println!("  {name:<24} {rate:>8.1}/s");
         }
+        RedisCeiling::print(self.redis_ceiling);
     }
 
     fn consistency(&self) -> Vec<String> {
@@ -124,8 +128,10 @@ pub async fn run(bins: &Binaries, args: &IdleArgs) -> Result<IdleReport> {
         .filter(|(_, n)| *n > 0)
         .map(|(name, n)| (name, n as f64 / seconds))
         .collect();
+    let redis_ceiling = rig.redis_ceiling()?;
     Ok(IdleReport {
         scenario: "idle",
+        redis_ceiling,
         jobs: args.jobs,
         executors: args.executors,
         seconds,

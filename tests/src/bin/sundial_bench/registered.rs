@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::cost::RedisCeiling;
 use crate::rig::{Binaries, Rig, RigSpec, StoreKind, info_field, noop_job, redis_info, register};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -23,6 +24,8 @@ pub struct RegisteredReport {
     pub server_rss_before_kib: u64,
     pub server_rss_after_kib: u64,
     pub jobs_listed: usize,
+    /// `redis-benchmark` on the same Redis, after the measurement (none on embedded).
+    pub redis_ceiling: Option<RedisCeiling>,
 }
 
 impl crate::Report for RegisteredReport {
@@ -35,6 +38,7 @@ impl crate::Report for RegisteredReport {
             self.server_rss_before_kib,
             self.server_rss_after_kib
         );
+        RedisCeiling::print(self.redis_ceiling);
     }
 
     fn consistency(&self) -> Vec<String> {
@@ -92,8 +96,10 @@ pub async fn run(bins: &Binaries, args: &RegisteredArgs) -> Result<RegisteredRep
     let mem_after = used_memory(&url).await?;
     let rss_after = rss_kib(pid)?;
     let listed = sundial_tests::all_jobs(&mut jobs).await?.len();
+    let redis_ceiling = rig.redis_ceiling()?;
     Ok(RegisteredReport {
         scenario: "registered",
+        redis_ceiling,
         jobs: args.jobs,
         register_ms: took.as_millis(),
         redis_bytes_per_job: mem_after.saturating_sub(mem_before) as f64 / args.jobs.max(1) as f64,

@@ -9,6 +9,7 @@ use serde::Serialize;
 use sundial_proto::v1 as pb;
 use sundial_sdk::{CancellationToken, Executor};
 
+use crate::cost::RedisCeiling;
 use crate::rig::{Binaries, Rig, RigSpec, StoreKind};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -29,6 +30,8 @@ pub struct StreamsReport {
     pub server_rss_before_kib: u64,
     pub server_rss_after_kib: u64,
     pub kib_per_stream: f64,
+    /// `redis-benchmark` on the same Redis, after the measurement (none on embedded).
+    pub redis_ceiling: Option<RedisCeiling>,
 }
 
 impl crate::Report for StreamsReport {
@@ -42,6 +45,7 @@ impl crate::Report for StreamsReport {
             self.server_rss_after_kib,
             self.kib_per_stream
         );
+        RedisCeiling::print(self.redis_ceiling);
     }
 
     fn consistency(&self) -> Vec<String> {
@@ -111,8 +115,10 @@ pub async fn run(bins: &Binaries, args: &StreamsArgs) -> Result<StreamsReport> {
         .context("ListNodes")?;
     shutdown.cancel();
     while tasks.join_next().await.is_some() {}
+    let redis_ceiling = rig.redis_ceiling()?;
     Ok(StreamsReport {
         scenario: "executors",
+        redis_ceiling,
         store: args.store.name(),
         streams: args.streams,
         nodes_listed: listed,

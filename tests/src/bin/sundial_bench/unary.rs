@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use sundial_proto::v1 as pb;
 
+use crate::cost::RedisCeiling;
 use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job};
 use crate::stats::Spread;
 
@@ -29,6 +30,8 @@ pub struct UnaryReport {
     pub create_1kb_us: Spread,
     pub get_job_1kb_us: Spread,
     pub get_run_us: Spread,
+    /// `redis-benchmark` on the same Redis, after the measurement (none on embedded).
+    pub redis_ceiling: Option<RedisCeiling>,
 }
 
 impl crate::Report for UnaryReport {
@@ -45,6 +48,7 @@ impl crate::Report for UnaryReport {
                 s.p50, s.p99, s.max, s.n
             );
         }
+        RedisCeiling::print(self.redis_ceiling);
     }
 
     fn consistency(&self) -> Vec<String> {
@@ -131,8 +135,10 @@ pub async fn run(bins: &Binaries, args: &UnaryArgs) -> Result<UnaryReport> {
         .context("GetRun answered without a run")?;
         get_run.push(micros(t));
     }
+    let redis_ceiling = rig.redis_ceiling()?;
     Ok(UnaryReport {
         scenario: "unary",
+        redis_ceiling,
         store: args.store.name(),
         create_small_us: Spread::of(create_small),
         create_1kb_us: Spread::of(create_big),
