@@ -1,9 +1,8 @@
 //! [`Executor::run`]: the one loop that owns this process's runs for its whole life,
-//! across connections. It dials servers through [`connection`],
-//! admits dispatches into the [`RunTable`], asks the server for the go-ahead
-//! (`Started`, answered by `StartAck`) and only then runs each handler as a task,
-//! forwards log
-//! lines and results, renews and enforces leases, and drains on `Drain` or shutdown.
+//! across connections. It dials servers through [`connection`], admits dispatches into
+//! the [`RunTable`], asks the server for the go-ahead (`Started`, answered by
+//! `StartAck`) and only then runs each handler as a task, forwards log lines and
+//! results, renews and enforces leases, and drains on `Drain` or shutdown.
 //! Handler tasks talk to it only through a channel (log lines, progress) and their
 //! return value, so none of its state is shared or locked.
 //!

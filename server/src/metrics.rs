@@ -223,13 +223,13 @@ impl Metrics {
         }
     }
 
-    /// Counts a run begun SKIPPED and the runs the replace policy cancelled with it
-    /// (the ones that held a lease).
     /// A `Started` was answered "do not start": its lease was gone.
     pub fn start_refused(&self) {
         self.starts_refused.inc();
     }
 
+    /// Counts a run begun SKIPPED and the runs the replace policy cancelled with it
+    /// (the ones that held a lease).
     pub fn record_begun(&self, b: &Begun) {
         if b.created && b.run.state == RunState::Skipped {
             self.finished(RunState::Skipped);
