@@ -13,7 +13,7 @@
 //! stays WAITING with a timer in the store, and the sweeper (`sweeper`) brings it back.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -25,6 +25,7 @@ use crate::deliver::alerts::Alerts;
 use crate::dispatch::health::{self, Health, HealthPolicy};
 use crate::dispatch::http_target::HttpTargets;
 use crate::dispatch::links::Links;
+use crate::dispatch::lock;
 use crate::dispatch::routing::{self, NodeView, Route, RouteState};
 use crate::fault::crash_point;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
@@ -119,15 +120,16 @@ impl NodeCache {
             .or_default() += delta;
     }
 
-    /// The node's active runs as routing should count them: the registry's figure
-    /// plus what was granted here since it was read and has not ended.
+    /// The node's active runs as routing should count them: the registry's figure,
+    /// plus the leases granted here since it was read, less the runs that ended here
+    /// since (whether they were in the figure or granted after it).
     fn busy(&self, node: &NodeRecord) -> u32 {
         let since = lock(&self.since_read)
             .get(&node.node_id)
             .copied()
             .unwrap_or(0);
         let snapshot = i64::from(node.active.max(node.leased));
-        u32::try_from((snapshot + since.max(0)).max(0)).unwrap_or(u32::MAX)
+        u32::try_from((snapshot + since).max(0)).unwrap_or(u32::MAX)
     }
 }
 
@@ -171,10 +173,6 @@ pub fn run_plan(job: &JobRecord, opts: &DispatchOptions) -> RunPlan {
         dispatch_wait_ms: duration_ms(opts.dispatch_wait),
         callback_url: s.callback_url.clone(),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Dispatcher {

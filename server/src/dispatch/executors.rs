@@ -24,7 +24,7 @@
 //! an earlier message about the same run.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
@@ -40,9 +40,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::auth::Authenticator;
-use crate::dispatch::Dispatcher;
 use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::Links;
+use crate::dispatch::{Dispatcher, lock};
 use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
 use crate::store::{Applied, Finisher, Held, LogLine, NodeRecord, Outcome, Store};
 
@@ -845,10 +845,6 @@ enum Reported {
 struct NodeState {
     node: NodeRecord,
     window: ResultWindow,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The stored run an executor's reference names: a shard's own record when it names

@@ -14,7 +14,7 @@
 //! `egress_refused`, under the job's retry policy like any other failure.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -79,9 +79,7 @@ impl HttpTargets {
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, CancellationToken)>> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        crate::dispatch::lock(&self.in_flight)
     }
 
     /// Stops the request of a revoked lease.

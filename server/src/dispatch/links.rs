@@ -9,7 +9,7 @@
 //! be durable.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prost::Message as _;
@@ -77,7 +77,7 @@ impl Links {
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Link>> {
-        self.local.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::dispatch::lock(&self.local)
     }
 
     /// How many executor streams are attached here.

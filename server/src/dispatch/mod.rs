@@ -15,3 +15,9 @@ pub mod routing;
 pub mod sweeper;
 
 pub use dispatcher::{DispatchOptions, Dispatcher, run_plan, spawn};
+
+/// Locks a mutex of this layer's in-memory state; a panic while it was held leaves
+/// nothing half-written that matters here, so a poisoned lock is taken as it is.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -8,9 +8,9 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 use sundial_proto::v1 as pb;
 
-use crate::cost::{CostProbe, Costs};
+use crate::cost::{CostProbe, Costs, RedisCeiling};
 use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, now_ms, register};
-use crate::stats::{Spread, Starts, planned_ms};
+use crate::stats::{Spread, Starts, planned_ms, run_problems};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BurstArgs {
@@ -81,19 +81,13 @@ pub struct BurstReport {
 impl crate::Report for BurstReport {
     /// What must hold whatever the timing: every run ran once and succeeded.
     fn consistency(&self) -> Vec<String> {
-        let mut bad = Vec::new();
-        if self.duplicate_starts > 0 {
-            bad.push(format!(
-                "{} duplicate handler starts",
-                self.duplicate_starts
-            ));
-        }
-        if self.runs_started != self.expected_runs {
-            bad.push(format!(
-                "{} of {} runs started",
-                self.runs_started, self.expected_runs
-            ));
-        }
+        let mut bad = run_problems(
+            "",
+            self.expected_runs,
+            self.runs_started,
+            self.duplicate_starts,
+            self.lost,
+        );
         if self.succeeded as usize != self.expected_runs {
             bad.push(format!(
                 "{} of {} runs SUCCEEDED (failed {}, timed out {}, cancelled {}, skipped {})",
@@ -104,9 +98,6 @@ impl crate::Report for BurstReport {
                 self.cancelled,
                 self.skipped
             ));
-        }
-        if self.lost > 0.0 {
-            bad.push(format!("{} runs lost their lease", self.lost));
         }
         bad
     }
@@ -176,7 +167,7 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
             Vec::new()
         },
     })?;
-    let ceiling = rig.redis_ceiling()?;
+    let ceiling = RedisCeiling::of(&rig)?;
     let jobs = rig.jobs().await?;
     // The first round's due time: a whole multiple of the interval, far enough ahead
     // that registration ends before it (a generous guess of 2,000 jobs/s, plus 3 s).

@@ -12,7 +12,6 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::idle::{calls_since, commandstats};
 use crate::rig::{Rig, info_field, redis_info};
 
 /// What `redis-benchmark -q -t set,zadd -P 16` says of the rig's Redis before the
@@ -32,6 +31,12 @@ impl RedisCeiling {
                 c.set_per_s, c.zadd_per_s
             );
         }
+    }
+
+    /// `redis-benchmark` on the rig's Redis (none on the embedded store). Its keys stay,
+    /// but are not the servers'.
+    pub fn of(rig: &Rig) -> Result<Option<Self>> {
+        rig.redis_port().map(Self::measure).transpose()
     }
 
     /// Runs `redis-benchmark` against the Redis on `port` (100,000 requests each).
@@ -254,6 +259,43 @@ fn source(line: &str) -> Option<Source> {
     } else {
         Source::Client
     })
+}
+
+/// The calls per command between two `commandstats` readings, commands not called
+/// left out.
+pub fn calls_since(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(name, n)| {
+            let d = n.saturating_sub(before.get(name).copied().unwrap_or(0));
+            (name.clone(), d)
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect()
+}
+
+/// Calls per command since Redis started (`INFO commandstats`).
+pub async fn commandstats(url: &str) -> Result<BTreeMap<String, u64>> {
+    let info = redis_info(url, "commandstats").await?;
+    let mut out = BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|rest| rest.split_once(':'))
+        else {
+            continue;
+        };
+        let calls = fields
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        out.insert(name.to_owned(), calls);
+    }
+    Ok(out)
 }
 
 /// Redis's own CPU so far (`used_cpu_user` + `used_cpu_sys`), µs.

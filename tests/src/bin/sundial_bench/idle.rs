@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::cost::RedisCeiling;
-use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, redis_info, register};
+use crate::cost::{RedisCeiling, calls_since, commandstats};
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, register};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct IdleArgs {
@@ -61,43 +61,6 @@ impl crate::Report for IdleReport {
     }
 }
 
-/// The calls per command between two `commandstats` readings, commands not called
-/// left out.
-pub fn calls_since(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(name, n)| {
-            let d = n.saturating_sub(before.get(name).copied().unwrap_or(0));
-            (name.clone(), d)
-        })
-        .filter(|(_, d)| *d > 0)
-        .collect()
-}
-
-/// Calls per command since Redis started (`INFO commandstats`).
-pub async fn commandstats(url: &str) -> Result<BTreeMap<String, u64>> {
-    let info = redis_info(url, "commandstats").await?;
-    let mut out = BTreeMap::new();
-    for line in info.lines() {
-        let Some((name, fields)) = line
-            .strip_prefix("cmdstat_")
-            .and_then(|rest| rest.split_once(':'))
-        else {
-            continue;
-        };
-        let calls = fields
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        out.insert(name.to_owned(), calls);
-    }
-    Ok(out)
-}
-
 pub async fn run(bins: &Binaries, args: &IdleArgs) -> Result<IdleReport> {
     let rig = Rig::start(&RigSpec {
         bins,
@@ -128,7 +91,7 @@ pub async fn run(bins: &Binaries, args: &IdleArgs) -> Result<IdleReport> {
         .filter(|(_, n)| *n > 0)
         .map(|(name, n)| (name, n as f64 / seconds))
         .collect();
-    let redis_ceiling = rig.redis_ceiling()?;
+    let redis_ceiling = RedisCeiling::of(&rig)?;
     Ok(IdleReport {
         scenario: "idle",
         redis_ceiling,

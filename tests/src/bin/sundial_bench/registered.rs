@@ -96,7 +96,7 @@ pub async fn run(bins: &Binaries, args: &RegisteredArgs) -> Result<RegisteredRep
     let mem_after = used_memory(&url).await?;
     let rss_after = rss_kib(pid)?;
     let listed = sundial_tests::all_jobs(&mut jobs).await?.len();
-    let redis_ceiling = rig.redis_ceiling()?;
+    let redis_ceiling = RedisCeiling::of(&rig)?;
     Ok(RegisteredReport {
         scenario: "registered",
         redis_ceiling,

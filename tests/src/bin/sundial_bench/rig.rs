@@ -164,14 +164,6 @@ impl Rig {
         self._redis.as_ref().map(|r| r.port)
     }
 
-    /// `redis-benchmark` on the rig's Redis (none on the embedded store). Run it before
-    /// the scenario: its keys stay, but are not the servers'.
-    pub fn redis_ceiling(&self) -> Result<Option<crate::cost::RedisCeiling>> {
-        self.redis_port()
-            .map(crate::cost::RedisCeiling::measure)
-            .transpose()
-    }
-
     pub async fn jobs(&self) -> Result<JobServiceClient<Channel>> {
         self.instances[0].jobs().await
     }

@@ -98,6 +98,28 @@ impl Starts {
     }
 }
 
+/// What must hold of a scenario's runs whatever the timing: all `expected` started,
+/// none twice, none lost. One line per failure, each led by `lead`.
+pub fn run_problems(
+    lead: &str,
+    expected: usize,
+    started: usize,
+    duplicates: usize,
+    lost: f64,
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    if duplicates > 0 {
+        bad.push(format!("{lead}{duplicates} duplicate handler starts"));
+    }
+    if started != expected {
+        bad.push(format!("{lead}{started} of {expected} runs started"));
+    }
+    if lost > 0.0 {
+        bad.push(format!("{lead}{lost} runs lost their lease"));
+    }
+    bad
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +152,18 @@ mod tests {
         );
         let per = st.per_node(&["n1".into(), "n2".into(), "n3".into()]);
         assert_eq!(per.values().copied().collect::<Vec<_>>(), vec![1, 1, 0]);
+    }
+
+    #[test]
+    fn run_problems_name_each_failure() {
+        assert!(run_problems("x: ", 10, 10, 0, 0.0).is_empty());
+        assert_eq!(
+            run_problems("x: ", 10, 9, 2, 1.0),
+            [
+                "x: 2 duplicate handler starts",
+                "x: 9 of 10 runs started",
+                "x: 1 runs lost their lease"
+            ]
+        );
     }
 }

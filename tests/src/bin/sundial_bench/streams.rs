@@ -115,7 +115,7 @@ pub async fn run(bins: &Binaries, args: &StreamsArgs) -> Result<StreamsReport> {
         .context("ListNodes")?;
     shutdown.cancel();
     while tasks.join_next().await.is_some() {}
-    let redis_ceiling = rig.redis_ceiling()?;
+    let redis_ceiling = RedisCeiling::of(&rig)?;
     Ok(StreamsReport {
         scenario: "executors",
         redis_ceiling,

@@ -19,9 +19,9 @@ use sundial_proto::v1 as pb;
 use sundial_sdk::webhook::{MemoryNonceCache, Secret, Verifier};
 use tokio_util::sync::CancellationToken;
 
-use crate::cost::{CostProbe, Costs};
+use crate::cost::{CostProbe, Costs, RedisCeiling};
 use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, now_ms, register};
-use crate::stats::{Spread, Starts, planned_ms};
+use crate::stats::{Spread, Starts, planned_ms, run_problems};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SustainedArgs {
@@ -235,19 +235,13 @@ impl crate::Report for SustainedReport {
 
     /// Every run started once, succeeded, and its webhook arrived and verified.
     fn consistency(&self) -> Vec<String> {
-        let mut bad = Vec::new();
-        if self.duplicate_starts > 0 {
-            bad.push(format!(
-                "sustained: {} duplicate handler starts",
-                self.duplicate_starts
-            ));
-        }
-        if self.runs_started != self.expected_runs {
-            bad.push(format!(
-                "sustained: {} of {} runs started",
-                self.runs_started, self.expected_runs
-            ));
-        }
+        let mut bad = run_problems(
+            "sustained: ",
+            self.expected_runs,
+            self.runs_started,
+            self.duplicate_starts,
+            self.lost,
+        );
         if self.webhooks_verified != self.expected_runs {
             bad.push(format!(
                 "sustained: {} of {} webhooks arrived verified",
@@ -265,9 +259,6 @@ impl crate::Report for SustainedReport {
                 "sustained: {} deliveries failed verification",
                 self.webhooks_refused
             ));
-        }
-        if self.lost > 0.0 {
-            bad.push(format!("sustained: {} runs lost their lease", self.lost));
         }
         bad
     }
@@ -291,7 +282,7 @@ pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedRepor
         ],
         executor_args: Vec::new(),
     })?;
-    let ceiling = rig.redis_ceiling()?;
+    let ceiling = RedisCeiling::of(&rig)?;
     let jobs = rig.jobs().await?;
     // The first fire: a whole second far enough ahead that registration ends before it.
     let margin = 3_000 + i64::try_from(args.rate / 2)?;

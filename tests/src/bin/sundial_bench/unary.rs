@@ -135,7 +135,7 @@ pub async fn run(bins: &Binaries, args: &UnaryArgs) -> Result<UnaryReport> {
         .context("GetRun answered without a run")?;
         get_run.push(micros(t));
     }
-    let redis_ceiling = rig.redis_ceiling()?;
+    let redis_ceiling = RedisCeiling::of(&rig)?;
     Ok(UnaryReport {
         scenario: "unary",
         redis_ceiling,
