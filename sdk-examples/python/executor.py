@@ -2,9 +2,11 @@
 
 The protocol, one bidirectional gRPC stream (ExecutorService.Connect) per connection:
 
-1. The executor sends Hello (node_id, group, handlers, sdk, executor token, and the
-   runs it still holds from a previous connection); the server answers Welcome with
-   the heartbeat interval.
+1. The executor sends Hello (node_id, group, handlers, sdk, executor token, its
+   window max_concurrency, and the runs it still holds from a previous connection);
+   the server answers Welcome with the heartbeat interval. The server never leases
+   this node more runs than its window (0 = the default, 64); a dispatch beyond it
+   (a cancelled handler still winding down) is rejected "busy".
 2. Every heartbeat interval the executor sends Heartbeat listing exactly the runs it
    executes (each a RunRef: schedule_id, attempt, fencing_token, shard_index) with
    ready=true; the server renews those leases and answers HeartbeatAck (a lease with
@@ -46,6 +48,7 @@ except ImportError as e:
     sys.exit(f"executor.py: generated stubs not found ({e}); run sdk-examples/python/gen.sh first")
 
 SDK = "sundial-example-python/0.1"
+DEFAULT_WINDOW = 64  # what the server applies to max_concurrency 0
 
 
 def now_ms():
@@ -113,7 +116,8 @@ class Executor:
             held = [ref_of(k) for k in sorted(self.executing)]
         outq.put(pb.ExecutorMessage(hello=pb.Hello(
             node_id=self.args.node_id, group=self.args.group, handlers=list(HANDLERS),
-            token=self.args.token, sdk=SDK, in_flight=held)))
+            max_concurrency=self.args.max_concurrency, token=self.args.token, sdk=SDK,
+            in_flight=held)))
 
         def requests():
             while True:
@@ -196,8 +200,11 @@ class Executor:
                     self.outq.put(pb.ExecutorMessage(result=self.awaiting_ack[key]))
                 return
         handler = HANDLERS.get(d.handler)
-        if handler is None or self.draining or self.stopping.is_set():
-            reason = "unknown handler" if handler is None else "draining"
+        with self.lock:
+            full = len(self.executing) >= (self.args.max_concurrency or DEFAULT_WINDOW)
+        if handler is None or self.draining or self.stopping.is_set() or full:
+            reason = ("unknown handler" if handler is None
+                      else "busy" if full else "draining")
             self.send(reject=pb.Reject(run=d.run, reason=reason))
             return
         with self.lock:
@@ -266,6 +273,8 @@ def main():
     p.add_argument("--endpoint", required=True, help="host:port of a sundial server (plaintext)")
     p.add_argument("--group", required=True)
     p.add_argument("--node-id", required=True)
+    p.add_argument("--max-concurrency", type=int, default=0,
+                   help="the window: runs held at once (0 = the server's default, 64)")
     p.add_argument("--token", default="", help="the group's executor token, if the server wants one")
     executor = Executor(p.parse_args())
     stop = threading.Event()

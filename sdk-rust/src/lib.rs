@@ -9,8 +9,11 @@
 //!   attempt, fencing token, payload, route key, shard, deadline, a cancellation
 //!   signal, log lines) returning output bytes or a [`HandlerError`]; a handler that
 //!   panics is reported FAILED with code `"panic"`;
-//! - at most `max_concurrency` handlers run at once (a dispatch beyond that is
-//!   rejected as `"busy"`, an unknown handler as `"unknown handler: <name>"`);
+//! - at most `max_concurrency` dispatches are held at once, its window
+//!   ([`DEFAULT_WINDOW`] unless set), which `Hello` tells the server: the server
+//!   sends no more than that, and the runs beyond it wait in the store (a dispatch
+//!   beyond it is rejected as `"busy"`, an unknown handler as
+//!   `"unknown handler: <name>"`);
 //! - a handler starts only on the server's go-ahead: an admitted dispatch is answered
 //!   with `Started`, and the handler begins when `StartAck` says the lease is still
 //!   current. A dispatch that waited past its lease (say, unread while the process
@@ -88,6 +91,10 @@ pub use sundial_proto::v1 as proto;
 pub use tokio_util::sync::CancellationToken;
 
 use handler::Handler;
+
+/// The window an executor asks for when `max_concurrency` is not set (the server
+/// applies the same figure to a `Hello` with `max_concurrency` 0).
+pub const DEFAULT_WINDOW: u32 = 64;
 
 /// Why an executor could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -169,8 +176,11 @@ impl ExecutorBuilder {
         self
     }
 
-    /// At most this many handlers run at once (0 = unlimited, the default); a
-    /// dispatch beyond that is rejected as `"busy"`.
+    /// The executor's window: at most this many dispatches held at once (waiting for
+    /// their go-ahead or executing); 0 = [`DEFAULT_WINDOW`], the default. The server
+    /// sends no more than that (the window is sent in `Hello`); a dispatch beyond it
+    /// (a cancelled handler still winding down) is rejected as `"busy"`, which routes
+    /// it again without spending an attempt.
     pub fn max_concurrency(mut self, n: u32) -> Self {
         self.max_concurrency = n;
         self
@@ -274,7 +284,10 @@ impl ExecutorBuilder {
                 group: self.group,
                 handlers: names,
                 weight: self.weight.max(1),
-                max_concurrency: self.max_concurrency,
+                max_concurrency: match self.max_concurrency {
+                    0 => DEFAULT_WINDOW,
+                    n => n,
+                },
                 labels: self.labels.into_iter().collect(),
                 token: self.token,
                 sdk: concat!("sundial-sdk-rust/", env!("CARGO_PKG_VERSION")).to_owned(),

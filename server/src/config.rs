@@ -124,7 +124,9 @@ pub struct Settings {
     /// Lease of a dispatched run (default: missed_heartbeats × heartbeat_interval).
     #[arg(long, env = "SUNDIAL_LEASE_TTL")]
     pub lease_ttl: Option<HumanDuration>,
-    /// How long a run may wait for a free executor before it fails ("no executor").
+    /// How long a run may wait for an eligible executor to connect before it fails
+    /// ("no_executor"); a run waiting for a connected executor's free capacity is
+    /// never failed for it.
     #[arg(long, env = "SUNDIAL_DISPATCH_WAIT")]
     pub dispatch_wait: Option<HumanDuration>,
     /// How soon a run that found every executor busy is routed again.

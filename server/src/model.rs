@@ -427,7 +427,8 @@ pub struct RunPlan {
     pub overlap: OverlapPolicy,
     /// Longest serial queue per job; a trigger beyond it is SKIPPED.
     pub serial_limit: u32,
-    /// How long a run may wait for a free node before it fails with "no executor".
+    /// How long a run may wait for an eligible node to connect before it fails with
+    /// "no_executor" (waiting for a connected node's capacity never fails it).
     pub dispatch_wait_ms: i64,
     /// The job's webhook: the step that makes the run final writes its outbox entry.
     pub callback_url: Option<String>,
@@ -481,7 +482,9 @@ pub struct Deadlines {
     pub timeout_at: Millis,
     /// WAITING: route (again) at this time (retry backoff, busy nodes, a lost route).
     pub wake_at: Millis,
-    /// WAITING: no node free by then → FAILED "no executor" (retried per policy).
+    /// WAITING: no eligible node connected by then → FAILED "no_executor" (retried
+    /// per policy); `wait_until - plan.dispatch_wait_ms` is when the run began to
+    /// wait, which bounds a wait for capacity by the job's timeout.
     pub wait_until: Millis,
 }
 

@@ -130,6 +130,7 @@ impl SundialOptions {
             .arg("trigger-reclaim-every", "300ms")
             .arg("trigger-read-block", "200ms")
             .arg("shutdown-grace", "5s")
+            .arg("dispatch-wait", "2s")
     }
 
     pub fn arg(mut self, flag: &str, value: &str) -> Self {

@@ -379,16 +379,10 @@ async fn crud_versions_triggers_and_status() -> Result<()> {
         async move { Ok((all_runs(&mut runs, "report").await?.len() == 2).then_some(())) }
     })
     .await?;
-    let run = runs
-        .get_run(pb::GetRunRequest {
-            schedule_id: first.schedule_id.clone(),
-        })
-        .await?
-        .into_inner()
-        .run
-        .context("run")?;
+    let run = server.finished(&first.schedule_id).await?;
     ensure!(run.trigger_kind == pb::TriggerKind::Manual as i32);
-    // No executor is connected: the run was dispatched and failed at once.
+    // No executor is connected: the run waited `dispatch_wait` (2 s here) for one,
+    // then failed.
     ensure!(
         run.state == pb::RunState::Failed as i32 && run.error_code == "no_executor",
         "{run:?}"

@@ -56,6 +56,9 @@ async fn run_scenario(s: Scenario) -> Result<()> {
             // A starved CI machine must not turn lateness into deliberate misfire skips:
             // this test is about claims, not the misfire policy.
             .arg("misfire-threshold", "60s")
+            // No executor connects: each run fails "no_executor" as soon as it is
+            // routed, so that every run is final when the fires are counted.
+            .arg("dispatch-wait", "1ms")
             .arg("instance-id", &format!("inst-{i}"));
         if i == 1
             && let Some(point) = s.fault

@@ -52,7 +52,8 @@ pub struct DispatchOptions {
     pub lease: LeaseTerms,
     /// How soon a WAITING run that could not be routed is tried again.
     pub route_retry: Duration,
-    /// How long a run may wait for a free node before it fails with "no executor".
+    /// How long a run may wait for an eligible node to connect before it fails with
+    /// "no_executor".
     pub dispatch_wait: Duration,
     /// Longest serial queue per job.
     pub serial_limit: u32,
@@ -124,12 +125,25 @@ impl NodeCache {
     /// plus the leases granted here since it was read, less the runs that ended here
     /// since (whether they were in the figure or granted after it).
     fn busy(&self, node: &NodeRecord) -> u32 {
-        let since = lock(&self.since_read)
-            .get(&node.node_id)
-            .copied()
-            .unwrap_or(0);
+        let since = self.since(&node.node_id);
         let snapshot = i64::from(node.active.max(node.leased));
         u32::try_from((snapshot + since).max(0)).unwrap_or(u32::MAX)
+    }
+
+    /// The node holds its whole window as far as this instance knows: the store's
+    /// lease count when the snapshot was read, plus the leases granted here since,
+    /// less the runs that ended here since. (The executor's own `active` figure is
+    /// left out: it comes with heartbeats and may be seconds old.)
+    fn at_window(&self, node: &NodeRecord) -> bool {
+        if node.max_concurrency == 0 {
+            return false;
+        }
+        i64::from(node.leased) + self.since(&node.node_id) >= i64::from(node.max_concurrency)
+    }
+
+    /// Leases granted on the node here since the snapshot, less the runs that ended.
+    fn since(&self, node_id: &str) -> i64 {
+        lock(&self.since_read).get(node_id).copied().unwrap_or(0)
     }
 }
 
@@ -454,12 +468,7 @@ impl Dispatcher {
             })
             .collect();
         if eligible.is_empty() {
-            self.fail_waiting(
-                run,
-                "no_executor",
-                &format!("no healthy executor of group {group:?} serves handler {handler:?}"),
-            )
-            .await;
+            self.no_node_yet(run, group, handler).await;
             return;
         }
         // A retry prefers another node than the one that just failed it.
@@ -532,7 +541,13 @@ impl Dispatcher {
             Route::All(_) | Route::NoNode => String::new(),
         };
         // The strategy's pick first; if it is full, any other candidate (busyover).
-        let mut order: Vec<&NodeRecord> = candidates.clone();
+        // A node this instance knows to be at its window is not asked (the store
+        // would answer NodeFull); the estimate is re-read every `node_refresh`.
+        let mut order: Vec<&NodeRecord> = candidates
+            .iter()
+            .copied()
+            .filter(|n| !self.nodes.at_window(n))
+            .collect();
         order.sort_by_key(|n| {
             let slow = health::classify(n, policy) == Health::Slow;
             (
@@ -625,14 +640,41 @@ impl Dispatcher {
         }
     }
 
-    /// Every candidate is busy: keep waiting unless the wait is over.
+    /// Every eligible node is at its window: the run stays WAITING in the store (its
+    /// timer routes it again every `route_retry`, on whichever instance sweeps it)
+    /// however long that takes, unless the job has a timeout: a run that has waited
+    /// longer than its timeout for capacity fails "timeout" (retried per its policy).
+    /// Waiting for capacity never fails it "no_executor".
     async fn still_waiting(&self, run: &RunRecord) {
         let now = self.store.now().await.unwrap_or(0);
-        if run.deadlines.wait_until > 0 && now >= run.deadlines.wait_until {
-            self.fail_waiting(run, "no_executor", "every eligible executor stayed busy")
-                .await;
+        let since = waiting_since(run);
+        if run.plan.timeout_ms > 0 && since > 0 && now >= since.saturating_add(run.plan.timeout_ms)
+        {
+            self.fail_waiting(
+                run,
+                "timeout",
+                "every eligible executor stayed at its window for longer than the job's timeout",
+            )
+            .await;
         } else {
-            debug!("every eligible node is busy; the run waits");
+            debug!("every eligible node is at its window; the run waits");
+        }
+    }
+
+    /// No routable node of the job's group serves its handler: the run waits for one
+    /// to connect (or to become ready) until `wait_until` (`dispatch_wait` after it
+    /// became WAITING), then fails "no_executor" (retried per its policy).
+    async fn no_node_yet(&self, run: &RunRecord, group: &str, handler: &str) {
+        let now = self.store.now().await.unwrap_or(0);
+        if run.deadlines.wait_until <= 0 || now >= run.deadlines.wait_until {
+            self.fail_waiting(
+                run,
+                "no_executor",
+                &format!("no healthy executor of group {group:?} serves handler {handler:?}"),
+            )
+            .await;
+        } else {
+            debug!("no eligible node is connected; the run waits for one");
         }
     }
 
@@ -660,6 +702,18 @@ impl Dispatcher {
             Ok(t) => Box::pin(self.follow_up(t)).await,
             Err(e) => warn!(error = %e, "failing the run failed; its timer will retry"),
         }
+    }
+}
+
+/// When a WAITING run began to wait (store clock), 0 if unknown: every step that
+/// makes a run WAITING sets `wait_until` to that moment + `plan.dispatch_wait_ms`.
+fn waiting_since(run: &RunRecord) -> i64 {
+    if run.deadlines.wait_until > 0 {
+        run.deadlines
+            .wait_until
+            .saturating_sub(run.plan.dispatch_wait_ms)
+    } else {
+        0
     }
 }
 

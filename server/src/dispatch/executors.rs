@@ -86,6 +86,11 @@ impl ExecutorOptions {
 }
 
 const MAX_HANDLERS: usize = 256;
+/// The window of an executor whose `Hello.max_concurrency` is 0: at most this many
+/// runs leased to it at once (the Rust SDK sends the same figure).
+pub const DEFAULT_WINDOW: u32 = 64;
+/// The largest window a `Hello` may ask for.
+const MAX_WINDOW: u32 = 10_000;
 /// Messages read off a stream ahead of their handling.
 const READ_AHEAD: usize = 1024;
 /// Heartbeats read off a stream ahead of their answer.
@@ -148,6 +153,12 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
             "required, must match [A-Za-z0-9._-]{1,128}",
         ));
     }
+    if h.max_concurrency > MAX_WINDOW {
+        return Err(invalid(
+            "max_concurrency",
+            "at most 10000 (0 = the default, 64)",
+        ));
+    }
     if h.handlers.is_empty() {
         return Err(invalid("handlers", "at least one handler is required"));
     }
@@ -165,7 +176,10 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
         group: h.group,
         handlers: h.handlers,
         weight: h.weight.max(1),
-        max_concurrency: h.max_concurrency,
+        max_concurrency: match h.max_concurrency {
+            0 => DEFAULT_WINDOW,
+            n => n,
+        },
         labels: h.labels.into_iter().collect(),
         instance: instance.to_owned(),
         ready: true,
