@@ -187,3 +187,71 @@ async fn a_burst_waits_for_capacity_on_the_embedded_store() -> Result<()> {
     ))?;
     a_burst_waits_for_capacity(&[server], dir.path()).await
 }
+
+/// Consistent hash keeps its affinity when the key's node is at its window: six runs
+/// of one key, each a 300 ms `sleep`, on two executors with a window of 1 all wait
+/// for that node and run there, one after another; none fails and none moves to the
+/// idle node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_hash_waits_for_its_node_when_it_is_full() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(tuned(SundialOptions::redis(&redis), "a"))?;
+    let ids = ["k1", "k2"];
+    let execs: Vec<TestExecutor> = ids
+        .iter()
+        .map(|id| {
+            TestExecutor::start_with(
+                EXECUTOR,
+                &[format!("http://{}", server.grpc)],
+                id,
+                &dir.path().join(format!("{id}.log")),
+                &["--max-concurrency", "1"],
+            )
+        })
+        .collect::<Result<_>>()?;
+    wait_for("two executors", Duration::from_secs(20), || async {
+        Ok((node_count(&server).await? == ids.len()).then_some(()))
+    })
+    .await?;
+    server
+        .create_job(pb::JobSpec {
+            id: "keyed".into(),
+            cron: sundial_tests::MANUAL_ONLY.into(),
+            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+                group: "g".into(),
+                handler: "sleep".into(),
+            })),
+            payload: b"300".to_vec(),
+            route_strategy: pb::RouteStrategy::ConsistentHash as i32,
+            route_key: "customer-7".into(),
+            ..Default::default()
+        })
+        .await?;
+    let mut sids = Vec::new();
+    for _ in 0..6 {
+        sids.push(server.trigger("keyed").await?);
+    }
+    let mut nodes = Vec::new();
+    for sid in &sids {
+        let run = server.finished(sid).await?;
+        ensure!(
+            run.state == pb::RunState::Succeeded as i32 && run.attempt == 1,
+            "{run:?}"
+        );
+        nodes.push(run.node_id);
+    }
+    ensure!(
+        nodes.iter().all(|n| *n == nodes[0]),
+        "the key's runs moved: {nodes:?}"
+    );
+    let journals: Vec<_> = execs.iter().map(|e| e.journal.clone()).collect();
+    let entries = sundial_tests::read_journals(&journals)?;
+    let starts = entries.iter().filter(|e| e.event == "start").count();
+    ensure!(
+        starts == sids.len(),
+        "{starts} starts of {} runs",
+        sids.len()
+    );
+    Ok(())
+}

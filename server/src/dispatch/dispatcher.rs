@@ -121,24 +121,20 @@ impl NodeCache {
             .or_default() += delta;
     }
 
-    /// The node's active runs as routing should count them: the registry's figure,
-    /// plus the leases granted here since it was read, less the runs that ended here
-    /// since (whether they were in the figure or granted after it).
+    /// The node's active runs as routing should count them: the store's lease count
+    /// when the registry was read, plus the leases granted here since, less the runs
+    /// that ended here since (whether they were in the count or granted after it).
+    /// The executor's own `active` figure is left out: a handler runs only on a lease
+    /// (the go-ahead), so it never exceeds the lease count, and it comes with
+    /// heartbeats, so it may be seconds old (an old high figure starved a node).
     fn busy(&self, node: &NodeRecord) -> u32 {
         let since = self.since(&node.node_id);
-        let snapshot = i64::from(node.active.max(node.leased));
-        u32::try_from((snapshot + since).max(0)).unwrap_or(u32::MAX)
+        u32::try_from((i64::from(node.leased) + since).max(0)).unwrap_or(u32::MAX)
     }
 
-    /// The node holds its whole window as far as this instance knows: the store's
-    /// lease count when the snapshot was read, plus the leases granted here since,
-    /// less the runs that ended here since. (The executor's own `active` figure is
-    /// left out: it comes with heartbeats and may be seconds old.)
+    /// The node holds its whole window as far as this instance knows (`busy`).
     fn at_window(&self, node: &NodeRecord) -> bool {
-        if node.max_concurrency == 0 {
-            return false;
-        }
-        i64::from(node.leased) + self.since(&node.node_id) >= i64::from(node.max_concurrency)
+        node.max_concurrency > 0 && self.busy(node) >= node.max_concurrency
     }
 
     /// Leases granted on the node here since the snapshot, less the runs that ended.
@@ -540,12 +536,14 @@ impl Dispatcher {
             Route::One(id) => id,
             Route::All(_) | Route::NoNode => String::new(),
         };
-        // The strategy's pick first; if it is full, any other candidate (busyover).
+        // The strategy's pick first; if it is full, any other candidate (busyover),
+        // unless the strategy keeps its affinity: then the run waits for its node.
         // A node this instance knows to be at its window is not asked (the store
         // would answer NodeFull); the estimate is re-read every `node_refresh`.
         let mut order: Vec<&NodeRecord> = candidates
             .iter()
             .copied()
+            .filter(|n| !keeps_affinity(strategy) || n.node_id == first)
             .filter(|n| !self.nodes.at_window(n))
             .collect();
         order.sort_by_key(|n| {
@@ -703,6 +701,15 @@ impl Dispatcher {
             Err(e) => warn!(error = %e, "failing the run failed; its timer will retry"),
         }
     }
+}
+
+/// Strategies whose choice is the node itself (a key's node, the first healthy one):
+/// when it is at its window the run waits for it rather than moving elsewhere.
+fn keeps_affinity(strategy: RouteStrategy) -> bool {
+    matches!(
+        strategy,
+        RouteStrategy::ConsistentHash | RouteStrategy::Failover | RouteStrategy::First
+    )
 }
 
 /// When a WAITING run began to wait (store clock), 0 if unknown: every step that
