@@ -444,6 +444,46 @@ pub fn every_second(id: &str) -> pb::JobSpec {
     }
 }
 
+/// Unix ms now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Registers `specs` with `ApplyJobs`, 1,000 per call, `parallel` calls at once;
+/// fails unless every one was created. Returns how long it took.
+pub async fn register(
+    jobs: &JobServiceClient<Channel>,
+    specs: Vec<pb::JobSpec>,
+    parallel: usize,
+) -> Result<Duration> {
+    use futures::StreamExt as _;
+    let started = std::time::Instant::now();
+    let chunks: Vec<Vec<pb::JobSpec>> = specs.chunks(1000).map(<[_]>::to_vec).collect();
+    let mut calls = futures::stream::iter(chunks.into_iter().map(|specs| {
+        let mut jobs = jobs.clone();
+        async move { jobs.apply_jobs(pb::ApplyJobsRequest { specs }).await }
+    }))
+    .buffer_unordered(parallel.max(1));
+    while let Some(r) = calls.next().await {
+        let r = r.context("ApplyJobs")?.into_inner();
+        if let Some(bad) = r
+            .results
+            .iter()
+            .find(|x| x.outcome() != pb::ApplyOutcome::Created)
+        {
+            bail!(
+                "ApplyJobs did not create {}: {:?} {}",
+                bad.job_id,
+                bad.outcome(),
+                bad.error
+            );
+        }
+    }
+    Ok(started.elapsed())
+}
+
 /// Every job (all pages).
 pub async fn all_jobs(jobs: &mut JobServiceClient<Channel>) -> Result<Vec<pb::Job>> {
     let mut out = Vec::new();

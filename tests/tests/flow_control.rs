@@ -25,6 +25,28 @@ fn tuned(opts: SundialOptions, instance: &str) -> SundialOptions {
         .arg("dispatch-wait", "2s")
 }
 
+/// `test_executor` processes with the given window; executor `i` connects to
+/// `servers[i % servers.len()]`.
+fn start_executors(
+    servers: &[Sundial],
+    ids: &[&str],
+    window: &str,
+    dir: &std::path::Path,
+) -> Result<Vec<TestExecutor>> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| {
+            TestExecutor::start_with(
+                EXECUTOR,
+                &[format!("http://{}", servers[i % servers.len()].grpc)],
+                id,
+                &dir.join(format!("{id}.log")),
+                &["--max-concurrency", window],
+            )
+        })
+        .collect()
+}
+
 async fn node_count(server: &Sundial) -> Result<usize> {
     Ok(NodeServiceClient::new(server.channel().await?)
         .list_nodes(pb::ListNodesRequest::default())
@@ -38,35 +60,17 @@ async fn node_count(server: &Sundial) -> Result<usize> {
 /// window of 8 (so nearly every run waits for capacity, many for longer than
 /// `dispatch_wait`, here 2 s): every run starts exactly once and succeeds (none fails
 /// "no_executor"), and every executor runs at least a fifth of them. `servers` are
-/// the instances; executor `i` connects to instance `i % servers.len()`.
+/// the instances the executors are spread over.
 async fn a_burst_waits_for_capacity(servers: &[Sundial], dir: &std::path::Path) -> Result<()> {
     let ids = ["w1", "w2", "w3", "w4"];
-    let execs: Vec<TestExecutor> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| {
-            let server = &servers[i % servers.len()];
-            TestExecutor::start_with(
-                EXECUTOR,
-                &[format!("http://{}", server.grpc)],
-                id,
-                &dir.join(format!("{id}.log")),
-                &["--max-concurrency", WINDOW],
-            )
-        })
-        .collect::<Result<_>>()?;
+    let execs = start_executors(servers, &ids, WINDOW, dir)?;
     let first = &servers[0];
     wait_for("four executors", Duration::from_secs(20), || async {
         Ok((node_count(first).await? == ids.len()).then_some(()))
     })
     .await?;
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis(),
-    )?;
     // One fire each, at a whole second far enough ahead for the jobs to be applied.
-    let due = (now + 5_000) / 1000 * 1000 + 1000;
+    let due = (sundial_tests::now_ms() + 5_000) / 1000 * 1000 + 1000;
     let specs: Vec<pb::JobSpec> = (0..JOBS)
         .map(|i| pb::JobSpec {
             id: format!("burst-{i}"),
@@ -82,23 +86,7 @@ async fn a_burst_waits_for_capacity(servers: &[Sundial], dir: &std::path::Path) 
             ..Default::default()
         })
         .collect();
-    for chunk in specs.chunks(500) {
-        let applied = first
-            .jobs()
-            .await?
-            .apply_jobs(pb::ApplyJobsRequest {
-                specs: chunk.to_vec(),
-            })
-            .await?
-            .into_inner();
-        ensure!(
-            applied
-                .results
-                .iter()
-                .all(|r| r.outcome() == pb::ApplyOutcome::Created),
-            "{applied:?}"
-        );
-    }
+    sundial_tests::register(&first.jobs().await?, specs, 1).await?;
     let journals: Vec<_> = execs.iter().map(|e| e.journal.clone()).collect();
     wait_for("every run to finish", Duration::from_secs(180), || async {
         let entries = sundial_tests::read_journals(&journals)?;
@@ -198,18 +186,7 @@ async fn consistent_hash_waits_for_its_node_when_it_is_full() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let server = Sundial::start(tuned(SundialOptions::redis(&redis), "a"))?;
     let ids = ["k1", "k2"];
-    let execs: Vec<TestExecutor> = ids
-        .iter()
-        .map(|id| {
-            TestExecutor::start_with(
-                EXECUTOR,
-                &[format!("http://{}", server.grpc)],
-                id,
-                &dir.path().join(format!("{id}.log")),
-                &["--max-concurrency", "1"],
-            )
-        })
-        .collect::<Result<_>>()?;
+    let execs = start_executors(std::slice::from_ref(&server), &ids, "1", dir.path())?;
     wait_for("two executors", Duration::from_secs(20), || async {
         Ok((node_count(&server).await? == ids.len()).then_some(()))
     })
@@ -252,6 +229,56 @@ async fn consistent_hash_waits_for_its_node_when_it_is_full() -> Result<()> {
         starts == sids.len(),
         "{starts} starts of {} runs",
         sids.len()
+    );
+    Ok(())
+}
+
+/// The job's timeout bounds a wait for capacity: with the only executor's window of 1
+/// held by a long run, a run of a job with a 1 s timeout fails "timeout" without
+/// ever starting, while the long run succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_capacity_ends_at_the_jobs_timeout() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(tuned(SundialOptions::redis(&redis), "a"))?;
+    let execs = start_executors(std::slice::from_ref(&server), &["t1"], "1", dir.path())?;
+    wait_for("the executor", Duration::from_secs(20), || async {
+        Ok((node_count(&server).await? == 1).then_some(()))
+    })
+    .await?;
+    let sleeping = |id: &str, ms: &str, timeout_ms: Option<i64>| pb::JobSpec {
+        id: id.into(),
+        cron: sundial_tests::MANUAL_ONLY.into(),
+        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+            group: "g".into(),
+            handler: "sleep".into(),
+        })),
+        payload: ms.as_bytes().to_vec(),
+        timeout_ms,
+        ..Default::default()
+    };
+    server.create_job(sleeping("long", "4000", None)).await?;
+    server
+        .create_job(sleeping("short", "10", Some(1_000)))
+        .await?;
+    let long = server.trigger("long").await?;
+    wait_for("the long run to start", Duration::from_secs(10), || async {
+        let run = server.run(&long).await?;
+        Ok((run.state == pb::RunState::Running as i32).then_some(()))
+    })
+    .await?;
+    let short = server.trigger("short").await?;
+    let run = server.finished(&short).await?;
+    ensure!(
+        run.state == pb::RunState::Failed as i32 && run.error_code == "timeout",
+        "{run:?}"
+    );
+    let long = server.finished(&long).await?;
+    ensure!(long.state == pb::RunState::Succeeded as i32, "{long:?}");
+    let entries = sundial_tests::read_journals(&[execs[0].journal.clone()])?;
+    ensure!(
+        !entries.iter().any(|e| e.schedule_id == short),
+        "the short run started: {entries:?}"
     );
     Ok(())
 }

@@ -500,12 +500,7 @@ async fn a_burst_spreads_over_every_executor(store: &str) -> Result<()> {
     })
     .await?;
     // One fire each, at a whole second far enough ahead for the registration.
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis(),
-    )?;
-    let due = (now + 3_000) / 1000 * 1000 + 1000;
+    let due = (sundial_tests::now_ms() + 3_000) / 1000 * 1000 + 1000;
     let strategies = [
         pb::RouteStrategy::RoundRobin,
         pb::RouteStrategy::LeastActive,
@@ -526,19 +521,7 @@ async fn a_burst_spreads_over_every_executor(store: &str) -> Result<()> {
             })
         })
         .collect();
-    let applied = server
-        .jobs()
-        .await?
-        .apply_jobs(pb::ApplyJobsRequest { specs })
-        .await?
-        .into_inner();
-    ensure!(
-        applied
-            .results
-            .iter()
-            .all(|r| r.outcome() == pb::ApplyOutcome::Created),
-        "{applied:?}"
-    );
+    sundial_tests::register(&server.jobs().await?, specs, 1).await?;
     let journals: Vec<_> = execs.iter().map(|e| e.journal.clone()).collect();
     let total = JOBS * strategies.len();
     wait_for("every run to finish", Duration::from_secs(60), || async {

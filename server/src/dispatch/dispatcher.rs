@@ -644,10 +644,13 @@ impl Dispatcher {
     /// longer than its timeout for capacity fails "timeout" (retried per its policy).
     /// Waiting for capacity never fails it "no_executor".
     async fn still_waiting(&self, run: &RunRecord) {
-        let now = self.store.now().await.unwrap_or(0);
         let since = waiting_since(run);
-        if run.plan.timeout_ms > 0 && since > 0 && now >= since.saturating_add(run.plan.timeout_ms)
-        {
+        // Only a job with a timeout needs the store's clock (a round trip on Redis,
+        // for every waiting run at every retry).
+        let timed_out = run.plan.timeout_ms > 0
+            && since > 0
+            && self.store.now().await.unwrap_or(0) >= since.saturating_add(run.plan.timeout_ms);
+        if timed_out {
             self.fail_waiting(
                 run,
                 "timeout",

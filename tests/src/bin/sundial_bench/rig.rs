@@ -5,13 +5,13 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use sundial_proto::v1 as pb;
 use sundial_tests::{
     JobServiceClient, RedisServer, Sundial, SundialOptions, TestExecutor, read_journals,
 };
+pub use sundial_tests::{now_ms, register};
 use tonic::transport::Channel;
 
 /// Where the jobs live.
@@ -206,13 +206,6 @@ impl Scraped {
     }
 }
 
-/// Unix ms now.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// One section of Redis's `INFO`.
 pub async fn redis_info(url: &str, section: &str) -> Result<String> {
     let client = redis::Client::open(url)?;
@@ -238,39 +231,6 @@ pub fn noop_job(id: String, cron: &str) -> pb::JobSpec {
         })),
         ..Default::default()
     }
-}
-
-/// Registers `specs` with `ApplyJobs`, 1,000 per call, `parallel` calls at once;
-/// fails unless every one was created. Returns how long it took.
-pub async fn register(
-    jobs: &JobServiceClient<Channel>,
-    specs: Vec<pb::JobSpec>,
-    parallel: usize,
-) -> Result<Duration> {
-    use futures::StreamExt as _;
-    let started = std::time::Instant::now();
-    let chunks: Vec<Vec<pb::JobSpec>> = specs.chunks(1000).map(<[_]>::to_vec).collect();
-    let mut calls = futures::stream::iter(chunks.into_iter().map(|specs| {
-        let mut jobs = jobs.clone();
-        async move { jobs.apply_jobs(pb::ApplyJobsRequest { specs }).await }
-    }))
-    .buffer_unordered(parallel.max(1));
-    while let Some(r) = calls.next().await {
-        let r = r.context("ApplyJobs")?.into_inner();
-        if let Some(bad) = r
-            .results
-            .iter()
-            .find(|x| x.outcome() != pb::ApplyOutcome::Created)
-        {
-            bail!(
-                "ApplyJobs did not create {}: {:?} {}",
-                bad.job_id,
-                bad.outcome(),
-                bad.error
-            );
-        }
-    }
-    Ok(started.elapsed())
 }
 
 #[cfg(test)]
