@@ -124,6 +124,13 @@ pub struct Settings {
     /// Lease of a dispatched run (default: missed_heartbeats × heartbeat_interval).
     #[arg(long, env = "SUNDIAL_LEASE_TTL")]
     pub lease_ttl: Option<HumanDuration>,
+    /// The unresponsive window: a dispatch that neither its `Started` nor a heartbeat
+    /// listing it confirms within this is taken back and routed again (same attempt).
+    /// A live executor lists what it holds in every heartbeat, so only a node that
+    /// sends nothing (frozen, cut off) or lost the dispatch hits it. Default: two
+    /// heartbeat intervals; at most the lease.
+    #[arg(long, env = "SUNDIAL_CONFIRM_WITHIN")]
+    pub confirm_within: Option<HumanDuration>,
     /// How long a run may wait for an eligible executor to connect before it fails
     /// ("no_executor"); a run waiting for a connected executor's free capacity is
     /// never failed for it.
@@ -307,6 +314,7 @@ impl Settings {
             heartbeat_interval,
             missed_heartbeats,
             lease_ttl,
+            confirm_within,
             dispatch_wait,
             route_retry,
             sweep_every,
@@ -506,6 +514,17 @@ impl Config {
                 ),
             });
         }
+        let confirm_within = positive(
+            "confirm_within",
+            s.confirm_within,
+            (heartbeat_interval * 2).min(lease_ttl),
+        )?;
+        if confirm_within > lease_ttl {
+            return Err(Error::Invalid {
+                field: "confirm_within",
+                reason: format!("{confirm_within:?} must be at most the lease ({lease_ttl:?})"),
+            });
+        }
         let hd = HealthPolicy::default();
         let rate = |field: &'static str, v: Option<f64>, default: f64| match v {
             None => Ok(default),
@@ -561,7 +580,7 @@ impl Config {
             )?,
             lease: LeaseTerms {
                 ttl: lease_ttl,
-                confirm_within: heartbeat_interval * 2,
+                confirm_within,
             },
             route_retry: positive("route_retry", s.route_retry, dd.route_retry)?,
             dispatch_wait: positive("dispatch_wait", s.dispatch_wait, dd.dispatch_wait)?,
@@ -809,6 +828,24 @@ mod tests {
         assert_eq!(cfg.store_opts.partitions, 4);
         assert_eq!(cfg.scheduler.max_sleep, Duration::from_secs(1));
         assert!(matches!(cfg.store, StoreConfig::Embedded { .. }));
+        // The unresponsive window: two heartbeat intervals unless set, never past the
+        // lease.
+        assert_eq!(cfg.dispatch.lease.confirm_within, Duration::from_secs(10));
+        let short_lease = Settings {
+            lease_ttl: Some(HumanDuration(Duration::from_secs(6))),
+            ..Settings::default()
+        };
+        let cfg = Config::from_settings(short_lease).expect("valid");
+        assert_eq!(cfg.dispatch.lease.confirm_within, Duration::from_secs(6));
+        let set = Settings {
+            confirm_within: Some(HumanDuration(Duration::from_millis(800))),
+            ..Settings::default()
+        };
+        let cfg = Config::from_settings(set).expect("valid");
+        assert_eq!(
+            cfg.dispatch.lease.confirm_within,
+            Duration::from_millis(800)
+        );
     }
 
     #[test]
@@ -1074,6 +1111,20 @@ mod tests {
                     ..Default::default()
                 },
                 "webhook_timeout",
+            ),
+            (
+                Settings {
+                    confirm_within: Some(HumanDuration(Duration::from_secs(16))),
+                    ..Default::default()
+                },
+                "confirm_within",
+            ),
+            (
+                Settings {
+                    confirm_within: Some(HumanDuration(Duration::ZERO)),
+                    ..Default::default()
+                },
+                "confirm_within",
             ),
         ];
         for (s, field) in cases {

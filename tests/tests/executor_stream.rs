@@ -1,6 +1,6 @@
 //! The executor stream over real gRPC: handshake, heartbeats, the node registry, and a
-//! protocol-abuse table. Dispatch is not built yet, so no run is ever leased: in-flight
-//! runs come back with no lease left, results are refused, `Started` gets `Cancel`.
+//! protocol-abuse table. No job exists here, so no run is ever leased: in-flight runs
+//! come back with no lease left, results are refused, `Started` gets no go-ahead.
 
 use std::time::Duration;
 
@@ -259,6 +259,17 @@ async fn protocol_abuse_gets_a_precise_error_and_hurts_nobody_else() -> Result<(
             },
             Code::InvalidArgument,
             "hello.handlers:",
+        ),
+        (
+            {
+                let mut h = hello("x");
+                if let Some(Msg::Hello(h)) = &mut h.msg {
+                    h.max_concurrency = 10_001;
+                }
+                h
+            },
+            Code::InvalidArgument,
+            "hello.max_concurrency: at most 10000",
         ),
     ];
     for (first, code, needle) in bad_hellos {

@@ -597,3 +597,118 @@ async fn overlap_policies_hold_across_two_instances() -> Result<()> {
     ensure!(count(&runs, pb::RunState::Succeeded) == 4, "{runs:?}");
     Ok(())
 }
+
+/// The unresponsive window (`--confirm-within`): a dispatch its executor never
+/// confirms (no `Started`, not listed in a heartbeat) is taken back once the window
+/// passes and routed again, same attempt, new token, and the silent node's late
+/// `Started` gets no go-ahead; a dispatch a heartbeat lists stays where it is however
+/// long its `Started` takes.
+async fn only_an_unconfirmed_dispatch_moves(opts: SundialOptions) -> Result<()> {
+    // Heartbeats every 5 s, so the default window would be 10 s; this one is 1 s.
+    let server = Sundial::start(
+        opts.arg("sweep-every", "50ms")
+            .arg("route-retry", "200ms")
+            .arg("confirm-within", "1s"),
+    )?;
+    let channel = server.channel().await?;
+    let mut jobs = server.jobs().await?;
+    for id in ["mute", "listed"] {
+        jobs.create_job(pb::CreateJobRequest {
+            spec: Some(manual_job(id, "work")),
+        })
+        .await?;
+    }
+    let mut mute = Exec::connect(channel.clone(), "mute", &["work"]).await?;
+    let sid = server.trigger("mute").await?;
+    let first = mute.dispatch().await?.run.context("run ref")?;
+    let sent = std::time::Instant::now();
+    let mut other = Exec::connect(channel.clone(), "other", &["work"]).await?;
+    // Round robin alternates, so the run reaches `other` at its first or second move
+    // (the mute node is still connected and heartbeating).
+    let again = other.dispatch().await?.run.context("run ref")?;
+    let waited = sent.elapsed();
+    ensure!(
+        again.schedule_id == sid && again.attempt == 1 && again.fencing_token > first.fencing_token,
+        "{first:?} then {again:?}"
+    );
+    ensure!(
+        waited < Duration::from_secs(8),
+        "moved after {waited:?}: the 1 s window was not applied (the default is 10 s)"
+    );
+    mute.send(Msg::Started(pb::Started {
+        run: Some(first.clone()),
+    }))
+    .await?;
+    let answer = loop {
+        if let Out::StartAck(a) = mute.next().await?
+            && a.run.as_ref() == Some(&first)
+        {
+            break a;
+        }
+    };
+    ensure!(
+        !answer.go,
+        "a revoked dispatch got the go-ahead: {answer:?}"
+    );
+    other
+        .send(Msg::Started(pb::Started {
+            run: Some(again.clone()),
+        }))
+        .await?;
+    ensure!(
+        other
+            .result(&again, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    let r = wait_state(&server, &sid, pb::RunState::Succeeded).await?;
+    ensure!(r.attempt == 1 && r.node_id == "other", "{r:?}");
+
+    // A heartbeat that lists the dispatch confirms it: it stays past the window.
+    drop(mute);
+    let sid = server.trigger("listed").await?;
+    let run = other.dispatch().await?.run.context("run ref")?;
+    other
+        .send(Msg::Heartbeat(pb::Heartbeat {
+            in_flight: vec![run.clone()],
+            ready: true,
+            ..Default::default()
+        }))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let r = server.run(&sid).await?;
+    ensure!(
+        r.state == pb::RunState::Dispatched as i32 && r.fencing_token == run.fencing_token,
+        "a listed dispatch was taken back: {r:?}"
+    );
+    other
+        .send(Msg::Started(pb::Started {
+            run: Some(run.clone()),
+        }))
+        .await?;
+    let answer = loop {
+        if let Out::StartAck(a) = other.next().await? {
+            break a;
+        }
+    };
+    ensure!(answer.go, "{answer:?}");
+    ensure!(
+        other
+            .result(&run, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_unconfirmed_dispatch_moves_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    only_an_unconfirmed_dispatch_moves(SundialOptions::redis(&redis)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_unconfirmed_dispatch_moves_on_the_embedded_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    only_an_unconfirmed_dispatch_moves(SundialOptions::embedded(dir.path())).await
+}

@@ -772,3 +772,61 @@ pub fn spawn(
             .instrument(info_span!("dispatcher")),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache() -> NodeCache {
+        NodeCache {
+            refresh: Duration::from_secs(60),
+            snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
+            since_read: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn node(id: &str, window: u32, leased: u32) -> NodeRecord {
+        NodeRecord {
+            node_id: id.into(),
+            group: "g".into(),
+            handlers: vec!["h".into()],
+            weight: 1,
+            max_concurrency: window,
+            labels: Default::default(),
+            instance: "i".into(),
+            ready: true,
+            draining: false,
+            // The executor's own figure, seconds old: never counted.
+            active: 1_000,
+            leased,
+            load: 0.0,
+            mean_duration_ms: 0,
+            recent_errors: 0,
+            recent_results: 0,
+            connected_at: 0,
+            last_heartbeat: 0,
+        }
+    }
+
+    #[test]
+    fn the_window_counts_the_store_leases_plus_what_happened_here_since() {
+        let c = cache();
+        let n = node("a", 4, 3);
+        assert_eq!(c.busy(&n), 3);
+        assert!(!c.at_window(&n), "one credit left");
+        c.moved("a", 1);
+        assert!(c.at_window(&n), "the lease granted here spent it");
+        c.moved("a", -1);
+        assert!(!c.at_window(&n), "a run that ended here returns it");
+        // More ends seen here than the snapshot counted (runs granted and ended since
+        // the read): never below zero, and the other nodes are untouched.
+        for _ in 0..5 {
+            c.moved("a", -1);
+        }
+        assert_eq!(c.busy(&n), 0);
+        assert_eq!(c.busy(&node("b", 4, 2)), 2);
+        // A node with window 0 (the HTTP target's unlimited one) is never full.
+        let unlimited = node("h", 0, 10_000);
+        assert!(!c.at_window(&unlimited));
+    }
+}
