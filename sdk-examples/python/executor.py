@@ -8,9 +8,10 @@ The protocol, one bidirectional gRPC stream (ExecutorService.Connect) per connec
    this node more runs than its window (0 = the default, 64); a dispatch beyond it
    (a cancelled handler still winding down) is rejected "busy".
 2. Every heartbeat interval the executor sends Heartbeat listing exactly the runs it
-   executes (each a RunRef: schedule_id, attempt, fencing_token, shard_index) with
-   ready=true; the server renews those leases and answers HeartbeatAck (a lease with
-   remaining_ms <= 0 is gone: stop that run).
+   holds (each a RunRef: schedule_id, attempt, fencing_token, shard_index): admitted,
+   executing, or with a Result not yet acknowledged; not_ready is left unset (ready)
+   unless it is draining or stopping. The server renews those leases and answers
+   HeartbeatAck (a lease with remaining_ms <= 0 is gone: stop that run).
 3. On Dispatch the executor admits the run (it now counts as held and is listed in
    heartbeats) and sends Started, but does not run the handler yet: the server answers
    StartAck. go=true: run the handler, then send one Result (status, output or error,
@@ -20,8 +21,8 @@ The protocol, one bidirectional gRPC stream (ExecutorService.Connect) per connec
    and sent as a Reject after the next Welcome; one cancelled before its go=true
    arrives is not started and is rejected at once (a Reject re-routes the run without
    spending an attempt).
-   The executor keeps each Result until a ResultAck for that RunRef arrives; results
-   not yet acknowledged are sent again after a reconnect.
+   The executor keeps each Result until a ResultAck for that RunRef arrives: it stays
+   listed in heartbeats and in the next Hello, and is sent again after a reconnect.
 4. Cancel: stop the run (no result is sent for it). Drain: take no new work.
    GoAway: reconnect. A broken stream: reconnect with exponential backoff.
 
@@ -93,11 +94,16 @@ class Executor:
             if self.outq is not None:
                 self.outq.put(pb.ExecutorMessage(**msg))
 
+    def held(self):
+        """The leases to renew: runs admitted or executing, and results not yet acked."""
+        return [ref_of(k) for k in sorted(set(self.executing) | set(self.awaiting_ack))]
+
     def heartbeat(self):
         with self.lock:
-            in_flight = [ref_of(k) for k in sorted(self.executing)]
-        ready = not (self.draining or self.stopping.is_set())
-        self.send(heartbeat=pb.Heartbeat(in_flight=in_flight, active=len(in_flight), ready=ready))
+            in_flight = self.held()
+            active = len(self.executing)
+        not_ready = self.draining or self.stopping.is_set()
+        self.send(heartbeat=pb.Heartbeat(in_flight=in_flight, active=active, not_ready=not_ready))
 
     def run_forever(self):
         backoff = 0.1
@@ -113,7 +119,7 @@ class Executor:
         """One connection: Hello, Welcome, then messages until the stream ends."""
         outq = queue.Queue()
         with self.lock:
-            held = [ref_of(k) for k in sorted(self.executing)]
+            held = self.held()
         outq.put(pb.ExecutorMessage(hello=pb.Hello(
             node_id=self.args.node_id, group=self.args.group, handlers=list(HANDLERS),
             max_concurrency=self.args.max_concurrency, token=self.args.token, sdk=SDK,

@@ -357,7 +357,7 @@ impl Core {
 
     fn heartbeat(&mut self, session: &mut Session) -> Result<(), Ended> {
         let in_flight = self.runs.in_flight();
-        let active = u32::try_from(in_flight.len()).unwrap_or(u32::MAX);
+        let active = u32::try_from(self.runs.executing_count()).unwrap_or(u32::MAX);
         let load = match self.runs.max_concurrency() {
             0 => 0.0,
             limit => f64::from(active) / f64::from(limit),
@@ -366,7 +366,7 @@ impl Core {
             in_flight,
             active,
             load,
-            ready: !self.draining(),
+            not_ready: self.draining(),
         };
         Ok(session.heartbeat(hb, Instant::now())?)
     }

@@ -271,10 +271,17 @@ impl RunTable {
         self.awaiting_ack.remove(key).is_some()
     }
 
-    /// The runs whose handlers still execute: exactly the leases to renew.
+    /// Exactly the leases to renew: the runs admitted or executing, and those whose
+    /// result waits for its acknowledgement (a result is accepted only while its lease
+    /// is current, so it is kept alive until the server has settled it).
     pub fn in_flight(&self) -> Vec<pb::RunRef> {
-        let mut keys: Vec<&RunKey> = self.executing.keys().collect();
+        let mut keys: Vec<&RunKey> = self
+            .executing
+            .keys()
+            .chain(self.awaiting_ack.keys())
+            .collect();
         keys.sort();
+        keys.dedup();
         keys.into_iter().map(RunKey::to_proto).collect()
     }
 
@@ -474,7 +481,9 @@ mod tests {
         assert_eq!(ra.run, Some(a.to_proto()));
         assert_eq!(ra.status, pb::ResultStatus::Succeeded as i32);
         assert_eq!((ra.started_at_ms, ra.finished_at_ms), (1_000, 2_000));
-        assert_eq!(t.in_flight(), vec![b.to_proto()]);
+        // Until its result is acknowledged, a run's lease is still renewed.
+        assert_eq!(t.in_flight(), vec![a.to_proto(), b.to_proto()]);
+        assert_eq!(t.executing_count(), 1);
         assert!(!t.is_idle());
 
         let failed = Outcome {
@@ -483,12 +492,14 @@ mod tests {
         };
         let rb = t.finish(&b, failed).expect("b was executing");
         assert_eq!(t.awaiting_ack().cloned().collect::<Vec<_>>(), vec![ra, rb]);
-        assert!(t.in_flight().is_empty());
+        assert_eq!(t.in_flight(), vec![a.to_proto(), b.to_proto()]);
 
         assert!(t.acknowledge(&a));
         assert!(!t.acknowledge(&a));
+        assert_eq!(t.in_flight(), vec![b.to_proto()]);
         assert!(t.acknowledge(&b));
         assert!(t.is_idle());
+        assert!(t.in_flight().is_empty());
     }
 
     #[test]

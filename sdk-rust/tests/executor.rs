@@ -356,16 +356,18 @@ async fn a_run_reports_started_logs_then_a_result_kept_until_acknowledged() {
     assert_eq!(result.output, b"payload");
     assert!(result.finished_at_ms >= result.started_at_ms && result.started_at_ms > 0);
 
-    // Not acknowledged: after a reconnect it comes again, right after the welcome.
+    // Not acknowledged: the next Hello still holds its lease (a result is accepted
+    // only under a current lease), and it comes again right after the welcome.
     conn.close();
     let mut conn = server.accept(5_000, Vec::new()).await;
-    assert!(conn.hello.in_flight.is_empty());
+    assert_eq!(conn.hello.in_flight, vec![run.clone()]);
     assert_eq!(conn.next_event().await, Msg::Result(result.clone()));
     conn.ack(&run);
 
     // Acknowledged: the next connection starts clean.
     conn.close();
     let mut conn = server.accept(5_000, Vec::new()).await;
+    assert!(conn.hello.in_flight.is_empty());
     let next = conn.dispatch("job@2", 8, "echo", b"");
     assert_eq!(
         conn.next_event().await,
@@ -453,8 +455,8 @@ async fn dispatches_are_rejected_when_unknown_or_beyond_max_concurrency() {
         })
         .await;
     assert_eq!(
-        (hb.in_flight, hb.active, hb.ready),
-        (vec![first.clone()], 1, true)
+        (hb.in_flight, hb.active, hb.not_ready),
+        (vec![first.clone()], 1, false)
     );
 
     conn.send(Out::Cancel(pb::Cancel {
@@ -636,7 +638,7 @@ async fn drain_refuses_new_work_and_finishes_what_runs() {
     }));
     let hb = conn
         .until("a not-ready heartbeat", |m| match m {
-            Msg::Heartbeat(hb) if !hb.ready => Some(hb),
+            Msg::Heartbeat(hb) if hb.not_ready => Some(hb),
             _ => None,
         })
         .await;
@@ -665,7 +667,7 @@ async fn shutdown_waits_for_running_handlers_and_acknowledgements() {
     assert!(matches!(conn.next_event().await, Msg::Started(_)));
     running.shutdown.cancel();
     conn.until("a not-ready heartbeat", |m| match m {
-        Msg::Heartbeat(hb) if !hb.ready => Some(()),
+        Msg::Heartbeat(hb) if hb.not_ready => Some(()),
         _ => None,
     })
     .await;

@@ -495,6 +495,7 @@ pub(crate) mod tests {
                 schedule_id: "nightly@1".into(),
                 node_id: "n1".into(),
                 token: 7,
+                attempt: 1,
                 reason: "replaced".into(),
             }],
         });

@@ -115,7 +115,7 @@ async fn handshake_heartbeats_and_the_registry() -> Result<()> {
         in_flight: vec![run_ref("job@5")],
         active: 1,
         load: 0.5,
-        ready: false,
+        not_ready: true,
     }))
     .await?;
     let Out::HeartbeatAck(ack) = s.next().await? else {
@@ -159,16 +159,18 @@ async fn handshake_heartbeats_and_the_registry() -> Result<()> {
     // Keep heartbeating past several TTLs: the node stays registered.
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        s.send(Msg::Heartbeat(pb::Heartbeat {
-            ready: true,
-            ..Default::default()
-        }))
-        .await?;
+        s.send(Msg::Heartbeat(pb::Heartbeat::default())).await?;
         let Out::HeartbeatAck(_) = s.next().await? else {
             bail!("expected heartbeat ack");
         };
     }
-    ensure!(nodes(channel.clone()).await?.len() == 1);
+    // A heartbeat that leaves not_ready unset says "ready": the node takes work again.
+    let listed = nodes(channel.clone()).await?;
+    ensure!(listed.len() == 1, "{listed:?}");
+    ensure!(
+        listed[0].health == pb::NodeHealth::Healthy as i32,
+        "an unset not_ready must mean ready: {listed:?}"
+    );
 
     // Going silent ends the stream and the registration.
     let err = s.next().await.expect_err("silence closes the stream");
@@ -342,11 +344,7 @@ async fn protocol_abuse_gets_a_precise_error_and_hurts_nobody_else() -> Result<(
     }
 
     // The neighbour never noticed.
-    good.send(Msg::Heartbeat(pb::Heartbeat {
-        ready: true,
-        ..Default::default()
-    }))
-    .await?;
+    good.send(Msg::Heartbeat(pb::Heartbeat::default())).await?;
     let Out::HeartbeatAck(_) = good.next().await? else {
         bail!("expected heartbeat ack");
     };

@@ -44,10 +44,7 @@ impl Exec {
         let heartbeats = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                let hb = msg(Msg::Heartbeat(pb::Heartbeat {
-                    ready: true,
-                    ..Default::default()
-                }));
+                let hb = msg(Msg::Heartbeat(pb::Heartbeat::default()));
                 if beat.send(hb).await.is_err() {
                     return;
                 }
@@ -363,7 +360,13 @@ async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
         r.attempt == 2 && dispatched.len() == 2,
         "{r:?} {dispatched:?}"
     );
-    ensure!(cancelled[0].fencing_token == dispatched[0].fencing_token);
+    // The Cancel names the dispatch's whole RunRef (the attempt too).
+    ensure!(
+        cancelled[0] == dispatched[0],
+        "{:?} for {:?}",
+        cancelled[0],
+        dispatched[0]
+    );
     // The late result of the timed-out attempt is refused.
     let a = e
         .result(&dispatched[1], pb::ResultStatus::Succeeded, b"")
@@ -412,7 +415,7 @@ async fn timeouts_retries_rejects_and_cancel() -> Result<()> {
     ensure!(cancelled.state == pb::RunState::Cancelled as i32 && cancelled.reason == "operator");
     loop {
         if let Out::Cancel(c) = e.next().await? {
-            ensure!(c.run.map(|r| r.fencing_token) == Some(run.fencing_token));
+            ensure!(c.run.as_ref() == Some(&run), "{c:?} for {run:?}");
             break;
         }
     }
@@ -671,7 +674,6 @@ async fn only_an_unconfirmed_dispatch_moves(opts: SundialOptions) -> Result<()> 
     other
         .send(Msg::Heartbeat(pb::Heartbeat {
             in_flight: vec![run.clone()],
-            ready: true,
             ..Default::default()
         }))
         .await?;

@@ -403,7 +403,7 @@ impl Dispatcher {
         let cancel = pb::server_message::Msg::Cancel(pb::Cancel {
             run: Some(pb::RunRef {
                 schedule_id: schedule_id.to_owned(),
-                attempt: 0,
+                attempt: rv.attempt,
                 fencing_token: rv.token,
                 shard_index,
             }),

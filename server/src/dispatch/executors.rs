@@ -449,7 +449,7 @@ impl Executors {
         let node = {
             let mut st = lock(state);
             let NodeState { node, window } = &mut *st;
-            node.ready = hb.ready;
+            node.ready = !hb.not_ready;
             node.draining = self.links.draining(&node.node_id);
             node.active = hb.active;
             window.apply(node, now_ms(), self.opts.health.window);

@@ -212,6 +212,8 @@ pub struct Revocation {
     pub schedule_id: String,
     pub node_id: String,
     pub token: u64,
+    /// The attempt the revoked lease was for (the dispatch's `RunRef.attempt`).
+    pub attempt: u32,
     pub reason: String,
 }
 

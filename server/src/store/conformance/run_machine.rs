@@ -392,6 +392,7 @@ pub async fn overlap_replace(store: Arc<dyn Store>) {
             schedule_id: a.schedule_id.clone(),
             node_id: "rep-node".to_owned(),
             token: held_a.fencing_token,
+            attempt: held_a.attempt,
             reason: "replaced".to_owned(),
         }],
         "only a leased run has a holder to tell"

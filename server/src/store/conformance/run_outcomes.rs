@@ -381,6 +381,7 @@ pub async fn expire_run_timeout(store: Arc<dyn Store>) {
             schedule_id: sid.to_owned(),
             node_id: "tmo-n".to_owned(),
             token: g1.fencing_token,
+            attempt: g1.attempt,
             reason: "timeout".to_owned(),
         }]
     );
@@ -486,6 +487,7 @@ pub async fn expire_run_unconfirmed_and_lost(store: Arc<dyn Store>) {
                 schedule_id: g.schedule_id.clone(),
                 node_id: "lost-n".to_owned(),
                 token: g.fencing_token,
+                attempt: g.attempt,
                 reason: "unconfirmed".to_owned(),
             }]
         );
@@ -700,6 +702,7 @@ pub async fn cancel_run_transitions(store: Arc<dyn Store>) {
             schedule_id: sid(2000),
             node_id: "cxl-n".to_owned(),
             token: g.fencing_token,
+            attempt: g.attempt,
             reason: "by user".to_owned(),
         }]
     );
@@ -932,6 +935,7 @@ pub async fn broadcast_cancel_and_replace(store: Arc<dyn Store>) {
             schedule_id: "bx@1000#0".to_owned(),
             node_id: "bx-0".to_owned(),
             token: g.fencing_token,
+            attempt: g.attempt,
             reason: "by user".to_owned(),
         }]
     );
@@ -968,6 +972,7 @@ pub async fn broadcast_cancel_and_replace(store: Arc<dyn Store>) {
             schedule_id: "bx@2000#1".to_owned(),
             node_id: "bx-0".to_owned(),
             token: g.fencing_token,
+            attempt: g.attempt,
             reason: "replaced".to_owned(),
         }]
     );

@@ -206,6 +206,7 @@ impl<'t> RunTables<'t> {
             schedule_id: run.schedule_id.clone(),
             node_id: run.node_id.clone(),
             token: run.fencing_token,
+            attempt: run.attempt,
             reason: reason.to_owned(),
         };
         self.leave_node(run)?;

@@ -530,7 +530,11 @@ fn unknown_run() -> Transition {
     }
 }
 
-fn revocation(sid: &str, node: &str, token: &str, reason: &str) -> Result<Option<Revocation>> {
+/// One revocation as the run scripts list it: sid, node, token, reason, attempt.
+fn revocation(f: &[String]) -> Result<Option<Revocation>> {
+    let [sid, node, token, reason, attempt] = f else {
+        return Err(corrupt(format!("a revocation of {} fields", f.len())));
+    };
     if sid.is_empty() {
         return Ok(None);
     }
@@ -538,24 +542,22 @@ fn revocation(sid: &str, node: &str, token: &str, reason: &str) -> Result<Option
         schedule_id: sid.to_owned(),
         node_id: node.to_owned(),
         token: token.parse().map_err(corrupt)?,
+        attempt: attempt.parse().map_err(corrupt)?,
         reason: reason.to_owned(),
     }))
 }
 
-/// Revocations as the run scripts list them: 4 fields each (sid, node, token, reason).
+/// Revocations as the run scripts list them: 5 fields each.
 fn revocations(fields: &[String]) -> Result<Vec<Revocation>> {
     fields
-        .chunks(4)
-        .map(|f| match f {
-            [sid, node, token, reason] => revocation(sid, node, token, reason),
-            _ => Err(corrupt(format!("a revocation of {} fields", f.len()))),
-        })
+        .chunks(5)
+        .map(revocation)
         .collect::<Result<Vec<_>>>()
         .map(|v| v.into_iter().flatten().collect())
 }
 
 /// Parses the reply every transition script gives: {applied, reason, run_json,
-/// next_serial, then 4 fields per revoked lease}.
+/// next_serial, then 5 fields per revoked lease}.
 fn transition(r: &[String]) -> Result<Transition> {
     let [applied, reason, json, next, rest @ ..] = r else {
         return Err(corrupt(format!("run script answered {r:?}")));

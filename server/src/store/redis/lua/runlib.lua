@@ -80,7 +80,7 @@ local function revoke(P, N, run, reason)
   if not HELD[run.state] or run.node_id == '' then
     return nil
   end
-  local rv = { run.schedule_id, run.node_id, run.fencing_token, reason }
+  local rv = { run.schedule_id, run.node_id, run.fencing_token, reason, tostring(run.attempt) }
   leave_node(N, run)
   run.fencing_token = new_token(P, run.job_id)
   return rv
@@ -281,8 +281,8 @@ local function retry_or_final(P, run, final_state, reason, now, delay)
   return finalize(P, run, final_state, reason, now, true)
 end
 
--- The reply of every transition: {applied, reason, run_json, next_serial, then 4
--- fields (sid, node, token, reason) per revoked lease}; '' where absent. `rv` is one
+-- The reply of every transition: {applied, reason, run_json, next_serial, then 5
+-- fields (sid, node, token, reason, attempt) per revoked lease}; '' where absent. `rv` is one
 -- revocation, a list of them, or nil.
 local function reply(applied, reason, json, rv, nxt)
   local out = { applied, reason or '', json or '', nxt or '' }
