@@ -323,7 +323,7 @@ impl RedisStore {
         for _ in &keys {
             cmd.arg(">");
         }
-        let mut c = self.conn().await?;
+        let mut c = self.blocking_conn().await?;
         let reply: redis::RedisResult<Option<StreamReadReply>> = cmd.query_async(&mut c).await;
         let reply = match reply {
             Ok(r) => r,

@@ -35,7 +35,14 @@
 //! (`store_impl`) forwards to: `jobs` (jobs, fires, the trigger queue), `runs` (runs,
 //! leases, the run machine, logs), `nodes` (registry, inboxes, routing counters),
 //! `outbox` (webhook outbox, breakers), `apps` (apps, nonces). The scripts are in
-//! `lua/`; this file holds the connection, the scripts' table and the decoding helpers.
+//! `lua/`; this file holds the connections, the scripts' table and the decoding helpers.
+//!
+//! Connections: every command but the blocking trigger read goes over one shared,
+//! multiplexed connection (redis-rs's `ConnectionManager`: concurrent commands are
+//! pipelined on it, and it reconnects by itself after a Redis restart), so a command
+//! costs no pool checkout (deadpool's recycle check was a `PING` + `UNWATCH` round
+//! trip per checkout, a fifth of all commands). The blocking `XREADGROUP` would stall
+//! that shared pipeline, so it takes a connection of its own from a small pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +50,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_redis::{Manager, Pool, Runtime};
 use futures::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::{AsyncCommands, Script, Value};
 use tokio::sync::watch;
@@ -166,6 +174,9 @@ pub struct RedisStore {
 }
 
 struct Inner {
+    /// The shared multiplexed connection every non-blocking command uses.
+    shared: ConnectionManager,
+    /// Connections for the blocking trigger read (and the schema check).
     pool: Pool,
     prefix: String,
     partitions: u32,
@@ -201,7 +212,7 @@ impl RedisStore {
             .set_response_timeout(Some(Duration::from_secs(30)));
         let manager = Manager::new_with_config(url, conn_cfg).map_err(unavailable)?;
         let pool = Pool::builder(manager)
-            .max_size(64)
+            .max_size(8)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(Duration::from_secs(10)))
             .create_timeout(Some(Duration::from_secs(5)))
@@ -211,6 +222,18 @@ impl RedisStore {
         let (tx, rx) = watch::channel(0u64);
         let watcher = CancellationToken::new();
         let client = redis::Client::open(url).map_err(unavailable)?;
+        let shared = ConnectionManager::new_with_config(
+            client.clone(),
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(5)))
+                .set_response_timeout(Some(Duration::from_secs(30)))
+                // Reconnect attempts after a lost connection: 100 ms doubling to 2 s,
+                // so a restarted Redis is back in use within about 2 s.
+                .set_max_delay(Duration::from_secs(2))
+                .set_pipeline_buffer_size(1024),
+        )
+        .await
+        .map_err(unavailable)?;
         tokio::spawn(watch_changes(
             client,
             format!("{prefix}:changes"),
@@ -219,6 +242,7 @@ impl RedisStore {
         ));
         let store = Self {
             inner: Arc::new(Inner {
+                shared,
                 pool,
                 prefix: prefix.to_owned(),
                 partitions,
@@ -289,7 +313,13 @@ impl RedisStore {
         Ok(())
     }
 
-    async fn conn(&self) -> Result<deadpool_redis::Connection> {
+    /// The shared multiplexed connection (a cheap handle).
+    async fn conn(&self) -> Result<ConnectionManager> {
+        Ok(self.inner.shared.clone())
+    }
+
+    /// A connection of its own, for a command that blocks.
+    async fn blocking_conn(&self) -> Result<deadpool_redis::Connection> {
         self.inner.pool.get().await.map_err(unavailable)
     }
 

@@ -39,7 +39,10 @@ impl RedisStore {
         if block.is_zero() {
             return Ok(Vec::new());
         }
-        let one: Option<(String, Vec<u8>)> = c
+        // BRPOP blocks its connection: never the shared one.
+        let one: Option<(String, Vec<u8>)> = self
+            .blocking_conn()
+            .await?
             .brpop(&key, block.as_secs_f64())
             .await
             .map_err(unavailable)?;
