@@ -647,6 +647,51 @@ fn system_unix_now() -> i64 {
 mod tests {
     use super::*;
 
+    /// The README's worked example ("Verifying a delivery, in any language") is what
+    /// the signing functions produce, and the README shows exactly these figures.
+    #[test]
+    fn the_readmes_worked_example_is_what_is_signed() {
+        let secret: Secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+            .parse()
+            .expect("a valid secret");
+        assert_eq!(secret.key, b"0123456789abcdef0123456789abcdef");
+        let body = br#"{"schedule_id":"hello@1764680400000","status":"SUCCEEDED"}"#;
+        let (id, timestamp, nonce) = (
+            "hello@1764680400000",
+            1_764_680_401,
+            "0193a5f0c2d47c3e9b1f2a6d8e4c5b7a",
+        );
+        let standard = sign_standard(std::slice::from_ref(&secret), id, timestamp, body);
+        let classic = sign_classic(std::slice::from_ref(&secret), body, timestamp, nonce);
+        assert_eq!(standard, "v1,dBeCNEsmEaMuiiC5+x3dXT/OeA7k3Y37nx+SNmZUiik=");
+        assert_eq!(
+            classic,
+            "0995e3a800721e0d2373d4cf4f3f07dbfbf2c7076997a339d56a6fa214960918"
+        );
+        let readme = include_str!("../../README.md");
+        for shown in [
+            format!("webhook-signature: {standard}"),
+            format!("X-Sundial-Signature: {classic}"),
+            format!("body `{}`", std::str::from_utf8(body).expect("ascii")),
+            format!("`{timestamp}`, nonce `{nonce}`"),
+        ] {
+            assert!(readme.contains(&shown), "README.md does not show {shown:?}");
+        }
+        // Two secrets (a rotation): one signature each, in the README's separators.
+        let other = Secret::generate();
+        let both = [secret, other];
+        assert_eq!(
+            sign_standard(&both, id, timestamp, body).split(' ').count(),
+            2
+        );
+        assert_eq!(
+            sign_classic(&both, body, timestamp, nonce)
+                .split(',')
+                .count(),
+            2
+        );
+    }
+
     #[test]
     fn hex_round_trips_and_refuses_non_hex() {
         let bytes: Vec<u8> = (0..=255).collect();

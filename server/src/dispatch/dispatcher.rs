@@ -27,7 +27,6 @@ use crate::dispatch::http_target::HttpTargets;
 use crate::dispatch::links::Links;
 use crate::dispatch::lock;
 use crate::dispatch::routing::{self, NodeView, Route, RouteState};
-use crate::dispatch::waiting::{MAX_HINTS_PER_GROUP, WaitingRuns};
 use crate::fault::crash_point;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::store::{
@@ -165,9 +164,6 @@ pub struct Dispatcher {
     jobs: Mutex<HashMap<String, Arc<JobRecord>>>,
     /// Per-job routing state (round-robin position, weights, hash ring).
     routes: Mutex<HashMap<String, RouteState>>,
-    /// Runs this instance saw wait for a slot, per group: a slot freed on a stream
-    /// attached here goes to the oldest at once (the store's timers remain the truth).
-    waiting: Mutex<WaitingRuns>,
 }
 
 /// Jobs whose triggers one dispatcher begins at once.
@@ -211,7 +207,6 @@ impl Dispatcher {
             },
             jobs: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
-            waiting: Mutex::new(WaitingRuns::new(MAX_HINTS_PER_GROUP)),
         }
     }
 
@@ -225,37 +220,10 @@ impl Dispatcher {
         self.alerts.metrics().start_refused();
     }
 
-    /// A stream attached here reported the end of a run on `node_id` of `group`:
-    /// routing counts the node one run less busy until its next registry read, and the
-    /// run of that group that has waited longest for a slot (as far as this instance
-    /// saw) is routed now, off the caller's task, rather than at its next timer.
-    pub fn run_ended_on(self: &Arc<Self>, node_id: &str, group: &str) {
+    /// A stream attached here reported the end of a run on `node_id`: routing counts
+    /// the node one run less busy until its next registry read.
+    pub fn run_ended_on(&self, node_id: &str) {
         self.nodes.moved(node_id, -1);
-        let this = self.clone();
-        let group = group.to_owned();
-        tokio::spawn(async move { this.route_a_waiting_run(&group).await }.in_current_span());
-    }
-
-    /// Routes the oldest waiting run of `group` this instance knows of; a hint whose
-    /// run is no longer WAITING (routed by a timer, finished) is skipped.
-    async fn route_a_waiting_run(&self, group: &str) {
-        const TRIES: usize = 8;
-        for _ in 0..TRIES {
-            let Some(sid) = lock(&self.waiting).take(group) else {
-                return;
-            };
-            match self.store.get_run(&sid).await {
-                Ok(Some(run)) if run.state == RunState::Waiting => {
-                    self.route(run).await;
-                    return;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    debug!(schedule_id = %sid, error = %e, "reading a waiting run failed; its timer will route it");
-                    return;
-                }
-            }
-        }
     }
 
     /// Consumes the trigger queue until `shutdown`; the batch in hand is finished
@@ -593,7 +561,6 @@ impl Dispatcher {
                 Placed::Full => continue,
             }
         }
-        lock(&self.waiting).note(group, &run.schedule_id);
         self.still_waiting(run).await;
     }
 

@@ -736,20 +736,16 @@ impl Executors {
         }
         if t.applied == Applied::Yes {
             let now = now_ms();
-            let (node_id, group, changed) = {
+            let (node_id, changed) = {
                 let mut st = lock(state);
                 let NodeState { node, window } = &mut *st;
                 let before = health::classify(node, &self.opts.health);
                 window.record(now, ended_as == RunState::Succeeded, duration);
                 window.apply(node, now, self.opts.health.window);
                 let changed = health::classify(node, &self.opts.health) != before;
-                (
-                    node.node_id.clone(),
-                    node.group.clone(),
-                    changed.then(|| node.clone()),
-                )
+                (node.node_id.clone(), changed.then(|| node.clone()))
             };
-            self.dispatcher.run_ended_on(&node_id, &group);
+            self.dispatcher.run_ended_on(&node_id);
             // A change of health is published at once, not at the next heartbeat, so
             // routing stops (or resumes) sending work sooner.
             if let Some(node) = changed {

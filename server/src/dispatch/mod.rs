@@ -1,8 +1,7 @@
 //! *Where* does a run go: the trigger consumer and routing ([`Dispatcher`]), the
 //! strategies ([`routing`]) and node health ([`health`]) they route by, the executor
 //! streams ([`executors`]) and the links to them ([`links`]), the built-in HTTP
-//! executor ([`http_target`]), the sweeper of run deadlines ([`sweeper`]), and the
-//! hints of runs waiting for a free slot ([`waiting`]).
+//! executor ([`http_target`]), and the sweeper of run deadlines ([`sweeper`]).
 //!
 //! May import the foundation (`store`, `model`, `metrics`, `auth`, `egress`, `fault`)
 //! and `deliver::alerts`; never `schedule`, `api` or `server`.
@@ -14,7 +13,6 @@ pub mod http_target;
 pub mod links;
 pub mod routing;
 pub mod sweeper;
-mod waiting;
 
 pub use dispatcher::{DispatchOptions, Dispatcher, run_plan, spawn};
 
