@@ -25,7 +25,7 @@ struct Args {
     /// The group's executor token.
     #[arg(long, env = "SUNDIAL_EXECUTOR_TOKEN", default_value = "")]
     token: String,
-    /// At most this many runs at once (0 = unlimited).
+    /// At most this many runs at once (0 = the server's default window, 64).
     #[arg(long, default_value_t = 4)]
     max_concurrency: u32,
 }

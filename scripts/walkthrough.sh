@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Runs the README's walk through ("A walk through with grpcurl", its HTTP commands and
+# the closing pause/delete block) verbatim, ports aside, against a live server on the
+# embedded store with the Rust example executor attached, and checks every answer.
+#
+# The commands are read from README.md's ```sh blocks under that heading, in order
+# (a `\` at a line's end, or a quote left open, joins the next line; `#` lines are
+# comments), so the README
+# shows exactly what this runs. Every command must have a check below: a command
+# added to the README without one fails the run. Needs grpcurl, curl and python3, and
+# the workspace built (`cargo build --workspace`; scripts/test does that).
+#
+# Usage: scripts/walkthrough.sh   (prints one line per command and the time taken)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+started=$(date +%s)
+
+for tool in grpcurl curl python3 cargo; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "walkthrough: $tool is missing" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The example executor, built before the clock of the walk through starts (the README
+# runs it with `cargo run`, which then only starts it).
+export CARGO_TARGET_DIR="$root/target/example"
+cargo build --quiet --manifest-path sdk-examples/rust/Cargo.toml
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+grpc=$(free_port)
+http=$(free_port)
+"$root/target/debug/sundial" serve --listen "127.0.0.1:$grpc" --http-listen "127.0.0.1:$http" \
+  --data-dir "$work/data" >"$work/server.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+  curl -sf "localhost:$http/healthz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -sf "localhost:$http/healthz" >/dev/null || { cat "$work/server.log" >&2; echo "walkthrough: the server did not start" >&2; exit 1; }
+
+# The README's commands, one per line, ports replaced.
+python3 - "$grpc" "$http" >"$work/commands" <<'PY'
+import re, shlex, sys
+grpc, http = sys.argv[1], sys.argv[2]
+
+def complete(c):
+    try:
+        shlex.split(c)
+        return True
+    except ValueError:  # an open quote: the command goes on on the next line
+        return False
+
+text = open("README.md").read()
+start = text.index("### A walk through with grpcurl")
+end = text.index("\n### ", start + 1)
+section = text[start:end]
+commands = []
+for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+    joined = ""
+    for line in block.splitlines():
+        if not joined and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.endswith("\\"):
+            joined += line[:-1] + " "
+            continue
+        if not complete(joined + line):
+            joined += line + " "
+            continue
+        commands.append(joined + line)
+        joined = ""
+for c in commands:
+    c = c.replace("localhost:50051", f"localhost:{grpc}").replace("127.0.0.1:50051", f"127.0.0.1:{grpc}")
+    c = c.replace("localhost:8080", f"localhost:{http}")
+    print(c)
+PY
+
+fail() { echo "walkthrough: FAILED at: $1" >&2; echo "answer: $(cat "$work/out" 2>/dev/null)" >&2; tail -20 "$work/server.log" >&2; exit 1; }
+# Runs a command line as written.
+run() { bash -c "$1" >"$work/out" 2>&1; }
+# Re-runs a command line until its answer matches a pattern (up to 30 s).
+until_matches() {
+  for _ in $(seq 1 60); do
+    if run "$1" && grep -Eq "$2" "$work/out"; then return 0; fi
+    sleep 0.5
+  done
+  return 1
+}
+nodes="grpcurl -plaintext localhost:$grpc sundial.v1.NodeService/ListNodes"
+
+n=0
+while IFS= read -r cmd; do
+  n=$((n + 1))
+  echo "walkthrough [$n] $cmd"
+  case "$cmd" in
+  *" list")
+    run "$cmd" || fail "$cmd"
+    grep -q "sundial.v1.JobService" "$work/out" && grep -q "sundial.v1.ExecutorService" "$work/out" || fail "$cmd"
+    ;;
+  *JobService/CreateJob)
+    run "$cmd" || fail "$cmd"
+    grep -q '"id": "hello"' "$work/out" || fail "$cmd"
+    ;;
+  *JobService/ApplyJobs)
+    run "$cmd" || fail "$cmd"
+    grep -q 'APPLY_OUTCOME_CREATED' "$work/out" || fail "$cmd"
+    # Applying the same list again writes nothing.
+    run "$cmd" && grep -q 'APPLY_OUTCOME_UNCHANGED' "$work/out" || fail "$cmd (again)"
+    ;;
+  "cargo run --manifest-path sdk-examples/rust/Cargo.toml"*)
+    bash -c "exec $cmd" >"$work/executor.log" 2>&1 &
+    pids+=($!)
+    until_matches "$nodes" '"nodeId": "demo-1"' || fail "$cmd (the executor never registered)"
+    ;;
+  *RunService/ListRuns)
+    # Runs turn SUCCEEDED with output "hello, world" (base64 in JSON).
+    until_matches "$cmd" '"output": "aGVsbG8sIHdvcmxk"' || fail "$cmd"
+    grep -q 'RUN_STATE_SUCCEEDED' "$work/out" || fail "$cmd"
+    ;;
+  *RunService/GetJobStatus)
+    run "$cmd" || fail "$cmd"
+    grep -q '"nextFireTimesMs"' "$work/out" && grep -q '"latestRun"' "$work/out" || fail "$cmd"
+    ;;
+  *JobService/TriggerJob)
+    run "$cmd" || fail "$cmd"
+    grep -q '"scheduleId": "hello@manual-deploy-42"' "$work/out" || fail "$cmd"
+    # Once per idempotency key: the same call again queues nothing new.
+    run "$cmd" && grep -q '"duplicate": true' "$work/out" || fail "$cmd (again)"
+    grep -q '"scheduleId": "hello@manual-deploy-42"' "$work/out" || fail "$cmd (again)"
+    ;;
+  *NodeService/ListNodes)
+    run "$cmd" || fail "$cmd"
+    grep -q '"nodeId": "demo-1"' "$work/out" && grep -q 'NODE_HEALTH_HEALTHY' "$work/out" || fail "$cmd"
+    ;;
+  *NodeService/DrainNode)
+    run "$cmd" || fail "$cmd"
+    until_matches "$nodes" 'NODE_HEALTH_DRAINING' || fail "$cmd (the node never showed DRAINING)"
+    ;;
+  "curl -s localhost:$http/api/v1/tasks/hello")
+    run "$cmd" || fail "$cmd"
+    grep -q '"job_id":"hello"' "$work/out" && grep -q '"next_fire_times_ms"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s 'localhost:$http/api/v1/jobs/hello/runs?page_size=5'")
+    run "$cmd" || fail "$cmd"
+    grep -q '"SUCCEEDED"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s -X POST localhost:$http/api/v1/jobs/hello/trigger"*)
+    run "$cmd" || fail "$cmd"
+    grep -q '"schedule_id":"hello@manual-deploy-43"' "$work/out" || fail "$cmd"
+    ;;
+  *JobService/PauseJob)
+    run "$cmd" || fail "$cmd"
+    grep -q '"paused": true' "$work/out" || fail "$cmd"
+    ;;
+  *JobService/DeleteJob)
+    run "$cmd" || fail "$cmd"
+    run "grpcurl -plaintext -d '{\"job_id\": \"hello\"}' localhost:$grpc sundial.v1.JobService/GetJob" \
+      && fail "$cmd (the job is still there)"
+    grep -q 'NotFound' "$work/out" || fail "$cmd (GetJob did not answer NotFound)"
+    ;;
+  *)
+    fail "no check for this README command; add one to scripts/walkthrough.sh: $cmd"
+    ;;
+  esac
+done <"$work/commands"
+
+[ "$n" -ge 14 ] || fail "only $n commands found in README.md's walk through"
+echo "walkthrough: $n commands of README.md run and checked in $(( $(date +%s) - started )) s"
