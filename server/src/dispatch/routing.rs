@@ -106,7 +106,7 @@ pub fn route(
                 .min(preferred.len() - 1);
             one(preferred[i])
         }
-        RouteStrategy::LeastActive => one(least_active(&preferred, state)),
+        RouteStrategy::LeastActive => one(least_active(&preferred)),
         RouteStrategy::ConsistentHash => {
             // The ring is over every node, slow or not: moving keys away from a node
             // because it is slow would defeat the point of the strategy.
@@ -216,23 +216,18 @@ fn smooth_weighted_step<'a>(nodes: &[&'a NodeView], state: &mut RouteState) -> &
 
 /// Fewest active runs, a node with recent errors counting as busier (each error adds
 /// one), then the shorter recent mean duration, then the node id.
-fn least_active<'a>(nodes: &[&'a NodeView], state: &mut RouteState) -> &'a NodeView {
-    // Load (runs in hand, inflated by recent errors), then the faster node; nodes tied
-    // on both take turns (the job's counter), so that a burst routed before the counts
-    // move does not always start on the lowest node id.
-    let key = |n: &NodeView| {
-        (
-            u64::from(n.active) + u64::from(n.recent_errors),
-            n.mean_duration_ms,
-        )
-    };
-    let Some(best) = nodes.iter().map(|n| key(n)).min() else {
-        return nodes[0];
-    };
-    let tied: Vec<&'a NodeView> = nodes.iter().copied().filter(|n| key(n) == best).collect();
-    let pick = tied[(state.counter % tied.len() as u64) as usize];
-    state.counter = state.counter.wrapping_add(1);
-    pick
+fn least_active<'a>(nodes: &[&'a NodeView]) -> &'a NodeView {
+    nodes
+        .iter()
+        .copied()
+        .min_by(|a, b| {
+            let load = |n: &NodeView| u64::from(n.active) + u64::from(n.recent_errors);
+            load(a)
+                .cmp(&load(b))
+                .then(a.mean_duration_ms.cmp(&b.mean_duration_ms))
+                .then(a.node_id.cmp(&b.node_id))
+        })
+        .unwrap_or(nodes[0])
 }
 
 /// FNV1_32_HASH: FNV-1a 32-bit followed by the usual avalanche finalizer, so that keys
@@ -457,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn least_active_counts_errors_then_breaks_ties_by_duration_then_takes_turns() {
+    fn least_active_counts_errors_then_breaks_ties_by_duration_then_id() {
         let mut st = RouteState::default();
         let busy = [
             NodeView {
@@ -499,20 +494,8 @@ mod tests {
             },
         ];
         assert_eq!(pick(RouteStrategy::LeastActive, &tie, &mut st), "b");
-        // A full tie: the tied nodes take turns, in node order.
-        let mut st = RouteState::default();
-        let full_tie = [
-            node("b"),
-            node("a"),
-            NodeView {
-                active: 1,
-                ..node("c")
-            },
-        ];
-        let picks: Vec<String> = (0..4)
-            .map(|_| pick(RouteStrategy::LeastActive, &full_tie, &mut st))
-            .collect();
-        assert_eq!(picks, ["a", "b", "a", "b"]);
+        let full_tie = [node("b"), node("a")];
+        assert_eq!(pick(RouteStrategy::LeastActive, &full_tie, &mut st), "a");
     }
 
     #[test]

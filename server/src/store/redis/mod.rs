@@ -37,12 +37,13 @@
 //! `outbox` (webhook outbox, breakers), `apps` (apps, nonces). The scripts are in
 //! `lua/`; this file holds the connections, the scripts' table and the decoding helpers.
 //!
-//! Connections: every command but the blocking trigger read goes over one shared,
+//! Connections: every command but the two blocking ones goes over one shared,
 //! multiplexed connection (redis-rs's `ConnectionManager`: concurrent commands are
 //! pipelined on it, and it reconnects by itself after a Redis restart), so a command
 //! costs no pool checkout (deadpool's recycle check was a `PING` + `UNWATCH` round
-//! trip per checkout, a fifth of all commands). The blocking `XREADGROUP` would stall
-//! that shared pipeline, so it takes a connection of its own from a small pool.
+//! trip per checkout, a fifth of all commands). The blocking trigger read
+//! (`XREADGROUP … BLOCK`) and inbox pop (`BRPOP`) would stall that shared pipeline, so
+//! each takes a connection of its own from a small pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,7 +177,7 @@ pub struct RedisStore {
 struct Inner {
     /// The shared multiplexed connection every non-blocking command uses.
     shared: ConnectionManager,
-    /// Connections for the blocking trigger read (and the schema check).
+    /// Connections for the blocking commands (and the schema check).
     pool: Pool,
     prefix: String,
     partitions: u32,
