@@ -97,6 +97,14 @@ struct NodeCache {
 }
 
 impl NodeCache {
+    fn new(refresh: Duration) -> Self {
+        Self {
+            refresh,
+            snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
+            since_read: Mutex::new(HashMap::new()),
+        }
+    }
+
     async fn get(&self, store: &dyn Store) -> Arc<Vec<NodeRecord>> {
         let mut s = self.snapshot.lock().await;
         if s.0.is_none_or(|t| t.elapsed() >= self.refresh) {
@@ -200,11 +208,7 @@ impl Dispatcher {
             links,
             http,
             alerts,
-            nodes: NodeCache {
-                refresh,
-                snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
-                since_read: Mutex::new(HashMap::new()),
-            },
+            nodes: NodeCache::new(refresh),
             jobs: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
         }
@@ -778,11 +782,7 @@ mod tests {
     use super::*;
 
     fn cache() -> NodeCache {
-        NodeCache {
-            refresh: Duration::from_secs(60),
-            snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
-            since_read: Mutex::new(HashMap::new()),
-        }
+        NodeCache::new(Duration::from_secs(60))
     }
 
     fn node(id: &str, window: u32, leased: u32) -> NodeRecord {
