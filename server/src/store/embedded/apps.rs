@@ -5,7 +5,7 @@ use super::*;
 
 impl Inner {
     pub(super) fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let now = now_ms();
             // Forget a few expired nonces so the table stays as small as the live window.
             sweep_pair_expiry(txn, NONCE_EXPIRY, NONCES, now, "nonce")?;
@@ -36,7 +36,7 @@ impl Inner {
     }
 
     pub(super) fn create_app(&self, mut app: AppRecord) -> Result<AppRecord> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut apps = txn.open_table(APPS).ctx("open apps")?;
             if apps.get(app.app_id.as_str()).ctx("read app")?.is_some() {
                 return Err(Error::AppExists(app.app_id.clone()));
@@ -66,7 +66,7 @@ impl Inner {
         secret: &str,
         overlap: Duration,
     ) -> Result<AppRecord> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut apps = txn.open_table(APPS).ctx("open apps")?;
             let mut app: AppRecord = match apps.get(app_id).ctx("read app")? {
                 Some(g) => decode("app", app_id, g.value())?,

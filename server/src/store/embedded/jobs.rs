@@ -6,11 +6,11 @@ use super::*;
 
 impl Inner {
     pub(super) fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
-        write(&self.db, |txn| self.create_in(txn, job))
+        self.write(|txn| self.create_in(txn, job))
     }
 
     pub(super) fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
-        write(&self.db, |txn| self.update_in(txn, job, expected_version))
+        self.write(|txn| self.update_in(txn, job, expected_version))
     }
 
     /// The writes of one partition in one transaction: each one's record, or the
@@ -30,7 +30,7 @@ impl Inner {
                 partition_of(w.job_id(), self.partitions)
             )));
         }
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut out = Vec::with_capacity(writes.len());
             for w in writes {
                 let r = match w {
@@ -116,7 +116,7 @@ impl Inner {
     }
 
     pub(super) fn delete_job(&self, job_id: &str) -> Result<()> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
             if jobs.remove(job_id).ctx("delete job")?.is_none() {
                 return Err(Error::JobNotFound(job_id.to_owned()));
@@ -232,7 +232,7 @@ impl Inner {
         partition: u32,
         claims: Vec<FireClaim>,
     ) -> Result<ClaimOutcome> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let now = now_ms();
             let mut results = Vec::with_capacity(claims.len());
             let mut appended = Vec::new();
@@ -307,7 +307,7 @@ impl Inner {
     }
 
     pub(super) fn enqueue_manual(&self, trigger: Trigger, key: Option<String>) -> Result<Enqueued> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let now = now_ms();
             {
                 let jobs = txn.open_table(JOBS).ctx("open jobs")?;
@@ -437,7 +437,7 @@ impl Inner {
     }
 
     pub(super) fn ack(&self, seq: u64) -> Result<()> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
             queue.remove(seq).ctx("delete trigger")?;
             Ok(())

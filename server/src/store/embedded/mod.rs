@@ -6,6 +6,9 @@
 //! of the trigger queue. Every `Store` operation is exactly one redb transaction, run on
 //! the blocking pool, so the atomicity the trait promises is redb's: a write transaction
 //! is serialised against every other one and commits durably (fsync) or not at all.
+//! Writes take turns ([`Inner::writers`]), except the ones a heartbeat makes (lease
+//! renewals, the node's registry entry), which go ahead of the queue so a burst of
+//! run writes cannot make a live executor's leases run out.
 //!
 //! One file per concern: `jobs` (jobs, fires, the trigger queue), `runs` (runs, leases,
 //! the run state machine, progress and logs) over `run_tables` (the run tables open
@@ -219,6 +222,13 @@ struct Inner {
     max_runs_per_job: u64,
     idempotency_ttl_ms: i64,
     queue: Mutex<QueueState>,
+    /// The turn of the ordinary writes: held from before `begin_write` to the commit.
+    /// redb wakes an arbitrary one of the threads waiting for its writer lock, so under
+    /// a burst (hundreds of run writes waiting, each commit an fsync) a given write
+    /// could wait seconds. Ordinary writes take this lock first, so at most one of them
+    /// waits on redb's lock; urgent writes ([`Inner::write_urgent`]) skip it and so only
+    /// ever wait for the write in progress and that one.
+    writers: Mutex<()>,
 }
 
 /// The embedded `Store`: see the module docs.
@@ -281,6 +291,7 @@ impl EmbeddedStore {
                 max_runs_per_job: u64::try_from(opts.max_runs_per_job.max(1)).unwrap_or(u64::MAX),
                 idempotency_ttl_ms: duration_ms(opts.idempotency_ttl),
                 queue: Mutex::new(QueueState::default()),
+                writers: Mutex::new(()),
             }),
             changes,
             appended: Arc::new(Notify::new()),
@@ -503,7 +514,7 @@ fn page_limit(limit: usize) -> usize {
 // ---- transaction helpers
 
 /// One write transaction: commits if `f` succeeds, aborts (by drop) if it fails.
-fn write<T>(db: &Database, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
+fn write_txn<T>(db: &Database, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
     let txn = db.begin_write().ctx("begin write transaction")?;
     let out = f(&txn)?;
     txn.commit().ctx("commit")?;
@@ -641,6 +652,21 @@ mod tests;
 use run_tables::RunTables;
 
 impl Inner {
+    /// One write transaction, in turn behind the other ordinary writes: see
+    /// [`Inner::writers`].
+    fn write<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
+        let _turn = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        write_txn(&self.db, f)
+    }
+
+    /// One write transaction that goes ahead of the queue of ordinary writes: it waits
+    /// for at most the write in progress and the one holding the turn. For the writes a
+    /// heartbeat makes (lease renewals, the node's registry entry): queued behind a
+    /// burst of run writes they would arrive after the leases they renew ran out.
+    fn write_urgent<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
+        write_txn(&self.db, f)
+    }
+
     fn expired_run(&self, run: &RunRecord, now: Millis) -> bool {
         run.created_at.saturating_add(self.run_retention_ms) <= now
     }

@@ -5,7 +5,7 @@ use super::*;
 
 impl Inner {
     pub(super) fn upsert_node(&self, mut node: NodeRecord, ttl: Duration) -> Result<()> {
-        write(&self.db, |txn| {
+        self.write_urgent(|txn| {
             let now = now_ms();
             sweep_nodes(txn, now)?;
             node.last_heartbeat = now;
@@ -29,7 +29,7 @@ impl Inner {
     }
 
     pub(super) fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let now = now_ms();
             sweep_nodes(txn, now)?;
             let mut nodes = txn.open_table(NODES).ctx("open nodes")?;

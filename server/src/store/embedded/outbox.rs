@@ -19,7 +19,7 @@ impl Inner {
         schedule_id: &str,
         lease: Duration,
     ) -> Result<Option<WebhookDelivery>> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut entry) = t.load_outbox(schedule_id)? else {
                 return Ok(None);
@@ -52,7 +52,7 @@ impl Inner {
         token: u64,
         outcome: DeliveryOutcome,
     ) -> Result<Applied> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut entry) = t.load_outbox(schedule_id)? else {
                 return Ok(Applied::No("unknown delivery".to_owned()));
@@ -109,7 +109,7 @@ impl Inner {
     }
 
     pub(super) fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
             let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
@@ -140,7 +140,7 @@ impl Inner {
         threshold: u32,
         cool_down: Duration,
     ) -> Result<BreakerUpdate> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
             let mut b: Breaker = match table.get(destination).ctx("read breaker")? {

@@ -7,7 +7,7 @@ use super::*;
 
 impl Inner {
     pub(super) fn record_run(&self, mut run: RunRecord) -> Result<Recorded> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let job = {
                 let jobs = txn.open_table(JOBS).ctx("open jobs")?;
                 load_job(&jobs, &run.job_id)?
@@ -112,7 +112,7 @@ impl Inner {
     }
 
     pub(super) fn begin_run(&self, mut run: RunRecord, route_grace: Duration) -> Result<Begun> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let job = {
                 let jobs = txn.open_table(JOBS).ctx("open jobs")?;
                 load_job(&jobs, &run.job_id)?
@@ -214,7 +214,7 @@ impl Inner {
         node: &NodeSlot,
         terms: LeaseTerms,
     ) -> Result<Assigned> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut run) = t.load(schedule_id)? else {
                 return Ok(Assigned::NotWaiting(None));
@@ -254,7 +254,7 @@ impl Inner {
     }
 
     pub(super) fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut run) = t.load_held(schedule_id)? else {
                 return Ok(refused("unknown run", None));
@@ -285,7 +285,7 @@ impl Inner {
         held_runs: &[Held],
         ttl: Duration,
     ) -> Result<Vec<Option<i64>>> {
-        write(&self.db, |txn| {
+        self.write_urgent(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let ttl = duration_ms(ttl);
             let mut out = Vec::with_capacity(held_runs.len());
@@ -316,7 +316,7 @@ impl Inner {
         by: Finisher,
         outcome: Outcome,
     ) -> Result<Transition> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let found = match by {
                 Finisher::Token(_) => t.load_held(schedule_id)?,
@@ -420,7 +420,7 @@ impl Inner {
         schedule_id: &str,
         route_grace: Duration,
     ) -> Result<Transition> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut run) = t.load(schedule_id)? else {
                 t.drop_timer(schedule_id)?;
@@ -479,7 +479,7 @@ impl Inner {
     }
 
     pub(super) fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut run) = t.load(schedule_id)? else {
                 return Ok(refused("unknown run", None));
@@ -501,7 +501,7 @@ impl Inner {
         shards: u32,
         route_grace: Duration,
     ) -> Result<FannedOut> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut run) = t.load(schedule_id)? else {
                 return Ok(FannedOut::NotWaiting(None));
@@ -566,7 +566,7 @@ impl Inner {
         percent: u32,
         message: &str,
     ) -> Result<bool> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             let Some(mut run) = t
                 .load_held(schedule_id)?
@@ -588,7 +588,7 @@ impl Inner {
         lines: Vec<LogLine>,
         max_bytes: usize,
     ) -> Result<bool> {
-        write(&self.db, |txn| {
+        self.write(|txn| {
             let mut t = RunTables::open(txn, self)?;
             // Any state: an executor may flush its last lines after its result.
             let Some(run) = t

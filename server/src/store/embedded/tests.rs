@@ -1,7 +1,7 @@
 //! The embedded backend's own tests: the conformance suite on a redb file, and what
 //! only this backend has: data surviving a reopen, the schema check, caller mistakes as
-//! errors, tokens that outgrow a clock step back, and the lazy sweeps of expired nodes
-//! and runs.
+//! errors, tokens that outgrow a clock step back, the lazy sweeps of expired nodes
+//! and runs, and heartbeat writes going ahead of the queue of ordinary writes.
 
 use super::*;
 use crate::model::{RunPlan, schedule_id};
@@ -407,4 +407,53 @@ async fn expired_runs_are_swept() {
         counts.get("sweep").expect("get").map(|g| g.value()),
         Some(2)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_writes_go_ahead_of_the_queue() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(
+        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open"),
+    );
+    // An ordinary write holds the turn, as one does all through a burst of run writes.
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let inner = Arc::clone(&store.inner);
+    let holder = std::thread::spawn(move || {
+        let _turn = inner.writers.lock().expect("turn");
+        held_tx.send(()).expect("say held");
+        let _ = release_rx.recv();
+    });
+    held_rx.recv().expect("turn held");
+    // The next ordinary write waits for its turn…
+    let queued = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.create_job(job("queued", None)).await }
+    });
+    // …while a heartbeat's writes (the node's registry entry, its lease renewals) do not.
+    let ahead = Duration::from_secs(10);
+    tokio::time::timeout(
+        ahead,
+        store.upsert_node(conformance::node("n1", "g", "i"), Duration::from_secs(30)),
+    )
+    .await
+    .expect("the node refresh waited for the turn")
+    .expect("upsert");
+    let held = [Held {
+        schedule_id: "nobody@1".to_owned(),
+        token: 1,
+    }];
+    let renewed = tokio::time::timeout(
+        ahead,
+        store.renew_leases("n1", &held, Duration::from_secs(3)),
+    )
+    .await
+    .expect("the renewal waited for the turn")
+    .expect("renew");
+    assert_eq!(renewed, vec![None], "no such lease");
+    assert!(!queued.is_finished(), "the ordinary write took no turn");
+    release_tx.send(()).expect("release");
+    holder.join().expect("holder");
+    queued.await.expect("join").expect("create");
+    assert!(store.get_job("queued").await.expect("get").is_some());
 }
