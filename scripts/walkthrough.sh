@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the README's walk through ("A walk through with grpcurl", its HTTP commands and
 # the closing pause/delete block) verbatim, ports aside, against a live server on the
-# embedded store with the Rust example executor attached, and checks every answer.
+# embedded store with the Rust example executor attached, and checks every answer; then
+# the command of "Metrics and alerts" and the block of "Authentication" (against a
+# second server that requires a bearer token and an app secret).
 #
 # The commands are read from README.md's ```sh blocks under that heading, in order
 # (a `\` at a line's end, or a quote left open, joins the next line; `#` lines are
@@ -82,7 +84,8 @@ for c in commands:
     print(c)
 PY
 
-fail() { echo "walkthrough: FAILED at: $1" >&2; echo "answer: $(cat "$work/out" 2>/dev/null)" >&2; tail -20 "$work/server.log" >&2; exit 1; }
+log="$work/server.log"
+fail() { echo "walkthrough: FAILED at: $1" >&2; echo "answer: $(cat "$work/out" 2>/dev/null)" >&2; tail -20 "$log" >&2; exit 1; }
 # Runs a command line as written.
 run() { bash -c "$1" >"$work/out" 2>&1; }
 # Re-runs a command line until its answer matches a pattern (up to 30 s).
@@ -172,4 +175,70 @@ while IFS= read -r cmd; do
 done <"$work/commands"
 
 [ "$n" -ge 14 ] || fail "only $n commands found in README.md's walk through"
+
+# "Metrics and alerts": the one command it names, on the server of the walk through.
+metrics=$(python3 - "$http" <<'PY'
+import re, sys
+text = open("README.md").read()
+start = text.index("### Metrics and alerts")
+section = text[start:text.index("\n### ", start + 1)]
+found = re.findall(r"`(curl [^`]*/metrics)`", section)
+assert len(found) == 1, f"expected one metrics command, found {found}"
+print(found[0].replace("localhost:8080", f"localhost:{sys.argv[1]}"))
+PY
+)
+n=$((n + 1))
+echo "walkthrough [$n] $metrics"
+run "$metrics" || fail "$metrics"
+grep -Eq '^sundial_runs_finished_total\{state="SUCCEEDED"\} [1-9]' "$work/out" \
+  && grep -q '^sundial_executors_connected' "$work/out" || fail "$metrics"
+
+# "Authentication": its sh block run as one script (its lines share variables) against
+# a second server that requires credentials, with SECRET and TOKEN set to the server's.
+secret="whsec_$(python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())')"
+token="walkthrough-$(python3 -c 'import secrets; print(secrets.token_hex(8))')"
+agrpc=$(free_port)
+ahttp=$(free_port)
+SUNDIAL_BEARER_TOKENS="$token" SUNDIAL_APP_SECRETS="billing=$secret" \
+  "$root/target/debug/sundial" serve --listen "127.0.0.1:$agrpc" --http-listen "127.0.0.1:$ahttp" \
+  --data-dir "$work/auth-data" >"$work/auth-server.log" 2>&1 &
+pids+=($!)
+log="$work/auth-server.log"
+for _ in $(seq 1 100); do
+  curl -sf "localhost:$ahttp/healthz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+python3 - "$agrpc" "$ahttp" "$secret" >"$work/auth.sh" <<'PY'
+import re, sys
+grpc, http, secret = sys.argv[1:]
+text = open("README.md").read()
+start = text.index("### Authentication")
+section = text[start:text.index("\n### ", start + 1)]
+blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+assert len(blocks) == 1, f"expected one sh block under Authentication, found {len(blocks)}"
+block = blocks[0]
+assert "SECRET=whsec_..." in block, "the block no longer sets SECRET=whsec_..."
+block = block.replace("SECRET=whsec_...", f"SECRET={secret}")
+block = block.replace("localhost:50051", f"localhost:{grpc}").replace("localhost:8080", f"localhost:{http}")
+print("set -e")
+print(block)
+PY
+n=$((n + 1))
+echo "walkthrough [$n] README.md's Authentication block (signed curl, bearer grpcurl)"
+# Without credentials a call is refused, REST with the JSON error the README shows.
+run "curl -s -o /dev/stderr -w '%{http_code}' localhost:$ahttp/api/v1/tasks/hello"
+grep -q '^401' "$work/out" && grep -q '"code":"UNAUTHENTICATED"' "$work/out" \
+  || fail "an unauthenticated REST call (expected 401 UNAUTHENTICATED)"
+# The job the block triggers and reads, created with the bearer token.
+run "grpcurl -plaintext -H 'authorization: Bearer $token' -d '{\"spec\": {\"id\": \"hello\", \"cron\": \"0 0 2 * * ?\", \"executor\": {\"group\": \"demo\", \"handler\": \"echo\"}}}' localhost:$agrpc sundial.v1.JobService/CreateJob" \
+  || fail "creating the job of the Authentication block"
+TOKEN="$token" bash "$work/auth.sh" >"$work/out" 2>&1 || fail "README.md's Authentication block"
+grep -q '"schedule_id":"hello@manual-deploy-44"' "$work/out" || fail "the signed curl trigger"
+grep -q '"id": "hello"' "$work/out" || fail "the bearer grpcurl GetJob"
+# /metrics stays open without credentials.
+n=$((n + 1))
+echo "walkthrough [$n] $metrics (a server with credentials)"
+run "${metrics//localhost:$http/localhost:$ahttp}" || fail "$metrics on the server with credentials"
+grep -q '^sundial_' "$work/out" || fail "$metrics on the server with credentials (not open)"
+
 echo "walkthrough: $n commands of README.md run and checked in $(( $(date +%s) - started )) s"
