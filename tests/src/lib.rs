@@ -6,6 +6,8 @@
 //! - gRPC clients over real sockets, and helpers that wait on conditions with a
 //!   deadline instead of sleeping a fixed time.
 
+pub mod foreign;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
