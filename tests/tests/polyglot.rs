@@ -1,8 +1,9 @@
 //! The Python example executor (`sdk-examples/python/executor.py`, on stubs generated
 //! from `proto/`) against a real server and Redis: it registers with its handlers, a
-//! `py_echo` run succeeds on it with the payload as output, a `py_fail` run with one
+//! `echo` run succeeds on it with the payload as output, a `fail` run with one
 //! retry ends FAILED at attempt 2 with its error code, it reconnects when its server
-//! dies and another starts on the same address, and it exits 0 on SIGTERM.
+//! dies and another starts on the same address, and it exits 0 on SIGTERM. Then the
+//! end-to-end scenario the Go and Java examples pass too, with the Python receiver.
 //!
 //! The Python comes from `SUNDIAL_TEST_PYTHON` (`scripts/test` sets up the venv and
 //! exports it); when unset, the test runs the same setup script itself.
@@ -65,7 +66,7 @@ impl PyExecutor {
         let script = workspace_root().join("sdk-examples/python/executor.py");
         let mut child = Command::new(python()?)
             .arg(script)
-            .args(["--endpoint", &server.grpc.to_string()])
+            .args(["--endpoints", &server.grpc.to_string()])
             .args(["--group", "py", "--node-id", NODE])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -183,12 +184,12 @@ async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
     })
     .await?;
     ensure!(node.group == "py", "{node:?}");
-    ensure!(node.handlers == ["py_echo", "py_fail"], "{node:?}");
+    ensure!(node.handlers == ["echo", "sleep", "fail"], "{node:?}");
 
-    // py_echo: SUCCEEDED on the python node, the payload back as output.
+    // echo: SUCCEEDED on the python node, the payload back as output.
     let payload = b"hello from rust";
     server
-        .create_job(job("py-echo", "py_echo", payload, 0))
+        .create_job(job("py-echo", "echo", payload, 0))
         .await?;
     let sid = server.trigger("py-echo").await?;
     let run = server.finished(&sid).await?;
@@ -205,8 +206,8 @@ async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
         "{run:?}"
     );
 
-    // py_fail with one retry: FAILED at attempt 2 with the handler's error code.
-    server.create_job(job("py-fail", "py_fail", b"", 1)).await?;
+    // fail with one retry: FAILED at attempt 2 with the handler's error code.
+    server.create_job(job("py-fail", "fail", b"", 1)).await?;
     let sid = server.trigger("py-fail").await?;
     let run = server.finished(&sid).await?;
     ensure!(
@@ -215,7 +216,7 @@ async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
         py.stderr()
     );
     ensure!(run.attempt == 2, "{run:?}");
-    ensure!(run.error_code == "py_boom", "{run:?}");
+    ensure!(run.error_code == "py_fail", "{run:?}");
     ensure!(run.node_id == NODE, "{run:?}");
 
     // The server dies; on the same address a new one starts: the executor reconnects
@@ -242,4 +243,25 @@ async fn python_executor_runs_jobs_over_generated_stubs() -> Result<()> {
         py.stderr()
     );
     Ok(())
+}
+
+/// The scenario every foreign-language example passes ([`sundial_tests::foreign`]):
+/// two server instances on Redis, two Python executors, the Python receiver, jobs
+/// through grpcurl, a SIGKILL mid-run, a cancel, a SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_executors_and_receiver_end_to_end() -> Result<()> {
+    let py = python()?.display().to_string();
+    let script = |name: &str| {
+        workspace_root()
+            .join("sdk-examples/python")
+            .join(name)
+            .display()
+            .to_string()
+    };
+    sundial_tests::foreign::end_to_end(&sundial_tests::foreign::Example {
+        language: "py",
+        executor: vec![py.clone(), script("executor.py")],
+        receiver: vec![py, script("receiver.py")],
+    })
+    .await
 }
