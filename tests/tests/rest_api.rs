@@ -225,3 +225,151 @@ async fn bad_requests_name_the_parameter_and_openapi_describes_the_api() -> Resu
     ensure!(health.status() == 200);
     Ok(())
 }
+
+/// Every failure of the REST edge answers the one error shape, `{"error": {"code",
+/// "message"}}` as JSON, whatever fails: no route, a method the route does not take
+/// (405 with `Allow`), malformed or non-UTF-8 JSON, a body without or with the wrong
+/// content type, a body too large, a page token this API never issued. None of them
+/// changes anything, and messages quote at most about 100 characters of the input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_failure_is_one_json_error_shape() -> Result<()> {
+    let (_dir, _server, base, http) = server_with_job("shape").await?;
+    let trigger = || http.post(format!("{base}/api/v1/jobs/shape/trigger"));
+    let long = "z".repeat(5000);
+    let cases: Vec<(&str, reqwest::RequestBuilder, u16, &str, &str)> = vec![
+        (
+            "unknown path",
+            http.get(format!("{base}/api/v1/nowhere")),
+            404,
+            "NOT_FOUND",
+            "/api/v1/nowhere",
+        ),
+        (
+            "unknown method",
+            http.delete(format!("{base}/api/v1/tasks/shape")),
+            405,
+            "METHOD_NOT_ALLOWED",
+            "DELETE",
+        ),
+        (
+            "malformed JSON",
+            trigger()
+                .header("content-type", "application/json")
+                .body("{\"idempotency_key\": "),
+            400,
+            "INVALID_ARGUMENT",
+            "body:",
+        ),
+        (
+            "non-UTF-8 JSON",
+            trigger()
+                .header("content-type", "application/json")
+                .body(vec![b'"', 0xff, 0xfe, b'"']),
+            400,
+            "INVALID_ARGUMENT",
+            "body:",
+        ),
+        (
+            "deep nesting",
+            trigger()
+                .header("content-type", "application/json")
+                .body("[".repeat(10_000)),
+            400,
+            "INVALID_ARGUMENT",
+            "body:",
+        ),
+        (
+            "no content type",
+            trigger().body("{\"idempotency_key\": \"k1\"}"),
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            "content-type",
+        ),
+        (
+            "wrong content type",
+            trigger()
+                .header("content-type", "text/plain")
+                .body("{\"idempotency_key\": \"k1\"}"),
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            "content-type",
+        ),
+        (
+            "too large",
+            trigger()
+                .header("content-type", "application/json")
+                .body(vec![b' '; 2 << 20]),
+            413,
+            "PAYLOAD_TOO_LARGE",
+            "body",
+        ),
+        (
+            "bad page token",
+            http.get(format!("{base}/api/v1/jobs/shape/runs?page_token=garbage")),
+            400,
+            "INVALID_ARGUMENT",
+            "page_token:",
+        ),
+        (
+            "a long bad id is quoted short",
+            http.get(format!("{base}/api/v1/tasks/{long}")),
+            400,
+            "INVALID_ARGUMENT",
+            "job_id:",
+        ),
+    ];
+    for (what, req, status, code, needle) in cases {
+        let resp = req.send().await?;
+        let got = resp.status().as_u16();
+        let allow = resp
+            .headers()
+            .get("allow")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let text = resp.text().await?;
+        let body: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{what}: not JSON ({content_type}): {text:?}"))?;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        ensure!(
+            got == status
+                && content_type.starts_with("application/json")
+                && body["error"]["code"] == code
+                && message.contains(needle),
+            "{what}: expected {status} {code} naming {needle:?}, got {got}: {body}"
+        );
+        ensure!(
+            message.len() < 300,
+            "{what}: a {} byte message",
+            message.len()
+        );
+        if status == 405 {
+            ensure!(
+                allow.as_deref() == Some("GET,HEAD"),
+                "{what}: Allow {allow:?}"
+            );
+        }
+    }
+    // None of them queued a run.
+    let runs: Value = http
+        .get(format!("{base}/api/v1/jobs/shape/runs"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        runs["runs"]
+            .as_array()
+            .is_some_and(|r| r.iter().all(|r| r["trigger_kind"] != "MANUAL")),
+        "a refused trigger queued a run: {runs}"
+    );
+    // An empty body without a content type is still a plain trigger.
+    let ok = trigger().send().await?;
+    ensure!(ok.status() == 202, "an empty trigger: {}", ok.status());
+    Ok(())
+}

@@ -23,6 +23,36 @@ const MAX_RETRIES: i32 = 100;
 const MAX_JITTER_MS: i64 = 24 * 3600 * 1000;
 const MAX_CATCH_UP: i32 = 1000;
 
+/// `s` quoted for an error message, cut to its first 100 characters ("…" marks a cut),
+/// so a huge input never makes a huge message.
+pub fn quoted(s: &str) -> String {
+    const MAX: usize = 100;
+    match s.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{:?}…", &s[..end]),
+        None => format!("{s:?}"),
+    }
+}
+
+/// A run-list page token: the `<scheduled_at ms>:<schedule_id>` cursor a listing
+/// returned (both stores use it). Anything else is refused naming `field`, rather
+/// than reaching the store, which would take it for corrupt data.
+pub fn run_page_token(field: &'static str, raw: &str) -> Result<Option<String>, Error> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let well_formed = raw.len() <= 512
+        && raw
+            .split_once(':')
+            .is_some_and(|(at, sid)| at.parse::<i64>().is_ok() && sid.contains('@'));
+    if !well_formed {
+        return Err(invalid(
+            field,
+            format!("{} is not a page token a listing returned", quoted(raw)),
+        ));
+    }
+    Ok(Some(raw.to_owned()))
+}
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
     Error::Invalid {
         field,
@@ -43,7 +73,7 @@ pub fn job_spec(spec: Option<pb::JobSpec>) -> Result<(JobSpec, bool), Error> {
     if !valid_job_id(&s.id) {
         return Err(invalid(
             "spec.id",
-            format!("{:?} must match [A-Za-z0-9._-]{{1,128}}", s.id),
+            format!("{} must match [A-Za-z0-9._-]{{1,128}}", quoted(&s.id)),
         ));
     }
     if s.name.len() > MAX_NAME_BYTES {
@@ -203,7 +233,7 @@ fn optional_time(field: &'static str, v: i64) -> Result<Option<model::Millis>, E
 }
 
 fn http_url(field: &'static str, raw: &str) -> Result<(), Error> {
-    let u = url::Url::parse(raw).map_err(|e| invalid(field, format!("{raw:?}: {e}")))?;
+    let u = url::Url::parse(raw).map_err(|e| invalid(field, format!("{}: {e}", quoted(raw))))?;
     if !matches!(u.scheme(), "http" | "https") {
         return Err(invalid(
             field,
@@ -299,7 +329,7 @@ pub fn job_id(field: &'static str, id: &str) -> Result<String, Error> {
     if !valid_job_id(id) {
         return Err(invalid(
             field,
-            format!("{id:?} must match [A-Za-z0-9._-]{{1,128}}"),
+            format!("{} must match [A-Za-z0-9._-]{{1,128}}", quoted(id)),
         ));
     }
     Ok(id.to_owned())
@@ -579,5 +609,30 @@ mod tests {
                 Err(e) => prop_assert!(false, "unexpected error {e}"),
             }
         }
+    }
+
+    #[test]
+    fn page_tokens_are_checked_before_the_store() {
+        assert_eq!(run_page_token("page_token", "").expect("empty"), None);
+        assert_eq!(
+            run_page_token("page_token", "1764680400000:job@1764680400000").expect("well formed"),
+            Some("1764680400000:job@1764680400000".to_owned())
+        );
+        for bad in ["garbage", "12:no-at", "x:job@1", &"9".repeat(600)] {
+            let e = run_page_token("page_token", bad)
+                .expect_err("refused")
+                .to_string();
+            assert!(e.starts_with("page_token: "), "{e}");
+            assert!(e.len() < 200, "a {} byte message", e.len());
+        }
+    }
+
+    #[test]
+    fn quoted_input_is_cut_at_100_characters() {
+        assert_eq!(quoted("abc"), "\"abc\"");
+        let long = "é".repeat(500);
+        let q = quoted(&long);
+        assert_eq!(q.chars().count(), 100 + 3, "{q}");
+        assert!(q.ends_with('…'));
     }
 }

@@ -3,6 +3,12 @@
 //! request shapes (errors name the parameter, as JSON) and forward to the same core as
 //! the gRPC services (`jobs`, `runs`).
 //!
+//! Every failure answers one shape, `{"error": {"code", "message"}}` as JSON: the
+//! handlers' own errors ([`ApiError`]) and axum's (no route 404, a method the route does
+//! not take 405 with `Allow`, a body over [`MAX_SIGNED_BODY`] 413), rewritten by
+//! [`json_errors`]. A body needs `Content-Type: application/json` (415 otherwise) and
+//! must parse (400 naming `body`); messages quote at most 100 characters of the input.
+//!
 //! Every route but `/healthz` and `/metrics` needs admin credentials (a bearer token or an app
 //! signature, see [`crate::auth`]) unless admin authentication is off (dev mode);
 //! [`require_admin`] checks them before routing, buffering a signed request's body (at
@@ -51,6 +57,64 @@ pub fn router(jobs: Jobs, guard: AdminGuard, scrape: Scrape) -> axum::Router {
         .layer(axum::middleware::from_fn_with_state(guard, require_admin))
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics).with_state(scrape))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_SIGNED_BODY))
+        .layer(axum::middleware::from_fn(json_errors))
+}
+
+/// Makes every failure of the REST edge the one error shape: a response of 400 or more
+/// that is not JSON already (axum's own answers: no route, a method the route does not
+/// take, a body over the limit) becomes `{"error": {"code", "message"}}` with the same
+/// status and headers (so a 405 keeps its `Allow`).
+async fn json_errors(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = convert::quoted(req.uri().path());
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if status.as_u16() < 400 || is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let (code, message) = match status {
+        StatusCode::NOT_FOUND => ("NOT_FOUND", format!("no route for {method} {path}")),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "METHOD_NOT_ALLOWED",
+            format!("{path} does not take {method}"),
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "PAYLOAD_TOO_LARGE",
+            format!("body: larger than {MAX_SIGNED_BODY} bytes"),
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "UNSUPPORTED_MEDIA_TYPE",
+            "content-type: a body must be application/json".to_owned(),
+        ),
+        s if s.is_client_error() => ("INVALID_ARGUMENT", format!("request: {}", clip(&text))),
+        _ => ("INTERNAL", clip(&text)),
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let body = serde_json::json!({ "error": { "code": code, "message": message } });
+    let mut out = (status, Json(body)).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE {
+            out.headers_mut().insert(name, value.clone());
+        }
+    }
+    out
+}
+
+/// An error text cut to 200 characters, for messages that may carry input.
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(200) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_owned(),
+    }
 }
 
 /// `GET /metrics`: the instance's metrics in the Prometheus text format.
@@ -394,7 +458,8 @@ async fn list_runs(
     }
     let size = int_param(&q, "page_size")?.unwrap_or(0);
     let size = convert::page_size("page_size", i32::try_from(size).unwrap_or(i32::MAX))?;
-    let cursor = q.get("page_token").filter(|t| !t.is_empty()).cloned();
+    let cursor =
+        convert::run_page_token("page_token", q.get("page_token").map_or("", String::as_str))?;
     let page = queries::list_runs(
         jobs.store().as_ref(),
         &id,
@@ -409,16 +474,47 @@ async fn list_runs(
     }))
 }
 
+/// A request's JSON body: an empty body is `T::default()`; any other needs
+/// `Content-Type: application/json` (415 otherwise, never silently ignored) and must
+/// parse (400 naming `body`, the parser's reason cut short).
+fn json_body<T: serde::de::DeserializeOwned + Default>(
+    headers: &axum::http::HeaderMap,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let is_json = content_type.as_deref().is_some_and(|ct| {
+        ct.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if !is_json {
+        return Err(ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code: "UNSUPPORTED_MEDIA_TYPE",
+            message: format!(
+                "content-type: a body must be application/json, got {}",
+                content_type
+                    .as_deref()
+                    .map_or_else(|| "none".to_owned(), convert::quoted)
+            ),
+        });
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid("body", clip(&e.to_string())))
+}
+
 async fn trigger(
     State(jobs): State<Jobs>,
     Path(raw): Path<String>,
-    body: Option<Json<serde_json::Value>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Triggered>), ApiError> {
     let id = job_id(&raw)?;
-    let body: TriggerBody = match body {
-        None => TriggerBody::default(),
-        Some(Json(v)) => serde_json::from_value(v).map_err(|e| ApiError::invalid("body", e))?,
-    };
+    let body: TriggerBody = json_body(&headers, &body)?;
     let payload = match (body.payload, body.payload_base64) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(

@@ -91,7 +91,7 @@ impl RunService for RunApi {
             from: (req.from_ms > 0).then_some(req.from_ms),
             to: (req.to_ms > 0).then_some(req.to_ms),
         };
-        let cursor = (!req.page_token.is_empty()).then_some(req.page_token);
+        let cursor = convert::run_page_token("page_token", &req.page_token).map_err(status)?;
         let page = queries::list_runs(self.store.as_ref(), &job_id, &filter, size, cursor).await?;
         Ok(Response::new(pb::ListRunsResponse {
             runs: page.items.into_iter().map(convert::run_to_pb).collect(),
