@@ -1,5 +1,6 @@
-//! Compiles `sundial/v1/*.proto` with protox (no system `protoc`) into tonic stubs and
-//! writes the encoded descriptor set (with imports) that reflection serves.
+//! Compiles `sundial/v1/*.proto` with protox (no system `protoc`) into tonic stubs,
+//! serde implementations in the canonical JSON mapping (pbjson), and the encoded
+//! descriptor set (with imports) that reflection serves.
 
 use std::{env, fs, path::PathBuf};
 
@@ -18,7 +19,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(PROTOS, ["."])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
-    fs::write(out.join("sundial_descriptor.bin"), fds.encode_to_vec())?;
+    let encoded = fds.encode_to_vec();
+    fs::write(out.join("sundial_descriptor.bin"), &encoded)?;
+    // serde for every message, in the proto's canonical JSON mapping (lowerCamelCase
+    // out, both spellings in), for the REST edge.
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .build(&[".sundial.v1"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

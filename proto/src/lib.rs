@@ -6,6 +6,7 @@
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("sundial.v1");
+    include!(concat!(env!("OUT_DIR"), "/sundial.v1.serde.rs"));
 }
 
 /// The encoded `FileDescriptorSet` of every `sundial.v1` file and its imports.
