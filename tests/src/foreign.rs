@@ -19,6 +19,7 @@
 //! `SUNDIAL_WEBHOOK_SECRET`, taking POST /webhook and answering GET /results with
 //! `[{"webhook_id", "verified": ["standard", "classic"], "deliveries", "body"}]`.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -42,18 +43,66 @@ pub struct Example {
     pub receiver: Vec<String>,
 }
 
-/// grpcurl from PATH, or where `go install` puts it.
-pub fn grpcurl_bin() -> Result<PathBuf> {
-    if Command::new("grpcurl").arg("-version").output().is_ok() {
-        return Ok(PathBuf::from("grpcurl"));
+/// What an example's set-up script built: the path in `env_var` when set (scripts/test
+/// runs the script once and exports it), else the script run here (`script` relative
+/// to the workspace, with `args`), whose last stdout line is the path. `needs` says
+/// what the script needs when it fails. The script runs at most once per test process
+/// (tests of one binary run in parallel, and a set-up script regenerates its stubs).
+pub fn built(env_var: &str, script: &str, args: &[&str], needs: &str) -> Result<PathBuf> {
+    static BUILT: std::sync::Mutex<BTreeMap<String, PathBuf>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    if let Ok(p) = std::env::var(env_var) {
+        return Ok(PathBuf::from(p));
     }
-    let gopath = Command::new("go").args(["env", "GOPATH"]).output()?;
-    let p = PathBuf::from(String::from_utf8(gopath.stdout)?.trim()).join("bin/grpcurl");
-    ensure!(
-        p.exists(),
-        "grpcurl is missing: scripts/test installs it (go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4)"
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get(script) {
+        return Ok(p.clone());
+    }
+    let root = crate::workspace_root();
+    eprintln!(
+        "{env_var} is unset: running {script} {} (scripts/test does this and exports it)",
+        args.join(" ")
     );
-    Ok(p)
+    let out = Command::new(root.join(script))
+        .args(args)
+        .current_dir(&root)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {script}"))?;
+    ensure!(
+        out.status.success(),
+        "{script} failed ({}): it needs {needs}; run scripts/test, or set {env_var}",
+        out.status
+    );
+    let stdout = String::from_utf8(out.stdout)?;
+    let line = stdout
+        .lines()
+        .last()
+        .with_context(|| format!("{script} printed no path"))?;
+    let path = PathBuf::from(line.trim());
+    built.insert(script.to_owned(), path.clone());
+    Ok(path)
+}
+
+/// grpcurl from PATH, or where `go install` puts it; looked up once per test process.
+pub fn grpcurl_bin() -> Result<PathBuf> {
+    static BIN: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if Command::new("grpcurl").arg("-version").output().is_ok() {
+            return Ok(PathBuf::from("grpcurl"));
+        }
+        let gopath = Command::new("go")
+            .args(["env", "GOPATH"])
+            .output()
+            .map_err(|e| format!("go env GOPATH: {e}"))?;
+        let p = PathBuf::from(String::from_utf8_lossy(&gopath.stdout).trim()).join("bin/grpcurl");
+        if !p.exists() {
+            return Err("grpcurl is missing: scripts/test installs it (go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4)".to_owned());
+        }
+        Ok(p)
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
 }
 
 /// One grpcurl call against `server`, its JSON answer.

@@ -7,43 +7,17 @@
 //! The binaries come from `SUNDIAL_TEST_GO_BIN` (`scripts/test` builds them with
 //! `sdk-examples/go/build.sh`); when unset, the test runs that script itself.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-
-use anyhow::{Context, Result, ensure};
-use sundial_tests::foreign::{Example, end_to_end};
-use sundial_tests::workspace_root;
-
-/// The directory with the built `executor` and `receiver`.
-fn go_bin() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("SUNDIAL_TEST_GO_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let root = workspace_root();
-    eprintln!("SUNDIAL_TEST_GO_BIN is unset: running sdk-examples/go/build.sh target/go-bin");
-    let out = Command::new(root.join("sdk-examples/go/build.sh"))
-        .arg(root.join("target/go-bin"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running sdk-examples/go/build.sh")?;
-    ensure!(
-        out.status.success(),
-        "sdk-examples/go/build.sh failed ({}): it needs Go, protoc and the Go module proxy",
-        out.status
-    );
-    let stdout = String::from_utf8(out.stdout)?;
-    Ok(PathBuf::from(
-        stdout
-            .lines()
-            .last()
-            .context("build.sh printed no path")?
-            .trim(),
-    ))
-}
+use anyhow::Result;
+use sundial_tests::foreign::{Example, built, end_to_end};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_executors_and_receiver_end_to_end() -> Result<()> {
-    let bin = go_bin()?;
+    let bin = built(
+        "SUNDIAL_TEST_GO_BIN",
+        "sdk-examples/go/build.sh",
+        &["target/go-bin"],
+        "Go, protoc and the Go module proxy",
+    )?;
     let path = |name: &str| bin.join(name).display().to_string();
     end_to_end(&Example {
         language: "go",

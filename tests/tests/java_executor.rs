@@ -8,42 +8,19 @@
 //! The jar comes from `SUNDIAL_TEST_JAVA_JAR` (`scripts/test` builds it with
 //! `sdk-examples/java/build.sh`); when unset, the test runs that script itself.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-
-use anyhow::{Context, Result, ensure};
-use sundial_tests::foreign::{Example, end_to_end};
-use sundial_tests::workspace_root;
-
-/// The shaded jar with the executor and the receiver.
-fn java_jar() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("SUNDIAL_TEST_JAVA_JAR") {
-        return Ok(PathBuf::from(p));
-    }
-    let root = workspace_root();
-    eprintln!("SUNDIAL_TEST_JAVA_JAR is unset: running sdk-examples/java/build.sh");
-    let out = Command::new(root.join("sdk-examples/java/build.sh"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running sdk-examples/java/build.sh")?;
-    ensure!(
-        out.status.success(),
-        "sdk-examples/java/build.sh failed ({}): it needs a JDK 17, Maven and Maven Central",
-        out.status
-    );
-    let stdout = String::from_utf8(out.stdout)?;
-    Ok(PathBuf::from(
-        stdout
-            .lines()
-            .last()
-            .context("build.sh printed no path")?
-            .trim(),
-    ))
-}
+use anyhow::Result;
+use sundial_tests::foreign::{Example, built, end_to_end};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_executors_and_receiver_end_to_end() -> Result<()> {
-    let jar = java_jar()?.display().to_string();
+    let jar = built(
+        "SUNDIAL_TEST_JAVA_JAR",
+        "sdk-examples/java/build.sh",
+        &[],
+        "a JDK 17, Maven and Maven Central",
+    )?
+    .display()
+    .to_string();
     let java = |class: &str| {
         vec![
             "java".to_owned(),

@@ -22,32 +22,12 @@ const NODE: &str = "py-node-1";
 
 /// The venv python that has the example's requirements, with the stubs generated.
 fn python() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("SUNDIAL_TEST_PYTHON") {
-        return Ok(PathBuf::from(p));
-    }
-    let root = workspace_root();
-    eprintln!(
-        "SUNDIAL_TEST_PYTHON is unset: running sdk-examples/python/setup.sh target/py-venv \
-         (scripts/test does this and exports it)"
-    );
-    let out = Command::new(root.join("sdk-examples/python/setup.sh"))
-        .arg(root.join("target/py-venv"))
-        .current_dir(&root)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running sdk-examples/python/setup.sh")?;
-    ensure!(
-        out.status.success(),
-        "sdk-examples/python/setup.sh failed ({}): run scripts/test, which sets up the \
-         Python venv (needs python3 with venv and PyPI access), or set SUNDIAL_TEST_PYTHON",
-        out.status
-    );
-    let stdout = String::from_utf8(out.stdout)?;
-    let line = stdout
-        .lines()
-        .last()
-        .context("setup.sh printed no python path")?;
-    Ok(PathBuf::from(line.trim()))
+    sundial_tests::foreign::built(
+        "SUNDIAL_TEST_PYTHON",
+        "sdk-examples/python/setup.sh",
+        &["target/py-venv"],
+        "python3 with venv and PyPI access",
+    )
 }
 
 /// A running `executor.py`; killed on drop if still running.

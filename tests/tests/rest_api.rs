@@ -27,6 +27,23 @@ async fn server_with_job(
     Ok((dir, server, base, reqwest::Client::new()))
 }
 
+/// Fails if `job` has a manual run: the refused triggers before must not have queued one.
+async fn no_manual_run(http: &reqwest::Client, base: &str, job: &str) -> Result<()> {
+    let runs: Value = http
+        .get(format!("{base}/api/v1/jobs/{job}/runs"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        runs["runs"]
+            .as_array()
+            .is_some_and(|r| r.iter().all(|r| r["trigger_kind"] != "MANUAL")),
+        "a refused trigger queued a run: {runs}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_runs_and_triggers_over_http() -> Result<()> {
     let (_dir, _server, base, http) = server_with_job("rest-job").await?;
@@ -193,18 +210,7 @@ async fn bad_requests_name_the_parameter_and_openapi_describes_the_api() -> Resu
         );
     }
     // None of those queued anything.
-    let runs: Value = http
-        .get(format!("{base}/api/v1/jobs/known/runs"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    ensure!(
-        runs["runs"]
-            .as_array()
-            .is_some_and(|r| r.iter().all(|r| r["trigger_kind"] != "MANUAL")),
-        "a rejected trigger queued a run"
-    );
+    no_manual_run(&http, &base, "known").await?;
 
     let doc: Value = http
         .get(format!("{base}/api/v1/openapi.json"))
@@ -356,18 +362,7 @@ async fn every_failure_is_one_json_error_shape() -> Result<()> {
         }
     }
     // None of them queued a run.
-    let runs: Value = http
-        .get(format!("{base}/api/v1/jobs/shape/runs"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    ensure!(
-        runs["runs"]
-            .as_array()
-            .is_some_and(|r| r.iter().all(|r| r["trigger_kind"] != "MANUAL")),
-        "a refused trigger queued a run: {runs}"
-    );
+    no_manual_run(&http, &base, "shape").await?;
     // An empty body without a content type is still a plain trigger.
     let ok = trigger().send().await?;
     ensure!(ok.status() == 202, "an empty trigger: {}", ok.status());
