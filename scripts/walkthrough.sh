@@ -88,6 +88,8 @@ log="$work/server.log"
 fail() { echo "walkthrough: FAILED at: $1" >&2; echo "answer: $(cat "$work/out" 2>/dev/null)" >&2; tail -20 "$log" >&2; exit 1; }
 # Runs a command line as written.
 run() { bash -c "$1" >"$work/out" 2>&1; }
+# Runs a curl command line with the HTTP status appended to its answer.
+with_status() { run "${1/curl -s/curl -s -w %\{http_code\}}"; }
 # Re-runs a command line until its answer matches a pattern (up to 30 s).
 until_matches() {
   for _ in $(seq 1 60); do
@@ -146,17 +148,88 @@ while IFS= read -r cmd; do
     run "$cmd" || fail "$cmd"
     until_matches "$nodes" 'NODE_HEALTH_DRAINING' || fail "$cmd (the node never showed DRAINING)"
     ;;
+  "curl -s -X POST localhost:$http/api/v1/jobs -H"*)
+    run "$cmd" || fail "$cmd"
+    grep -q '"id":"report"' "$work/out" && grep -q '"version":"1"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s localhost:$http/api/v1/jobs/report")
+    run "$cmd" || fail "$cmd"
+    grep -q '"labels":{"team":"data"}' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s 'localhost:$http/api/v1/jobs?label_selector=team=data&page_size=10'")
+    run "$cmd" || fail "$cmd"
+    grep -q '"id":"report"' "$work/out" && ! grep -q '"id":"hello"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s -X PUT localhost:$http/api/v1/jobs/report"*)
+    run "$cmd" || fail "$cmd"
+    grep -q '"cron":"0 30 6 \* \* \*"' "$work/out" && grep -q '"version":"2"' "$work/out" || fail "$cmd"
+    # The same version again is stale: 409 ABORTED, nothing changed.
+    with_status "$cmd" && grep -q '"code":"ABORTED".*}409$' "$work/out" \
+      || fail "$cmd (a stale version)"
+    ;;
+  "curl -s -X POST localhost:$http/api/v1/jobs/report/pause")
+    run "$cmd" || fail "$cmd"
+    grep -q '"state":"JOB_STATE_PAUSED"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s -X POST localhost:$http/api/v1/jobs/report/resume")
+    run "$cmd" || fail "$cmd"
+    grep -q '"state":"JOB_STATE_ACTIVE"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s 'localhost:$http/api/v1/jobs/hello/runs?state=succeeded&page_size=5'")
+    run "$cmd" || fail "$cmd"
+    grep -q '"state":"RUN_STATE_SUCCEEDED"' "$work/out" && ! grep -q 'RUN_STATE_FAILED' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s localhost:$http/api/v1/jobs/hello/status")
+    run "$cmd" || fail "$cmd"
+    grep -q '"jobId":"hello"' "$work/out" && grep -q '"nextFireTimesMs"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s localhost:$http/api/v1/runs/hello@manual-deploy-42")
+    until_matches "$cmd" '"state":"RUN_STATE_SUCCEEDED"' || fail "$cmd"
+    ;;
+  "curl -s 'localhost:$http/api/v1/runs/hello@manual-deploy-42/logs?page_size=100'")
+    run "$cmd" || fail "$cmd"
+    grep -q '"message":"greeting world for hello@manual-deploy-42 (attempt 1)"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s -X POST localhost:$http/api/v1/jobs/hello/trigger"*)
+    run "$cmd" || fail "$cmd"
+    grep -q '"scheduleId":"hello@manual-deploy-43"' "$work/out" || fail "$cmd"
+    run "$cmd" && grep -q '"duplicate":true' "$work/out" || fail "$cmd (again)"
+    ;;
+  "curl -s -X POST localhost:$http/api/v1/runs/hello@manual-deploy-43/cancel"*)
+    run "$cmd" || fail "$cmd"
+    grep -q '"state":"RUN_STATE_CANCELLED"' "$work/out" || fail "$cmd"
+    with_status "$cmd" && grep -q '"code":"FAILED_PRECONDITION".*}409$' "$work/out" \
+      || fail "$cmd (again: the run is final)"
+    ;;
   "curl -s localhost:$http/api/v1/tasks/hello")
     run "$cmd" || fail "$cmd"
     grep -q '"job_id":"hello"' "$work/out" && grep -q '"next_fire_times_ms"' "$work/out" || fail "$cmd"
     ;;
-  "curl -s 'localhost:$http/api/v1/jobs/hello/runs?page_size=5'")
+  "curl -s localhost:$http/api/v1/nodes")
     run "$cmd" || fail "$cmd"
-    grep -q '"SUCCEEDED"' "$work/out" || fail "$cmd"
+    grep -q '"nodeId":"demo-1"' "$work/out" || fail "$cmd"
     ;;
-  "curl -s -X POST localhost:$http/api/v1/jobs/hello/trigger"*)
+  "curl -s -X POST localhost:$http/api/v1/nodes/demo-1/drain"*)
     run "$cmd" || fail "$cmd"
-    grep -q '"schedule_id":"hello@manual-deploy-43"' "$work/out" || fail "$cmd"
+    grep -q '"health":"NODE_HEALTH_DRAINING"' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s -X POST localhost:$http/api/v1/apps -H"*)
+    run "$cmd" || fail "$cmd"
+    grep -q '"appId":"billing"' "$work/out" && grep -q '"secret":"whsec_' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s localhost:$http/api/v1/apps/billing")
+    run "$cmd" || fail "$cmd"
+    grep -q '"appId":"billing"' "$work/out" && ! grep -q 'whsec_' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s -X POST localhost:$http/api/v1/apps/billing/rotate"*)
+    run "$cmd" || fail "$cmd"
+    grep -q '"activeSecrets":2' "$work/out" && grep -q '"secret":"whsec_' "$work/out" || fail "$cmd"
+    ;;
+  "curl -s -X DELETE localhost:$http/api/v1/jobs/report")
+    run "$cmd" || fail "$cmd"
+    [ "$(cat "$work/out")" = "{}" ] || fail "$cmd"
+    with_status "curl -s localhost:$http/api/v1/jobs/report" && grep -q '"code":"NOT_FOUND".*}404$' "$work/out" \
+      || fail "$cmd (the job is still there)"
     ;;
   *JobService/PauseJob)
     run "$cmd" || fail "$cmd"
@@ -233,7 +306,7 @@ grep -q '^401' "$work/out" && grep -q '"code":"UNAUTHENTICATED"' "$work/out" \
 run "grpcurl -plaintext -H 'authorization: Bearer $token' -d '{\"spec\": {\"id\": \"hello\", \"cron\": \"0 0 2 * * ?\", \"executor\": {\"group\": \"demo\", \"handler\": \"echo\"}}}' localhost:$agrpc sundial.v1.JobService/CreateJob" \
   || fail "creating the job of the Authentication block"
 TOKEN="$token" bash "$work/auth.sh" >"$work/out" 2>&1 || fail "README.md's Authentication block"
-grep -q '"schedule_id":"hello@manual-deploy-44"' "$work/out" || fail "the signed curl trigger"
+grep -q '"scheduleId":"hello@manual-deploy-44"' "$work/out" || fail "the signed curl trigger"
 grep -q '"id": "hello"' "$work/out" || fail "the bearer grpcurl GetJob"
 # /metrics stays open without credentials.
 n=$((n + 1))

@@ -247,24 +247,28 @@ pub async fn run(
         loops.clone(),
         auth,
     );
+    // One instance of each service for both edges: the REST routes call the gRPC
+    // implementations.
+    let services = crate::api::rest::Services {
+        jobs: Arc::new(JobApi::new(jobs.clone())),
+        runs: Arc::new(RunApi::new(jobs.clone(), dispatcher.clone(), loops.clone())),
+        nodes: Arc::new(executors.clone()),
+        apps: Arc::new(AppApi::new(store.clone())),
+    };
     let servers_stop = CancellationToken::new();
     let grpc = grpc_builder
         .layer(AdminAuthLayer::new(admin_guard.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(JobServiceServer::new(JobApi::new(jobs.clone())))
-        .add_service(RunServiceServer::new(RunApi::new(
-            jobs.clone(),
-            dispatcher.clone(),
-            loops.clone(),
-        )))
+        .add_service(JobServiceServer::from_arc(services.jobs.clone()))
+        .add_service(RunServiceServer::from_arc(services.runs.clone()))
         .add_service(
             ExecutorServiceServer::new(executors.clone())
                 .max_decoding_message_size(MAX_EXECUTOR_MESSAGE),
         )
-        .add_service(NodeServiceServer::new(executors))
-        .add_service(AppServiceServer::new(AppApi::new(store.clone())))
+        .add_service(NodeServiceServer::from_arc(services.nodes.clone()))
+        .add_service(AppServiceServer::from_arc(services.apps.clone()))
         .serve_with_incoming_shutdown(
             // Nagle's algorithm would hold a response's last segment until the
             // client's delayed ACK (tens of ms for any unary answer over one segment).
@@ -282,7 +286,7 @@ pub async fn run(
         store: store.clone(),
         health: config.dispatch.health,
     };
-    let app = crate::api::rest::router(jobs.clone(), admin_guard, scrape);
+    let app = crate::api::rest::router(jobs.clone(), &services, admin_guard, scrape);
     let stop = servers_stop.clone().cancelled_owned();
     let http_task = match (http_listener, https_listener) {
         (Some(l), _) => Some(tokio::spawn(

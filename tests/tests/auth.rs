@@ -389,12 +389,14 @@ async fn rest(
     let mut req = match method {
         "GET" => http.get(format!("{base}{target}")),
         "POST" => http.post(format!("{base}{target}")),
+        "PUT" => http.put(format!("{base}{target}")),
+        "DELETE" => http.delete(format!("{base}{target}")),
         other => bail!("method {other}"),
     };
     for (name, value) in sig_headers(cred, method, target, body) {
         req = req.header(name, value);
     }
-    if method == "POST" {
+    if !body.is_empty() || sent_body.is_some() {
         req = req
             .header("content-type", "application/json")
             .body(sent_body.unwrap_or(body).to_vec());
@@ -436,6 +438,70 @@ async fn rest_calls_need_a_bearer_token_or_a_fresh_signature() -> Result<()> {
         run_count(&ch, "rest-job").await? == 0,
         "a refused trigger ran"
     );
+
+    // The operations' routes take the same credentials: each refused without them or
+    // with a wrong bearer token, changing nothing; admitted with a bearer token or a
+    // signature.
+    let create = format!(
+        r#"{{"spec": {{"id": "rest-made", "cron": "{MANUAL_ONLY}", "executor": {{"group": "billing", "handler": "noop"}}}}}}"#
+    );
+    let writes: [(&str, &str, &[u8]); 6] = [
+        ("POST", "/api/v1/jobs", create.as_bytes()),
+        ("DELETE", "/api/v1/jobs/rest-job", b""),
+        ("POST", "/api/v1/jobs/rest-job/pause", b""),
+        ("GET", "/api/v1/nodes", b""),
+        ("POST", "/api/v1/apps", br#"{"appId": "made-by-rest"}"#),
+        ("POST", "/api/v1/apps/billing-app/rotate", b""),
+    ];
+    for (case, cred) in [
+        ("no credentials", Cred::None),
+        ("wrong bearer token", Cred::Bearer("bearer-wrong")),
+    ] {
+        for (method, target, body) in writes {
+            let (status, v) = rest(&http, &base, method, target, body, &cred, None).await?;
+            ensure!(
+                status == 401 && v["error"]["code"] == "UNAUTHENTICATED",
+                "{case}: {method} {target} answered {status} {v}"
+            );
+        }
+    }
+    let job = jobs_as_admin(&ch)
+        .get_job(pb::GetJobRequest {
+            job_id: "rest-job".into(),
+        })
+        .await?
+        .into_inner()
+        .job
+        .context("job")?;
+    ensure!(
+        job.version == 1 && job.state() == pb::JobState::Active,
+        "a refused call changed the job"
+    );
+    let (status, v) = rest(
+        &http,
+        &base,
+        "POST",
+        "/api/v1/jobs",
+        create.as_bytes(),
+        &Cred::Bearer(BEARER),
+        None,
+    )
+    .await?;
+    ensure!(
+        status == 201 && v["job"]["spec"]["id"] == "rest-made",
+        "bearer create: {status} {v}"
+    );
+    let (status, v) = rest(
+        &http,
+        &base,
+        "DELETE",
+        "/api/v1/jobs/rest-made",
+        b"",
+        &sig("ops-delete"),
+        None,
+    )
+    .await?;
+    ensure!(status == 200, "signed delete: {status} {v}");
 
     // A query string is signed with the path.
     let cred = Cred::Sig {

@@ -1,9 +1,10 @@
 //! The API surfaces. gRPC: `JobService`, `RunService` and `AppService` (apps and their
-//! write-only secrets); `ExecutorService` and `NodeService` live in `crate::dispatch::executors`. Handlers validate through [`convert`] and
-//! forward to the core; errors become a `tonic::Status` in exactly one place,
-//! [`status`]. REST: [`rest`], the status API on the HTTP port. Both check admin
-//! credentials before a handler runs: [`grpc_auth`] for gRPC, [`rest::require_admin`]
-//! for REST, over the rules in [`crate::auth`].
+//! write-only secrets); `ExecutorService` and `NodeService` live in
+//! `crate::dispatch::executors`. Handlers validate through [`convert`] and forward to
+//! the core; errors become a `tonic::Status` in exactly one place, [`status`]. REST:
+//! [`rest`], every admin operation over JSON on the HTTP port, calling the same
+//! implementations. Both check admin credentials before a handler runs: [`grpc_auth`]
+//! for gRPC, [`rest::require_admin`] for REST, over the rules in [`crate::auth`].
 
 mod apps;
 pub mod convert;

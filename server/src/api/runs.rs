@@ -200,14 +200,7 @@ impl RunService for RunApi {
                     let n = lines.len();
                     for l in lines {
                         after = l.seq;
-                        let line = pb::LogLine {
-                            time_ms: l.time_ms,
-                            level: l.level,
-                            message: l.message,
-                            attempt: l.attempt,
-                            shard_index: 0,
-                        };
-                        if tx.send(Ok(line)).await.is_err() {
+                        if tx.send(Ok(log_line(l))).await.is_err() {
                             return;
                         }
                     }
@@ -226,5 +219,49 @@ impl RunService for RunApi {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn list_run_logs(
+        &self,
+        req: Request<pb::ListRunLogsRequest>,
+    ) -> Result<Response<pb::ListRunLogsResponse>, Status> {
+        let req = req.into_inner();
+        let sid = schedule_id(&req.schedule_id)?;
+        let size = convert::page_size("page_size", req.page_size).map_err(status)?;
+        let after = match req.page_token.as_str() {
+            "" => 0,
+            t => t.parse::<u64>().map_err(|_| {
+                Status::invalid_argument(format!(
+                    "page_token: {} is not a page token a listing returned",
+                    convert::quoted(t)
+                ))
+            })?,
+        };
+        if self.store.get_run(sid).await?.is_none() {
+            return Err(Status::not_found(format!("run {sid:?} not found")));
+        }
+        // One line more than asked tells whether another page follows.
+        let mut lines = self.store.read_logs(sid, after, size + 1).await?;
+        let more = lines.len() > size;
+        lines.truncate(size);
+        let next_page_token = match lines.last() {
+            Some(last) if more => last.seq.to_string(),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListRunLogsResponse {
+            lines: lines.into_iter().map(log_line).collect(),
+            next_page_token,
+        }))
+    }
+}
+
+fn log_line(l: crate::store::LogLine) -> pb::LogLine {
+    pb::LogLine {
+        time_ms: l.time_ms,
+        level: l.level,
+        message: l.message,
+        attempt: l.attempt,
+        shard_index: 0,
+        seq: l.seq,
     }
 }
