@@ -190,6 +190,11 @@ while IFS= read -r cmd; do
     run "$cmd" || fail "$cmd"
     grep -q '"message":"greeting world for hello@manual-deploy-42 (attempt 1)"' "$work/out" || fail "$cmd"
     ;;
+  "curl -sN 'localhost:$http/api/v1/runs/hello@manual-deploy-42/logs/stream?follow=true'")
+    # The run is final: the stream gives its lines and ends (bounded, in case it would not).
+    run "timeout 10 $cmd" || fail "$cmd (did not end)"
+    grep -q '^{.*"message":"greeting world for hello@manual-deploy-42 (attempt 1)".*}$' "$work/out" || fail "$cmd"
+    ;;
   "curl -s -X POST localhost:$http/api/v1/jobs/hello/trigger"*)
     run "$cmd" || fail "$cmd"
     grep -q '"scheduleId":"hello@manual-deploy-43"' "$work/out" || fail "$cmd"

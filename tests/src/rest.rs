@@ -6,6 +6,9 @@
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+/// The media type of a streaming route's answer.
+pub const NDJSON: &str = "application/x-ndjson";
+
 pub struct RestClient {
     pub http: reqwest::Client,
     pub base: String,
@@ -96,7 +99,47 @@ impl RestClient {
         })
     }
 
+    /// Sends `GET path` to a streaming route and answers the status and a reader of
+    /// its lines, each checked against the document as it is read.
+    pub async fn lines(&self, path: &str) -> Result<(u16, Lines<'_>)> {
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        if let Some(t) = &self.bearer {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        if status == 200 && content_type != NDJSON {
+            bail!("GET {path}: 200 as {content_type:?}, not {NDJSON}");
+        }
+        Ok((
+            status,
+            Lines {
+                client: self,
+                path: path.to_owned(),
+                resp,
+                buf: Vec::new(),
+            },
+        ))
+    }
+
     fn check(&self, method: &str, path: &str, status: u16, value: &Value) -> Result<()> {
+        self.check_as(method, path, status, "application/json", value)
+    }
+
+    fn check_as(
+        &self,
+        method: &str,
+        path: &str,
+        status: u16,
+        media: &str,
+        value: &Value,
+    ) -> Result<()> {
         let template = self.template(path).context("no documented path")?;
         let op = &self.doc["paths"][&template][method.to_ascii_lowercase()];
         let mut response = op["responses"]
@@ -110,9 +153,13 @@ impl RestClient {
                 .cloned()
                 .with_context(|| format!("{target} does not resolve"))?;
         }
-        let schema = response["content"]["application/json"]["schema"].clone();
+        let mut schema = response["content"][media]["schema"].clone();
         if schema.is_null() {
-            bail!("{status} of {method} {template} documents no JSON body");
+            bail!("{status} of {method} {template} documents no {media} body");
+        }
+        if media == NDJSON && value.get("error").is_some() {
+            // A stream that failed midway ends with one error line.
+            schema = serde_json::json!({"$ref": "#/components/schemas/Error"});
         }
         let mut root = self.doc.clone();
         root["$schema"] = Value::from("https://json-schema.org/draft/2020-12/schema");
@@ -135,5 +182,44 @@ impl RestClient {
             );
         }
         Ok(())
+    }
+}
+
+/// The lines of a streaming answer.
+pub struct Lines<'a> {
+    client: &'a RestClient,
+    path: String,
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+}
+
+impl Lines<'_> {
+    /// The next line as JSON (checked against the document), or `None` at the end.
+    pub async fn next(&mut self) -> Result<Option<Value>> {
+        loop {
+            if let Some(at) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=at).collect();
+                let value: Value = serde_json::from_slice(&line)
+                    .with_context(|| format!("GET {}: a line that is not JSON", self.path))?;
+                self.client
+                    .check_as("GET", &self.path, 200, NDJSON, &value)
+                    .with_context(|| format!("GET {}: line {value}", self.path))?;
+                return Ok(Some(value));
+            }
+            match self.resp.chunk().await? {
+                Some(chunk) => self.buf.extend_from_slice(&chunk),
+                None if self.buf.is_empty() => return Ok(None),
+                None => bail!("GET {}: the stream ended inside a line", self.path),
+            }
+        }
+    }
+
+    /// Every remaining line.
+    pub async fn rest(mut self) -> Result<Vec<Value>> {
+        let mut out = Vec::new();
+        while let Some(v) = self.next().await? {
+            out.push(v);
+        }
+        Ok(out)
     }
 }

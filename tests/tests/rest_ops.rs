@@ -152,7 +152,7 @@ async fn every_operation(server: &Sundial, journal: &std::path::Path) -> Result<
     let v = api.expect(404, "GET", "/api/v1/jobs/ghost", None).await?;
     error(&v, "NOT_FOUND")?;
 
-    let mut changed = spec("r1", "sleep", b"5000");
+    let mut changed = spec("r1", "sleep", b"60000");
     changed["name"] = json!("renamed");
     // The id comes from the path when the spec leaves it out.
     changed.as_object_mut().map(|o| o.remove("id"));
@@ -369,7 +369,7 @@ async fn every_operation(server: &Sundial, journal: &std::path::Path) -> Result<
     ensure!(
         logs["lines"][0]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("sleeping 5000 ms"))
+            .is_some_and(|m| m.contains("sleeping 60000 ms"))
             && logs["lines"][0]["seq"] == "1",
         "{logs}"
     );
@@ -396,6 +396,31 @@ async fn every_operation(server: &Sundial, journal: &std::path::Path) -> Result<
         error(&v, "INVALID_ARGUMENT")?.starts_with("schedule_id:"),
         "{v}"
     );
+    // The log as a stream: the lines so far, then the answer ends; followed, it stays
+    // open until the run is final (the cancel below).
+    let stream = format!("/api/v1/runs/{sid}/logs/stream");
+    let (status, lines) = api.lines(&stream).await?;
+    ensure!(status == 200, "{stream}: {status}");
+    let lines = lines.rest().await?;
+    ensure!(
+        lines.len() == 1 && lines[0]["message"] == logs["lines"][0]["message"],
+        "{lines:?}"
+    );
+    let (status, mut follow) = api.lines(&format!("{stream}?follow=true")).await?;
+    ensure!(status == 200, "follow: {status}");
+    let first = follow.next().await?.context("a first followed line")?;
+    ensure!(first["seq"] == "1", "{first}");
+    ensure!(
+        tokio::time::timeout(Duration::from_millis(700), follow.next())
+            .await
+            .is_err(),
+        "the followed log ended while the run was still running"
+    );
+    let (status, bad) = api.lines(&format!("{stream}?follow=maybe")).await?;
+    ensure!(status == 400, "follow=maybe: {status}");
+    drop(bad);
+    let (status, _) = api.lines("/api/v1/runs/r1@123/logs/stream").await?;
+    ensure!(status == 404, "a stream of no run: {status}");
     let v = api
         .expect(
             400,
@@ -417,6 +442,11 @@ async fn every_operation(server: &Sundial, journal: &std::path::Path) -> Result<
         cancelled["run"]["state"] == "RUN_STATE_CANCELLED",
         "{cancelled}"
     );
+    // The followed stream ends now that the run is final.
+    let rest = tokio::time::timeout(Duration::from_secs(10), follow.rest())
+        .await
+        .context("the followed log did not end after the cancel")??;
+    ensure!(rest.iter().all(|l| l.get("error").is_none()), "{rest:?}");
     let v = api
         .expect(409, "POST", &format!("/api/v1/runs/{sid}/cancel"), None)
         .await?;

@@ -261,10 +261,16 @@ impl From<auth::Error> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The error shape's JSON.
+    fn body(&self) -> serde_json::Value {
+        serde_json::json!({ "error": { "code": self.code, "message": self.message } })
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
-        (self.status, Json(body)).into_response()
+        (self.status, Json(self.body())).into_response()
     }
 }
 

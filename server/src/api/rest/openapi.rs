@@ -12,7 +12,7 @@ use axum::Json;
 use prost_reflect::{EnumDescriptor, FieldDescriptor, Kind, MessageDescriptor};
 use serde_json::{Map, Value, json};
 
-use super::ops::{OPS, Op, query_names};
+use super::ops::{NDJSON, OPS, Op, Success, query_names};
 
 /// The document, made once.
 static DOCUMENT: LazyLock<Value> = LazyLock::new(build);
@@ -187,11 +187,18 @@ fn operation(op: &Op, schemas: &mut Schemas) -> Value {
     }
     let mut responses = Map::new();
     let answer = schemas.message(&method.output());
+    // A stream answers newline-delimited JSON: each line one message of the schema (or,
+    // ending a stream that failed midway, one Error).
+    let media = if op.success == Success::Lines {
+        NDJSON
+    } else {
+        "application/json"
+    };
     for (code, what) in op.success.statuses() {
         responses.insert(
             code.to_string(),
             json!({"description": format!("{what}: the {}", method.output().name()),
-                   "content": {"application/json": {"schema": answer}}}),
+                   "content": {media: {"schema": answer}}}),
         );
     }
     for (code, _) in ERRORS {

@@ -14,7 +14,9 @@
 //!   an enum by its full or short name, `key=value` for a map, repeats for a list).
 //!
 //! A success is 200 with the response message in the same mapping (fields at their
-//! default value left out, as grpcurl prints them); a failure is the gRPC status as
+//! default value left out, as grpcurl prints them; 201 for a create, 202 for a queued
+//! trigger, see [`Success`]), and for the one server stream (`GetRunLogs`) one message
+//! per line as it comes ([`bridge_stream`]); a failure is the gRPC status as
 //! [`ApiError`] (one table of codes to HTTP statuses). The OpenAPI document
 //! ([`super::openapi`]) is generated from the same table and the same descriptors.
 
@@ -25,9 +27,10 @@ use std::sync::{Arc, LazyLock};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{RawPathParams, RawQuery};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{MethodFilter, MethodRouter, on};
+use futures::{Stream, StreamExt as _};
 use prost_reflect::{DescriptorPool, FieldDescriptor, Kind, MessageDescriptor};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -123,6 +126,9 @@ pub enum Success {
     /// 202 (queued), or 200 when the answer's boolean field of this name is true
     /// (nothing new was queued: the trigger's idempotency key was used before).
     AcceptedUnless(&'static str),
+    /// 200 with a server stream as newline-delimited JSON (`application/x-ndjson`): one
+    /// message per line; a failure after the first line ends it with one error line.
+    Lines,
 }
 
 impl Success {
@@ -132,6 +138,7 @@ impl Success {
             Self::Created => StatusCode::CREATED,
             Self::AcceptedUnless(field) if answer[field] == Value::Bool(true) => StatusCode::OK,
             Self::AcceptedUnless(_) => StatusCode::ACCEPTED,
+            Self::Lines => StatusCode::OK,
         }
     }
 
@@ -144,6 +151,7 @@ impl Success {
                 (202, "queued".into()),
                 (200, format!("{field}: nothing new queued")),
             ],
+            Self::Lines => vec![(200, "a stream, one message per line".into())],
         }
     }
 }
@@ -166,12 +174,23 @@ macro_rules! grpc {
     };
 }
 
+/// Serves a server-streaming `op` by calling `$svc.$method` of [`Services`].
+macro_rules! grpc_stream {
+    ($svc:ident . $method:ident) => {
+        |op, s| {
+            bridge_stream(op, s.$svc.clone(), |svc, req| async move {
+                svc.$method(req).await
+            })
+        }
+    };
+}
+
 const JOB_ID: &[(&str, &str)] = &[("job_id", "job_id")];
 const SCHEDULE_ID: &[(&str, &str)] = &[("schedule_id", "schedule_id")];
 
-/// Every REST operation over the gRPC services. `GetRunLogs` (a stream that can follow
-/// a running run) is served as its paging twin `ListRunLogs`; `ExecutorService` is for
-/// executors, over gRPC only.
+/// Every REST operation over the gRPC services (`ExecutorService` is for executors,
+/// over gRPC only). The one server stream, `GetRunLogs`, answers newline-delimited
+/// JSON; `ListRunLogs` pages the same lines.
 pub static OPS: &[Op] = &[
     Op {
         verb: Verb::Post,
@@ -317,6 +336,17 @@ pub static OPS: &[Op] = &[
         handler: grpc!(runs.list_run_logs),
     },
     Op {
+        verb: Verb::Get,
+        path: "/api/v1/runs/{schedule_id}/logs/stream",
+        service: "RunService",
+        method: "GetRunLogs",
+        body: false,
+        bind: SCHEDULE_ID,
+        summary: "A run's whole log as newline-delimited JSON; with follow=true the answer stays open, a line per new log line, until the run is final",
+        success: Success::Lines,
+        handler: grpc_stream!(runs.get_run_logs),
+    },
+    Op {
         verb: Verb::Post,
         path: "/api/v1/runs/{schedule_id}/cancel",
         service: "RunService",
@@ -431,6 +461,55 @@ where
         };
     on(op.verb.filter(), handler)
 }
+
+/// As [`bridge`] for a server stream: the answer is one JSON message per line, sent as
+/// the service yields them; a client that goes away drops the stream, which ends the
+/// service's task.
+fn bridge_stream<S, Req, Item, St, F, Fut>(op: &'static Op, svc: Arc<S>, call: F) -> MethodRouter
+where
+    S: Send + Sync + 'static,
+    Req: DeserializeOwned + Send + 'static,
+    Item: Serialize + Send + 'static,
+    St: Stream<Item = Result<Item, Status>> + Send + 'static,
+    F: Fn(Arc<S>, tonic::Request<Req>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<tonic::Response<St>, Status>> + Send + 'static,
+{
+    let handler =
+        move |params: RawPathParams, RawQuery(query): RawQuery, headers: HeaderMap, body: Bytes| {
+            let svc = svc.clone();
+            let call = call.clone();
+            async move {
+                let req = match decode::<Req>(op, &params, query.as_deref(), &headers, &body) {
+                    Ok(req) => req,
+                    Err(e) => return e.into_response(),
+                };
+                let stream = match call(svc, tonic::Request::new(req)).await {
+                    Ok(resp) => resp.into_inner(),
+                    Err(status) => return ApiError::from(status).into_response(),
+                };
+                let lines = stream.map(|item| {
+                    let value = match item {
+                        Ok(message) => serde_json::to_value(message).unwrap_or_else(|e| {
+                            ApiError::internal(format!("line not encoded: {e}")).body()
+                        }),
+                        Err(status) => ApiError::from(status).body(),
+                    };
+                    let mut line = value.to_string().into_bytes();
+                    line.push(b'\n');
+                    Ok::<_, std::convert::Infallible>(Bytes::from(line))
+                });
+                (
+                    [(header::CONTENT_TYPE, NDJSON)],
+                    axum::body::Body::from_stream(lines),
+                )
+                    .into_response()
+            }
+        };
+    on(op.verb.filter(), handler)
+}
+
+/// The media type of a stream's answer.
+pub const NDJSON: &str = "application/x-ndjson";
 
 /// The request message of `op` from an HTTP request (see the module doc).
 fn decode<Req: DeserializeOwned>(
@@ -668,14 +747,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_operation_names_a_unary_grpc_method_and_binds_its_path_parameters() {
+    fn every_operation_names_a_grpc_method_and_binds_its_path_parameters() {
         for op in OPS {
             let m = op
                 .descriptor()
                 .unwrap_or_else(|| panic!("{} {} has no gRPC method", op.service, op.method));
-            assert!(
-                !m.is_client_streaming() && !m.is_server_streaming(),
-                "{}",
+            assert!(!m.is_client_streaming(), "{}", op.method);
+            assert_eq!(
+                m.is_server_streaming(),
+                op.success == Success::Lines,
+                "{}: a server stream answers lines, a unary call one message",
                 op.method
             );
             let params: Vec<&str> = op
@@ -689,12 +770,12 @@ mod tests {
     }
 
     #[test]
-    fn every_unary_method_of_the_admin_services_has_an_operation() {
+    fn every_method_of_the_admin_services_has_an_operation() {
         for service in ["JobService", "RunService", "NodeService", "AppService"] {
             let svc = POOL
                 .get_service_by_name(&format!("sundial.v1.{service}"))
                 .expect("service");
-            for m in svc.methods().filter(|m| !m.is_server_streaming()) {
+            for m in svc.methods() {
                 assert!(
                     OPS.iter()
                         .any(|op| op.service == service && op.method == m.name()),
