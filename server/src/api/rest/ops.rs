@@ -16,7 +16,7 @@
 //! A success is 200 with the response message in the same mapping (fields at their
 //! default value left out, as grpcurl prints them; 201 for a create, 202 for a queued
 //! trigger, see [`Success`]), and for the one server stream (`GetRunLogs`) one message
-//! per line as it comes ([`bridge_stream`]); a failure is the gRPC status as
+//! per line as it comes ([`lines`]); a failure is the gRPC status as
 //! [`ApiError`] (one table of codes to HTTP statuses). The OpenAPI document
 //! ([`super::openapi`]) is generated from the same table and the same descriptors.
 
@@ -28,7 +28,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{RawPathParams, RawQuery};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use futures::{Stream, StreamExt as _};
 use prost_reflect::{DescriptorPool, FieldDescriptor, Kind, MessageDescriptor};
@@ -163,24 +163,20 @@ pub static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
         .expect("the descriptor set built with this binary decodes")
 });
 
-/// Serves `op` by calling `$svc.$method` of [`Services`].
+/// Serves `op` by calling `$svc.$method` of [`Services`], answering one message (or,
+/// with `lines`, a server stream's messages a line each).
 macro_rules! grpc {
     ($svc:ident . $method:ident) => {
-        |op, s| {
-            bridge(op, s.$svc.clone(), |svc, req| async move {
-                svc.$method(req).await
-            })
-        }
+        grpc!($svc.$method, one)
     };
-}
-
-/// Serves a server-streaming `op` by calling `$svc.$method` of [`Services`].
-macro_rules! grpc_stream {
-    ($svc:ident . $method:ident) => {
+    ($svc:ident . $method:ident, $answer:ident) => {
         |op, s| {
-            bridge_stream(op, s.$svc.clone(), |svc, req| async move {
-                svc.$method(req).await
-            })
+            bridge(
+                op,
+                s.$svc.clone(),
+                |svc, req| async move { svc.$method(req).await },
+                $answer,
+            )
         }
     };
 }
@@ -344,7 +340,7 @@ pub static OPS: &[Op] = &[
         bind: SCHEDULE_ID,
         summary: "A run's whole log as newline-delimited JSON; with follow=true the answer stays open, a line per new log line, until the run is final",
         success: Success::Lines,
-        handler: grpc_stream!(runs.get_run_logs),
+        handler: grpc!(runs.get_run_logs, lines),
     },
     Op {
         verb: Verb::Post,
@@ -430,12 +426,18 @@ pub fn routes(services: &Services) -> axum::Router {
         .fold(axum::Router::new(), |r, (path, m)| r.route(path, m))
 }
 
-/// A route calling `call` with the request [`decode`] makes of an HTTP request.
-fn bridge<S, Req, Resp, F, Fut>(op: &'static Op, svc: Arc<S>, call: F) -> MethodRouter
+/// A route calling `call` with the request [`decode`] makes of an HTTP request, and
+/// answering with `answer` (one JSON message, [`one`], or lines, [`lines`]).
+fn bridge<S, Req, Resp, F, Fut>(
+    op: &'static Op,
+    svc: Arc<S>,
+    call: F,
+    answer: fn(&'static Op, Resp) -> Response,
+) -> MethodRouter
 where
     S: Send + Sync + 'static,
     Req: DeserializeOwned + Send + 'static,
-    Resp: Serialize + Send + 'static,
+    Resp: Send + 'static,
     F: Fn(Arc<S>, tonic::Request<Req>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>> + Send + 'static,
 {
@@ -449,12 +451,7 @@ where
                     Err(e) => return e.into_response(),
                 };
                 match call(svc, tonic::Request::new(req)).await {
-                    Ok(resp) => match serde_json::to_value(resp.into_inner()) {
-                        Ok(answer) => (op.success.status(&answer), Json(answer)).into_response(),
-                        Err(e) => {
-                            ApiError::internal(format!("answer not encoded: {e}")).into_response()
-                        }
-                    },
+                    Ok(resp) => answer(op, resp.into_inner()),
                     Err(status) => ApiError::from(status).into_response(),
                 }
             }
@@ -462,50 +459,36 @@ where
     on(op.verb.filter(), handler)
 }
 
-/// As [`bridge`] for a server stream: the answer is one JSON message per line, sent as
-/// the service yields them; a client that goes away drops the stream, which ends the
-/// service's task.
-fn bridge_stream<S, Req, Item, St, F, Fut>(op: &'static Op, svc: Arc<S>, call: F) -> MethodRouter
+/// A unary answer: the message as JSON, with the operation's success status.
+fn one<Resp: Serialize>(op: &'static Op, resp: Resp) -> Response {
+    match serde_json::to_value(resp) {
+        Ok(answer) => (op.success.status(&answer), Json(answer)).into_response(),
+        Err(e) => ApiError::internal(format!("answer not encoded: {e}")).into_response(),
+    }
+}
+
+/// A server stream's answer: one JSON message per line, sent as the service yields
+/// them; a client that goes away drops the stream, which ends the service's task.
+fn lines<Item, St>(_: &'static Op, stream: St) -> Response
 where
-    S: Send + Sync + 'static,
-    Req: DeserializeOwned + Send + 'static,
     Item: Serialize + Send + 'static,
     St: Stream<Item = Result<Item, Status>> + Send + 'static,
-    F: Fn(Arc<S>, tonic::Request<Req>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<tonic::Response<St>, Status>> + Send + 'static,
 {
-    let handler =
-        move |params: RawPathParams, RawQuery(query): RawQuery, headers: HeaderMap, body: Bytes| {
-            let svc = svc.clone();
-            let call = call.clone();
-            async move {
-                let req = match decode::<Req>(op, &params, query.as_deref(), &headers, &body) {
-                    Ok(req) => req,
-                    Err(e) => return e.into_response(),
-                };
-                let stream = match call(svc, tonic::Request::new(req)).await {
-                    Ok(resp) => resp.into_inner(),
-                    Err(status) => return ApiError::from(status).into_response(),
-                };
-                let lines = stream.map(|item| {
-                    let value = match item {
-                        Ok(message) => serde_json::to_value(message).unwrap_or_else(|e| {
-                            ApiError::internal(format!("line not encoded: {e}")).body()
-                        }),
-                        Err(status) => ApiError::from(status).body(),
-                    };
-                    let mut line = value.to_string().into_bytes();
-                    line.push(b'\n');
-                    Ok::<_, std::convert::Infallible>(Bytes::from(line))
-                });
-                (
-                    [(header::CONTENT_TYPE, NDJSON)],
-                    axum::body::Body::from_stream(lines),
-                )
-                    .into_response()
-            }
+    let lines = stream.map(|item| {
+        let value = match item {
+            Ok(message) => serde_json::to_value(message)
+                .unwrap_or_else(|e| ApiError::internal(format!("line not encoded: {e}")).body()),
+            Err(status) => ApiError::from(status).body(),
         };
-    on(op.verb.filter(), handler)
+        let mut line = value.to_string().into_bytes();
+        line.push(b'\n');
+        Ok::<_, std::convert::Infallible>(Bytes::from(line))
+    });
+    (
+        [(header::CONTENT_TYPE, NDJSON)],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response()
 }
 
 /// The media type of a stream's answer.
