@@ -84,7 +84,7 @@ impl Secret {
     }
 
     /// Constant-time equality with `presented` (the length may leak, the content not).
-    fn matches(&self, presented: &[u8]) -> bool {
+    pub(crate) fn matches(&self, presented: &[u8]) -> bool {
         bool::from(self.0.as_slice().ct_eq(presented))
     }
 }
@@ -115,6 +115,8 @@ impl<'de> serde::Deserialize<'de> for Secret {
 pub struct AuthOptions {
     /// Tokens accepted as `Authorization: Bearer <token>`.
     pub bearer_tokens: Vec<Secret>,
+    /// Tokens accepted the same way for reading only ([`Caller::Reader`]).
+    pub read_tokens: Vec<Secret>,
     /// App id → the HMAC keys of its secrets (more than one while a secret rotates).
     pub app_secrets: BTreeMap<String, Vec<Secret>>,
     /// Executor group (or [`ANY_GROUP`]) → the tokens its executors may present.
@@ -171,6 +173,35 @@ pub enum Caller {
     App {
         app_id: String,
     },
+    /// A read-only token: only the calls of [`READ_RPCS`] (REST: `GET`).
+    Reader,
+}
+
+impl Caller {
+    /// Whether this caller may make a call that changes state.
+    pub fn may_write(&self) -> bool {
+        !matches!(self, Self::Reader)
+    }
+}
+
+/// The gRPC methods a read-only token may call: the ones that change nothing. A list
+/// of what is allowed, so a method added later is closed to readers until listed.
+pub const READ_RPCS: &[&str] = &[
+    "/sundial.v1.JobService/GetJob",
+    "/sundial.v1.JobService/ListJobs",
+    "/sundial.v1.RunService/GetRun",
+    "/sundial.v1.RunService/ListRuns",
+    "/sundial.v1.RunService/GetJobStatus",
+    "/sundial.v1.RunService/GetRunLogs",
+    "/sundial.v1.RunService/ListRunLogs",
+    "/sundial.v1.NodeService/ListNodes",
+    "/sundial.v1.AppService/GetApp",
+];
+
+/// Why an admitted caller may not make this call: a read-only token on a write. The
+/// transports answer it PERMISSION_DENIED (REST: 403).
+pub fn read_only_refusal(what: &str) -> String {
+    format!("a read-only token may not call {what}: it changes state and needs an admin token")
 }
 
 /// A request whose signature is good; its nonce is not checked yet.
@@ -299,9 +330,11 @@ impl Authenticator {
         }
     }
 
-    /// False in dev mode: no bearer token and no app secret configured.
+    /// False in dev mode: no bearer token, read token or app secret configured.
     pub fn admin_required(&self) -> bool {
-        !self.opts.bearer_tokens.is_empty() || !self.opts.app_secrets.is_empty()
+        !self.opts.bearer_tokens.is_empty()
+            || !self.opts.read_tokens.is_empty()
+            || !self.opts.app_secrets.is_empty()
     }
 
     /// False in dev mode: no executor token configured.
@@ -316,6 +349,10 @@ impl Authenticator {
 
     pub fn bearer_token_count(&self) -> usize {
         self.opts.bearer_tokens.len()
+    }
+
+    pub fn read_token_count(&self) -> usize {
+        self.opts.read_tokens.len()
     }
 
     /// The executor groups that have a token (`*` = any group).
@@ -338,8 +375,9 @@ impl Authenticator {
     }
 
     /// Checks an `Authorization` header value: `Bearer <token>` with a configured
-    /// token. Every configured token is compared, in constant time.
-    pub fn check_bearer(&self, authorization: &str) -> Result<(), Error> {
+    /// admin token ([`Caller::Bearer`]) or read token ([`Caller::Reader`]). Every
+    /// configured token is compared, in constant time.
+    pub fn check_bearer(&self, authorization: &str) -> Result<Caller, Error> {
         let (scheme, token) = authorization
             .trim()
             .split_once(' ')
@@ -351,15 +389,16 @@ impl Authenticator {
         if token.is_empty() {
             return Err(Error::Bearer("empty bearer token"));
         }
-        let found = self
-            .opts
-            .bearer_tokens
-            .iter()
-            .fold(false, |found, t| found | t.matches(token));
-        if found {
-            Ok(())
-        } else {
-            Err(Error::Bearer("bearer token not accepted"))
+        let any = |tokens: &[Secret]| {
+            tokens
+                .iter()
+                .fold(false, |found, t| found | t.matches(token))
+        };
+        let (admin, reader) = (any(&self.opts.bearer_tokens), any(&self.opts.read_tokens));
+        match (admin, reader) {
+            (true, _) => Ok(Caller::Bearer),
+            (false, true) => Ok(Caller::Reader),
+            (false, false) => Err(Error::Bearer("bearer token not accepted")),
         }
     }
 
@@ -475,8 +514,7 @@ impl Authenticator {
         }
         if let Some(v) = headers.get(http::header::AUTHORIZATION) {
             let v = v.to_str().map_err(|_| Error::Bearer("not visible ASCII"))?;
-            self.check_bearer(v)?;
-            return Ok(Caller::Bearer);
+            return self.check_bearer(v);
         }
         if !headers.contains_key(HEADER_APP_ID) {
             return Err(Error::Missing);
@@ -657,6 +695,23 @@ mod tests {
         put(HEADER_NONCE, nonce);
         put(HEADER_SIGNATURE, &sign(KEY, method, path, &ts, nonce, body));
         h
+    }
+
+    #[test]
+    fn read_tokens_admit_a_reader_only() {
+        let mut opts = AuthOptions {
+            bearer_tokens: vec![Secret::new("tok-1")],
+            read_tokens: vec![Secret::new("look-1")],
+            ..AuthOptions::default()
+        };
+        let a = Authenticator::new(opts.clone());
+        assert_eq!(a.check_bearer("Bearer tok-1").ok(), Some(Caller::Bearer));
+        assert_eq!(a.check_bearer("Bearer look-1").ok(), Some(Caller::Reader));
+        assert!(a.check_bearer("Bearer look-2").is_err());
+        assert!(!Caller::Reader.may_write() && Caller::Bearer.may_write());
+        // Read tokens alone turn authentication on.
+        opts.bearer_tokens.clear();
+        assert!(Authenticator::new(opts).admin_required());
     }
 
     #[test]

@@ -186,6 +186,17 @@ pub struct Settings {
         hide_env_values = true
     )]
     pub bearer_token: Option<Vec<Secret>>,
+    /// A read-only token, presented like a bearer token (repeatable; the variable takes
+    /// a comma-separated list): it may read jobs, runs, logs, nodes and apps, over gRPC
+    /// and REST, and nothing else (PERMISSION_DENIED, 403). For dashboards.
+    #[arg(
+        long,
+        env = "SUNDIAL_READ_TOKENS",
+        value_name = "TOKEN",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub read_token: Option<Vec<Secret>>,
     /// An app that may sign requests, as `APP_ID=whsec_<base64 key>` (repeatable; two
     /// for one app while its secret rotates; the variable takes a comma-separated list).
     #[arg(
@@ -329,6 +340,7 @@ impl Settings {
             http_target_allow,
             webhook_allow,
             bearer_token,
+            read_token,
             app_secret,
             executor_token,
             tls_cert,
@@ -606,7 +618,7 @@ impl Config {
             shutdown_grace: positive("shutdown_grace", s.shutdown_grace, Duration::from_secs(10))?,
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
-            auth: auth_options(s.bearer_token, s.app_secret, s.executor_token)?,
+            auth: auth_options(s.bearer_token, s.read_token, s.app_secret, s.executor_token)?,
             tls: tls_options(s.tls_cert, s.tls_key, s.tls_client_ca)?,
             webhooks,
             alert_webhook: alert_webhook(s.alert_webhook_url.as_deref())?,
@@ -642,22 +654,42 @@ fn tls_options(
     }
 }
 
+/// Bearer-style tokens: each non-empty visible ASCII.
+fn tokens(field: &'static str, given: Option<Vec<Secret>>) -> Result<Vec<Secret>, Error> {
+    let given = given.unwrap_or_default();
+    for (i, t) in given.iter().enumerate() {
+        if t.expose().is_empty() || t.expose().iter().any(|b| !b.is_ascii_graphic()) {
+            return Err(Error::Invalid {
+                field,
+                reason: format!("entry {}: must be non-empty visible ASCII", i + 1),
+            });
+        }
+    }
+    Ok(given)
+}
+
 /// Validates the credentials. Errors name the flag and the entry's position (or its
 /// app id or group), never the secret.
 fn auth_options(
     bearer: Option<Vec<Secret>>,
+    read: Option<Vec<Secret>>,
     apps: Option<Vec<Secret>>,
     executors: Option<Vec<Secret>>,
 ) -> Result<AuthOptions, Error> {
-    let mut opts = AuthOptions::default();
-    for (i, t) in bearer.unwrap_or_default().into_iter().enumerate() {
-        if t.expose().is_empty() || t.expose().iter().any(|b| !b.is_ascii_graphic()) {
-            return Err(Error::Invalid {
-                field: "bearer_token",
-                reason: format!("entry {}: must be non-empty visible ASCII", i + 1),
-            });
-        }
-        opts.bearer_tokens.push(t);
+    let mut opts = AuthOptions {
+        bearer_tokens: tokens("bearer_token", bearer)?,
+        read_tokens: tokens("read_token", read)?,
+        ..AuthOptions::default()
+    };
+    if let Some(i) = opts
+        .read_tokens
+        .iter()
+        .position(|r| opts.bearer_tokens.iter().any(|b| b.matches(r.expose())))
+    {
+        return Err(Error::Invalid {
+            field: "read_token",
+            reason: format!("entry {}: is also a bearer (admin) token", i + 1),
+        });
     }
     for (i, entry) in apps.unwrap_or_default().into_iter().enumerate() {
         let invalid = |reason: String| Error::Invalid {
@@ -949,6 +981,22 @@ mod tests {
                 ..Default::default()
             },
             "executor_token",
+        );
+        bad(
+            Settings {
+                read_token: secrets(&["hunter2 x"]),
+                ..Default::default()
+            },
+            "read_token",
+        );
+        // A token cannot be both admin and read-only.
+        bad(
+            Settings {
+                bearer_token: secrets(&["same-1"]),
+                read_token: secrets(&["other-2", "same-1"]),
+                ..Default::default()
+            },
+            "read_token",
         );
         bad(
             Settings {

@@ -359,8 +359,9 @@ fn log_auth_mode(auth: &Authenticator) {
         let apps: Vec<&str> = auth.app_ids().collect();
         info!(
             bearer_tokens = auth.bearer_token_count(),
+            read_tokens = auth.read_token_count(),
             apps = ?apps,
-            "admin auth on: gRPC (but executors, health, reflection) and REST (but /healthz, /metrics) need a bearer token or an app signature"
+            "admin auth on: gRPC (but executors, health, reflection) and REST (but /healthz, /metrics) need a bearer token or an app signature; a read token may only read"
         );
     } else {
         warn!(

@@ -22,6 +22,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 const BEARER: &str = "bearer-Zq9Vw7741-not-for-logs";
+const READER: &str = "reader-Hy31Lq08-not-for-logs";
 const APP: &str = "billing-app";
 /// `whsec_` + base64 of [`APP_KEY`].
 const APP_SECRET: &str = "whsec_a2V5LWJ5dGVzLWZvci10aGUtYXV0aC10ZXN0LTQyNDI=";
@@ -34,6 +35,7 @@ const OTHER_EXEC_TOKEN: &str = "exec-tok-payments-8812-not-for-logs";
 /// tokens for two groups (flags), logging at debug so more of it is checked.
 fn secured(opts: SundialOptions) -> SundialOptions {
     opts.env("SUNDIAL_BEARER_TOKENS", BEARER)
+        .arg("read-token", READER)
         .env("RUST_LOG", "debug")
         .arg("app-secret", &format!("{APP}={APP_SECRET}"))
         .repeated_arg("executor-token", &format!("billing={EXEC_TOKEN}"))
@@ -47,6 +49,7 @@ fn assert_no_secrets(server: &Sundial) -> Result<()> {
     let key = String::from_utf8_lossy(APP_KEY).into_owned();
     for secret in [
         BEARER,
+        READER,
         APP_SECRET,
         APP_SECRET_B64,
         key.as_str(),
@@ -129,6 +132,11 @@ fn grpc_request<T>(msg: T, headers: &[(&'static str, String)]) -> Result<tonic::
             .insert(*name, MetadataValue::try_from(value.as_str())?);
     }
     Ok(req)
+}
+
+/// A gRPC request carrying the read-only token.
+fn as_reader<T>(msg: T) -> Result<tonic::Request<T>> {
+    grpc_request(msg, &[("authorization", format!("Bearer {READER}"))])
 }
 
 /// Adds the good bearer token to every call.
@@ -405,6 +413,109 @@ async fn rest(
     let status = resp.status().as_u16();
     let text = resp.text().await?;
     Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+}
+
+/// A read-only token reads jobs, runs and nodes over REST and gRPC, and every call
+/// that would change something is PERMISSION_DENIED (REST 403) and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_reads_and_changes_nothing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut server = Sundial::start(secured(SundialOptions::embedded(dir.path())))?;
+    let ch = server.channel().await?;
+    let base = format!("http://{}", server.http.context("no http address")?);
+    let http = reqwest::Client::new();
+    jobs_as_admin(&ch)
+        .create_job(pb::CreateJobRequest {
+            spec: Some(spec("read-job")),
+        })
+        .await?;
+    let reader = Cred::Bearer(READER);
+    for target in [
+        "/api/v1/jobs/read-job",
+        "/api/v1/jobs?page_size=5",
+        "/api/v1/jobs/read-job/runs",
+        "/api/v1/jobs/read-job/status",
+        "/api/v1/tasks/read-job",
+        "/api/v1/nodes",
+        "/api/v1/openapi.json",
+    ] {
+        let (status, v) = rest(&http, &base, "GET", target, b"", &reader, None).await?;
+        ensure!(
+            status == 200,
+            "GET {target} with a read token: {status} {v}"
+        );
+    }
+    let create = format!(
+        r#"{{"spec": {{"id": "read-made", "cron": "{MANUAL_ONLY}", "executor": {{"group": "billing", "handler": "noop"}}}}}}"#
+    );
+    let writes: [(&str, &str, &[u8]); 6] = [
+        ("POST", "/api/v1/jobs", create.as_bytes()),
+        ("POST", "/api/v1/jobs/read-job/trigger", b""),
+        ("POST", "/api/v1/jobs/read-job/pause", b""),
+        ("DELETE", "/api/v1/jobs/read-job", b""),
+        ("POST", "/api/v1/apps", br#"{"appId": "made-by-reader"}"#),
+        ("POST", "/api/v1/nodes/n1/drain", b""),
+    ];
+    for (method, target, body) in writes {
+        let (status, v) = rest(&http, &base, method, target, body, &reader, None).await?;
+        ensure!(
+            status == 403
+                && v["error"]["code"] == "PERMISSION_DENIED"
+                && v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("read-only token")),
+            "{method} {target} with a read token: {status} {v}"
+        );
+    }
+
+    // gRPC: reads pass, writes are PERMISSION_DENIED.
+    let mut jobs = pb::job_service_client::JobServiceClient::new(ch.clone());
+    let job = jobs
+        .get_job(as_reader(pb::GetJobRequest {
+            job_id: "read-job".into(),
+        })?)
+        .await?
+        .into_inner();
+    ensure!(job.job.is_some());
+    let e = jobs
+        .pause_job(as_reader(pb::PauseJobRequest {
+            job_id: "read-job".into(),
+        })?)
+        .await
+        .expect_err("a reader's pause");
+    ensure!(e.code() == Code::PermissionDenied, "{e:?}");
+    let e = jobs
+        .trigger_job(as_reader(pb::TriggerJobRequest {
+            job_id: "read-job".into(),
+            ..Default::default()
+        })?)
+        .await
+        .expect_err("a reader's trigger");
+    ensure!(e.code() == Code::PermissionDenied, "{e:?}");
+
+    // Nothing changed.
+    let job = jobs_as_admin(&ch)
+        .get_job(pb::GetJobRequest {
+            job_id: "read-job".into(),
+        })
+        .await?
+        .into_inner()
+        .job
+        .context("job")?;
+    ensure!(
+        job.version == 1 && job.state() == pb::JobState::Active,
+        "{job:?}"
+    );
+    ensure!(
+        !job_exists(&ch, "read-made").await?,
+        "a reader created a job"
+    );
+    ensure!(
+        run_count(&ch, "read-job").await? == 0,
+        "a reader's trigger ran"
+    );
+    server.stop()?;
+    assert_no_secrets(&server)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

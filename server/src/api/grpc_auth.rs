@@ -7,7 +7,9 @@
 //! `executors`), health and reflection (v1 and v1alpha). Everything else, including
 //! any service added later, needs credentials: the list is of what is open, not of
 //! what is closed. A refusal is `UNAUTHENTICATED` naming the reason, sent before the
-//! request body is read, so a refused call changes nothing.
+//! request body is read, so a refused call changes nothing. A read-only token may
+//! call only [`READ_RPCS`](crate::auth::READ_RPCS); anything else is
+//! `PERMISSION_DENIED`, refused the same way.
 //!
 //! A gRPC signature covers method (`POST`), path and the timestamp and nonce headers,
 //! not the body (a stream): see [`crate::auth`].
@@ -19,7 +21,7 @@ use std::task::{Context, Poll};
 use tonic::Status;
 use tower::{Layer, Service};
 
-use crate::auth::AdminGuard;
+use crate::auth::{AdminGuard, READ_RPCS, read_only_refusal};
 
 /// gRPC paths open to every caller, by prefix.
 const OPEN_PATHS: &[&str] = &[
@@ -92,6 +94,10 @@ where
                 .admit(req.method().as_str(), path, req.headers(), b"")
                 .await
             {
+                Ok(caller) if !caller.may_write() && !READ_RPCS.contains(&path) => {
+                    tracing::info!(%path, ?caller, "grpc call refused: read-only token");
+                    Ok(Status::permission_denied(read_only_refusal(path)).into_http())
+                }
                 Ok(caller) => {
                     tracing::debug!(%path, ?caller, "grpc call admitted");
                     inner.call(req).await

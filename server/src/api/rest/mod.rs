@@ -14,7 +14,8 @@
 //! signature, see [`crate::auth`]) unless admin authentication is off (dev mode);
 //! [`require_admin`] checks them before routing, buffering a signed request's body (at
 //! most [`MAX_SIGNED_BODY`]) to verify it and then passing the same bytes on. Refusals
-//! are 401 with the usual error body, code `UNAUTHENTICATED`. `/healthz` stays open
+//! are 401 with the usual error body, code `UNAUTHENTICATED`; a read-only token on
+//! anything but `GET` is 403, `PERMISSION_DENIED`. `/healthz` stays open
 //! for load balancers, and so is `/metrics` (the Prometheus text format, see
 //! [`crate::metrics`]; added after the layer, like `/healthz`), so scrapers need no
 //! admin credentials: it shows counts and gauges, never a job's content or a secret.
@@ -157,6 +158,12 @@ pub async fn require_admin(State(guard): State<AdminGuard>, req: Request, next: 
         .admit(parts.method.as_str(), target, &parts.headers, &bytes)
         .await
     {
+        Ok(caller) if !caller.may_write() && !is_read(&parts.method) => {
+            tracing::info!(path = %parts.uri.path(), ?caller, "http request refused: read-only token");
+            let what = format!("{} {}", parts.method, convert::quoted(parts.uri.path()));
+            ApiError::from(Status::permission_denied(auth::read_only_refusal(&what)))
+                .into_response()
+        }
         Ok(caller) => {
             tracing::debug!(path = %parts.uri.path(), ?caller, "http request admitted");
             next.run(Request::from_parts(parts, body)).await
@@ -172,6 +179,13 @@ pub async fn require_admin(State(guard): State<AdminGuard>, req: Request, next: 
             resp
         }
     }
+}
+
+/// Whether a REST method only reads: what a read-only token may send. Every `GET`
+/// route reads (the operations' are the gRPC methods of [`auth::READ_RPCS`]: a unit
+/// test of `ops` says so).
+pub fn is_read(method: &axum::http::Method) -> bool {
+    method == axum::http::Method::GET || method == axum::http::Method::HEAD
 }
 
 /// An error as the REST API answers it: `{"error": {"code": …, "message": …}}`.

@@ -753,6 +753,20 @@ mod tests {
     }
 
     #[test]
+    fn exactly_the_get_routes_call_the_methods_a_read_only_token_may_call() {
+        for op in OPS {
+            let rpc = format!("/sundial.v1.{}/{}", op.service, op.method);
+            assert_eq!(
+                op.verb == Verb::Get,
+                crate::auth::READ_RPCS.contains(&rpc.as_str()),
+                "{} {} calls {rpc}",
+                op.verb.as_str(),
+                op.path
+            );
+        }
+    }
+
+    #[test]
     fn every_method_of_the_admin_services_has_an_operation() {
         for service in ["JobService", "RunService", "NodeService", "AppService"] {
             let svc = POOL
