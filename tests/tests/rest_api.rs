@@ -335,7 +335,7 @@ async fn every_failure_is_one_json_error_shape() -> Result<()> {
             trigger()
                 .header("content-type", "application/json")
                 .header("connection", "close")
-                .body(vec![b' '; 2 << 20]),
+                .body(vec![b' '; 5 << 20]),
             413,
             "PAYLOAD_TOO_LARGE",
             "body",

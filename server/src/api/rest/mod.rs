@@ -41,9 +41,10 @@ use crate::store;
 
 pub use ops::Services;
 
-/// The largest request body a signed request may have (it is held in memory to be
-/// verified). The largest real one, an apply of many specs, stays below it.
-pub const MAX_SIGNED_BODY: usize = 1 << 20;
+/// The largest request body (a signed one is held in memory to be verified): 4 MiB,
+/// the largest message the gRPC services decode (tonic's default), so an apply of
+/// many specs that gRPC takes, REST takes too.
+pub const MAX_SIGNED_BODY: usize = 4 << 20;
 
 /// The REST routes over the services of this instance; all but `/healthz` and
 /// `/metrics` behind `guard`.

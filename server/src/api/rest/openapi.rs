@@ -135,7 +135,7 @@ const ERRORS: &[(&str, &str)] = &[
         "409",
         "ALREADY_EXISTS, ABORTED (a version changed) or FAILED_PRECONDITION",
     ),
-    ("413", "PAYLOAD_TOO_LARGE: a body over 1 MiB"),
+    ("413", "PAYLOAD_TOO_LARGE: a body over 4 MiB"),
     (
         "415",
         "UNSUPPORTED_MEDIA_TYPE: a body that is not application/json",
