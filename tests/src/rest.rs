@@ -6,6 +6,14 @@
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+/// A response header's value, if present and visible ASCII.
+pub fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 /// The media type of a streaming route's answer.
 pub const NDJSON: &str = "application/x-ndjson";
 
@@ -51,11 +59,7 @@ impl RestClient {
         path: &str,
         body: Option<Value>,
     ) -> Result<(u16, Value)> {
-        let m = reqwest::Method::from_bytes(method.as_bytes())?;
-        let mut req = self.http.request(m, format!("{}{path}", self.base));
-        if let Some(t) = &self.bearer {
-            req = req.bearer_auth(t);
-        }
+        let mut req = self.request(method, path)?;
         if let Some(b) = body {
             req = req.json(&b);
         }
@@ -84,6 +88,16 @@ impl RestClient {
         Ok(value)
     }
 
+    /// `method path` with the client's bearer token, if any.
+    fn request(&self, method: &str, path: &str) -> Result<reqwest::RequestBuilder> {
+        let m = reqwest::Method::from_bytes(method.as_bytes())?;
+        let req = self.http.request(m, format!("{}{path}", self.base));
+        Ok(match &self.bearer {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        })
+    }
+
     /// The documented path template `path` matches (segments in braces match any).
     pub fn template(&self, path: &str) -> Option<String> {
         let path = path.split('?').next().unwrap_or_default();
@@ -102,18 +116,9 @@ impl RestClient {
     /// Sends `GET path` to a streaming route and answers the status and a reader of
     /// its lines, each checked against the document as it is read.
     pub async fn lines(&self, path: &str) -> Result<(u16, Lines<'_>)> {
-        let mut req = self.http.get(format!("{}{path}", self.base));
-        if let Some(t) = &self.bearer {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await?;
+        let resp = self.request("GET", path)?.send().await?;
         let status = resp.status().as_u16();
-        let content_type = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let content_type = header(&resp, "content-type").unwrap_or_default();
         if status == 200 && content_type != NDJSON {
             bail!("GET {path}: 200 as {content_type:?}, not {NDJSON}");
         }

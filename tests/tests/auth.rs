@@ -134,6 +134,13 @@ fn grpc_request<T>(msg: T, headers: &[(&'static str, String)]) -> Result<tonic::
     Ok(req)
 }
 
+/// The REST body creating the job [`spec`] describes.
+fn create_body(id: &str) -> String {
+    format!(
+        r#"{{"spec": {{"id": "{id}", "cron": "{MANUAL_ONLY}", "executor": {{"group": "billing", "handler": "noop"}}}}}}"#
+    )
+}
+
 /// A gRPC request carrying the read-only token.
 fn as_reader<T>(msg: T) -> Result<tonic::Request<T>> {
     grpc_request(msg, &[("authorization", format!("Bearer {READER}"))])
@@ -445,9 +452,7 @@ async fn a_read_token_reads_and_changes_nothing() -> Result<()> {
             "GET {target} with a read token: {status} {v}"
         );
     }
-    let create = format!(
-        r#"{{"spec": {{"id": "read-made", "cron": "{MANUAL_ONLY}", "executor": {{"group": "billing", "handler": "noop"}}}}}}"#
-    );
+    let create = create_body("read-made");
     let writes: [(&str, &str, &[u8]); 6] = [
         ("POST", "/api/v1/jobs", create.as_bytes()),
         ("POST", "/api/v1/jobs/read-job/trigger", b""),
@@ -553,9 +558,7 @@ async fn rest_calls_need_a_bearer_token_or_a_fresh_signature() -> Result<()> {
     // The operations' routes take the same credentials: each refused without them or
     // with a wrong bearer token, changing nothing; admitted with a bearer token or a
     // signature.
-    let create = format!(
-        r#"{{"spec": {{"id": "rest-made", "cron": "{MANUAL_ONLY}", "executor": {{"group": "billing", "handler": "noop"}}}}}}"#
-    );
+    let create = create_body("rest-made");
     let writes: [(&str, &str, &[u8]); 6] = [
         ("POST", "/api/v1/jobs", create.as_bytes()),
         ("DELETE", "/api/v1/jobs/rest-job", b""),

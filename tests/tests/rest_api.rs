@@ -8,6 +8,7 @@ use anyhow::{Context, Result, ensure};
 use base64::Engine as _;
 use serde_json::Value;
 use sundial_proto::v1 as pb;
+use sundial_tests::rest::header;
 use sundial_tests::{Sundial, SundialOptions, every_second, wait_for};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -358,17 +359,8 @@ async fn every_failure_is_one_json_error_shape() -> Result<()> {
     for (what, req, status, code, needle) in cases {
         let resp = req.send().await?;
         let got = resp.status().as_u16();
-        let allow = resp
-            .headers()
-            .get("allow")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let content_type = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let allow = header(&resp, "allow");
+        let content_type = header(&resp, "content-type").unwrap_or_default();
         let text = resp.text().await?;
         let body: Value = serde_json::from_str(&text)
             .with_context(|| format!("{what}: not JSON ({content_type}): {text:?}"))?;

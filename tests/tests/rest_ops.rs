@@ -529,7 +529,9 @@ async fn page_through_a_thousand_jobs(server: &Sundial) -> Result<()> {
             seen.push(j["spec"]["id"].as_str().unwrap_or_default().to_owned());
         }
         match page["nextPageToken"].as_str() {
-            Some(t) if !t.is_empty() => token = url_encode(t),
+            Some(t) if !t.is_empty() => {
+                token = url::form_urlencoded::byte_serialize(t.as_bytes()).collect();
+            }
             _ => break,
         }
     }
@@ -542,17 +544,6 @@ async fn page_through_a_thousand_jobs(server: &Sundial) -> Result<()> {
         unique.len()
     );
     Ok(())
-}
-
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

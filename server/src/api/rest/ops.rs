@@ -616,8 +616,7 @@ fn query_fields(
         let field = input
             .get_field_by_name(&name)
             .or_else(|| input.get_field_by_json_name(&name))
-            .filter(|f| !op.bind.iter().any(|(_, target)| *target == f.name()))
-            .filter(|f| f.is_map() || !matches!(f.kind(), Kind::Message(_)))
+            .filter(|f| is_query_field(op, f))
             .ok_or_else(|| {
                 ApiError::invalid(
                     &quoted(&name),
@@ -664,12 +663,19 @@ pub fn query_names(op: &Op) -> Vec<String> {
         .map(|m| {
             m.input()
                 .fields()
-                .filter(|f| !op.bind.iter().any(|(_, target)| *target == f.name()))
-                .filter(|f| f.is_map() || !matches!(f.kind(), Kind::Message(_)))
+                .filter(|f| is_query_field(op, f))
                 .map(|f| f.name().to_owned())
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether a request field of `op` can come from the query string: a top-level field
+/// not filled from the path, and a scalar, an enum, a list of those or a map (not a
+/// message).
+fn is_query_field(op: &Op, f: &FieldDescriptor) -> bool {
+    !op.bind.iter().any(|(_, target)| *target == f.name())
+        && (f.is_map() || !matches!(f.kind(), Kind::Message(_)))
 }
 
 /// One query value as the JSON the field's type takes.
