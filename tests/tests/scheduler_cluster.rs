@@ -43,6 +43,16 @@ impl PlannedJob {
     }
 }
 
+fn is_final(run: &pb::Run) -> bool {
+    !matches!(
+        pb::RunState::try_from(run.state),
+        Ok(pb::RunState::Triggered
+            | pb::RunState::Dispatched
+            | pb::RunState::Running
+            | pb::RunState::Waiting)
+    )
+}
+
 async fn run_scenario(s: Scenario) -> Result<()> {
     let mut redis = if s.redis_restart_after.is_some() {
         RedisServer::start_persistent()?
@@ -129,17 +139,27 @@ async fn run_scenario(s: Scenario) -> Result<()> {
     let mut runs = servers[live].runs().await?;
     let expected_total: usize = planned.iter().map(|p| p.expected().len()).sum();
     let ids: Vec<String> = planned.iter().map(|p| p.id.clone()).collect();
-    wait_for("every run recorded", Duration::from_secs(60), || {
-        let mut runs = runs.clone();
-        let ids = ids.clone();
-        async move {
-            let mut n = 0;
-            for id in &ids {
-                n += all_runs(&mut runs, id).await?.len();
+    // Recorded is not final: a run recorded late (after the outage, or taken over from
+    // a dead instance) is WAITING until its routing or its timer fails it.
+    wait_for(
+        "every run recorded and final",
+        Duration::from_secs(60),
+        || {
+            let mut runs = runs.clone();
+            let ids = ids.clone();
+            async move {
+                let mut n = 0;
+                for id in &ids {
+                    let recorded = all_runs(&mut runs, id).await?;
+                    if !recorded.iter().all(is_final) {
+                        return Ok(None);
+                    }
+                    n += recorded.len();
+                }
+                Ok((n >= expected_total).then_some(()))
             }
-            Ok((n >= expected_total).then_some(()))
-        }
-    })
+        },
+    )
     .await?;
 
     // The queue: one trigger per planned fire, none twice, none unplanned.
@@ -173,11 +193,14 @@ async fn run_scenario(s: Scenario) -> Result<()> {
             recorded.len(),
             expected.len()
         );
+        let other: Vec<_> = recorded
+            .iter()
+            .filter(|r| r.state != pb::RunState::Failed as i32 || r.error_code != "no_executor")
+            .map(|r| (&r.schedule_id, r.state, &r.error_code, &r.error_message))
+            .collect();
         ensure!(
-            recorded
-                .iter()
-                .all(|r| r.state == pb::RunState::Failed as i32 && r.error_code == "no_executor"),
-            "{}: every run failed \"no_executor\" (none is connected)",
+            other.is_empty(),
+            "{}: every run should fail \"no_executor\" (none is connected), these did not: {other:?}",
             p.id
         );
     }
