@@ -131,6 +131,14 @@ pub struct Settings {
     /// heartbeat intervals; at most the lease.
     #[arg(long, env = "SUNDIAL_CONFIRM_WITHIN")]
     pub confirm_within: Option<HumanDuration>,
+    /// When an executor's stream ends from its side (the process died, or it closed
+    /// the stream) while it holds runs, their leases end this much later unless it
+    /// reconnects and lists them in its hello first: a dead executor's runs fail over
+    /// in about this long instead of a lease TTL. Default 1s (or the lease if shorter);
+    /// 0 = at once; at most the lease. A server shutting down keeps its executors' full
+    /// leases.
+    #[arg(long, env = "SUNDIAL_DISCONNECT_GRACE")]
+    pub disconnect_grace: Option<HumanDuration>,
     /// How long a run may wait for an eligible executor to connect before it fails
     /// ("no_executor"); a run waiting for a connected executor's free capacity is
     /// never failed for it.
@@ -326,6 +334,7 @@ impl Settings {
             missed_heartbeats,
             lease_ttl,
             confirm_within,
+            disconnect_grace,
             dispatch_wait,
             route_retry,
             sweep_every,
@@ -537,6 +546,15 @@ impl Config {
                 reason: format!("{confirm_within:?} must be at most the lease ({lease_ttl:?})"),
             });
         }
+        let disconnect_grace = s
+            .disconnect_grace
+            .map_or(ed.disconnect_grace.min(lease_ttl), |d| d.0);
+        if disconnect_grace > lease_ttl {
+            return Err(Error::Invalid {
+                field: "disconnect_grace",
+                reason: format!("{disconnect_grace:?} must be at most the lease ({lease_ttl:?})"),
+            });
+        }
         let hd = HealthPolicy::default();
         let rate = |field: &'static str, v: Option<f64>, default: f64| match v {
             None => Ok(default),
@@ -568,6 +586,7 @@ impl Config {
             missed_heartbeats,
             hello_timeout: ed.hello_timeout,
             lease_ttl,
+            disconnect_grace,
             max_log_bytes: s.max_log_bytes.unwrap_or(ed.max_log_bytes).max(1024),
         };
         let dd = DispatchOptions::default();
@@ -878,6 +897,23 @@ mod tests {
             cfg.dispatch.lease.confirm_within,
             Duration::from_millis(800)
         );
+        // A disconnected executor's leases: 1 s unless set; 0 (at once) is allowed.
+        let cfg = Config::from_settings(Settings::default()).expect("valid");
+        assert_eq!(cfg.executors.disconnect_grace, Duration::from_secs(1));
+        let file: Settings = toml::from_str(r#"disconnect_grace = "0s""#).expect("valid toml");
+        let cfg = Config::from_settings(file).expect("valid");
+        assert_eq!(cfg.executors.disconnect_grace, Duration::ZERO);
+        let shorter_lease = Settings {
+            heartbeat_interval: Some(HumanDuration(Duration::from_millis(300))),
+            lease_ttl: Some(HumanDuration(Duration::from_millis(900))),
+            ..Settings::default()
+        };
+        let cfg = Config::from_settings(shorter_lease).expect("valid");
+        assert_eq!(
+            cfg.executors.disconnect_grace,
+            Duration::from_millis(900),
+            "never past the lease"
+        );
     }
 
     #[test]
@@ -1173,6 +1209,13 @@ mod tests {
                     ..Default::default()
                 },
                 "confirm_within",
+            ),
+            (
+                Settings {
+                    disconnect_grace: Some(HumanDuration(Duration::from_secs(16))),
+                    ..Default::default()
+                },
+                "disconnect_grace",
             ),
         ];
         for (s, field) in cases {

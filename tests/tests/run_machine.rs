@@ -29,12 +29,26 @@ impl Drop for Exec {
 
 impl Exec {
     async fn connect(channel: Channel, node: &str, handlers: &[&str]) -> Result<Self> {
+        Ok(Self::reconnect(channel, node, handlers, Vec::new())
+            .await?
+            .0)
+    }
+
+    /// Connects with a hello listing `in_flight` (runs held from an earlier stream);
+    /// returns the welcome's `unknown_in_flight` too.
+    async fn reconnect(
+        channel: Channel,
+        node: &str,
+        handlers: &[&str],
+        in_flight: Vec<pb::RunRef>,
+    ) -> Result<(Self, Vec<pb::RunRef>)> {
         let (tx, rx) = mpsc::channel(64);
         tx.send(msg(Msg::Hello(pb::Hello {
             node_id: node.into(),
             group: "g".into(),
             handlers: handlers.iter().map(|h| (*h).to_owned()).collect(),
             max_concurrency: 0,
+            in_flight,
             ..Default::default()
         })))
         .await?;
@@ -51,10 +65,25 @@ impl Exec {
             }
         });
         let mut e = Self { tx, rx, heartbeats };
-        let Out::Welcome(_) = e.next().await? else {
+        let Out::Welcome(w) = e.next().await? else {
             bail!("expected welcome");
         };
-        Ok(e)
+        Ok((e, w.unknown_in_flight))
+    }
+
+    /// Sends `Started` and waits for its go-ahead.
+    async fn start(&mut self, run: &pb::RunRef) -> Result<bool> {
+        self.send(Msg::Started(pb::Started {
+            run: Some(run.clone()),
+        }))
+        .await?;
+        loop {
+            if let Out::StartAck(a) = self.next().await?
+                && a.run.as_ref() == Some(run)
+            {
+                return Ok(a.go);
+            }
+        }
     }
 
     async fn send(&self, m: Msg) -> Result<()> {
@@ -713,4 +742,97 @@ async fn only_an_unconfirmed_dispatch_moves_on_redis() -> Result<()> {
 async fn only_an_unconfirmed_dispatch_moves_on_the_embedded_store() -> Result<()> {
     let dir = tempfile::tempdir()?;
     only_an_unconfirmed_dispatch_moves(SundialOptions::embedded(dir.path())).await
+}
+
+/// `--disconnect-grace`: when an executor's stream ends from its side while it holds
+/// a run, the run's lease ends a grace later instead of at its TTL (60 s here), so a
+/// dead executor's run is retried elsewhere in about the grace; an executor that is
+/// back within the grace, listing the run in its hello, keeps it and its result counts.
+async fn a_dead_executors_runs_fail_over_within_the_grace(opts: SundialOptions) -> Result<()> {
+    let server = Sundial::start(
+        opts.arg("sweep-every", "50ms")
+            .arg("route-retry", "200ms")
+            .arg("lease-ttl", "60s")
+            .arg("disconnect-grace", "1s"),
+    )?;
+    let channel = server.channel().await?;
+    let mut jobs = server.jobs().await?;
+    let mut spec = manual_job("fo", "work");
+    spec.retry = Some(pb::RetryPolicy {
+        max_retries: 1,
+        backoff_ms: 1,
+        ..Default::default()
+    });
+    jobs.create_job(pb::CreateJobRequest { spec: Some(spec) })
+        .await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(manual_job("blip", "blip")),
+    })
+    .await?;
+
+    // The executor holding a started run goes away (its stream ends, as when the
+    // process is killed): attempt 2 reaches the other node long before the lease.
+    let mut doomed = Exec::connect(channel.clone(), "doomed", &["work"]).await?;
+    let sid = server.trigger("fo").await?;
+    let first = doomed.dispatch().await?.run.context("run ref")?;
+    ensure!(doomed.start(&first).await?, "no go-ahead for {first:?}");
+    let mut heir = Exec::connect(channel.clone(), "heir", &["work"]).await?;
+    let gone = std::time::Instant::now();
+    drop(doomed);
+    let second = heir.dispatch().await?.run.context("run ref")?;
+    let waited = gone.elapsed();
+    ensure!(
+        second.schedule_id == sid && second.attempt == 2,
+        "{first:?} then {second:?}"
+    );
+    ensure!(
+        waited < Duration::from_secs(30),
+        "attempt 2 came after {waited:?}: the lease (60 s) ran out, not the grace"
+    );
+    println!("attempt 2 dispatched {waited:?} after its executor left (grace 1 s)");
+    ensure!(heir.start(&second).await?);
+    ensure!(
+        heir.result(&second, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    let r = wait_state(&server, &sid, pb::RunState::Succeeded).await?;
+    ensure!(r.attempt == 2 && r.node_id == "heir", "{r:?}");
+
+    // A stream that breaks and comes back at once, listing its run, keeps the run
+    // past the grace, and its result is the run's result.
+    let mut blip = Exec::connect(channel.clone(), "blip", &["blip"]).await?;
+    let sid = server.trigger("blip").await?;
+    let run = blip.dispatch().await?.run.context("run ref")?;
+    ensure!(blip.start(&run).await?);
+    drop(blip);
+    let (mut blip, unknown) =
+        Exec::reconnect(channel.clone(), "blip", &["blip"], vec![run.clone()]).await?;
+    ensure!(unknown.is_empty(), "the run was taken: {unknown:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let r = server.run(&sid).await?;
+    ensure!(
+        r.state == pb::RunState::Running as i32 && r.fencing_token == run.fencing_token,
+        "a run its executor came back for was taken: {r:?}"
+    );
+    ensure!(
+        blip.result(&run, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    let r = wait_state(&server, &sid, pb::RunState::Succeeded).await?;
+    ensure!(r.attempt == 1 && r.node_id == "blip", "{r:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_executors_runs_fail_over_within_the_grace_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    a_dead_executors_runs_fail_over_within_the_grace(SundialOptions::redis(&redis)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_executors_runs_fail_over_within_the_grace_on_the_embedded_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    a_dead_executors_runs_fail_over_within_the_grace(SundialOptions::embedded(dir.path())).await
 }

@@ -794,6 +794,7 @@ mod tests {
             max_concurrency: window,
             labels: Default::default(),
             instance: "i".into(),
+            session: String::new(),
             ready: true,
             draining: false,
             // The executor's own figure, seconds old: never counted.

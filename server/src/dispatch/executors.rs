@@ -58,6 +58,10 @@ pub struct ExecutorOptions {
     pub hello_timeout: Duration,
     /// The lease a heartbeat renews to.
     pub lease_ttl: Duration,
+    /// When a stream ends from the executor's side (it died, or closed it) while it
+    /// holds runs, their leases end this much later unless it reconnects and lists
+    /// them first, so they fail over in about this long rather than a lease TTL.
+    pub disconnect_grace: Duration,
     /// Log text kept per run; the oldest lines fall out first.
     pub max_log_bytes: usize,
     /// The health window and thresholds `ListNodes` reports by.
@@ -72,6 +76,7 @@ impl Default for ExecutorOptions {
             missed_heartbeats: 3,
             hello_timeout: Duration::from_secs(10),
             lease_ttl: Duration::from_secs(15),
+            disconnect_grace: Duration::from_secs(1),
             max_log_bytes: 1 << 20,
             health: HealthPolicy::default(),
         }
@@ -182,6 +187,7 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
         },
         labels: h.labels.into_iter().collect(),
         instance: instance.to_owned(),
+        session: uuid::Uuid::now_v7().simple().to_string(),
         ready: true,
         draining: false,
         active: 0,
@@ -353,11 +359,17 @@ impl Executors {
         }
         stop_reading.cancel();
         self.links.detach(&node_id, conn);
-        match self
-            .store
-            .remove_node(&node_id, &self.opts.instance_id)
-            .await
-        {
+        // The executor left (it died, or closed its stream): what it held fails over
+        // after the grace unless it comes back for it. When this server is the one
+        // going away, its executors reconnect elsewhere and keep their full leases.
+        let leases_within = (!self.shutdown.is_cancelled()).then_some(self.opts.disconnect_grace);
+        let node = lock(&state).node.clone();
+        match self.store.remove_node(&node, leases_within).await {
+            Ok(r) if r.leases_shortened > 0 => info!(
+                leases = r.leases_shortened,
+                grace = ?self.opts.disconnect_grace,
+                "executor disconnected holding runs; they fail over unless it is back within the grace"
+            ),
             Ok(_) => info!("executor disconnected"),
             Err(e) => warn!(error = %e, "could not unregister the executor; it expires by itself"),
         }

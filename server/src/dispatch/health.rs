@@ -160,6 +160,7 @@ mod tests {
             max_concurrency: 0,
             labels: Default::default(),
             instance: "i".into(),
+            session: String::new(),
             ready: true,
             draining: false,
             active: 0,

@@ -316,6 +316,10 @@ pub struct NodeRecord {
     pub labels: std::collections::BTreeMap<String, String>,
     /// The server instance holding the node's stream.
     pub instance: String,
+    /// Names the stream this record was registered by (chosen at its hello), so that
+    /// the end of one stream never removes the registration of the node's next one.
+    #[serde(default)]
+    pub session: String,
     /// False while the executor declares itself not ready.
     pub ready: bool,
     /// Asked to drain (`DrainNode`): it finishes what it holds and gets no new work.
@@ -340,6 +344,15 @@ pub struct NodeRecord {
     pub connected_at: Millis,
     /// Written by the store from its clock.
     pub last_heartbeat: Millis,
+}
+
+/// What [`Store::remove_node`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeRemoved {
+    /// The registration was the stream's own and is gone.
+    pub removed: bool,
+    /// Leases brought to end within `leases_within`.
+    pub leases_shortened: u32,
 }
 
 /// Result of a manual trigger.
@@ -753,9 +766,19 @@ pub trait Store: Send + Sync + 'static {
     /// `ttl` later unless refreshed again. A refresh replaces the whole record.
     async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()>;
 
-    /// Removes the node if `instance` still holds it (a node that reconnected to
-    /// another instance meanwhile is left alone); returns whether it was removed.
-    async fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool>;
+    /// The stream `node` was registered by ended. Removes the node if that stream still
+    /// holds it (same `instance` and `session`: a node that reconnected meanwhile, to
+    /// this instance or another, is left alone). When it was removed and `leases_within`
+    /// is given, every lease the node holds ends at most that long from now (store
+    /// clock) unless it already ends sooner, so the runs of an executor that died fail
+    /// over in about that time instead of a lease TTL; a node that registers again
+    /// before they run out renews them with its hello (`renew_leases`), and a node
+    /// registered again before this step is left alone.
+    async fn remove_node(
+        &self,
+        node: &NodeRecord,
+        leases_within: Option<Duration>,
+    ) -> Result<NodeRemoved>;
 
     /// Unexpired nodes, by node id; `group` filters when given.
     async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>>;

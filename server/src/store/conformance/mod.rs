@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use super::{
     Applied, Assigned, Begun, BreakerState, ClaimResult, Delivery, DeliveryOutcome, DueFire,
     Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, JobWrite, LeaseTerms,
-    LogLine, NodeRecord, NodeSlot, Outcome, Revocation, RunQuery, Store, StoreOptions, Transition,
-    WebhookDelivery, partition_of,
+    LogLine, NodeRecord, NodeRemoved, NodeSlot, Outcome, Revocation, RunQuery, Store, StoreOptions,
+    Transition, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
@@ -103,6 +103,7 @@ macro_rules! store_conformance_tests {
             nodes_register_refresh_expire: options,
             nodes_report_leased_runs: options,
             nodes_removed_only_by_their_instance: options,
+            a_gone_nodes_leases_end_within_the_grace: options,
             outbox_written_when_final: options,
             delivery_claims_and_outcomes: options,
             outbox_due_per_partition: options,
@@ -260,6 +261,7 @@ pub fn node(id: &str, group: &str, instance: &str) -> NodeRecord {
         max_concurrency: 4,
         labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
         instance: instance.to_owned(),
+        session: format!("{id}@{instance}"),
         ready: true,
         draining: false,
         active: 0,

@@ -1,6 +1,6 @@
 //! Checks of nodes and inboxes: per-instance inboxes, round-robin counters, and the
 //! node registry (register, refresh, expire, leased-run counts, removal only by the
-//! node's instance).
+//! stream that registered the node, and the leases of a node whose stream ended).
 
 use super::*;
 
@@ -236,7 +236,7 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
         "expired nodes are not listed unfiltered either"
     );
     // An expired node cannot be removed: it is already gone.
-    assert!(!store.remove_node("e1", "i1").await.expect("remove"));
+    assert!(!removed(&store, &node("e1", "ge", "i1")).await);
 
     // A refresh with a shorter TTL shortens the expiry too.
     store
@@ -255,6 +255,13 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
     assert_eq!(node_ids(&store, Some("ge")).await, ["e1"]);
 }
 
+/// Removes the node's registration as its stream's end does, without touching leases.
+async fn removed(store: &Arc<dyn Store>, node: &NodeRecord) -> bool {
+    let r = store.remove_node(node, None).await.expect("remove");
+    assert_eq!(r.leases_shortened, 0, "no grace given, no lease touched");
+    r.removed
+}
+
 pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
     let ttl = Duration::from_secs(5);
     store
@@ -266,12 +273,7 @@ pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
         .await
         .expect("upsert");
 
-    assert!(
-        !store
-            .remove_node("n1", "other-instance")
-            .await
-            .expect("remove")
-    );
+    assert!(!removed(&store, &node("n1", "g1", "other-instance")).await);
     assert_eq!(node_ids(&store, None).await, ["n1", "n2"]);
 
     // The node reconnects to instance i2: the stale instance i1 must not remove it.
@@ -279,7 +281,7 @@ pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
         .upsert_node(node("n1", "g1", "i2"), ttl)
         .await
         .expect("re-register");
-    assert!(!store.remove_node("n1", "i1").await.expect("remove"));
+    assert!(!removed(&store, &node("n1", "g1", "i1")).await);
     let listed = store.list_nodes(None).await.expect("list");
     assert_eq!(listed.len(), 2);
     assert_eq!(
@@ -287,14 +289,130 @@ pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
         ("n1", "i2")
     );
 
-    assert!(store.remove_node("n1", "i2").await.expect("remove"));
+    // It reconnects to i2 again before i2 saw its first stream end: the end of the
+    // first stream (its session) must not remove the second.
+    let second = NodeRecord {
+        session: "second stream".into(),
+        ..node("n1", "g1", "i2")
+    };
+    store.upsert_node(second.clone(), ttl).await.expect("again");
+    assert!(!removed(&store, &node("n1", "g1", "i2")).await);
+    assert_eq!(node_ids(&store, None).await, ["n1", "n2"]);
+
+    assert!(removed(&store, &second).await);
     assert_eq!(node_ids(&store, None).await, ["n2"]);
-    assert!(!store.remove_node("n1", "i2").await.expect("remove again"));
-    assert!(
-        !store
-            .remove_node("never", "i1")
-            .await
-            .expect("remove unknown")
-    );
+    assert!(!removed(&store, &second).await, "removed again");
+    assert!(!removed(&store, &node("never", "g1", "i1")).await);
     assert_eq!(node_ids(&store, Some("g1")).await, ["n2"]);
+}
+
+/// The stream of a node holding leases ends: its leases end within the grace (store
+/// clock) instead of their TTL, other nodes' leases and leases ending sooner stay as
+/// they are, and nothing changes when the node is registered by a newer stream.
+pub async fn a_gone_nodes_leases_end_within_the_grace(store: Arc<dyn Store>) {
+    store.create_job(job("gn", None)).await.expect("create");
+    let ttl = Duration::from_secs(30);
+    let mut leased = Vec::new();
+    for (planned, n, terms) in [
+        (1000, "gn-a", LONG),
+        (2000, "gn-a", LONG),
+        (3000, "gn-a", terms(200, 200)),
+        (4000, "gn-b", LONG),
+    ] {
+        let r = begin(
+            &store,
+            planned_run("gn", planned, plan(OverlapPolicy::Allow)),
+        )
+        .await;
+        leased.push(grant(&store, &r.run.schedule_id, 1, &slot(n, 0), terms).await);
+    }
+    // a's first run is confirmed (RUNNING), the second is still DISPATCHED.
+    let started = store
+        .mark_started(&leased[0].schedule_id, leased[0].fencing_token)
+        .await
+        .expect("start");
+    assert_eq!(started.applied, Applied::Yes);
+    let a = node("gn-a", "g1", "i1");
+    let b = node("gn-b", "g1", "i1");
+    for n in [&a, &b] {
+        store.upsert_node(n.clone(), ttl).await.expect("upsert");
+    }
+
+    // A newer stream of a holds the registration: the old stream's end changes nothing.
+    let newer = NodeRecord {
+        session: "newer".into(),
+        ..a.clone()
+    };
+    store.upsert_node(newer.clone(), ttl).await.expect("newer");
+    let r = store
+        .remove_node(&a, Some(Duration::from_millis(300)))
+        .await
+        .expect("remove");
+    assert_eq!(r, NodeRemoved::default());
+    for run in &leased {
+        let now = get(&store, &run.schedule_id).await;
+        assert_eq!(
+            now.deadlines.lease_expires, run.deadlines.lease_expires,
+            "{}: untouched",
+            run.schedule_id
+        );
+    }
+
+    let before = now(&store).await;
+    let r = store
+        .remove_node(&newer, Some(Duration::from_millis(300)))
+        .await
+        .expect("remove");
+    let after = now(&store).await;
+    assert_eq!(
+        r,
+        NodeRemoved {
+            removed: true,
+            leases_shortened: 2
+        },
+        "the two long leases of a; the one ending sooner is not lengthened"
+    );
+    assert_eq!(node_ids(&store, None).await, ["gn-b"]);
+    for run in &leased[..2] {
+        let now = get(&store, &run.schedule_id).await;
+        assert_near(
+            now.deadlines.lease_expires,
+            before,
+            after,
+            300,
+            &run.schedule_id,
+        );
+        assert_eq!(
+            now.fencing_token, run.fencing_token,
+            "same lease, sooner end"
+        );
+    }
+    for run in &leased[2..] {
+        let now = get(&store, &run.schedule_id).await;
+        assert_eq!(now.deadlines.lease_expires, run.deadlines.lease_expires);
+    }
+
+    // When the grace is over the sweeper finds them due: the RUNNING one is lost, the
+    // unconfirmed one is routed again; b's run is not due.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let p = partition_of("gn", store.partitions());
+    let due = store.due_runs(p, 100).await.expect("due");
+    for run in &leased[..3] {
+        assert!(
+            due.contains(&run.schedule_id),
+            "{} due: {due:?}",
+            run.schedule_id
+        );
+    }
+    assert!(!due.contains(&leased[3].schedule_id));
+    let t = store
+        .expire_run(&leased[0].schedule_id, GRACE)
+        .await
+        .expect("expire");
+    assert_eq!(revocation_of(&t).reason, "lost");
+    let t = store
+        .expire_run(&leased[1].schedule_id, GRACE)
+        .await
+        .expect("expire");
+    assert_eq!(revocation_of(&t).reason, "unconfirmed");
 }

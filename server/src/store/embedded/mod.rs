@@ -113,8 +113,8 @@ use tokio::sync::{Notify, watch};
 use super::{
     Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
     DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, Held,
-    JobWrite, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded, Result,
-    Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
+    JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRemoved, NodeSlot, Outcome, Page, Recorded,
+    Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
     partition_of,
 };
 use crate::model::{

@@ -28,35 +28,63 @@ impl Inner {
         })
     }
 
-    pub(super) fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
+    pub(super) fn remove_node(
+        &self,
+        node: &NodeRecord,
+        leases_within: Option<Duration>,
+    ) -> Result<NodeRemoved> {
+        let node_id = node.node_id.as_str();
         self.write(|txn| {
             let now = now_ms();
             sweep_nodes(txn, now)?;
-            let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
-            let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
-            let current = nodes.get(node_id).ctx("read node")?.map(|g| {
-                let (json, expires_at) = g.value();
-                (json.to_owned(), expires_at)
-            });
-            let Some((json, expires_at)) = current else {
-                return Ok(false);
+            let removed = {
+                let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+                let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+                let current = nodes.get(node_id).ctx("read node")?.map(|g| {
+                    let (json, expires_at) = g.value();
+                    (json.to_owned(), expires_at)
+                });
+                let Some((json, expires_at)) = current else {
+                    return Ok(NodeRemoved::default());
+                };
+                // Expired but not swept yet: it is gone as far as anyone can tell (in
+                // redis its key would have expired), so it is deleted and not reported
+                // removed.
+                let removed = if expires_at <= now {
+                    false
+                } else {
+                    let stored: NodeRecord = decode("node", node_id, &json)?;
+                    if stored.instance != node.instance || stored.session != node.session {
+                        return Ok(NodeRemoved::default());
+                    }
+                    true
+                };
+                nodes.remove(node_id).ctx("delete node")?;
+                expiry
+                    .remove((expires_at, node_id))
+                    .ctx("delete node expiry")?;
+                removed
             };
-            // Expired but not swept yet: it is gone as far as anyone can tell (in redis
-            // its key would have expired), so it is deleted and not reported removed.
-            let removed = if expires_at <= now {
-                false
-            } else {
-                let stored: NodeRecord = decode("node", node_id, &json)?;
-                if stored.instance != instance {
-                    return Ok(false);
+            let mut leases_shortened = 0;
+            if let (true, Some(within)) = (removed, leases_within) {
+                let mut t = RunTables::open(txn, self)?;
+                let by = t.now.saturating_add(duration_ms(within));
+                for sid in t.node_run_ids(node_id)? {
+                    let Some(mut run) = t.load(&sid)? else {
+                        continue;
+                    };
+                    if held(run.state) && run.node_id == node_id && run.deadlines.lease_expires > by
+                    {
+                        run.deadlines.lease_expires = by;
+                        t.save(&run)?;
+                        leases_shortened += 1;
+                    }
                 }
-                true
-            };
-            nodes.remove(node_id).ctx("delete node")?;
-            expiry
-                .remove((expires_at, node_id))
-                .ctx("delete node expiry")?;
-            Ok(removed)
+            }
+            Ok(NodeRemoved {
+                removed,
+                leases_shortened,
+            })
         })
     }
 

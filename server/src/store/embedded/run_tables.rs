@@ -181,6 +181,20 @@ impl<'t> RunTables<'t> {
         Ok(n)
     }
 
+    /// The runs leased to the node, by schedule_id.
+    pub(super) fn node_run_ids(&self, node_id: &str) -> Result<Vec<String>> {
+        let upper = successor(node_id);
+        let mut out = Vec::new();
+        for item in self
+            .node_runs
+            .range((node_id, "")..(upper.as_str(), ""))
+            .ctx("scan node runs")?
+        {
+            out.push(item.ctx("scan node runs")?.0.value().1.to_owned());
+        }
+        Ok(out)
+    }
+
     /// The run leaves DISPATCHED/RUNNING (the caller changes its state): its node's
     /// lease count drops.
     pub(super) fn leave_node(&mut self, run: &RunRecord) -> Result<()> {

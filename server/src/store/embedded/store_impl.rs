@@ -326,9 +326,13 @@ impl Store for EmbeddedStore {
         self.blocking(move |i| i.upsert_node(node, ttl)).await
     }
 
-    async fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
-        let (node_id, instance) = (node_id.to_owned(), instance.to_owned());
-        self.blocking(move |i| i.remove_node(&node_id, &instance))
+    async fn remove_node(
+        &self,
+        node: &NodeRecord,
+        leases_within: Option<Duration>,
+    ) -> Result<NodeRemoved> {
+        let node = node.clone();
+        self.blocking(move |i| i.remove_node(&node, leases_within))
             .await
     }
 

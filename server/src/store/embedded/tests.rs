@@ -359,7 +359,14 @@ async fn expired_nodes_are_swept() {
     assert_eq!(count(&store), (total, total));
     // …and an expired node cannot be removed, but each write sweeps up to SWEEP_BATCH.
     // gone-036 is beyond this sweep's batch: deleted as expired, not reported removed.
-    assert!(!store.remove_node("gone-036", "i").await.expect("remove"));
+    let gone = conformance::node("gone-036", "g", "i");
+    assert!(
+        !store
+            .remove_node(&gone, None)
+            .await
+            .expect("remove")
+            .removed
+    );
     let left = total - SWEEP_BATCH - 1;
     assert_eq!(count(&store), (left, left));
     store

@@ -60,9 +60,9 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
     DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    GONE_ERROR, Held, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeSlot, Outcome, Page, Recorded,
-    Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
-    partition_of,
+    GONE_ERROR, Held, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRemoved, NodeSlot, Outcome,
+    Page, Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition,
+    WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
@@ -117,6 +117,7 @@ struct Scripts {
     assign_run: Script,
     mark_started: Script,
     renew_leases: Script,
+    shorten_leases: Script,
     finish_run: Script,
     due_runs: Script,
     expire_run: Script,
@@ -150,6 +151,7 @@ impl Scripts {
             assign_run: run_script!("assign_run"),
             mark_started: run_script!("mark_started"),
             renew_leases: run_script!("renew_leases"),
+            shorten_leases: run_script!("shorten_leases"),
             finish_run: run_script!("finish_run"),
             due_runs: run_script!("due_runs"),
             expire_run: run_script!("expire_run"),

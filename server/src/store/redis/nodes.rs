@@ -75,19 +75,69 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) async fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
+    pub(super) async fn remove_node(
+        &self,
+        node: &NodeRecord,
+        leases_within: Option<Duration>,
+    ) -> Result<NodeRemoved> {
         let mut c = self.conn().await?;
-        let removed: i64 = self
-            .inner
-            .scripts
-            .remove_node
-            .arg(self.nodes_prefix())
-            .arg(node_id)
-            .arg(instance)
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        Ok(removed == 1)
+        let nodes = self.nodes_prefix();
+        let (removed, leased): (i64, Vec<String>) = {
+            let reply: Vec<Value> = self
+                .inner
+                .scripts
+                .remove_node
+                .arg(&nodes)
+                .arg(&node.node_id)
+                .arg(&node.instance)
+                .arg(&node.session)
+                .invoke_async(&mut c)
+                .await
+                .map_err(unavailable)?;
+            match reply.as_slice() {
+                [flag] => (
+                    redis::from_redis_value(flag.clone()).map_err(unavailable)?,
+                    Vec::new(),
+                ),
+                [flag, runs] => (
+                    redis::from_redis_value(flag.clone()).map_err(unavailable)?,
+                    redis::from_redis_value(runs.clone()).map_err(unavailable)?,
+                ),
+                other => {
+                    return Err(Error::Corrupt(format!(
+                        "remove_node answered {} values",
+                        other.len()
+                    )));
+                }
+            }
+        };
+        let mut out = NodeRemoved {
+            removed: removed == 1,
+            leases_shortened: 0,
+        };
+        let Some(within) = leases_within.filter(|_| out.removed) else {
+            return Ok(out);
+        };
+        // One script call per partition the leased runs live in.
+        let mut by_part: std::collections::BTreeMap<u32, Vec<&str>> = Default::default();
+        for sid in &leased {
+            if let Some((job_id, _)) = split_schedule_id(sid) {
+                by_part.entry(self.part(job_id)).or_default().push(sid);
+            }
+        }
+        for (p, sids) in by_part {
+            let mut inv = self.inner.scripts.shorten_leases.prepare_invoke();
+            inv.arg(self.pfx(p))
+                .arg(&nodes)
+                .arg(&node.node_id)
+                .arg(ms(within));
+            for sid in sids {
+                inv.arg(sid);
+            }
+            let n: u32 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+            out.leases_shortened += n;
+        }
+        Ok(out)
     }
 
     pub(super) async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {

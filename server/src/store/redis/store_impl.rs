@@ -206,8 +206,12 @@ impl Store for RedisStore {
         RedisStore::upsert_node(self, node, ttl).await
     }
 
-    async fn remove_node(&self, node_id: &str, instance: &str) -> Result<bool> {
-        RedisStore::remove_node(self, node_id, instance).await
+    async fn remove_node(
+        &self,
+        node: &NodeRecord,
+        leases_within: Option<Duration>,
+    ) -> Result<NodeRemoved> {
+        RedisStore::remove_node(self, node, leases_within).await
     }
 
     async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {

@@ -9,16 +9,18 @@
 //! ```sh
 //! cargo run --release -p sundial-tests --bin sundial-bench -- burst --jobs 10000 --executors 10
 //! cargo run --release -p sundial-tests --bin sundial-bench -- unary
+//! cargo run --release -p sundial-tests --bin sundial-bench -- failover --runs 100
 //! cargo run -p sundial-tests --bin sundial-bench -- --quick all   # the smoke scripts/test runs
 //! ```
 //!
-//! Scenarios: `burst`, `sustained` (with webhooks), `unary`, `idle`, `registered` and
-//! `executors` (see their modules). `burst` and `sustained` also count what a run costs
+//! Scenarios: `burst`, `sustained` (with webhooks), `unary`, `idle`, `registered`,
+//! `executors` and `failover` (see their modules). `burst` and `sustained` also count what a run costs
 //! (`cost`): Redis commands, Redis CPU and server CPU per run, read against
 //! `redis-benchmark` on the same Redis.
 
 mod burst;
 mod cost;
+mod failover;
 mod idle;
 mod registered;
 mod rig;
@@ -32,6 +34,7 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 use crate::burst::BurstArgs;
+use crate::failover::FailoverArgs;
 use crate::idle::IdleArgs;
 use crate::registered::RegisteredArgs;
 use crate::rig::{Binaries, StoreKind};
@@ -67,6 +70,8 @@ enum Scenario {
     Registered(RegisteredArgs),
     /// The server's memory per idle executor stream (in-process SDK executors).
     Executors(StreamsArgs),
+    /// An executor SIGKILLed mid-run: kill → its runs' attempt 2 starting elsewhere.
+    Failover(FailoverArgs),
     /// Every scenario, on every store it supports.
     All,
 }
@@ -130,6 +135,16 @@ fn quick_idle() -> IdleArgs {
     }
 }
 
+fn quick_failover(store: StoreKind) -> FailoverArgs {
+    FailoverArgs {
+        runs: 20,
+        sleep_ms: 1000,
+        store,
+        disconnect_grace: None,
+        timeout_s: 60,
+    }
+}
+
 const QUICK_CALLS: usize = 20;
 const QUICK_JOBS: usize = 200;
 const QUICK_STREAMS: usize = 20;
@@ -182,6 +197,14 @@ async fn main() -> Result<()> {
             }
             problems.extend(finish(&streams::run(&bins, &args).await?)?);
         }
+        Scenario::Failover(args) => {
+            let args = if quick {
+                quick_failover(args.store)
+            } else {
+                args.clone()
+            };
+            problems.extend(finish(&failover::run(&bins, &args).await?)?);
+        }
         Scenario::All => {
             for (store, instances) in [
                 (StoreKind::Redis, 1),
@@ -232,6 +255,17 @@ async fn main() -> Result<()> {
                 args.streams = QUICK_STREAMS;
             }
             problems.extend(finish(&streams::run(&bins, &args).await?)?);
+            for store in [StoreKind::Redis, StoreKind::Embedded] {
+                let args = if quick {
+                    quick_failover(store)
+                } else {
+                    FailoverArgs {
+                        store,
+                        ..defaults()
+                    }
+                };
+                problems.extend(finish(&failover::run(&bins, &args).await?)?);
+            }
         }
     }
     if !problems.is_empty() {
@@ -258,5 +292,7 @@ mod tests {
         assert_eq!(defaults::<RegisteredArgs>().jobs, 10_000);
         assert_eq!(defaults::<StreamsArgs>().streams, 1000);
         assert_eq!(defaults::<UnaryArgs>().calls, 500);
+        let failover: FailoverArgs = defaults();
+        assert_eq!((failover.runs, failover.sleep_ms), (100, 3000));
     }
 }

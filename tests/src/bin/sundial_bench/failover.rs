@@ -1,0 +1,206 @@
+//! `failover`: how long the runs of an executor that dies wait for their next attempt.
+//! N runs of a sleeping handler are started over two executors, one executor is
+//! SIGKILLed, and each run it held is timed from the kill to its attempt 2 starting on
+//! the other (journals). With the server's defaults that is about `--disconnect-grace`
+//! (1 s); `--disconnect-grace 15s` (the lease) shows what it was before the grace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use sundial_proto::v1 as pb;
+
+use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, now_ms, register};
+use crate::stats::Spread;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct FailoverArgs {
+    /// Runs started before the kill (about half of them on the killed executor).
+    #[arg(long, default_value_t = 100)]
+    pub runs: usize,
+    /// How long each handler sleeps.
+    #[arg(long, default_value_t = 3000)]
+    pub sleep_ms: u64,
+    #[arg(long, value_enum, default_value_t = StoreKind::Redis)]
+    pub store: StoreKind,
+    /// Passed to the server as `--disconnect-grace` (its default when not given).
+    #[arg(long)]
+    pub disconnect_grace: Option<String>,
+    /// Gives up when the runs are not all final this long after the kill.
+    #[arg(long, default_value_t = 120)]
+    pub timeout_s: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FailoverReport {
+    pub scenario: &'static str,
+    pub store: &'static str,
+    pub runs: usize,
+    pub disconnect_grace: Option<String>,
+    /// Runs the killed executor was executing.
+    pub held_by_killed: usize,
+    /// Kill → attempt 2 started on the survivor, per run the killed one held (ms).
+    pub kill_to_retry_start: Spread,
+    /// Runs of the killed executor whose attempt 2 never started.
+    pub not_retried: usize,
+    /// Start lines of a (run, attempt) beyond its first.
+    pub duplicate_starts: usize,
+    /// Runs that ended SUCCEEDED (every one should).
+    pub succeeded: usize,
+}
+
+impl crate::Report for FailoverReport {
+    fn print(&self) {
+        println!(
+            "failover ({}): {} runs, the killed executor held {}; disconnect grace {}",
+            self.store,
+            self.runs,
+            self.held_by_killed,
+            self.disconnect_grace.as_deref().unwrap_or("default")
+        );
+        println!(
+            "  SIGKILL → attempt 2 started elsewhere: {}",
+            self.kill_to_retry_start
+        );
+        println!(
+            "  not retried {}, duplicate starts {}, succeeded {} of {}",
+            self.not_retried, self.duplicate_starts, self.succeeded, self.runs
+        );
+    }
+
+    fn consistency(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        if self.held_by_killed == 0 {
+            bad.push("failover: the killed executor held no run".into());
+        }
+        if self.not_retried > 0 {
+            bad.push(format!(
+                "failover: {} runs never started attempt 2",
+                self.not_retried
+            ));
+        }
+        if self.duplicate_starts > 0 {
+            bad.push(format!(
+                "failover: {} duplicate handler starts",
+                self.duplicate_starts
+            ));
+        }
+        if self.succeeded != self.runs {
+            bad.push(format!(
+                "failover: {} of {} runs succeeded",
+                self.succeeded, self.runs
+            ));
+        }
+        bad
+    }
+}
+
+pub async fn run(bins: &Binaries, args: &FailoverArgs) -> Result<FailoverReport> {
+    let mut rig = Rig::start(&RigSpec {
+        bins,
+        store: args.store,
+        instances: 1,
+        executors: 2,
+        server_args: args
+            .disconnect_grace
+            .iter()
+            .map(|g| ("disconnect-grace".to_owned(), g.clone()))
+            .collect(),
+        // Room for every run on one executor, so the survivor never makes a retry wait
+        // for capacity.
+        executor_args: vec!["--max-concurrency".into(), args.runs.to_string()],
+    })?;
+    let mut jobs = rig.jobs().await?;
+    let specs = (0..args.runs)
+        .map(|i| pb::JobSpec {
+            retry: Some(pb::RetryPolicy {
+                max_retries: 1,
+                backoff_ms: 1,
+                ..Default::default()
+            }),
+            payload: args.sleep_ms.to_string().into_bytes(),
+            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+                group: "g".into(),
+                handler: "sleep".into(),
+            })),
+            ..noop_job(format!("failover-{i}"), sundial_tests::MANUAL_ONLY)
+        })
+        .collect();
+    register(&jobs, specs, 4).await?;
+    for i in 0..args.runs {
+        jobs.trigger_job(pb::TriggerJobRequest {
+            job_id: format!("failover-{i}"),
+            ..Default::default()
+        })
+        .await?;
+    }
+    let started = wait(Duration::from_secs(60), || {
+        let starts = rig.journal()?;
+        let n = starts.iter().filter(|e| e.event == "start").count();
+        Ok((n >= args.runs).then_some(starts))
+    })
+    .await
+    .context("every run's first start")?;
+    let killed = rig.executors[0].node_id.clone();
+    let held: BTreeSet<String> = started
+        .iter()
+        .filter(|e| e.event == "start" && e.node_id == killed)
+        .map(|e| e.schedule_id.clone())
+        .collect();
+    let kill_ms = now_ms();
+    rig.executors[0].kill()?;
+
+    let timeout = Duration::from_secs(args.timeout_s);
+    let entries = wait(timeout, || {
+        let entries = rig.journal()?;
+        let finished = entries
+            .iter()
+            .filter(|e| e.event == "finish" && e.node_id != killed)
+            .count();
+        Ok((finished >= args.runs).then_some(entries))
+    })
+    .await
+    .context("every run finished on the survivor")?;
+    let mut starts: BTreeMap<(String, u32), usize> = BTreeMap::new();
+    let mut retry_at: BTreeMap<String, i64> = BTreeMap::new();
+    for e in entries.iter().filter(|e| e.event == "start") {
+        *starts
+            .entry((e.schedule_id.clone(), e.attempt))
+            .or_default() += 1;
+        if e.attempt == 2 && held.contains(&e.schedule_id) {
+            retry_at.entry(e.schedule_id.clone()).or_insert(e.unix_ms);
+        }
+    }
+    let succeeded = entries
+        .iter()
+        .filter(|e| e.event == "finish" && e.status == "SUCCEEDED")
+        .map(|e| e.schedule_id.as_str())
+        .collect::<BTreeSet<_>>()
+        .len();
+    Ok(FailoverReport {
+        scenario: "failover",
+        store: args.store.name(),
+        runs: args.runs,
+        disconnect_grace: args.disconnect_grace.clone(),
+        held_by_killed: held.len(),
+        kill_to_retry_start: Spread::of(retry_at.values().map(|at| at - kill_ms).collect()),
+        not_retried: held.len() - retry_at.len(),
+        duplicate_starts: starts.values().map(|n| n - 1).sum(),
+        succeeded,
+    })
+}
+
+/// Polls `probe` every 100 ms until it answers, for at most `limit`.
+async fn wait<T>(limit: Duration, mut probe: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe()? {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            bail!("not within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
