@@ -1,12 +1,13 @@
-//! The embedded store across a restart: jobs and pending fires survive, and the fires
-//! missed while the server was down follow each job's misfire policy.
+//! The embedded store across a restart: jobs and pending fires survive, the fires
+//! missed while the server was down follow each job's misfire policy, and nothing is
+//! routed to the executors of the process that is gone.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, ensure};
 use sundial_proto::v1 as pb;
-use sundial_tests::{Sundial, SundialOptions, all_runs, every_second, wait_for};
+use sundial_tests::{Sundial, SundialOptions, TestExecutor, all_runs, every_second, wait_for};
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -158,6 +159,61 @@ async fn jobs_and_pending_fires_survive_a_restart_and_misfires_follow_policy() -
     ensure!(
         all_runs(&mut runs, "sleeper").await?.is_empty(),
         "a paused job fired"
+    );
+    Ok(())
+}
+
+/// After a restart the embedded store routes to no node of the previous process: a
+/// run triggered before any executor reconnected waits for one and starts on the first
+/// that does, instead of being dispatched to a node whose stream died with the old
+/// process (which, with the 60 s unresponsive window set here, would hold it for a
+/// minute before routing it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_routes_to_no_node_of_the_previous_process() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let opts = SundialOptions {
+        port: Some(sundial_tests::free_port()?),
+        ..SundialOptions::embedded(&dir.path().join("data"))
+    }
+    .arg("lease-ttl", "60s")
+    .arg("confirm-within", "60s")
+    .arg("heartbeat-interval", "5s")
+    .arg("route-retry", "200ms");
+    let mut server = Sundial::start(opts.clone())?;
+    let mut jobs = server.jobs().await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(pb::JobSpec {
+            cron: sundial_tests::MANUAL_ONLY.into(),
+            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+                group: "g".into(),
+                handler: "noop".into(),
+            })),
+            ..every_second("after")
+        }),
+    })
+    .await?;
+    let bin = env!("CARGO_BIN_EXE_test_executor");
+    let endpoint = [server.grpc_url()];
+    let mut old = TestExecutor::start(bin, &endpoint, "exec-a", &dir.path().join("a.journal"))?;
+    // The server and its executor die together: the registry still lists exec-a as
+    // heartbeating (within its 15 s TTL) when the new process opens the store.
+    server.kill()?;
+    old.kill()?;
+    let server = Sundial::start(opts)?;
+    let sid = server.trigger("after").await?;
+    let journal = dir.path().join("b.journal");
+    let _new = TestExecutor::start(bin, &endpoint, "exec-a", &journal)?;
+    let run = wait_for("the run to succeed", Duration::from_secs(30), || async {
+        let r = server.run(&sid).await?;
+        Ok((r.state == pb::RunState::Succeeded as i32).then_some(r))
+    })
+    .await
+    .context("the run went to the dead process's node")?;
+    ensure!(run.attempt == 1 && run.node_id == "exec-a", "{run:?}");
+    let starts = sundial_tests::read_journals(&[journal])?;
+    ensure!(
+        starts.iter().filter(|e| e.event == "start").count() == 1,
+        "{starts:?}"
     );
     Ok(())
 }

@@ -278,6 +278,7 @@ impl EmbeddedStore {
         // open them (a read transaction cannot create a table).
         let txn = db.begin_write().ctx("begin schema transaction")?;
         create_tables(&txn)?;
+        forget_nodes(&txn)?;
         txn.commit().ctx("commit schema transaction")?;
 
         let (changes, _) = watch::channel(0);
@@ -388,6 +389,22 @@ fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
     };
     txn.commit().ctx("commit meta transaction")?;
     Ok(partitions)
+}
+
+/// The store serves one process, so every node registered in it had its stream on a
+/// process that is gone: routing to those nodes would send dispatches nowhere (each
+/// then waits out the unresponsive window). Their executors register again when they
+/// reconnect; the runs they hold keep their leases until then (or their TTL).
+fn forget_nodes(txn: &WriteTransaction) -> Result<()> {
+    txn.open_table(NODES)
+        .ctx("open nodes")?
+        .retain(|_, _| false)
+        .ctx("forget the previous process's nodes")?;
+    txn.open_table(NODE_EXPIRY)
+        .ctx("open node expiry")?
+        .retain(|_, _| false)
+        .ctx("forget the previous process's nodes")?;
+    Ok(())
 }
 
 fn create_tables(txn: &WriteTransaction) -> Result<()> {

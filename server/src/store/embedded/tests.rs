@@ -94,6 +94,14 @@ async fn data_survives_reopen() {
             .expect("nonce")
     );
     let job_before = store.get_job("keep-due").await.expect("get");
+    // The executor holding the leased run, registered by this process.
+    store
+        .upsert_node(
+            conformance::node("node-a", "g", "this-process"),
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("register");
     drop(store);
 
     // Different options: the file keeps its partition count.
@@ -106,6 +114,18 @@ async fn data_survives_reopen() {
     );
     assert_eq!(store.partitions(), 4);
     assert_eq!(store.get_job("keep-due").await.expect("get"), job_before);
+    // Its stream died with the process: the node is not routed to any more, and the
+    // run it held keeps its lease (and the node's slot) until it reconnects.
+    assert_eq!(store.list_nodes(None).await.expect("list"), vec![]);
+    let kept = store
+        .get_run(&flying.schedule_id)
+        .await
+        .expect("get")
+        .expect("the leased run");
+    assert_eq!(
+        (kept.state, kept.fencing_token),
+        (RunState::Dispatched, leased.fencing_token)
+    );
     assert!(store.get_job("keep-later").await.expect("get").is_some());
 
     let p = partition_of("keep-due", 4);
