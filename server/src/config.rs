@@ -106,6 +106,11 @@ pub struct Settings {
     /// How often to look for such triggers.
     #[arg(long, env = "SUNDIAL_TRIGGER_RECLAIM_EVERY")]
     pub trigger_reclaim_every: Option<HumanDuration>,
+    /// Each instance beats in the store every third of this; one whose beat is this
+    /// old is taken for dead and the triggers it read but never acknowledged are taken
+    /// over at once (not after trigger_reclaim_idle). Default 3s.
+    #[arg(long, env = "SUNDIAL_INSTANCE_TTL")]
+    pub instance_ttl: Option<HumanDuration>,
     /// Acknowledged triggers are trimmed from the queue after this age.
     #[arg(long, env = "SUNDIAL_TRIGGER_RETENTION")]
     pub trigger_retention: Option<HumanDuration>,
@@ -327,6 +332,7 @@ impl Settings {
             trigger_read_block,
             trigger_reclaim_idle,
             trigger_reclaim_every,
+            instance_ttl,
             trigger_retention,
             run_retention,
             max_runs_per_job,
@@ -604,6 +610,7 @@ impl Config {
                 s.trigger_reclaim_every,
                 dd.reclaim_every,
             )?,
+            instance_ttl: positive("instance_ttl", s.instance_ttl, dd.instance_ttl)?,
             queue_retention: positive(
                 "trigger_retention",
                 s.trigger_retention,
@@ -1216,6 +1223,13 @@ mod tests {
                     ..Default::default()
                 },
                 "disconnect_grace",
+            ),
+            (
+                Settings {
+                    instance_ttl: Some(HumanDuration(Duration::ZERO)),
+                    ..Default::default()
+                },
+                "instance_ttl",
             ),
         ];
         for (s, field) in cases {

@@ -27,6 +27,8 @@ struct Scenario {
     /// Redis (persistent, fsync always) is SIGKILLed this long after the jobs were
     /// created and restarted a second later.
     redis_restart_after: Option<Duration>,
+    /// Extra `--flag value` for every instance.
+    args: &'static [(&'static str, &'static str)],
 }
 
 struct PlannedJob {
@@ -70,6 +72,9 @@ async fn run_scenario(s: Scenario) -> Result<()> {
             // routed, so that every run is final when the fires are counted.
             .arg("dispatch-wait", "1ms")
             .arg("instance-id", &format!("inst-{i}"));
+        for (flag, value) in s.args {
+            opts = opts.arg(flag, value);
+        }
         if i == 1
             && let Some(point) = s.fault
         {
@@ -234,6 +239,7 @@ async fn three_instances_fire_every_planned_fire_once() -> Result<()> {
         fault: None,
         kill_after: None,
         redis_restart_after: None,
+        args: &[],
     })
     .await
 }
@@ -247,6 +253,7 @@ async fn sigkill_of_one_instance_loses_and_doubles_nothing() -> Result<()> {
         fault: None,
         kill_after: Some(Duration::from_secs(5)),
         redis_restart_after: None,
+        args: &[],
     })
     .await
 }
@@ -263,6 +270,7 @@ async fn redis_killed_and_restarted_loses_and_doubles_nothing() -> Result<()> {
         fault: None,
         kill_after: None,
         redis_restart_after: Some(Duration::from_secs(4)),
+        args: &[],
     })
     .await
 }
@@ -298,6 +306,24 @@ async fn crash_at(point: &'static str) -> Result<()> {
         fault: Some(point),
         kill_after: None,
         redis_restart_after: None,
+        args: &[],
+    })
+    .await
+}
+
+/// An instance that dies between reading triggers and recording their runs: the
+/// survivor takes them over once the dead one's beat runs out (1 s here), not after
+/// the idle reclaim (two minutes here, longer than the test waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instances_triggers_are_taken_over_when_its_beat_runs_out() -> Result<()> {
+    run_scenario(Scenario {
+        instances: 2,
+        jobs: 50,
+        fire_for: Duration::from_secs(8),
+        fault: Some("dispatch.before_record@30"),
+        kill_after: None,
+        redis_restart_after: None,
+        args: &[("trigger-reclaim-idle", "120s"), ("instance-ttl", "1s")],
     })
     .await
 }

@@ -46,6 +46,9 @@ pub struct DispatchOptions {
     pub reclaim_idle: Duration,
     /// How often to look for such triggers (and to trim the queue).
     pub reclaim_every: Duration,
+    /// This instance beats in the store every third of this; an instance whose beat
+    /// is older is dead, and its unacknowledged triggers are taken over at once.
+    pub instance_ttl: Duration,
     /// Acknowledged queue entries older than this are trimmed.
     pub queue_retention: Duration,
     /// The lease a dispatch is made under.
@@ -71,6 +74,7 @@ impl Default for DispatchOptions {
             read_block: Duration::from_millis(500),
             reclaim_idle: Duration::from_secs(30),
             reclaim_every: Duration::from_secs(5),
+            instance_ttl: Duration::from_secs(3),
             queue_retention: Duration::from_secs(3600),
             lease: LeaseTerms {
                 ttl: Duration::from_secs(15),
@@ -262,21 +266,65 @@ impl Dispatcher {
                 last_reclaim = tokio::time::Instant::now();
                 batch.extend(self.reclaim().await);
             }
-            // Runs of different jobs begin concurrently; one job's triggers keep
-            // their queue order (it matters to the serial policy).
-            let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
-            for d in batch {
-                by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
-            }
-            futures::stream::iter(by_job.into_values())
-                .for_each_concurrent(BEGIN_CONCURRENCY, |group| async {
-                    for d in group {
-                        self.begin(d).await;
-                    }
-                })
-                .await;
+            self.begin_all(batch).await;
         }
         info!("dispatcher stopped");
+    }
+
+    /// Runs of different jobs begin concurrently; one job's triggers keep their queue
+    /// order (it matters to the serial policy).
+    async fn begin_all(&self, batch: Vec<Delivery>) {
+        let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
+        for d in batch {
+            by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
+        }
+        futures::stream::iter(by_job.into_values())
+            .for_each_concurrent(BEGIN_CONCURRENCY, |group| async {
+                for d in group {
+                    self.begin(d).await;
+                }
+            })
+            .await;
+    }
+
+    /// Beats for this instance every third of `instance_ttl` until `shutdown`, and
+    /// begins at once the triggers an instance whose beat ran out (killed) had read
+    /// and not acknowledged: their runs begin about `instance_ttl` after its death
+    /// instead of `reclaim_idle` (which stays the net for instances that never beat).
+    /// Beats have their own task, so a busy dispatch loop never looks dead.
+    pub async fn keep_alive(self: Arc<Self>, shutdown: CancellationToken) {
+        let me = self.opts.consumer.clone();
+        let mut tick = tokio::time::interval(self.opts.instance_ttl / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let dead = match self.store.beat_instance(&me, self.opts.instance_ttl).await {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(error = %e, "beating failed; other instances may take this one's triggers");
+                    continue;
+                }
+            };
+            for instance in dead {
+                match self
+                    .store
+                    .take_over_triggers(&instance, &me, self.opts.batch_size)
+                    .await
+                {
+                    Ok(taken) if taken.is_empty() => {}
+                    Ok(taken) => {
+                        info!(%instance, count = taken.len(), "took over the triggers of an instance that stopped beating");
+                        self.begin_all(taken).await;
+                    }
+                    Err(e) => {
+                        warn!(%instance, error = %e, "taking over a dead instance's triggers failed")
+                    }
+                }
+            }
+        }
     }
 
     async fn reclaim(&self) -> Vec<Delivery> {
@@ -766,14 +814,17 @@ fn dispatch_message(run: &RunRecord, job: &JobRecord, route_key: &str) -> pb::se
     })
 }
 
+/// The trigger consumer and the instance's beat, until `shutdown`.
 pub fn spawn(
     dispatcher: Arc<Dispatcher>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    let beat = dispatcher.clone().keep_alive(shutdown.clone());
     tokio::spawn(
-        dispatcher
-            .run(shutdown)
-            .instrument(info_span!("dispatcher")),
+        async move {
+            tokio::join!(dispatcher.run(shutdown), beat);
+        }
+        .instrument(info_span!("dispatcher")),
     )
 }
 

@@ -534,6 +534,23 @@ pub trait Store: Send + Sync + 'static {
         max: usize,
     ) -> Result<Vec<Delivery>>;
 
+    /// Marks `instance` alive until `ttl` from now (store clock) and returns the other
+    /// instances whose last beat has run out: the consumers whose unacknowledged
+    /// triggers [`Store::take_over_triggers`] may take at once, without waiting for
+    /// them to idle. The embedded store serves one process and has none.
+    async fn beat_instance(&self, instance: &str, ttl: Duration) -> Result<Vec<String>>;
+
+    /// Hands up to `max` of the triggers `dead` (an instance whose beat ran out) holds
+    /// unacknowledged to `consumer`; once it holds none, forgets it (unless it beat
+    /// again meanwhile). A trigger taken from an instance that was only stalled is
+    /// begun twice, which records one run.
+    async fn take_over_triggers(
+        &self,
+        dead: &str,
+        consumer: &str,
+        max: usize,
+    ) -> Result<Vec<Delivery>>;
+
     /// Acknowledges a delivered trigger; it will not be delivered again.
     async fn ack_trigger(&self, entry_id: &str) -> Result<()>;
 

@@ -142,6 +142,21 @@ impl Store for EmbeddedStore {
         self.blocking(move |i| i.reclaim(min_idle, max)).await
     }
 
+    async fn beat_instance(&self, _instance: &str, _ttl: Duration) -> Result<Vec<String>> {
+        // One process: no other instance can die holding triggers (this one's own
+        // unacknowledged triggers are delivered again when it opens the store).
+        Ok(Vec::new())
+    }
+
+    async fn take_over_triggers(
+        &self,
+        _dead: &str,
+        _consumer: &str,
+        _max: usize,
+    ) -> Result<Vec<Delivery>> {
+        Ok(Vec::new())
+    }
+
     async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
         let seq = parse_entry_id(entry_id)?;
         self.blocking(move |i| i.ack(seq)).await

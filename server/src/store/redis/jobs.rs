@@ -378,6 +378,77 @@ impl RedisStore {
         Ok(out)
     }
 
+    pub(super) async fn beat_instance(&self, instance: &str, ttl: Duration) -> Result<Vec<String>> {
+        let mut c = self.conn().await?;
+        self.inner
+            .scripts
+            .beat_instance
+            .arg(self.instances_key())
+            .arg(instance)
+            .arg(ms(ttl))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// `XPENDING` of the dead consumer, then `XCLAIM` of those entries, per partition.
+    /// Runs only after an instance died, so its cost does not matter.
+    pub(super) async fn take_over_triggers(
+        &self,
+        dead: &str,
+        consumer: &str,
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        let mut out = Vec::new();
+        let mut c = self.conn().await?;
+        let mut more = false;
+        for p in 0..self.inner.partitions {
+            let room = max.saturating_sub(out.len());
+            if room == 0 {
+                more = true;
+                break;
+            }
+            let key = self.key(p, "triggers");
+            let pending: redis::RedisResult<StreamPendingCountReply> = redis::cmd("XPENDING")
+                .arg(&key)
+                .arg(GROUP)
+                .arg("-")
+                .arg("+")
+                .arg(room)
+                .arg(dead)
+                .query_async(&mut c)
+                .await;
+            let pending = match pending {
+                Ok(r) => r,
+                Err(e) if is_nogroup(&e) => continue,
+                Err(e) => return Err(unavailable(e)),
+            };
+            if pending.ids.is_empty() {
+                continue;
+            }
+            more |= pending.ids.len() == room;
+            let mut claim = redis::cmd("XCLAIM");
+            claim.arg(&key).arg(GROUP).arg(consumer).arg(0);
+            for id in &pending.ids {
+                claim.arg(&id.id);
+            }
+            let claimed: StreamClaimReply = claim.query_async(&mut c).await.map_err(unavailable)?;
+            out.extend(self.deliveries(p, claimed.ids));
+        }
+        if !more {
+            let _: i64 = self
+                .inner
+                .scripts
+                .forget_instance
+                .arg(self.instances_key())
+                .arg(dead)
+                .invoke_async(&mut c)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(out)
+    }
+
     pub(super) async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
         let (p, id) = split_entry(entry_id)?;
         let mut c = self.conn().await?;

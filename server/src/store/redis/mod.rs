@@ -28,6 +28,7 @@
 //! <prefix>:{n}:nonce:<app>:<nonce>      replay-protection marker with a TTL
 //! <prefix>:{nodes}:node:<node_id>       hash: rec (JSON), inst, hb (store clock); expires with its TTL
 //! <prefix>:{nodes}:ids                  set of registered node ids, pruned when listed
+//! <prefix>:{nodes}:instances            zset instance -> end of its last beat (store clock)
 //! <prefix>:changes                      pub/sub channel: a job was created or changed
 //! ```
 //!
@@ -52,7 +53,9 @@ use async_trait::async_trait;
 use deadpool_redis::{Manager, Pool, Runtime};
 use futures::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::streams::{
+    StreamAutoClaimReply, StreamClaimReply, StreamId, StreamPendingCountReply, StreamReadReply,
+};
 use redis::{AsyncCommands, Script, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -113,6 +116,8 @@ struct Scripts {
     read_jobs: Script,
     upsert_node: Script,
     remove_node: Script,
+    beat_instance: Script,
+    forget_instance: Script,
     begin_run: Script,
     assign_run: Script,
     mark_started: Script,
@@ -147,6 +152,8 @@ impl Scripts {
             read_jobs: script!("read_jobs"),
             upsert_node: script!("upsert_node"),
             remove_node: script!("remove_node"),
+            beat_instance: script!("beat_instance"),
+            forget_instance: script!("forget_instance"),
             begin_run: run_script!("begin_run"),
             assign_run: run_script!("assign_run"),
             mark_started: run_script!("mark_started"),
@@ -346,6 +353,11 @@ impl RedisStore {
     /// Nodes are not partitioned: all of them share the `{nodes}` slot.
     fn nodes_prefix(&self) -> String {
         format!("{}:{{nodes}}:", self.inner.prefix)
+    }
+
+    /// The server instances' beats, in the `{nodes}` slot.
+    fn instances_key(&self) -> String {
+        format!("{}instances", self.nodes_prefix())
     }
 
     /// Breakers are per destination, not per partition: all of them share one slot.

@@ -92,6 +92,19 @@ impl Store for RedisStore {
         RedisStore::reclaim_triggers(self, consumer, min_idle, max).await
     }
 
+    async fn beat_instance(&self, instance: &str, ttl: Duration) -> Result<Vec<String>> {
+        RedisStore::beat_instance(self, instance, ttl).await
+    }
+
+    async fn take_over_triggers(
+        &self,
+        dead: &str,
+        consumer: &str,
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        RedisStore::take_over_triggers(self, dead, consumer, max).await
+    }
+
     async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
         RedisStore::ack_trigger(self, entry_id).await
     }

@@ -226,3 +226,141 @@ async fn a_partition_lease_keeps_a_second_instance_off_a_busy_partition() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(b.due_fires(0, 10).await.expect("due").fires.len(), 1);
 }
+
+#[tokio::test]
+async fn a_dead_instances_triggers_are_taken_over_at_once() {
+    use crate::store::conformance::{job, manual_trigger};
+    // Two partitions, so a takeover spans them.
+    let (store, _) = store(
+        "takeover",
+        StoreOptions {
+            partitions: 2,
+            ..StoreOptions::default()
+        },
+    )
+    .await;
+    let long = Duration::from_secs(60);
+    assert_eq!(
+        store.beat_instance("live", long).await.expect("beat"),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        store
+            .beat_instance("doomed", Duration::from_millis(200))
+            .await
+            .expect("beat"),
+        Vec::<String>::new()
+    );
+    let mut jobs = Vec::new();
+    for p in 0..2 {
+        jobs.extend(crate::store::conformance::ids_in_partition(2, p, "to", 1));
+    }
+    for id in &jobs {
+        store.create_job(job(id, None)).await.expect("create");
+        for n in 0..2 {
+            store
+                .enqueue_manual(manual_trigger(id, &format!("manual-{n}"), 0), None)
+                .await
+                .expect("enqueue");
+        }
+    }
+    // `doomed` reads them all and dies having acknowledged one; `live` reads one of its
+    // own, which is not taken from it.
+    let read = store
+        .read_triggers("doomed", 10, Duration::from_millis(10))
+        .await
+        .expect("read");
+    assert_eq!(read.len(), 4);
+    store.ack_trigger(&read[0].entry_id).await.expect("ack");
+    store
+        .enqueue_manual(manual_trigger(&jobs[0], "manual-9", 0), None)
+        .await
+        .expect("enqueue");
+    let own = store
+        .read_triggers("live", 10, Duration::from_millis(10))
+        .await
+        .expect("read");
+    assert_eq!(own.len(), 1);
+    // Alive: nothing to take.
+    assert_eq!(
+        store.beat_instance("live", long).await.expect("beat"),
+        Vec::<String>::new()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        store.beat_instance("live", long).await.expect("beat"),
+        ["doomed"]
+    );
+    // Taken in two steps of at most one; the instance is forgotten after the last.
+    let first = store
+        .take_over_triggers("doomed", "live", 1)
+        .await
+        .expect("take over");
+    assert_eq!(first.len(), 1);
+    assert_eq!(
+        store.beat_instance("live", long).await.expect("beat"),
+        ["doomed"]
+    );
+    let second = store
+        .take_over_triggers("doomed", "live", 10)
+        .await
+        .expect("take over");
+    let mut taken: Vec<_> = first
+        .iter()
+        .chain(&second)
+        .map(|d| d.entry_id.clone())
+        .collect();
+    taken.sort();
+    let mut expected: Vec<_> = read[1..].iter().map(|d| d.entry_id.clone()).collect();
+    expected.sort();
+    assert_eq!(taken, expected, "exactly the unacknowledged ones");
+    assert_eq!(
+        store.beat_instance("live", long).await.expect("beat"),
+        Vec::<String>::new()
+    );
+    // They are `live`'s now: an idle reclaim by a third consumer finds them still
+    // pending (not lost), and acking them ends them.
+    for d in first.iter().chain(&second).chain(&own) {
+        store.ack_trigger(&d.entry_id).await.expect("ack");
+    }
+    assert!(
+        store
+            .reclaim_triggers("third", Duration::ZERO, 10)
+            .await
+            .expect("reclaim")
+            .is_empty()
+    );
+
+    // An instance that was only stalled and beats again is not forgotten.
+    store
+        .beat_instance("stalled", Duration::from_millis(100))
+        .await
+        .expect("beat");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        store.beat_instance("live", long).await.expect("beat"),
+        ["stalled"]
+    );
+    store.beat_instance("stalled", long).await.expect("beat");
+    assert!(
+        store
+            .take_over_triggers("stalled", "live", 10)
+            .await
+            .expect("take over")
+            .is_empty()
+    );
+    assert_eq!(
+        store.beat_instance("live", long).await.expect("beat"),
+        Vec::<String>::new()
+    );
+    store
+        .beat_instance("stalled", Duration::from_millis(1))
+        .await
+        .expect("beat");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        store.beat_instance("live", long).await.expect("beat"),
+        ["stalled"],
+        "still known: it beat after the takeover"
+    );
+}
