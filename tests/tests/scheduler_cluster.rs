@@ -121,11 +121,20 @@ async fn run_scenario(s: Scenario) -> Result<()> {
         tokio::time::sleep(after).await;
         servers[1].kill()?;
     }
-    if s.fault.is_some() {
-        let status = servers[1]
+    if let Some(point) = s.fault {
+        let waited = servers[1]
             .wait_exit(s.fire_for + Duration::from_secs(10))
-            .await
-            .context("the faulted instance should have crashed at its crash point")?;
+            .await;
+        let status = match waited {
+            Ok(status) => status,
+            Err(e) => {
+                let log = servers[1].stderr();
+                let tail = &log[log.floor_char_boundary(log.len().saturating_sub(2000))..];
+                bail!(
+                    "{e}: instance 1 never reached its crash point {point}; its log ends:\n{tail}"
+                );
+            }
+        };
         ensure!(!status.success(), "crash point exit was {status}");
         ensure!(
             servers[1].stderr().contains("SUNDIAL_FAULT: crashing at"),

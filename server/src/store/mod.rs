@@ -541,9 +541,10 @@ pub trait Store: Send + Sync + 'static {
     async fn beat_instance(&self, instance: &str, ttl: Duration) -> Result<Vec<String>>;
 
     /// Hands up to `max` of the triggers `dead` (an instance whose beat ran out) holds
-    /// unacknowledged to `consumer`; once it holds none, forgets it (unless it beat
-    /// again meanwhile). A trigger taken from an instance that was only stalled is
-    /// begun twice, which records one run.
+    /// unacknowledged to `consumer`; once it holds none, forgets it and the nodes still
+    /// registered to it (their streams died with it), unless it beat again meanwhile.
+    /// A trigger taken from an instance that was only stalled is begun twice, which
+    /// records one run.
     async fn take_over_triggers(
         &self,
         dead: &str,

@@ -441,6 +441,7 @@ impl RedisStore {
                 .scripts
                 .forget_instance
                 .arg(self.instances_key())
+                .arg(self.nodes_prefix())
                 .arg(dead)
                 .invoke_async(&mut c)
                 .await

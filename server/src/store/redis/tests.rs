@@ -244,6 +244,22 @@ async fn a_dead_instances_triggers_are_taken_over_at_once() {
         store.beat_instance("live", long).await.expect("beat"),
         Vec::<String>::new()
     );
+    // Executors attached to each; one of doomed's moved to live before the takeover.
+    use crate::store::conformance::node;
+    for (n, inst) in [
+        ("n-live", "live"),
+        ("n-doomed", "doomed"),
+        ("n-moved", "doomed"),
+    ] {
+        store
+            .upsert_node(node(n, "g", inst), long)
+            .await
+            .expect("register");
+    }
+    store
+        .upsert_node(node("n-moved", "g", "live"), long)
+        .await
+        .expect("reconnect");
     assert_eq!(
         store
             .beat_instance("doomed", Duration::from_millis(200))
@@ -314,6 +330,18 @@ async fn a_dead_instances_triggers_are_taken_over_at_once() {
     let mut expected: Vec<_> = read[1..].iter().map(|d| d.entry_id.clone()).collect();
     expected.sort();
     assert_eq!(taken, expected, "exactly the unacknowledged ones");
+    let nodes: Vec<_> = store
+        .list_nodes(None)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|n| n.node_id)
+        .collect();
+    assert_eq!(
+        nodes,
+        ["n-live", "n-moved"],
+        "the dead instance's node is gone with it"
+    );
     assert_eq!(
         store.beat_instance("live", long).await.expect("beat"),
         Vec::<String>::new()

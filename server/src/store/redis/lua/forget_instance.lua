@@ -1,10 +1,23 @@
--- ARGV: K (the instances zset), instance
--- Forgets an instance whose beat has run out and whose triggers were all taken over;
--- one that beat again meanwhile (it was only stalled) stays.
-local K, id = ARGV[1], ARGV[2]
-local at = redis.call('ZSCORE', K, id)
-if at and tonumber(at) < store_now_ms() then
-  redis.call('ZREM', K, id)
-  return 1
+-- ARGV: K (the instances zset), N (the {nodes} prefix), instance
+-- Forgets an instance whose beat has run out and whose triggers were all taken over,
+-- with the nodes still registered to it: their streams died with it, and a dispatch
+-- routed to one would go to an inbox nobody reads. (An executor that reconnected to
+-- another instance is registered there and stays.) An instance that beat again
+-- meanwhile (it was only stalled) stays, with its nodes. Returns the nodes removed, or
+-- -1 when the instance stays.
+local K, N, dead = ARGV[1], ARGV[2], ARGV[3]
+local at = redis.call('ZSCORE', K, dead)
+if not at or tonumber(at) >= store_now_ms() then
+  return -1
 end
-return 0
+redis.call('ZREM', K, dead)
+local removed = 0
+for _, id in ipairs(redis.call('SMEMBERS', N .. 'ids')) do
+  local key = N .. 'node:' .. id
+  if redis.call('HGET', key, 'inst') == dead then
+    redis.call('DEL', key)
+    redis.call('SREM', N .. 'ids', id)
+    removed = removed + 1
+  end
+end
+return removed
