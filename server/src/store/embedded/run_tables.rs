@@ -166,32 +166,30 @@ impl<'t> RunTables<'t> {
         Ok(token)
     }
 
-    /// How many runs are leased to the node.
-    pub(super) fn busy(&self, node_id: &str) -> Result<u64> {
+    /// Visits the schedule_ids of the runs leased to the node.
+    fn each_node_run(&self, node_id: &str, mut visit: impl FnMut(&str)) -> Result<()> {
         let upper = successor(node_id);
-        let mut n = 0;
         for item in self
             .node_runs
             .range((node_id, "")..(upper.as_str(), ""))
             .ctx("scan node runs")?
         {
-            item.ctx("scan node runs")?;
-            n += 1;
+            visit(item.ctx("scan node runs")?.0.value().1);
         }
+        Ok(())
+    }
+
+    /// How many runs are leased to the node.
+    pub(super) fn busy(&self, node_id: &str) -> Result<u64> {
+        let mut n = 0;
+        self.each_node_run(node_id, |_| n += 1)?;
         Ok(n)
     }
 
     /// The runs leased to the node, by schedule_id.
     pub(super) fn node_run_ids(&self, node_id: &str) -> Result<Vec<String>> {
-        let upper = successor(node_id);
         let mut out = Vec::new();
-        for item in self
-            .node_runs
-            .range((node_id, "")..(upper.as_str(), ""))
-            .ctx("scan node runs")?
-        {
-            out.push(item.ctx("scan node runs")?.0.value().1.to_owned());
-        }
+        self.each_node_run(node_id, |sid| out.push(sid.to_owned()))?;
         Ok(out)
     }
 
