@@ -1,6 +1,7 @@
 //! `GET /metrics` over real HTTP against a server with a real executor: run outcomes,
 //! trigger lateness and connected executors are counted, a failed run raises an alert
-//! (log line + counter), and the endpoint is open while the API needs credentials.
+//! (log line + counter), a lost lease is counted and alerted once, and the endpoint is
+//! open while the API needs credentials.
 
 use std::time::Duration;
 
@@ -163,5 +164,69 @@ async fn metrics_need_no_credentials_while_the_api_does() -> Result<()> {
         .send()
         .await?;
     ensure!(api.status() == 404, "API with the token: {}", api.status());
+    Ok(())
+}
+
+/// A lost lease is one event: counted lost and retried once, and alerted once, however
+/// often the sweeper wakes the retry while it waits for an executor (every
+/// `route-retry`, 200 ms here, for about 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_counted_and_alerted_once_however_long_its_retry_waits() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(
+        SundialOptions::redis(&redis)
+            .arg("sweep-every", "50ms")
+            .arg("route-retry", "200ms")
+            .arg("dispatch-wait", "60s"),
+    )?;
+    let base = format!("http://{}", server.http.context("no http address")?);
+    let http = reqwest::Client::new();
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![format!("http://{}", server.grpc)];
+    let mut jobs = server.jobs().await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(pb::JobSpec {
+            cron: sundial_tests::MANUAL_ONLY.into(),
+            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+                group: "g".into(),
+                handler: "sleep".into(),
+            })),
+            payload: b"60000".to_vec(),
+            retry: Some(pb::RetryPolicy {
+                max_retries: 1,
+                backoff_ms: 1,
+                ..Default::default()
+            }),
+            ..every_second("lost")
+        }),
+    })
+    .await?;
+    let mut doomed =
+        TestExecutor::start(EXECUTOR, &endpoints, "doomed", &dir.path().join("d.log"))?;
+    let sid = server.trigger("lost").await?;
+    wait_for("the run to start", Duration::from_secs(15), || async {
+        let r = server.run(&sid).await?;
+        Ok((r.state == pb::RunState::Running as i32).then_some(()))
+    })
+    .await?;
+    doomed.kill()?;
+    wait_for("the retry", Duration::from_secs(15), || async {
+        let r = server.run(&sid).await?;
+        Ok((r.attempt == 2).then_some(()))
+    })
+    .await?;
+    // No executor: the retry waits, woken every 200 ms.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let text = scrape(&http, &base).await?;
+    let counted = |name: &str| sample(&text, name).unwrap_or(0.0);
+    ensure!(
+        counted("sundial_runs_lost_total") == 1.0
+            && counted("sundial_runs_retried_total") == 1.0
+            && counted(r#"sundial_alerts_total{kind="run_lost"}"#) == 1.0,
+        "one lost lease counted lost {}, retried {}, alerted {} times",
+        counted("sundial_runs_lost_total"),
+        counted("sundial_runs_retried_total"),
+        counted(r#"sundial_alerts_total{kind="run_lost"}"#)
+    );
     Ok(())
 }

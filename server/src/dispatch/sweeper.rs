@@ -90,9 +90,12 @@ impl Sweeper {
                 if t.applied != Applied::Yes {
                     return;
                 }
-                // A wake-up is routed now; a run that went back to WAITING after a
+                // A wake-up (WAITING, nothing revoked) is routed now, and nothing else:
+                // only the time passed, so there is nothing to count or alert (its
+                // reason may still say why it waits, e.g. "retry: lost", which was
+                // counted when it happened). A run that went back to WAITING after a
                 // revocation is routed when its own timer comes due.
-                let route = t.run.clone().filter(|r| {
+                let woken = t.run.clone().filter(|r| {
                     t.revoked.is_empty() && r.state == RunState::Waiting && r.deadlines.wake_at > 0
                 });
                 for rv in &t.revoked {
@@ -101,9 +104,9 @@ impl Sweeper {
                 if let Some(run) = &t.run {
                     debug!(state = %run.state, attempt = run.attempt, reason = %run.reason, "deadline handled");
                 }
-                self.dispatcher.follow_up(t).await;
-                if let Some(run) = route {
-                    self.dispatcher.route(run).await;
+                match woken {
+                    Some(run) => self.dispatcher.route(run).await,
+                    None => self.dispatcher.follow_up(t).await,
                 }
             }
             .instrument(span)
