@@ -447,6 +447,20 @@ pub fn every_second(id: &str) -> pb::JobSpec {
     }
 }
 
+/// A job that runs only when triggered, on `handler` of group `g` (the group the test
+/// executors join).
+pub fn manual_job(id: &str, handler: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.to_owned(),
+        cron: MANUAL_ONLY.to_owned(),
+        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+            group: "g".into(),
+            handler: handler.into(),
+        })),
+        ..Default::default()
+    }
+}
+
 /// Unix ms now.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -182,14 +182,7 @@ async fn a_restart_routes_to_no_node_of_the_previous_process() -> Result<()> {
     let mut server = Sundial::start(opts.clone())?;
     let mut jobs = server.jobs().await?;
     jobs.create_job(pb::CreateJobRequest {
-        spec: Some(pb::JobSpec {
-            cron: sundial_tests::MANUAL_ONLY.into(),
-            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
-                group: "g".into(),
-                handler: "noop".into(),
-            })),
-            ..every_second("after")
-        }),
+        spec: Some(sundial_tests::manual_job("after", "noop")),
     })
     .await?;
     let bin = env!("CARGO_BIN_EXE_test_executor");

@@ -186,18 +186,13 @@ async fn a_lost_lease_is_counted_and_alerted_once_however_long_its_retry_waits()
     let mut jobs = server.jobs().await?;
     jobs.create_job(pb::CreateJobRequest {
         spec: Some(pb::JobSpec {
-            cron: sundial_tests::MANUAL_ONLY.into(),
-            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
-                group: "g".into(),
-                handler: "sleep".into(),
-            })),
             payload: b"60000".to_vec(),
             retry: Some(pb::RetryPolicy {
                 max_retries: 1,
                 backoff_ms: 1,
                 ..Default::default()
             }),
-            ..every_second("lost")
+            ..sundial_tests::manual_job("lost", "sleep")
         }),
     })
     .await?;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail, ensure};
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::executor_message::Msg;
 use sundial_proto::v1::server_message::Msg as Out;
-use sundial_tests::{RedisServer, Sundial, SundialOptions, wait_for};
+use sundial_tests::{RedisServer, Sundial, SundialOptions, manual_job, wait_for};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -135,19 +135,6 @@ impl Exec {
 
 fn msg(m: Msg) -> pb::ExecutorMessage {
     pb::ExecutorMessage { msg: Some(m) }
-}
-
-fn manual_job(id: &str, handler: &str) -> pb::JobSpec {
-    pb::JobSpec {
-        id: id.into(),
-        // Far in the future: only manual triggers run.
-        cron: sundial_tests::MANUAL_ONLY.into(),
-        target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
-            group: "g".into(),
-            handler: handler.into(),
-        })),
-        ..Default::default()
-    }
 }
 
 async fn wait_state(server: &Sundial, sid: &str, state: pb::RunState) -> Result<pb::Run> {
