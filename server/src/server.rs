@@ -38,9 +38,9 @@ use crate::egress::EgressPolicy;
 use crate::metrics::Metrics;
 use crate::schedule::jobs::Jobs;
 use crate::schedule::scheduler;
-use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
+use crate::store::{Store, StoreMeta};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

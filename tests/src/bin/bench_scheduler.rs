@@ -16,7 +16,7 @@ use futures::StreamExt;
 use sundial_server::model::{Arm, JobRecord, JobSpec, RetryPolicy, Target};
 use sundial_server::schedule::scheduler::{Scheduler, SchedulerOptions, SchedulerStats};
 use sundial_server::store::redis::RedisStore;
-use sundial_server::store::{Store, StoreOptions};
+use sundial_server::store::{JobStore, Store, StoreMeta, StoreOptions};
 use sundial_tests::{RedisServer, queued_triggers};
 use tokio_util::sync::CancellationToken;
 

@@ -1,59 +1,321 @@
-//! Jobs, fires and the trigger queue: job CRUD, due fires and their claims, manual
-//! triggers and their idempotency keys, reading, reclaiming and acknowledging
-//! triggers. Each operation is one redb transaction.
+//! `JobStore` in the embedded store: job CRUD and listing, due fires and their claims,
+//! manual triggers and their idempotency keys. Each operation is one redb transaction
+//! on the blocking pool.
 
 use super::*;
 
-impl Inner {
-    pub(super) fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
-        self.write(|txn| self.create_in(txn, job))
+#[async_trait]
+impl JobStore for EmbeddedStore {
+    fn job_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
-    pub(super) fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
-        self.write(|txn| self.update_in(txn, job, expected_version))
+    async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
+        let job = self
+            .blocking(move |inner| inner.write(|txn| inner.create_in(txn, job)))
+            .await?;
+        self.job_changed();
+        Ok(job)
+    }
+
+    async fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
+        let job = self
+            .blocking(move |inner| inner.write(|txn| inner.update_in(txn, job, expected_version)))
+            .await?;
+        self.job_changed();
+        Ok(job)
     }
 
     /// The writes of one partition in one transaction: each one's record, or the
     /// refusal it met (which leaves the others applied). A storage error aborts all.
-    pub(super) fn apply_jobs(
+    async fn apply_jobs(
         &self,
         partition: u32,
         writes: Vec<JobWrite>,
     ) -> Result<Vec<Result<JobRecord>>> {
-        if let Some(w) = writes
-            .iter()
-            .find(|w| partition_of(w.job_id(), self.partitions) != partition)
-        {
-            return Err(Error::Corrupt(format!(
-                "write for job {:?} sent to partition {partition}, but it lives in {}",
-                w.job_id(),
-                partition_of(w.job_id(), self.partitions)
-            )));
+        let out = self
+            .blocking(move |inner| {
+                if let Some(w) = writes
+                    .iter()
+                    .find(|w| partition_of(w.job_id(), inner.partitions) != partition)
+                {
+                    return Err(Error::Corrupt(format!(
+                        "write for job {:?} sent to partition {partition}, but it lives in {}",
+                        w.job_id(),
+                        partition_of(w.job_id(), inner.partitions)
+                    )));
+                }
+                inner.write(|txn| {
+                    let mut out = Vec::with_capacity(writes.len());
+                    for w in writes {
+                        let r = match w {
+                            JobWrite::Create(job) => inner.create_in(txn, job),
+                            JobWrite::Update {
+                                job,
+                                expected_version,
+                            } => inner.update_in(txn, job, expected_version),
+                        };
+                        match r {
+                            Err(
+                                e @ (Error::JobExists(_)
+                                | Error::JobNotFound(_)
+                                | Error::VersionConflict { .. }),
+                            ) => out.push(Err(e)),
+                            Err(e) => return Err(e),
+                            Ok(job) => out.push(Ok(job)),
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .await?;
+        if out.iter().any(Result::is_ok) {
+            self.job_changed();
         }
-        self.write(|txn| {
-            let mut out = Vec::with_capacity(writes.len());
-            for w in writes {
-                let r = match w {
-                    JobWrite::Create(job) => self.create_in(txn, job),
-                    JobWrite::Update {
-                        job,
-                        expected_version,
-                    } => self.update_in(txn, job, expected_version),
-                };
-                match r {
-                    Err(
-                        e @ (Error::JobExists(_)
-                        | Error::JobNotFound(_)
-                        | Error::VersionConflict { .. }),
-                    ) => out.push(Err(e)),
-                    Err(e) => return Err(e),
-                    Ok(job) => out.push(Ok(job)),
+        Ok(out)
+    }
+
+    async fn delete_job(&self, job_id: &str) -> Result<()> {
+        let job_id = job_id.to_owned();
+        self.blocking(move |inner| {
+            let job_id = job_id.as_str();
+            inner.write(|txn| {
+                let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                if jobs.remove(job_id).ctx("delete job")?.is_none() {
+                    return Err(Error::JobNotFound(job_id.to_owned()));
+                }
+                drop(jobs);
+                // Runs and the token counter stay: runs (in flight or not) until retention
+                // ends, and the counter so that a job re-created under the same id keeps
+                // growing tokens.
+                set_pending(txn, inner.partitions, job_id, None)
+            })
+        })
+        .await?;
+        self.job_changed();
+        Ok(())
+    }
+
+    async fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+        let job_id = job_id.to_owned();
+        self.blocking(move |inner| {
+            let job_id = job_id.as_str();
+            let txn = read(&inner.db)?;
+            let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            load_job(&jobs, job_id)
+        })
+        .await
+    }
+
+    /// One read transaction for the lot, so the jobs are a consistent snapshot.
+    async fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
+        let job_ids = job_ids.to_vec();
+        self.blocking(move |inner| {
+            let job_ids = job_ids.as_slice();
+            let txn = read(&inner.db)?;
+            let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            let mut out = Vec::with_capacity(job_ids.len());
+            for id in job_ids {
+                if let Some(job) = load_job(&jobs, id)? {
+                    out.push(job);
                 }
             }
             Ok(out)
         })
+        .await
     }
 
+    /// Jobs in job id order; the cursor is the last job id of the previous page.
+    async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
+        let cursor = cursor.map(str::to_owned);
+        self.blocking(move |inner| {
+            let limit = page_limit(limit);
+            let txn = read(&inner.db)?;
+            let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            let start = match cursor.as_deref() {
+                Some(c) => Bound::Excluded(c),
+                None => Bound::Unbounded,
+            };
+            let mut items = Vec::new();
+            let mut more = false;
+            for item in jobs
+                .range::<&str>((start, Bound::Unbounded))
+                .ctx("scan jobs")?
+            {
+                if items.len() == limit {
+                    more = true;
+                    break;
+                }
+                let (k, v) = item.ctx("scan jobs")?;
+                items.push(decode::<JobRecord>("job", k.value(), v.value())?);
+            }
+            let next_cursor = if more {
+                items.last().map(|j| j.spec.id.clone())
+            } else {
+                None
+            };
+            Ok(Page { items, next_cursor })
+        })
+        .await
+    }
+
+    async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
+        self.blocking(move |inner| {
+            let txn = read(&inner.db)?;
+            let now = now_ms();
+            let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+            let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            let mut due_members = Vec::new();
+            let mut next_due = None;
+            for item in index
+                .range((partition, i64::MIN, "")..)
+                .ctx("scan due index")?
+            {
+                let (k, _) = item.ctx("scan due index")?;
+                let (p, due, job_id) = k.value();
+                if p != partition {
+                    break;
+                }
+                if due > now || due_members.len() >= limit {
+                    next_due = Some(due);
+                    break;
+                }
+                due_members.push((job_id.to_owned(), due));
+            }
+            let mut fires = Vec::with_capacity(due_members.len());
+            for (job_id, due) in due_members {
+                match load_job(&jobs, &job_id)? {
+                    Some(job) => fires.push(DueFire {
+                        job_id,
+                        due,
+                        // The pending member is always written from `next_fire`, so the armed
+                        // fire carries the planned time of this due.
+                        planned: job.next_fire.map_or(due, |a| a.planned),
+                        version: job.version,
+                    }),
+                    // Job and pending member change in one transaction, so this cannot happen
+                    // short of damage; skipping keeps the rest of the partition firing.
+                    None => tracing::warn!(job_id = %job_id, "pending fire without a job"),
+                }
+            }
+            Ok(DueBatch {
+                now,
+                fires,
+                next_due,
+            })
+        })
+        .await
+    }
+
+    async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
+        let outcome = self
+            .blocking(move |inner| {
+                inner.write(|txn| {
+            let now = now_ms();
+            let mut results = Vec::with_capacity(claims.len());
+            let mut appended = Vec::new();
+            for claim in claims {
+                let home = partition_of(&claim.job_id, inner.partitions);
+                if home != partition {
+                    // A caller bug (claims come from `due_fires` of one partition). The
+                    // redis backend cannot touch another partition's slot in one script,
+                    // so this one refuses too rather than silently working.
+                    return Err(Error::Corrupt(format!(
+                        "claim for job {:?} sent to partition {partition}, but it lives in {home}",
+                        claim.job_id
+                    )));
+                }
+                let result = inner.claim_one(txn, &claim)?;
+                if result == ClaimResult::Claimed {
+                    appended.extend(claim.triggers);
+                }
+                results.push(result);
+            }
+            append_triggers(txn, now, appended)?;
+            let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+            let next_due = earliest_due(&index, partition)?;
+            Ok(ClaimOutcome {
+                now,
+                results,
+                next_due,
+            })
+        })
+            })
+            .await?;
+        if outcome.results.contains(&ClaimResult::Claimed) {
+            self.appended.notify_waiters();
+        }
+        Ok(outcome)
+    }
+
+    async fn enqueue_manual(
+        &self,
+        trigger: Trigger,
+        idempotency_key: Option<&str>,
+    ) -> Result<Enqueued> {
+        let key = idempotency_key.map(str::to_owned);
+        let enqueued = self
+            .blocking(move |inner| {
+                inner.write(|txn| {
+                    let now = now_ms();
+                    {
+                        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                        if jobs.get(trigger.job_id.as_str()).ctx("read job")?.is_none() {
+                            return Err(Error::JobNotFound(trigger.job_id.clone()));
+                        }
+                    }
+                    inner.sweep_idempotency(txn, now)?;
+                    let schedule_id = trigger.schedule_id();
+                    if let Some(key) = key.as_deref() {
+                        let mut keys = txn.open_table(IDEMPOTENCY).ctx("open idempotency")?;
+                        let mut expiry = txn
+                            .open_table(IDEMPOTENCY_EXPIRY)
+                            .ctx("open idempotency expiry")?;
+                        let job_id = trigger.job_id.as_str();
+                        let seen = keys
+                            .get((job_id, key))
+                            .ctx("read idempotency key")?
+                            .map(|g| {
+                                let (sid, expires_at) = g.value();
+                                (sid.to_owned(), expires_at)
+                            });
+                        match seen {
+                            Some((first, expires_at)) if expires_at > now => {
+                                return Ok(Enqueued {
+                                    schedule_id: first,
+                                    duplicate: true,
+                                });
+                            }
+                            Some((_, expires_at)) => {
+                                expiry
+                                    .remove((expires_at, job_id, key))
+                                    .ctx("delete idempotency expiry")?;
+                            }
+                            None => {}
+                        }
+                        let expires_at = now.saturating_add(inner.idempotency_ttl_ms);
+                        keys.insert((job_id, key), (schedule_id.as_str(), expires_at))
+                            .ctx("write idempotency key")?;
+                        expiry
+                            .insert((expires_at, job_id, key), ())
+                            .ctx("write idempotency expiry")?;
+                    }
+                    append_triggers(txn, now, vec![trigger])?;
+                    Ok(Enqueued {
+                        schedule_id,
+                        duplicate: false,
+                    })
+                })
+            })
+            .await?;
+        if !enqueued.duplicate {
+            self.appended.notify_waiters();
+        }
+        Ok(enqueued)
+    }
+}
+
+impl Inner {
     /// Creates `job` inside `txn`: refused before anything is written if it exists.
     fn create_in(&self, txn: &WriteTransaction, mut job: JobRecord) -> Result<JobRecord> {
         let now = now_ms();
@@ -115,155 +377,6 @@ impl Inner {
         Ok(job)
     }
 
-    pub(super) fn delete_job(&self, job_id: &str) -> Result<()> {
-        self.write(|txn| {
-            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
-            if jobs.remove(job_id).ctx("delete job")?.is_none() {
-                return Err(Error::JobNotFound(job_id.to_owned()));
-            }
-            drop(jobs);
-            // Runs and the token counter stay: runs (in flight or not) until retention
-            // ends, and the counter so that a job re-created under the same id keeps
-            // growing tokens.
-            set_pending(txn, self.partitions, job_id, None)
-        })
-    }
-
-    pub(super) fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
-        let txn = read(&self.db)?;
-        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-        load_job(&jobs, job_id)
-    }
-
-    /// One read transaction for the lot, so the jobs are a consistent snapshot.
-    pub(super) fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
-        let txn = read(&self.db)?;
-        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-        let mut out = Vec::with_capacity(job_ids.len());
-        for id in job_ids {
-            if let Some(job) = load_job(&jobs, id)? {
-                out.push(job);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Jobs in job id order; the cursor is the last job id of the previous page.
-    pub(super) fn list_jobs(
-        &self,
-        cursor: Option<String>,
-        limit: usize,
-    ) -> Result<Page<JobRecord>> {
-        let limit = page_limit(limit);
-        let txn = read(&self.db)?;
-        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-        let start = match cursor.as_deref() {
-            Some(c) => Bound::Excluded(c),
-            None => Bound::Unbounded,
-        };
-        let mut items = Vec::new();
-        let mut more = false;
-        for item in jobs
-            .range::<&str>((start, Bound::Unbounded))
-            .ctx("scan jobs")?
-        {
-            if items.len() == limit {
-                more = true;
-                break;
-            }
-            let (k, v) = item.ctx("scan jobs")?;
-            items.push(decode::<JobRecord>("job", k.value(), v.value())?);
-        }
-        let next_cursor = if more {
-            items.last().map(|j| j.spec.id.clone())
-        } else {
-            None
-        };
-        Ok(Page { items, next_cursor })
-    }
-
-    pub(super) fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
-        let txn = read(&self.db)?;
-        let now = now_ms();
-        let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
-        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-        let mut due_members = Vec::new();
-        let mut next_due = None;
-        for item in index
-            .range((partition, i64::MIN, "")..)
-            .ctx("scan due index")?
-        {
-            let (k, _) = item.ctx("scan due index")?;
-            let (p, due, job_id) = k.value();
-            if p != partition {
-                break;
-            }
-            if due > now || due_members.len() >= limit {
-                next_due = Some(due);
-                break;
-            }
-            due_members.push((job_id.to_owned(), due));
-        }
-        let mut fires = Vec::with_capacity(due_members.len());
-        for (job_id, due) in due_members {
-            match load_job(&jobs, &job_id)? {
-                Some(job) => fires.push(DueFire {
-                    job_id,
-                    due,
-                    // The pending member is always written from `next_fire`, so the armed
-                    // fire carries the planned time of this due.
-                    planned: job.next_fire.map_or(due, |a| a.planned),
-                    version: job.version,
-                }),
-                // Job and pending member change in one transaction, so this cannot happen
-                // short of damage; skipping keeps the rest of the partition firing.
-                None => tracing::warn!(job_id = %job_id, "pending fire without a job"),
-            }
-        }
-        Ok(DueBatch {
-            now,
-            fires,
-            next_due,
-        })
-    }
-
-    pub(super) fn claim_fires(
-        &self,
-        partition: u32,
-        claims: Vec<FireClaim>,
-    ) -> Result<ClaimOutcome> {
-        self.write(|txn| {
-            let now = now_ms();
-            let mut results = Vec::with_capacity(claims.len());
-            let mut appended = Vec::new();
-            for claim in claims {
-                let home = partition_of(&claim.job_id, self.partitions);
-                if home != partition {
-                    // A caller bug (claims come from `due_fires` of one partition). The
-                    // redis backend cannot touch another partition's slot in one script,
-                    // so this one refuses too rather than silently working.
-                    return Err(Error::Corrupt(format!(
-                        "claim for job {:?} sent to partition {partition}, but it lives in {home}",
-                        claim.job_id
-                    )));
-                }
-                let result = self.claim_one(txn, &claim)?;
-                if result == ClaimResult::Claimed {
-                    appended.extend(claim.triggers);
-                }
-                results.push(result);
-            }
-            append_triggers(txn, now, appended)?;
-            let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
-            let next_due = earliest_due(&index, partition)?;
-            Ok(ClaimOutcome {
-                now,
-                results,
-                next_due,
-            })
-        })
-    }
-
     /// One claim's compare-and-set, inside the batch's transaction.
     pub(super) fn claim_one(
         &self,
@@ -306,143 +419,8 @@ impl Inner {
         Ok(ClaimResult::Claimed)
     }
 
-    pub(super) fn enqueue_manual(&self, trigger: Trigger, key: Option<String>) -> Result<Enqueued> {
-        self.write(|txn| {
-            let now = now_ms();
-            {
-                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-                if jobs.get(trigger.job_id.as_str()).ctx("read job")?.is_none() {
-                    return Err(Error::JobNotFound(trigger.job_id.clone()));
-                }
-            }
-            self.sweep_idempotency(txn, now)?;
-            let schedule_id = trigger.schedule_id();
-            if let Some(key) = key.as_deref() {
-                let mut keys = txn.open_table(IDEMPOTENCY).ctx("open idempotency")?;
-                let mut expiry = txn
-                    .open_table(IDEMPOTENCY_EXPIRY)
-                    .ctx("open idempotency expiry")?;
-                let job_id = trigger.job_id.as_str();
-                let seen = keys
-                    .get((job_id, key))
-                    .ctx("read idempotency key")?
-                    .map(|g| {
-                        let (sid, expires_at) = g.value();
-                        (sid.to_owned(), expires_at)
-                    });
-                match seen {
-                    Some((first, expires_at)) if expires_at > now => {
-                        return Ok(Enqueued {
-                            schedule_id: first,
-                            duplicate: true,
-                        });
-                    }
-                    Some((_, expires_at)) => {
-                        expiry
-                            .remove((expires_at, job_id, key))
-                            .ctx("delete idempotency expiry")?;
-                    }
-                    None => {}
-                }
-                let expires_at = now.saturating_add(self.idempotency_ttl_ms);
-                keys.insert((job_id, key), (schedule_id.as_str(), expires_at))
-                    .ctx("write idempotency key")?;
-                expiry
-                    .insert((expires_at, job_id, key), ())
-                    .ctx("write idempotency expiry")?;
-            }
-            append_triggers(txn, now, vec![trigger])?;
-            Ok(Enqueued {
-                schedule_id,
-                duplicate: false,
-            })
-        })
-    }
-
     /// Deletes up to `SWEEP_BATCH` idempotency keys past their expiry.
     pub(super) fn sweep_idempotency(&self, txn: &WriteTransaction, now: Millis) -> Result<()> {
         sweep_pair_expiry(txn, IDEMPOTENCY_EXPIRY, IDEMPOTENCY, now, "idempotency")
-    }
-
-    /// Delivers up to `max` never-delivered entries, in sequence order.
-    pub(super) fn read_once(&self, max: usize) -> Result<Vec<Delivery>> {
-        if max == 0 {
-            return Ok(Vec::new());
-        }
-        // The lock is held across the read so that two concurrent readers cannot both
-        // take the same entries past the watermark.
-        let mut state = self.queue_state();
-        let txn = read(&self.db)?;
-        let now = now_ms();
-        let queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
-        let mut out = Vec::new();
-        for item in queue.range(state.next_unread..).ctx("scan triggers")? {
-            if out.len() >= max {
-                break;
-            }
-            let (k, v) = item.ctx("scan triggers")?;
-            let seq = k.value();
-            let entry_id = seq.to_string();
-            let queued: QueuedTrigger = decode("trigger", &entry_id, v.value())?;
-            out.push((seq, entry_id, queued.trigger));
-        }
-        let mut deliveries = Vec::with_capacity(out.len());
-        for (seq, entry_id, trigger) in out {
-            state.delivered.insert(seq, now);
-            state.next_unread = seq + 1;
-            deliveries.push(Delivery { entry_id, trigger });
-        }
-        Ok(deliveries)
-    }
-
-    pub(super) fn reclaim(&self, min_idle: Duration, max: usize) -> Result<Vec<Delivery>> {
-        let mut state = self.queue_state();
-        let txn = read(&self.db)?;
-        let now = now_ms();
-        let min_idle = duration_ms(min_idle);
-        let mut idle: Vec<u64> = state
-            .delivered
-            .iter()
-            .filter(|(_, at)| now.saturating_sub(**at) >= min_idle)
-            .map(|(seq, _)| *seq)
-            .collect();
-        idle.sort_unstable();
-        let queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
-        let mut out = Vec::new();
-        for seq in idle {
-            if out.len() >= max {
-                break;
-            }
-            let entry_id = seq.to_string();
-            let json = queue
-                .get(seq)
-                .ctx("read trigger")?
-                .map(|g| g.value().to_owned());
-            match json {
-                Some(json) => {
-                    let queued: QueuedTrigger = decode("trigger", &entry_id, &json)?;
-                    state.delivered.insert(seq, now);
-                    out.push(Delivery {
-                        entry_id,
-                        trigger: queued.trigger,
-                    });
-                }
-                // Acked since it was delivered (the ack raced this scan): forget it.
-                None => {
-                    state.delivered.remove(&seq);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    pub(super) fn ack(&self, seq: u64) -> Result<()> {
-        self.write(|txn| {
-            let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
-            queue.remove(seq).ctx("delete trigger")?;
-            Ok(())
-        })?;
-        self.queue_state().delivered.remove(&seq);
-        Ok(())
     }
 }

@@ -3,19 +3,20 @@
 //!
 //! It owns the on-disk layout of an embedded store: the tables below, the meta record
 //! (schema version, partition count, trigger sequence), and the in-memory delivery state
-//! of the trigger queue. Every `Store` operation is exactly one redb transaction, run on
+//! of the trigger queue. Every store operation is exactly one redb transaction, run on
 //! the blocking pool, so the atomicity the trait promises is redb's: a write transaction
 //! is serialised against every other one and commits durably (fsync) or not at all.
 //! Writes take turns ([`Inner::writers`]), except the ones a heartbeat makes (lease
 //! renewals, the node's registry entry), which go ahead of the queue so a burst of
 //! run writes cannot make a live executor's leases run out.
 //!
-//! One file per concern: `jobs` (jobs, fires, the trigger queue), `runs` (runs, leases,
-//! the run state machine, progress and logs) over `run_tables` (the run tables open
-//! together, and the steps the run operations share), `nodes` (the node registry),
-//! `outbox` (the webhook outbox and circuit breakers), `apps` (apps and nonces);
-//! `store_impl` puts them behind the `Store` trait. This file holds the layout, opening
-//! the file, and the helpers they all use.
+//! One file per concern, each implementing the store trait of that concern for
+//! `EmbeddedStore`: `jobs` (`JobStore`: jobs, fires, manual triggers), `triggers`
+//! (`TriggerQueue`), `runs` (`RunStore`: runs, leases, the run state machine, progress
+//! and logs) over `run_tables` (the run tables open together, and the steps the run
+//! operations share), `nodes` (`NodeRegistry` and `Inboxes`), `outbox` (`Outbox`: the
+//! webhook outbox and circuit breakers), `apps` (`AppStore`: apps and nonces). This
+//! file holds the layout, opening the file, `StoreMeta` and the helpers they all use.
 //!
 //! Layout (all values that are domain records are JSON, so a field added to `model`
 //! stays readable as long as it is `serde(default)`-able):
@@ -111,10 +112,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use super::{
-    Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
-    DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, Held,
-    JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRemoved, NodeSlot, Outcome, Page, Recorded,
-    Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition, WebhookDelivery,
+    AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult,
+    Delivery, DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
+    Held, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved,
+    NodeSlot, Outbox, Outcome, Page, Recorded, Result, Revocation, RunQuery, RunStore,
+    SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue, WebhookDelivery,
     partition_of,
 };
 use crate::model::{
@@ -261,6 +263,21 @@ impl std::fmt::Debug for EmbeddedStore {
         f.debug_struct("EmbeddedStore")
             .field("partitions", &self.inner.partitions)
             .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl StoreMeta for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn partitions(&self) -> u32 {
+        self.inner.partitions
+    }
+
+    async fn now(&self) -> Result<Millis> {
+        Ok(now_ms())
     }
 }
 
@@ -662,9 +679,9 @@ mod nodes;
 mod outbox;
 mod run_tables;
 mod runs;
-mod store_impl;
 #[cfg(test)]
 mod tests;
+mod triggers;
 
 use run_tables::RunTables;
 

@@ -1,119 +1,199 @@
-//! The executor node registry: register or refresh with a TTL, remove (only by the
-//! node's instance), list; expired nodes are invisible at once and swept lazily.
+//! `NodeRegistry` and `Inboxes` in the embedded store: the executor node registry
+//! (upsert, remove by the stream that registered the node, list; expired nodes are
+//! invisible at once and swept lazily), and in memory the per-instance inboxes and the
+//! round-robin counters (one process routes).
 
 use super::*;
 
-impl Inner {
-    pub(super) fn upsert_node(&self, mut node: NodeRecord, ttl: Duration) -> Result<()> {
-        self.write_urgent(|txn| {
-            let now = now_ms();
-            sweep_nodes(txn, now)?;
-            node.last_heartbeat = now;
-            let json = encode("node", &node)?;
-            let expires_at = now.saturating_add(duration_ms(ttl));
-            let node_id = node.node_id.as_str();
-            let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
-            let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
-            let old_expiry = nodes.get(node_id).ctx("read node")?.map(|g| g.value().1);
-            if let Some(old) = old_expiry {
-                expiry.remove((old, node_id)).ctx("delete node expiry")?;
-            }
-            nodes
-                .insert(node_id, (json.as_str(), expires_at))
-                .ctx("write node")?;
-            expiry
-                .insert((expires_at, node_id), ())
-                .ctx("write node expiry")?;
-            Ok(())
+#[async_trait]
+impl NodeRegistry for EmbeddedStore {
+    async fn upsert_node(&self, mut node: NodeRecord, ttl: Duration) -> Result<()> {
+        self.blocking(move |inner| {
+            inner.write_urgent(|txn| {
+                let now = now_ms();
+                sweep_nodes(txn, now)?;
+                node.last_heartbeat = now;
+                let json = encode("node", &node)?;
+                let expires_at = now.saturating_add(duration_ms(ttl));
+                let node_id = node.node_id.as_str();
+                let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+                let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+                let old_expiry = nodes.get(node_id).ctx("read node")?.map(|g| g.value().1);
+                if let Some(old) = old_expiry {
+                    expiry.remove((old, node_id)).ctx("delete node expiry")?;
+                }
+                nodes
+                    .insert(node_id, (json.as_str(), expires_at))
+                    .ctx("write node")?;
+                expiry
+                    .insert((expires_at, node_id), ())
+                    .ctx("write node expiry")?;
+                Ok(())
+            })
         })
+        .await
     }
 
-    pub(super) fn remove_node(
+    async fn remove_node(
         &self,
         node: &NodeRecord,
         leases_within: Option<Duration>,
     ) -> Result<NodeRemoved> {
-        let node_id = node.node_id.as_str();
-        self.write(|txn| {
-            let now = now_ms();
-            sweep_nodes(txn, now)?;
-            let removed = {
-                let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
-                let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
-                let current = nodes.get(node_id).ctx("read node")?.map(|g| {
-                    let (json, expires_at) = g.value();
-                    (json.to_owned(), expires_at)
-                });
-                let Some((json, expires_at)) = current else {
-                    return Ok(NodeRemoved::default());
-                };
-                // Expired but not swept yet: it is gone as far as anyone can tell (in
-                // redis its key would have expired), so it is deleted and not reported
-                // removed.
-                let removed = if expires_at <= now {
-                    false
-                } else {
-                    let stored: NodeRecord = decode("node", node_id, &json)?;
-                    if stored.instance != node.instance || stored.session != node.session {
+        let node = node.clone();
+        self.blocking(move |inner| {
+            let node = &node;
+            let node_id = node.node_id.as_str();
+            inner.write(|txn| {
+                let now = now_ms();
+                sweep_nodes(txn, now)?;
+                let removed = {
+                    let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+                    let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+                    let current = nodes.get(node_id).ctx("read node")?.map(|g| {
+                        let (json, expires_at) = g.value();
+                        (json.to_owned(), expires_at)
+                    });
+                    let Some((json, expires_at)) = current else {
                         return Ok(NodeRemoved::default());
-                    }
-                    true
-                };
-                nodes.remove(node_id).ctx("delete node")?;
-                expiry
-                    .remove((expires_at, node_id))
-                    .ctx("delete node expiry")?;
-                removed
-            };
-            let mut leases_shortened = 0;
-            if let (true, Some(within)) = (removed, leases_within) {
-                let mut t = RunTables::open(txn, self)?;
-                let by = t.now.saturating_add(duration_ms(within));
-                for sid in t.node_run_ids(node_id)? {
-                    let Some(mut run) = t.load(&sid)? else {
-                        continue;
                     };
-                    if held(run.state) && run.node_id == node_id && run.deadlines.lease_expires > by
-                    {
-                        run.deadlines.lease_expires = by;
-                        t.save(&run)?;
-                        leases_shortened += 1;
+                    // Expired but not swept yet: it is gone as far as anyone can tell (in
+                    // redis its key would have expired), so it is deleted and not reported
+                    // removed.
+                    let removed = if expires_at <= now {
+                        false
+                    } else {
+                        let stored: NodeRecord = decode("node", node_id, &json)?;
+                        if stored.instance != node.instance || stored.session != node.session {
+                            return Ok(NodeRemoved::default());
+                        }
+                        true
+                    };
+                    nodes.remove(node_id).ctx("delete node")?;
+                    expiry
+                        .remove((expires_at, node_id))
+                        .ctx("delete node expiry")?;
+                    removed
+                };
+                let mut leases_shortened = 0;
+                if let (true, Some(within)) = (removed, leases_within) {
+                    let mut t = RunTables::open(txn, inner)?;
+                    let by = t.now.saturating_add(duration_ms(within));
+                    for sid in t.node_run_ids(node_id)? {
+                        let Some(mut run) = t.load(&sid)? else {
+                            continue;
+                        };
+                        if held(run.state)
+                            && run.node_id == node_id
+                            && run.deadlines.lease_expires > by
+                        {
+                            run.deadlines.lease_expires = by;
+                            t.save(&run)?;
+                            leases_shortened += 1;
+                        }
                     }
                 }
-            }
-            Ok(NodeRemoved {
-                removed,
-                leases_shortened,
+                Ok(NodeRemoved {
+                    removed,
+                    leases_shortened,
+                })
             })
         })
+        .await
     }
 
     /// Unexpired nodes in node id order (the table's key order).
-    pub(super) fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
-        let txn = read(&self.db)?;
-        let now = now_ms();
-        let nodes = txn.open_table(NODES).ctx("open nodes")?;
-        let node_runs = txn.open_table(NODE_RUNS).ctx("open node runs")?;
-        let mut out = Vec::new();
-        for item in nodes.iter().ctx("scan nodes")? {
-            let (k, v) = item.ctx("scan nodes")?;
-            let (json, expires_at) = v.value();
-            if expires_at <= now {
-                continue;
+    async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
+        let group = group.map(str::to_owned);
+        self.blocking(move |inner| {
+            let group = group.as_deref();
+            let txn = read(&inner.db)?;
+            let now = now_ms();
+            let nodes = txn.open_table(NODES).ctx("open nodes")?;
+            let node_runs = txn.open_table(NODE_RUNS).ctx("open node runs")?;
+            let mut out = Vec::new();
+            for item in nodes.iter().ctx("scan nodes")? {
+                let (k, v) = item.ctx("scan nodes")?;
+                let (json, expires_at) = v.value();
+                if expires_at <= now {
+                    continue;
+                }
+                let mut node: NodeRecord = decode("node", k.value(), json)?;
+                if group.is_none_or(|g| node.group == g) {
+                    let upper = successor(&node.node_id);
+                    node.leased = node_runs
+                        .range((node.node_id.as_str(), "")..(upper.as_str(), ""))
+                        .ctx("scan node runs")?
+                        .count()
+                        .try_into()
+                        .unwrap_or(u32::MAX);
+                    out.push(node);
+                }
             }
-            let mut node: NodeRecord = decode("node", k.value(), json)?;
-            if group.is_none_or(|g| node.group == g) {
-                let upper = successor(&node.node_id);
-                node.leased = node_runs
-                    .range((node.node_id.as_str(), "")..(upper.as_str(), ""))
-                    .ctx("scan node runs")?
-                    .count()
-                    .try_into()
-                    .unwrap_or(u32::MAX);
-                out.push(node);
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn next_route_counter(&self, job_id: &str) -> Result<u64> {
+        let mut counters = self
+            .route_counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let c = counters.entry(job_id.to_owned()).or_insert(0);
+        let n = *c;
+        *c = c.wrapping_add(1);
+        Ok(n)
+    }
+}
+
+#[async_trait]
+impl Inboxes for EmbeddedStore {
+    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()> {
+        let now = Instant::now();
+        {
+            let mut inboxes = self.inboxes();
+            // Forget inboxes nobody wrote to for a while (their instance is gone), as
+            // redis lets the key expire.
+            inboxes.retain(|_, inbox| inbox.expires > now);
+            let inbox = inboxes.entry(instance.to_owned()).or_insert_with(|| Inbox {
+                messages: VecDeque::new(),
+                expires: now,
+            });
+            inbox.messages.push_back(message);
+            inbox.expires = now + INBOX_TTL;
+        }
+        self.inbox_pushed.notify_waiters();
+        Ok(())
+    }
+
+    async fn pop_inbox(&self, instance: &str, max: usize, block: Duration) -> Result<Vec<Vec<u8>>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        // A block too long to represent is as good as forever.
+        let deadline = Instant::now().checked_add(block);
+        loop {
+            // Registered before looking, so a push between the look and the wait still
+            // wakes us.
+            let notified = self.inbox_pushed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.take_inbox(instance, max);
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            match deadline {
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(got);
+                    }
+                    // Timing out just means nothing arrived; look once more and return.
+                    let _ = tokio::time::timeout(deadline - now, notified).await;
+                }
+                None => notified.await,
             }
         }
-        Ok(out)
     }
 }
 

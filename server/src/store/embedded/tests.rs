@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::model::{RunPlan, schedule_id};
+use crate::store::Store;
 use crate::store::conformance::{self, arm, cron_trigger, job, manual_trigger, run};
 
 // The file is unlinked as soon as it is open: the open descriptor keeps it alive

@@ -3,8 +3,9 @@
 
 use super::*;
 
-impl RedisStore {
-    pub(super) async fn create_app(&self, app: AppRecord) -> Result<AppRecord> {
+#[async_trait]
+impl AppStore for RedisStore {
+    async fn create_app(&self, app: AppRecord) -> Result<AppRecord> {
         let json = serde_json::to_string(&app).map_err(corrupt)?;
         let mut c = self.conn().await?;
         let stored: String = self
@@ -22,14 +23,14 @@ impl RedisStore {
         serde_json::from_str(&stored).map_err(corrupt)
     }
 
-    pub(super) async fn get_app(&self, app_id: &str) -> Result<Option<AppRecord>> {
+    async fn get_app(&self, app_id: &str) -> Result<Option<AppRecord>> {
         let mut c = self.conn().await?;
         let j: Option<String> = c.get(self.app_key(app_id)).await.map_err(unavailable)?;
         j.map(|j| serde_json::from_str(&j).map_err(corrupt))
             .transpose()
     }
 
-    pub(super) async fn rotate_app_secret(
+    async fn rotate_app_secret(
         &self,
         app_id: &str,
         secret: &str,
@@ -52,12 +53,7 @@ impl RedisStore {
         serde_json::from_str(&stored).map_err(corrupt)
     }
 
-    pub(super) async fn check_nonce(
-        &self,
-        app_id: &str,
-        nonce: &str,
-        ttl: Duration,
-    ) -> Result<bool> {
+    async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
         let mut c = self.conn().await?;
         let key = format!("{}:{{n}}:nonce:{app_id}:{nonce}", self.inner.prefix);
         let r: Value = redis::cmd("SET")

@@ -1,21 +1,22 @@
-//! Jobs, fires and the trigger queue in Redis: job CRUD and listing, due fires and
-//! their claims (one script per partition batch), manual triggers with idempotency
-//! keys, and the per-partition trigger streams (read, reclaim, ack, trim).
+//! `JobStore` in Redis: job CRUD and listing (every write is one `apply_jobs` script
+//! per partition), due fires and their claims (one script per partition batch), and
+//! manual triggers with idempotency keys.
 
 use super::*;
 
-impl RedisStore {
+#[async_trait]
+impl JobStore for RedisStore {
+    fn job_changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.clone()
+    }
+
     /// One create: the one-write batch of [`RedisStore::apply_jobs`] (one script for
     /// every job write, so the pending member is armed in exactly one place).
-    pub(super) async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
+    async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
         self.write_one(JobWrite::Create(job)).await
     }
 
-    pub(super) async fn update_job(
-        &self,
-        job: JobRecord,
-        expected_version: u64,
-    ) -> Result<JobRecord> {
+    async fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
         self.write_one(JobWrite::Update {
             job,
             expected_version,
@@ -23,15 +24,7 @@ impl RedisStore {
         .await
     }
 
-    async fn write_one(&self, write: JobWrite) -> Result<JobRecord> {
-        let p = self.part(write.job_id());
-        self.apply_jobs(p, vec![write])
-            .await?
-            .pop()
-            .unwrap_or_else(|| Err(corrupt("apply_jobs answered no write")))
-    }
-
-    pub(super) async fn apply_jobs(
+    async fn apply_jobs(
         &self,
         partition: u32,
         writes: Vec<JobWrite>,
@@ -103,7 +96,7 @@ impl RedisStore {
             .collect())
     }
 
-    pub(super) async fn delete_job(&self, job_id: &str) -> Result<()> {
+    async fn delete_job(&self, job_id: &str) -> Result<()> {
         let p = self.part(job_id);
         let mut c = self.conn().await?;
         let removed: i64 = self
@@ -123,11 +116,11 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
+    async fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
         self.read_job(job_id).await
     }
 
-    pub(super) async fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
+    async fn get_jobs(&self, job_ids: &[String]) -> Result<Vec<JobRecord>> {
         let mut by_partition: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
         for id in job_ids {
             by_partition
@@ -142,11 +135,7 @@ impl RedisStore {
         Ok(out)
     }
 
-    pub(super) async fn list_jobs(
-        &self,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<Page<JobRecord>> {
+    async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
         // Cursor: "<partition>:<last job id>" — jobs are listed partition by partition,
         // by id within one.
         let (mut p, mut after) = match cursor.and_then(|c| c.split_once(':')) {
@@ -187,7 +176,7 @@ impl RedisStore {
         Ok(Page { items, next_cursor })
     }
 
-    pub(super) async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
+    async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
         let mut c = self.conn().await?;
         let (now, rows, next): (String, Vec<String>, Option<String>) = self
             .inner
@@ -221,11 +210,7 @@ impl RedisStore {
         })
     }
 
-    pub(super) async fn claim_fires(
-        &self,
-        partition: u32,
-        claims: Vec<FireClaim>,
-    ) -> Result<ClaimOutcome> {
+    async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
         let mut inv = self.inner.scripts.claim_fires.prepare_invoke();
         inv.arg(self.pfx(partition))
             .arg(self.channel())
@@ -266,7 +251,7 @@ impl RedisStore {
         })
     }
 
-    pub(super) async fn enqueue_manual(
+    async fn enqueue_manual(
         &self,
         trigger: Trigger,
         idempotency_key: Option<&str>,
@@ -300,186 +285,14 @@ impl RedisStore {
             other => Err(corrupt(format!("enqueue_manual answered {other:?}"))),
         }
     }
+}
 
-    pub(super) async fn read_triggers(
-        &self,
-        consumer: &str,
-        max: usize,
-        block: Duration,
-    ) -> Result<Vec<Delivery>> {
-        let keys: Vec<String> = (0..self.inner.partitions)
-            .map(|p| self.key(p, "triggers"))
-            .collect();
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(GROUP)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(max.max(1))
-            .arg("BLOCK")
-            .arg(ms(block))
-            .arg("STREAMS")
-            .arg(&keys);
-        for _ in &keys {
-            cmd.arg(">");
-        }
-        let mut c = self.blocking_conn().await?;
-        let reply: redis::RedisResult<Option<StreamReadReply>> = cmd.query_async(&mut c).await;
-        let reply = match reply {
-            Ok(r) => r,
-            Err(e) if is_nogroup(&e) => {
-                self.recover_groups().await?;
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(unavailable(e)),
-        };
-        let mut out = Vec::new();
-        for sk in reply.map(|r| r.keys).unwrap_or_default() {
-            let Some(p) = keys.iter().position(|k| *k == sk.key) else {
-                continue;
-            };
-            out.extend(self.deliveries(p as u32, sk.ids));
-        }
-        Ok(out)
-    }
-
-    pub(super) async fn reclaim_triggers(
-        &self,
-        consumer: &str,
-        min_idle: Duration,
-        max: usize,
-    ) -> Result<Vec<Delivery>> {
-        let mut out = Vec::new();
-        let mut c = self.conn().await?;
-        for p in 0..self.inner.partitions {
-            if out.len() >= max {
-                break;
-            }
-            let reply: redis::RedisResult<StreamAutoClaimReply> = redis::cmd("XAUTOCLAIM")
-                .arg(self.key(p, "triggers"))
-                .arg(GROUP)
-                .arg(consumer)
-                .arg(u64::try_from(min_idle.as_millis()).unwrap_or(u64::MAX))
-                .arg("0-0")
-                .arg("COUNT")
-                .arg(max - out.len())
-                .query_async(&mut c)
-                .await;
-            match reply {
-                Ok(r) => out.extend(self.deliveries(p, r.claimed)),
-                Err(e) if is_nogroup(&e) => {
-                    drop(c);
-                    self.recover_groups().await?;
-                    return Ok(out);
-                }
-                Err(e) => return Err(unavailable(e)),
-            }
-        }
-        Ok(out)
-    }
-
-    pub(super) async fn beat_instance(&self, instance: &str, ttl: Duration) -> Result<Vec<String>> {
-        let mut c = self.conn().await?;
-        self.inner
-            .scripts
-            .beat_instance
-            .arg(self.instances_key())
-            .arg(instance)
-            .arg(ms(ttl))
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)
-    }
-
-    /// `XPENDING` of the dead consumer, then `XCLAIM` of those entries, per partition.
-    /// Runs only after an instance died, so its cost does not matter.
-    pub(super) async fn take_over_triggers(
-        &self,
-        dead: &str,
-        consumer: &str,
-        max: usize,
-    ) -> Result<Vec<Delivery>> {
-        let mut out = Vec::new();
-        let mut c = self.conn().await?;
-        let mut more = false;
-        for p in 0..self.inner.partitions {
-            let room = max.saturating_sub(out.len());
-            if room == 0 {
-                more = true;
-                break;
-            }
-            let key = self.key(p, "triggers");
-            let pending: redis::RedisResult<StreamPendingCountReply> = redis::cmd("XPENDING")
-                .arg(&key)
-                .arg(GROUP)
-                .arg("-")
-                .arg("+")
-                .arg(room)
-                .arg(dead)
-                .query_async(&mut c)
-                .await;
-            let pending = match pending {
-                Ok(r) => r,
-                Err(e) if is_nogroup(&e) => continue,
-                Err(e) => return Err(unavailable(e)),
-            };
-            if pending.ids.is_empty() {
-                continue;
-            }
-            more |= pending.ids.len() == room;
-            let mut claim = redis::cmd("XCLAIM");
-            claim.arg(&key).arg(GROUP).arg(consumer).arg(0);
-            for id in &pending.ids {
-                claim.arg(&id.id);
-            }
-            let claimed: StreamClaimReply = claim.query_async(&mut c).await.map_err(unavailable)?;
-            out.extend(self.deliveries(p, claimed.ids));
-        }
-        if !more {
-            let _: i64 = self
-                .inner
-                .scripts
-                .forget_instance
-                .arg(self.instances_key())
-                .arg(self.nodes_prefix())
-                .arg(dead)
-                .invoke_async(&mut c)
-                .await
-                .map_err(unavailable)?;
-        }
-        Ok(out)
-    }
-
-    pub(super) async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
-        let (p, id) = split_entry(entry_id)?;
-        let mut c = self.conn().await?;
-        let r: redis::RedisResult<i64> = c.xack(self.key(p, "triggers"), GROUP, &[id]).await;
-        match r {
-            Ok(_) => Ok(()),
-            // The group vanished with a Redis restart: nothing is pending any more.
-            Err(e) if is_nogroup(&e) => Ok(()),
-            Err(e) => Err(unavailable(e)),
-        }
-    }
-
-    pub(super) async fn trim_triggers(&self, older_than: Millis) -> Result<()> {
-        let mut c = self.conn().await?;
-        for p in 0..self.inner.partitions {
-            let r: redis::RedisResult<i64> = self
-                .inner
-                .scripts
-                .trim_triggers
-                .arg(self.pfx(p))
-                .arg(GROUP)
-                .arg(older_than.max(0))
-                .invoke_async(&mut c)
-                .await;
-            match r {
-                Ok(_) => {}
-                Err(e) if is_nogroup(&e) => {}
-                Err(e) => return Err(unavailable(e)),
-            }
-        }
-        Ok(())
+impl RedisStore {
+    async fn write_one(&self, write: JobWrite) -> Result<JobRecord> {
+        let p = self.part(write.job_id());
+        self.apply_jobs(p, vec![write])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(corrupt("apply_jobs answered no write")))
     }
 }

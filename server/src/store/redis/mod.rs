@@ -32,11 +32,13 @@
 //! <prefix>:changes                      pub/sub channel: a job was created or changed
 //! ```
 //!
-//! One file per concern, each an `impl RedisStore` block that the `Store` trait
-//! (`store_impl`) forwards to: `jobs` (jobs, fires, the trigger queue), `runs` (runs,
-//! leases, the run machine, logs), `nodes` (registry, inboxes, routing counters),
-//! `outbox` (webhook outbox, breakers), `apps` (apps, nonces). The scripts are in
-//! `lua/`; this file holds the connections, the scripts' table and the decoding helpers.
+//! One file per concern, each implementing the store trait of that concern for
+//! `RedisStore`: `jobs` (`JobStore`: jobs, fires, manual triggers), `triggers`
+//! (`TriggerQueue`: the trigger streams, instance beats), `runs` (`RunStore`: runs,
+//! leases, the run machine, logs), `nodes` (`NodeRegistry` and `Inboxes`: registry,
+//! routing counters, inboxes), `outbox` (`Outbox`: webhook outbox, breakers), `apps`
+//! (`AppStore`: apps, nonces). The scripts are in `lua/`; this file holds the
+//! connections, the scripts' table, the decoding helpers and `StoreMeta`.
 //!
 //! Connections: every command but the two blocking ones goes over one shared,
 //! multiplexed connection (redis-rs's `ConnectionManager`: concurrent commands are
@@ -61,11 +63,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery,
-    DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    GONE_ERROR, Held, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRemoved, NodeSlot, Outcome,
-    Page, Recorded, Result, Revocation, RunQuery, SCHEMA_VERSION, Store, StoreOptions, Transition,
-    WebhookDelivery, partition_of,
+    AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult,
+    Delivery, DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
+    GONE_ERROR, Held, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRegistry,
+    NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Result, Revocation, RunQuery, RunStore,
+    SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue, WebhookDelivery,
+    partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
@@ -76,9 +79,9 @@ mod jobs;
 mod nodes;
 mod outbox;
 mod runs;
-mod store_impl;
 #[cfg(test)]
 mod tests;
+mod triggers;
 
 const GROUP: &str = "dispatch";
 
@@ -209,6 +212,26 @@ fn unavailable(e: impl std::fmt::Display) -> Error {
 
 fn corrupt(e: impl std::fmt::Display) -> Error {
     Error::Corrupt(e.to_string())
+}
+
+#[async_trait]
+impl StoreMeta for RedisStore {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    fn partitions(&self) -> u32 {
+        self.inner.partitions
+    }
+
+    async fn now(&self) -> Result<Millis> {
+        let mut c = self.conn().await?;
+        let (s, us): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(s * 1000 + us / 1000)
+    }
 }
 
 impl RedisStore {

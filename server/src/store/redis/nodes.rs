@@ -6,58 +6,9 @@ use super::*;
 /// One node's `rec` and `hb` fields, and how many runs are leased to it.
 type NodeRow = ((Option<String>, Option<Millis>), u32);
 
-impl RedisStore {
-    pub(super) async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()> {
-        let key = format!("{}inbox:{instance}", self.nodes_prefix());
-        let mut c = self.conn().await?;
-        let _: () = redis::pipe()
-            .lpush(&key, message)
-            .ignore()
-            .pexpire(&key, 60_000)
-            .ignore()
-            .query_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-
-    pub(super) async fn pop_inbox(
-        &self,
-        instance: &str,
-        max: usize,
-        block: Duration,
-    ) -> Result<Vec<Vec<u8>>> {
-        let key = format!("{}inbox:{instance}", self.nodes_prefix());
-        let Some(count) = std::num::NonZeroUsize::new(max) else {
-            return Ok(Vec::new());
-        };
-        let mut c = self.conn().await?;
-        let got: Option<Vec<Vec<u8>>> = c.rpop(&key, Some(count)).await.map_err(unavailable)?;
-        if let Some(got) = got.filter(|g| !g.is_empty()) {
-            return Ok(got);
-        }
-        if block.is_zero() {
-            return Ok(Vec::new());
-        }
-        // BRPOP blocks its connection: never the shared one.
-        let one: Option<(String, Vec<u8>)> = self
-            .blocking_conn()
-            .await?
-            .brpop(&key, block.as_secs_f64())
-            .await
-            .map_err(unavailable)?;
-        let Some((_, first)) = one else {
-            return Ok(Vec::new());
-        };
-        let mut out = vec![first];
-        if let Some(more) = std::num::NonZeroUsize::new(max - 1) {
-            let rest: Option<Vec<Vec<u8>>> = c.rpop(&key, Some(more)).await.map_err(unavailable)?;
-            out.extend(rest.unwrap_or_default());
-        }
-        Ok(out)
-    }
-
-    pub(super) async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()> {
+#[async_trait]
+impl NodeRegistry for RedisStore {
+    async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()> {
         let mut c = self.conn().await?;
         let json = serde_json::to_string(&node).map_err(corrupt)?;
         let _: i64 = self
@@ -75,7 +26,7 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) async fn remove_node(
+    async fn remove_node(
         &self,
         node: &NodeRecord,
         leases_within: Option<Duration>,
@@ -140,7 +91,7 @@ impl RedisStore {
         Ok(out)
     }
 
-    pub(super) async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
+    async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>> {
         let prefix = self.nodes_prefix();
         let mut c = self.conn().await?;
         let mut ids: Vec<String> = c
@@ -197,10 +148,58 @@ impl RedisStore {
         Ok(out)
     }
 
-    pub(super) async fn next_route_counter(&self, job_id: &str) -> Result<u64> {
+    async fn next_route_counter(&self, job_id: &str) -> Result<u64> {
         let mut c = self.conn().await?;
         let key = format!("{}rr", self.pfx(self.part(job_id)));
         let n: i64 = c.hincr(key, job_id, 1).await.map_err(unavailable)?;
         Ok(u64::try_from(n.saturating_sub(1)).unwrap_or(0))
+    }
+}
+
+#[async_trait]
+impl Inboxes for RedisStore {
+    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()> {
+        let key = format!("{}inbox:{instance}", self.nodes_prefix());
+        let mut c = self.conn().await?;
+        let _: () = redis::pipe()
+            .lpush(&key, message)
+            .ignore()
+            .pexpire(&key, 60_000)
+            .ignore()
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn pop_inbox(&self, instance: &str, max: usize, block: Duration) -> Result<Vec<Vec<u8>>> {
+        let key = format!("{}inbox:{instance}", self.nodes_prefix());
+        let Some(count) = std::num::NonZeroUsize::new(max) else {
+            return Ok(Vec::new());
+        };
+        let mut c = self.conn().await?;
+        let got: Option<Vec<Vec<u8>>> = c.rpop(&key, Some(count)).await.map_err(unavailable)?;
+        if let Some(got) = got.filter(|g| !g.is_empty()) {
+            return Ok(got);
+        }
+        if block.is_zero() {
+            return Ok(Vec::new());
+        }
+        // BRPOP blocks its connection: never the shared one.
+        let one: Option<(String, Vec<u8>)> = self
+            .blocking_conn()
+            .await?
+            .brpop(&key, block.as_secs_f64())
+            .await
+            .map_err(unavailable)?;
+        let Some((_, first)) = one else {
+            return Ok(Vec::new());
+        };
+        let mut out = vec![first];
+        if let Some(more) = std::num::NonZeroUsize::new(max - 1) {
+            let rest: Option<Vec<Vec<u8>>> = c.rpop(&key, Some(more)).await.map_err(unavailable)?;
+            out.extend(rest.unwrap_or_default());
+        }
+        Ok(out)
     }
 }

@@ -3,8 +3,9 @@
 
 use super::*;
 
-impl RedisStore {
-    pub(super) async fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+#[async_trait]
+impl Outbox for RedisStore {
+    async fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -19,7 +20,7 @@ impl RedisStore {
             .map_err(unavailable)
     }
 
-    pub(super) async fn claim_delivery(
+    async fn claim_delivery(
         &self,
         schedule_id: &str,
         lease: Duration,
@@ -54,7 +55,7 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn finish_delivery(
+    async fn finish_delivery(
         &self,
         schedule_id: &str,
         token: u64,
@@ -97,11 +98,7 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn breaker_state(
-        &self,
-        destination: &str,
-        probe: Duration,
-    ) -> Result<BreakerState> {
+    async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
         let mut c = self.conn().await?;
         let (state, until): (String, String) = self
             .inner
@@ -116,7 +113,7 @@ impl RedisStore {
         breaker(&state, &until)
     }
 
-    pub(super) async fn record_breaker(
+    async fn record_breaker(
         &self,
         destination: &str,
         success: bool,

@@ -3,8 +3,9 @@
 
 use super::*;
 
-impl RedisStore {
-    pub(super) async fn record_run(&self, run: RunRecord) -> Result<Recorded> {
+#[async_trait]
+impl RunStore for RedisStore {
+    async fn record_run(&self, run: RunRecord) -> Result<Recorded> {
         let p = self.part(&run.job_id);
         let mut c = self.conn().await?;
         let (created, json): (i64, String) = self
@@ -27,7 +28,7 @@ impl RedisStore {
         })
     }
 
-    pub(super) async fn get_run(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+    async fn get_run(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
         let Some((job_id, _)) = split_schedule_id(schedule_id) else {
             return Ok(None);
         };
@@ -41,7 +42,7 @@ impl RedisStore {
             .transpose()
     }
 
-    pub(super) async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>> {
+    async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>> {
         // Keyset paging. Cursor: "<scheduled_at>:<schedule_id>" of the last run handed
         // out; the next page starts strictly after it in (score desc, member desc)
         // order, so runs recorded meanwhile never repeat or shift a listing.
@@ -109,7 +110,7 @@ impl RedisStore {
         Ok(Page { items, next_cursor })
     }
 
-    pub(super) async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
+    async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
         let p = self.part(&run.job_id);
         let json = serde_json::to_string(&run).map_err(corrupt)?;
         let mut c = self.conn().await?;
@@ -140,7 +141,7 @@ impl RedisStore {
         })
     }
 
-    pub(super) async fn assign_run(
+    async fn assign_run(
         &self,
         schedule_id: &str,
         attempt: u32,
@@ -181,7 +182,7 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn fan_out(
+    async fn fan_out(
         &self,
         schedule_id: &str,
         attempt: u32,
@@ -222,13 +223,13 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
+    async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
         let script = &self.inner.scripts.mark_started;
         self.run_transition(script, schedule_id, &[token.to_string()])
             .await
     }
 
-    pub(super) async fn renew_leases(
+    async fn renew_leases(
         &self,
         node_id: &str,
         held: &[Held],
@@ -257,7 +258,7 @@ impl RedisStore {
         Ok(out)
     }
 
-    pub(super) async fn finish_run(
+    async fn finish_run(
         &self,
         schedule_id: &str,
         by: Finisher,
@@ -273,7 +274,7 @@ impl RedisStore {
             .await
     }
 
-    pub(super) async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+    async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
         let mut c = self.conn().await?;
         self.inner
             .scripts
@@ -285,23 +286,19 @@ impl RedisStore {
             .map_err(unavailable)
     }
 
-    pub(super) async fn expire_run(
-        &self,
-        schedule_id: &str,
-        route_grace: Duration,
-    ) -> Result<Transition> {
+    async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
         let script = &self.inner.scripts.expire_run;
         self.run_transition(script, schedule_id, &[ms(route_grace).to_string()])
             .await
     }
 
-    pub(super) async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
+    async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
         let script = &self.inner.scripts.cancel_run;
         self.run_transition(script, schedule_id, &[reason.to_owned()])
             .await
     }
 
-    pub(super) async fn report_progress(
+    async fn report_progress(
         &self,
         schedule_id: &str,
         token: u64,
@@ -328,7 +325,7 @@ impl RedisStore {
         Ok(r == 1)
     }
 
-    pub(super) async fn append_logs(
+    async fn append_logs(
         &self,
         schedule_id: &str,
         token: u64,
@@ -355,12 +352,7 @@ impl RedisStore {
         Ok(r == 1)
     }
 
-    pub(super) async fn read_logs(
-        &self,
-        schedule_id: &str,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<LogLine>> {
+    async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>> {
         let Some((job_id, _)) = split_schedule_id(schedule_id) else {
             return Ok(Vec::new());
         };

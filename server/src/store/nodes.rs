@@ -1,0 +1,110 @@
+//! `NodeRegistry`: the executor nodes connected to any instance, and the shared
+//! round-robin counters routing draws from; `Inboxes`: the per-instance inboxes that
+//! carry dispatches and cancels to a node attached to another instance.
+//!
+//! Guarantees: a node is listed only while it is refreshed within its TTL, and only the
+//! stream that registered it can remove it; inboxes are best effort by design (a lost
+//! dispatch is never confirmed and is re-routed, a lost cancel is repeated).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Result, StoreMeta};
+use crate::model::Millis;
+
+/// An executor node as the registry knows it. It disappears unless refreshed (each
+/// heartbeat) within the TTL it was written with.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeRecord {
+    pub node_id: String,
+    pub group: String,
+    pub handlers: Vec<String>,
+    pub weight: u32,
+    /// 0 = unlimited.
+    pub max_concurrency: u32,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The server instance holding the node's stream.
+    pub instance: String,
+    /// Names the stream this record was registered by (chosen at its hello), so that
+    /// the end of one stream never removes the registration of the node's next one.
+    #[serde(default)]
+    pub session: String,
+    /// False while the executor declares itself not ready.
+    pub ready: bool,
+    /// Asked to drain (`DrainNode`): it finishes what it holds and gets no new work.
+    #[serde(default)]
+    pub draining: bool,
+    /// Runs the executor reports holding (at its last heartbeat).
+    pub active: u32,
+    /// Runs leased to the node right now, as the store counts them (filled in by
+    /// `list_nodes`; never stored): ahead of `active` between heartbeats.
+    #[serde(default, skip_serializing)]
+    pub leased: u32,
+    pub load: f64,
+    /// Mean duration (ms) of the node's results in the health window, as seen by the
+    /// instance that holds its stream (reset when it reconnects).
+    #[serde(default)]
+    pub mean_duration_ms: u64,
+    /// Of those recent results, how many were not SUCCEEDED.
+    #[serde(default)]
+    pub recent_errors: u32,
+    #[serde(default)]
+    pub recent_results: u32,
+    pub connected_at: Millis,
+    /// Written by the store from its clock.
+    pub last_heartbeat: Millis,
+}
+
+/// What [`NodeRegistry::remove_node`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeRemoved {
+    /// The registration was the stream's own and is gone.
+    pub removed: bool,
+    /// Leases brought to end within `leases_within`.
+    pub leases_shortened: u32,
+}
+
+/// The executor node registry and routing counters. See the module docs.
+#[async_trait]
+pub trait NodeRegistry: StoreMeta {
+    /// Registers or refreshes a node (`last_heartbeat` = the store's now); it expires
+    /// `ttl` later unless refreshed again. A refresh replaces the whole record.
+    async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()>;
+
+    /// The stream `node` was registered by ended. Removes the node if that stream still
+    /// holds it (same `instance` and `session`: a node that reconnected meanwhile, to
+    /// this instance or another, is left alone). When it was removed and `leases_within`
+    /// is given, every lease the node holds ends at most that long from now (store
+    /// clock) unless it already ends sooner, so the runs of an executor that died fail
+    /// over in about that time instead of a lease TTL; a node that registers again
+    /// before they run out renews them with its hello (`renew_leases`), and a node
+    /// registered again before this step is left alone.
+    async fn remove_node(
+        &self,
+        node: &NodeRecord,
+        leases_within: Option<Duration>,
+    ) -> Result<NodeRemoved>;
+
+    /// Unexpired nodes, by node id; `group` filters when given.
+    async fn list_nodes(&self, group: Option<&str>) -> Result<Vec<NodeRecord>>;
+
+    // ---- routing
+
+    /// The next value (from 0) of the job's round-robin counter, shared by every
+    /// instance, so the instances routing one job's runs take turns from a single
+    /// sequence instead of each starting on the same node.
+    async fn next_route_counter(&self, job_id: &str) -> Result<u64>;
+}
+
+/// Per-instance inboxes: dispatches for executors attached to another instance.
+#[async_trait]
+pub trait Inboxes: StoreMeta {
+    /// Queues a message for `instance`. Inboxes are best effort by design: a dispatch
+    /// lost with its instance is never confirmed and is re-routed (`confirm_by`).
+    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()>;
+
+    /// Takes up to `max` messages for `instance`, oldest first, waiting at most `block`
+    /// for the first.
+    async fn pop_inbox(&self, instance: &str, max: usize, block: Duration) -> Result<Vec<Vec<u8>>>;
+}

@@ -1,0 +1,315 @@
+//! `RunStore`: run records and the run state machine (begin, assign, start, renew,
+//! finish, fan out, expire, cancel), their timers, progress and logs.
+//!
+//! Guarantees: each transition is one atomic step that checks the run's state and
+//! fencing token; a run has at most one unrevoked lease, and a revoked lease or a retried
+//! attempt always gets a new token, so the old holder's result, progress and logs are
+//! refused. A run's deadlines live in its record and score its partition's timer set,
+//! which every instance sweeps (`due_runs` + `expire_run`): no in-memory timer is ever
+//! the only record of a deadline. A node's leased runs are counted in the same steps,
+//! so its concurrency window holds across instances.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Applied, Page, Result, StoreMeta};
+use crate::model::{Millis, RunRecord, RunState};
+
+/// Outcome of `record_run`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    pub run: RunRecord,
+    /// False when the run already existed (a redelivered trigger): `run` is the stored one.
+    pub created: bool,
+}
+
+/// A run reference as an executor holds it: the schedule_id and the fencing token of
+/// its dispatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub schedule_id: String,
+    pub token: u64,
+}
+
+/// The node a run is assigned to, with its concurrency limit (0 = unlimited), which
+/// the store enforces across all instances by counting the node's leased runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSlot {
+    pub node_id: String,
+    pub max_concurrency: u32,
+}
+
+/// The lease a dispatch is made under, and how soon it must be confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTerms {
+    pub ttl: Duration,
+    /// A dispatch not confirmed (Started, or listed by a heartbeat) within this is
+    /// re-routed without spending an attempt.
+    pub confirm_within: Duration,
+}
+
+/// Outcome of `begin_run`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Begun {
+    /// The run as stored: WAITING (to route now, or queued behind a serial run), or
+    /// SKIPPED. For a redelivered trigger: the run as it is now.
+    pub run: RunRecord,
+    /// False when the run already existed.
+    pub created: bool,
+    /// Runs revoked by the replace policy; each holder must be sent `Cancel`.
+    pub revoked: Vec<Revocation>,
+}
+
+/// A lease taken away from a node: the node still holds `token` and must be told to
+/// stop (`Cancel`). The run itself was already moved on by the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revocation {
+    pub schedule_id: String,
+    pub node_id: String,
+    pub token: u64,
+    /// The attempt the revoked lease was for (the dispatch's `RunRef.attempt`).
+    pub attempt: u32,
+    pub reason: String,
+}
+
+/// Outcome of `assign_run`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Assigned {
+    /// DISPATCHED to the node under a fresh fencing token; send it the dispatch.
+    Granted(RunRecord),
+    /// The node holds `max_concurrency` leased runs already.
+    NodeFull,
+    /// The run is no longer WAITING at that attempt (someone else routed or finished
+    /// it), or it is gone.
+    NotWaiting(Option<RunRecord>),
+}
+
+/// Outcome of `fan_out`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FannedOut {
+    /// The parent (RUNNING) and its shards (WAITING, by index), to route now.
+    Shards {
+        parent: RunRecord,
+        shards: Vec<RunRecord>,
+    },
+    /// The run is not WAITING at that attempt (or queued), or it is gone.
+    NotWaiting(Option<RunRecord>),
+}
+
+/// Who finishes a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finisher {
+    /// The executor holding the lease with this token (a Result, or the server for an
+    /// HTTP target).
+    Token(u64),
+    /// The dispatcher, for a WAITING run at this attempt that found no executor.
+    Waiting { attempt: u32 },
+}
+
+/// The end of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// SUCCEEDED, FAILED or CANCELLED (by the executor). Only FAILED is retried
+    /// while attempts remain. WAITING means the executor rejected the dispatch.
+    pub state: RunState,
+    pub output: Option<Vec<u8>>,
+    pub error_code: String,
+    pub error_message: String,
+    /// Executor-reported times. Absent: `started_at` stays as recorded (by
+    /// `mark_started`), `finished_at` is the store's now.
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+}
+
+/// What a run transition did, with the follow-up work it leaves to the caller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub applied: Applied,
+    /// The run after the call; None when there is no such run.
+    pub run: Option<RunRecord>,
+    /// Leases this call took away (several when a broadcast run's shards are
+    /// cancelled with it); each node must be sent `Cancel`.
+    pub revoked: Vec<Revocation>,
+    /// A serial run this call released from the job's queue: it is WAITING and due to
+    /// be routed now.
+    pub next_serial: Option<String>,
+}
+
+/// One stored log line of a run.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogLine {
+    /// Position in the run's log, from 1, never reused even after old lines are dropped.
+    pub seq: u64,
+    pub time_ms: Millis,
+    pub level: String,
+    pub message: String,
+    pub attempt: u32,
+}
+
+/// Which runs to list for a job, newest (by scheduled time) first.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunQuery {
+    pub from: Option<Millis>,
+    pub to: Option<Millis>,
+    pub limit: usize,
+    pub cursor: Option<String>,
+}
+
+/// Runs and the run state machine. See the module docs.
+#[async_trait]
+pub trait RunStore: StoreMeta {
+    /// Records the run if its schedule_id has no run yet; otherwise returns the stored
+    /// one. If the job is now paused or deleted, the run is recorded SKIPPED with reason
+    /// "paused" / "deleted". Keeps the per-job index bounded and the record's TTL.
+    async fn record_run(&self, run: RunRecord) -> Result<Recorded>;
+
+    async fn get_run(&self, schedule_id: &str) -> Result<Option<RunRecord>>;
+
+    /// Runs of a job, newest first.
+    async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>>;
+
+    // ---- the run state machine (ARCHITECTURE.md, "Life of a run, as built")
+    //
+    // A run's timer lives in its partition's sorted set of deadlines, scored by the
+    // earliest of `run.deadlines`; `due_runs` + `expire_run` are how every instance
+    // sweeps it. A run leaving DISPATCHED/RUNNING always leaves its node's lease count.
+    // A revoked lease always gets a new token, so the old holder's messages are stale.
+
+    /// Records a trigger's run (`run` is `RunRecord::from_trigger` with its `plan`
+    /// filled) and applies the overlap policy against the job's active runs (those not
+    /// final) in the same step:
+    /// - already recorded → returned unchanged, `created` false;
+    /// - trigger says skip, or the job is paused/deleted → SKIPPED (as `record_run`);
+    /// - allow, or no active run → WAITING, `wake_at` = now + `route_grace` (the
+    ///   caller routes it at once; the timer only matters if the caller dies),
+    ///   `wait_until` = now + plan.dispatch_wait_ms;
+    /// - forbid with an active run → SKIPPED, reason "overlap";
+    /// - serial with an active run → WAITING with no timer, reason "queued", appended
+    ///   to the job's serial queue; SKIPPED "serial queue full" past plan.serial_limit;
+    /// - replace → every active run is CANCELLED (reason "replaced"), each lease
+    ///   revoked (listed in `revoked`), queued serial runs too; then as allow.
+    ///
+    /// The new run joins the job's active set unless SKIPPED.
+    async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun>;
+
+    /// Dispatches a WAITING run at `attempt` to `node`: a fresh fencing token
+    /// (max(job counter + 1, store time in µs)), state DISPATCHED, node_id set,
+    /// `lease_expires` = now + ttl, `confirm_by` = now + confirm_within, `timeout_at` =
+    /// now + plan.timeout_ms (if set), `wake_at`/`wait_until` cleared; the node's lease
+    /// count grows by one unless it is at its max concurrency (`NodeFull`, nothing
+    /// changes).
+    async fn assign_run(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<Assigned>;
+
+    /// The executor confirmed the dispatch: DISPATCHED → RUNNING with `started_at` (the
+    /// store's now), `confirm_by` cleared. RUNNING with the same token → `Already`.
+    /// Anything else (stale token, final run) → `No`.
+    async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition>;
+
+    /// Renews exactly the listed leases held by `node_id` (a heartbeat's in-flight
+    /// list), each only if its token is current and the lease has not expired; a
+    /// DISPATCHED run listed here counts as confirmed (`confirm_by` cleared). Returns,
+    /// per entry in order, the lease's remaining time in ms, or None when it is gone.
+    async fn renew_leases(
+        &self,
+        node_id: &str,
+        held: &[Held],
+        ttl: Duration,
+    ) -> Result<Vec<Option<i64>>>;
+
+    /// Ends the current attempt. With `Finisher::Token`, only if the token is current
+    /// and the run DISPATCHED or RUNNING (a final run finished by that same token →
+    /// `Already`); with `Finisher::Waiting`, only if the run is WAITING at that attempt.
+    /// FAILED with attempts left → WAITING at attempt + 1, `wake_at` = now +
+    /// plan.backoff_after(attempt), `wait_until` = wake_at + dispatch_wait_ms,
+    /// `last_node` = the node, error fields kept, a new token; WAITING (only with a
+    /// token: the executor rejected the dispatch) → back to WAITING at the same
+    /// attempt with a new token, `last_node` = the node, `wake_at` = now, `wait_until`
+    /// = now + dispatch_wait_ms, reason "rejected: <error_message>"; otherwise the
+    /// outcome is final: the
+    /// run leaves the active set and the job's serial queue pops its next run (WAITING,
+    /// `wake_at` = now), named in `next_serial`.
+    async fn finish_run(
+        &self,
+        schedule_id: &str,
+        by: Finisher,
+        outcome: Outcome,
+    ) -> Result<Transition>;
+
+    /// Sharding broadcast: fans a WAITING run at `attempt` (not queued) out into
+    /// `shards` sub-runs `{schedule_id}#{i}` (i from 0), each WAITING at attempt 1 with
+    /// the parent's plan, payload and route key, `shard_index`/`shard_total` set,
+    /// `wake_at` = now + `route_grace`, `wait_until` = now + dispatch_wait_ms, and its
+    /// own token, timer and retries. The parent becomes RUNNING with no lease and no
+    /// deadlines (`shard_total` = shards, `started_at` = now) and stays active for the
+    /// overlap policy. Shards are not in the job's run list. When a shard becomes
+    /// final, the same step counts it on the parent; when the last one does, the
+    /// parent becomes SUCCEEDED if every shard did, else FAILED "shards_failed" with
+    /// the failed shards named in its error message — and only then leaves the active
+    /// set and pops the serial queue.
+    ///
+    /// Executor-facing calls (`mark_started`, `renew_leases`, `finish_run` by token,
+    /// `report_progress`, `append_logs`) given a fanned-out parent's schedule_id act
+    /// on its shard 0, because shard 0 travels under the parent's schedule_id.
+    async fn fan_out(
+        &self,
+        schedule_id: &str,
+        attempt: u32,
+        shards: u32,
+        route_grace: Duration,
+    ) -> Result<FannedOut>;
+
+    /// Runs of a partition whose timer is due by the store's clock, earliest first.
+    async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>>;
+
+    /// Acts on whatever deadline of the run has passed (store clock), in this order:
+    /// - final or missing → the timer is dropped, `Applied::No`;
+    /// - DISPATCHED/RUNNING past `timeout_at` → revoked, TIMED_OUT, retried like a
+    ///   FAILED outcome (reason "timeout");
+    /// - DISPATCHED past `confirm_by`, or past `lease_expires` before it was confirmed →
+    ///   revoked, back to WAITING at the same attempt, `wake_at` = now (reason
+    ///   "unconfirmed");
+    /// - RUNNING (or confirmed DISPATCHED) past `lease_expires` → revoked; WAITING at
+    ///   attempt + 1 with `wake_at` = now and `last_node` set, or FAILED reason "lost"
+    ///   when attempts are spent;
+    /// - WAITING past `wake_at` → `wake_at` moves to now + `route_grace` and the run is
+    ///   returned (`Applied::Yes`, state WAITING) for the caller to route;
+    /// - otherwise the timer is re-scored to the earliest deadline, `Applied::No`.
+    async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition>;
+
+    /// Cancels a run that is not final: its lease (if any) is revoked, it leaves the
+    /// active set and the serial queue, state CANCELLED with `reason`; the serial queue
+    /// pops. A fanned-out broadcast run takes its unfinished shards with it (each
+    /// revoked and CANCELLED; their revocations listed). A final run → `Applied::No`
+    /// with the run.
+    async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition>;
+
+    /// Stores an executor's progress report if `token` is current; returns whether.
+    async fn report_progress(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        percent: u32,
+        message: &str,
+    ) -> Result<bool>;
+
+    /// Appends log lines (their `seq` is assigned here) if `token` is current, keeping
+    /// at most `max_bytes` of message text per run (the oldest lines fall out first);
+    /// returns whether they were stored. Logs live as long as the run record.
+    async fn append_logs(
+        &self,
+        schedule_id: &str,
+        token: u64,
+        lines: Vec<LogLine>,
+        max_bytes: usize,
+    ) -> Result<bool>;
+
+    /// Log lines with `seq > after`, oldest first, at most `limit`.
+    async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>>;
+}
