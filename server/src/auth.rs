@@ -50,7 +50,7 @@ use subtle::ConstantTimeEq;
 use tonic::Status;
 
 use crate::model::valid_job_id;
-use crate::store::{self, Store};
+use crate::store::{self, AppStore};
 
 /// How far a signature's timestamp may be from the server's clock, either way.
 pub const SIGNATURE_WINDOW: Duration = Duration::from_secs(300);
@@ -230,7 +230,7 @@ pub trait NonceChecker: Send + Sync {
 }
 
 /// The store remembers nonces for every instance (`check_nonce`).
-pub struct StoreNonces(pub Arc<dyn Store>);
+pub struct StoreNonces(pub Arc<dyn AppStore>);
 
 #[async_trait::async_trait]
 impl NonceChecker for StoreNonces {

@@ -6,6 +6,11 @@
 //! world learns) → the foundation (`auth`, `tls`, `metrics`, then `store`, then
 //! `model`, `egress`, `fault`). A module imports its own layer's module and the layers
 //! below it, never above; `store` imports only `model` (and the test helpers).
+//!
+//! And the store traits each part of the server holds (ARCHITECTURE.md, "who holds
+//! which store trait"): a part names exactly the traits its row gives it, so nothing
+//! under `deliver/` can reach `RunStore::assign_run`, and only the wiring holds the
+//! whole `Store`.
 
 use std::path::{Path, PathBuf};
 
@@ -128,4 +133,122 @@ fn the_rule_refuses_what_the_architecture_forbids() {
         ),
         vec![(1, "store".to_owned()), (3, "model".to_owned())]
     );
+}
+
+/// The store traits (and backends, which give every trait) a part of the server may
+/// name outside its tests, by path under `src/`; a path not listed names none.
+const STORE_TRAITS: &[(&str, &[&str])] = &[
+    (
+        "server.rs",
+        &["Store", "StoreMeta", "EmbeddedStore", "RedisStore"],
+    ),
+    ("auth.rs", &["AppStore"]),
+    ("api/apps.rs", &["AppStore"]),
+    ("api/queries.rs", &["RunStore"]),
+    ("api/runs.rs", &["RunStore"]),
+    ("api/scrape.rs", &["NodeRegistry"]),
+    ("schedule/jobs.rs", &["JobStore"]),
+    ("schedule/scheduler.rs", &["JobStore"]),
+    (
+        "dispatch/dispatcher.rs",
+        &["JobStore", "TriggerQueue", "RunStore", "NodeRegistry"],
+    ),
+    ("dispatch/executors.rs", &["RunStore", "NodeRegistry"]),
+    ("dispatch/http_target.rs", &["RunStore"]),
+    ("dispatch/sweeper.rs", &["RunStore"]),
+    ("dispatch/links.rs", &["Inboxes"]),
+    ("deliver/webhooks.rs", &["Outbox", "JobStore", "AppStore"]),
+];
+
+const STORE_NAMES: &[&str] = &[
+    "Store",
+    "StoreMeta",
+    "JobStore",
+    "TriggerQueue",
+    "RunStore",
+    "NodeRegistry",
+    "Inboxes",
+    "Outbox",
+    "AppStore",
+    "EmbeddedStore",
+    "RedisStore",
+];
+
+/// The code of a file before its `#[cfg(test)] mod …` (tests may hold a whole store),
+/// without comment lines.
+fn code_outside_tests(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let end = lines
+        .windows(2)
+        .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod "))
+        .unwrap_or(lines.len());
+    lines[..end]
+        .iter()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Which of [`STORE_NAMES`] a piece of code names, as whole words not followed by `(`
+/// (a name followed by `(` is an enum variant such as `Error::Store(e)`).
+fn store_names(code: &str) -> Vec<&'static str> {
+    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut words = std::collections::HashSet::new();
+    let mut rest = code;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic()) {
+        let after = &rest[start..];
+        let len = after.find(|c: char| !is_word(c)).unwrap_or(after.len());
+        if !after[len..].starts_with('(') {
+            words.insert(&after[..len]);
+        }
+        rest = &after[len..];
+    }
+    STORE_NAMES
+        .iter()
+        .copied()
+        .filter(|n| words.contains(n))
+        .collect()
+}
+
+#[test]
+fn each_part_holds_only_its_store_traits() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut wrong = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).expect("under src");
+        let rel = rel.to_string_lossy().replace('\\', "/");
+        if rel.starts_with("store/") || matches!(rel.as_str(), "lib.rs" | "main.rs" | "layout.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("read source");
+        let mut named = store_names(&code_outside_tests(&text));
+        named.sort_unstable();
+        let mut allowed: Vec<&str> = STORE_TRAITS
+            .iter()
+            .find(|(path, _)| *path == rel)
+            .map(|(_, traits)| traits.to_vec())
+            .unwrap_or_default();
+        allowed.sort_unstable();
+        if named != allowed {
+            wrong.push(format!(
+                "{rel}: names {named:?}, its row in STORE_TRAITS says {allowed:?}"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "store traits held where the table does not say so:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn store_names_are_found_as_words_outside_tests_and_comments() {
+    let code = code_outside_tests(
+        "use crate::store::{Outbox, WebhookDelivery};\n// RunStore in a comment\nstruct WebhookStore;\nlet e = Error::Store(e);\n#[cfg(test)]\nmod tests {\n    use crate::store::Store;\n}",
+    );
+    assert_eq!(store_names(&code), vec!["Outbox"]);
 }

@@ -22,18 +22,19 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::grpc_auth::AdminAuthLayer;
+use crate::api::queries::StatusSource;
 use crate::api::scrape::Scrape;
 use crate::api::{AppApi, JobApi, RunApi};
 use crate::auth::{AdminGuard, Authenticator, StoreNonces};
 use crate::config::{Config, StoreConfig};
 use crate::deliver::alerts::Alerts;
-use crate::deliver::webhooks::{self, Deliveries};
+use crate::deliver::webhooks::{self, Deliveries, WebhookStore};
 use crate::dispatch;
-use crate::dispatch::Dispatcher;
-use crate::dispatch::executors::Executors;
+use crate::dispatch::executors::{ExecutorStore, Executors};
 use crate::dispatch::http_target::HttpTargets;
 use crate::dispatch::links::Links;
 use crate::dispatch::sweeper::{self, Sweeper};
+use crate::dispatch::{DispatchStore, Dispatcher};
 use crate::egress::EgressPolicy;
 use crate::metrics::Metrics;
 use crate::schedule::jobs::Jobs;
@@ -170,7 +171,11 @@ pub async fn run(
     );
     let deliveries = Arc::new(
         Deliveries::new(
-            store.clone(),
+            WebhookStore {
+                outbox: store.clone(),
+                jobs: store.clone(),
+                apps: store.clone(),
+            },
             config.webhooks.clone(),
             Arc::new(EgressPolicy::webhooks(config.webhook_allow.clone())),
             alerts.clone(),
@@ -187,7 +192,12 @@ pub async fn run(
     );
     let links = Arc::new(Links::new(store.clone(), config.instance_id.clone()));
     let dispatcher = Arc::new(Dispatcher::new(
-        store.clone(),
+        DispatchStore {
+            jobs: store.clone(),
+            triggers: store.clone(),
+            runs: store.clone(),
+            nodes: store.clone(),
+        },
         config.dispatch.clone(),
         links.clone(),
         http_targets.clone(),
@@ -240,7 +250,10 @@ pub async fn run(
     // Executor streams end (with GoAway) together with the loops, before the servers
     // stop taking requests.
     let executors = Executors::new(
-        store.clone(),
+        ExecutorStore {
+            runs: store.clone(),
+            nodes: store.clone(),
+        },
         config.executors.clone(),
         links.clone(),
         dispatcher.clone(),
@@ -251,7 +264,12 @@ pub async fn run(
     // implementations.
     let services = crate::api::rest::Services {
         jobs: Arc::new(JobApi::new(jobs.clone())),
-        runs: Arc::new(RunApi::new(jobs.clone(), dispatcher.clone(), loops.clone())),
+        runs: Arc::new(RunApi::new(
+            jobs.clone(),
+            store.clone(),
+            dispatcher.clone(),
+            loops.clone(),
+        )),
         nodes: Arc::new(executors.clone()),
         apps: Arc::new(AppApi::new(store.clone())),
     };
@@ -286,7 +304,15 @@ pub async fn run(
         store: store.clone(),
         health: config.dispatch.health,
     };
-    let app = crate::api::rest::router(jobs.clone(), &services, admin_guard, scrape);
+    let app = crate::api::rest::router(
+        StatusSource {
+            jobs: jobs.clone(),
+            runs: store.clone(),
+        },
+        &services,
+        admin_guard,
+        scrape,
+    );
     let stop = servers_stop.clone().cancelled_owned();
     let http_task = match (http_listener, https_listener) {
         (Some(l), _) => Some(tokio::spawn(

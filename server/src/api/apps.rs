@@ -11,7 +11,7 @@ use sundial_sdk::webhook::Secret;
 use tonic::{Request, Response, Status};
 
 use crate::model::{AppRecord, AppSecret, now_ms, valid_job_id};
-use crate::store::Store;
+use crate::store::AppStore;
 
 /// How long the old secret keeps signing after a rotation when the caller does not say.
 pub const DEFAULT_OVERLAP: Duration = Duration::from_secs(24 * 3600);
@@ -20,11 +20,11 @@ pub const DEFAULT_OVERLAP: Duration = Duration::from_secs(24 * 3600);
 const MAX_OVERLAP: Duration = Duration::from_secs(30 * 24 * 3600);
 
 pub struct AppApi {
-    store: Arc<dyn Store>,
+    store: Arc<dyn AppStore>,
 }
 
 impl AppApi {
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<dyn AppStore>) -> Self {
         Self { store }
     }
 }

@@ -2,9 +2,11 @@
 //! and a job's status (its latest run and next fire times). Both surfaces validate
 //! their own request shapes and then ask here, so they cannot drift apart.
 
+use std::sync::Arc;
+
 use crate::model::{JobRecord, Millis, RunRecord, RunState};
 use crate::schedule::jobs::{self, Jobs, Plan};
-use crate::store::{Page, RunQuery, Store};
+use crate::store::{Page, RunQuery, RunStore};
 
 /// Bounds how many store pages one listing scans while filtering by state.
 const MAX_SCAN_PAGES: usize = 50;
@@ -23,7 +25,7 @@ pub struct RunFilter {
 /// to continue from. A page may be short while more follow (the scan per call is
 /// bounded); only a missing cursor means the end.
 pub async fn list_runs(
-    store: &dyn Store,
+    store: &dyn RunStore,
     job_id: &str,
     filter: &RunFilter,
     page_size: usize,
@@ -67,10 +69,22 @@ pub struct JobStatus {
     pub next_fires: Vec<Millis>,
 }
 
-pub async fn job_status(jobs: &Jobs, job_id: &str, next_fires: usize) -> jobs::Result<JobStatus> {
+/// What a job's status is read from: the job operations and the run records. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct StatusSource {
+    pub jobs: Jobs,
+    pub runs: Arc<dyn RunStore>,
+}
+
+pub async fn job_status(
+    jobs: &Jobs,
+    runs: &dyn RunStore,
+    job_id: &str,
+    next_fires: usize,
+) -> jobs::Result<JobStatus> {
     let job = jobs.get(job_id).await?;
-    let latest_run = jobs
-        .store()
+    let latest_run = runs
         .list_runs(
             job_id,
             RunQuery {

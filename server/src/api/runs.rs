@@ -15,10 +15,10 @@ use crate::api::queries::{self, RunFilter};
 use crate::dispatch::Dispatcher;
 use crate::model::split_schedule_id;
 use crate::schedule::jobs::Jobs;
-use crate::store::{Applied, Store};
+use crate::store::{Applied, RunStore};
 
 pub struct RunApi {
-    store: Arc<dyn Store>,
+    store: Arc<dyn RunStore>,
     jobs: Jobs,
     dispatcher: Arc<Dispatcher>,
     /// Ends log follows on shutdown.
@@ -26,9 +26,14 @@ pub struct RunApi {
 }
 
 impl RunApi {
-    pub fn new(jobs: Jobs, dispatcher: Arc<Dispatcher>, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        jobs: Jobs,
+        store: Arc<dyn RunStore>,
+        dispatcher: Arc<Dispatcher>,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
-            store: jobs.store().clone(),
+            store,
             jobs,
             dispatcher,
             shutdown,
@@ -114,7 +119,7 @@ impl RunService for RunApi {
             }
             n => n as usize,
         };
-        let st = queries::job_status(&self.jobs, &job_id, n)
+        let st = queries::job_status(&self.jobs, self.store.as_ref(), &job_id, n)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::GetJobStatusResponse {

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use crate::dispatch::health::{self, Health, HealthPolicy};
 use crate::dispatch::links::Links;
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::NodeRegistry;
 
 /// What `GET /metrics` needs: the metrics, and where the scrape-time gauges come from.
 #[derive(Clone)]
 pub struct Scrape {
     pub metrics: Arc<Metrics>,
     pub links: Arc<Links>,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn NodeRegistry>,
     pub health: HealthPolicy,
 }
 

@@ -33,7 +33,9 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::deliver::alerts::{AlertKind, Alerts};
 use crate::egress::{self, EgressPolicy};
 use crate::model::duration_ms;
-use crate::store::{Applied, BreakerState, DeliveryOutcome, Store, WebhookDelivery};
+use crate::store::{
+    AppStore, Applied, BreakerState, DeliveryOutcome, JobStore, Outbox, WebhookDelivery,
+};
 
 /// How the worker delivers. Every interval is configurable, so tests run the same code
 /// with millisecond schedules.
@@ -144,9 +146,20 @@ enum Attempt {
     NoAnswer(&'static str, String),
 }
 
+/// The store traits the delivery worker uses.
+#[derive(Clone)]
+pub struct WebhookStore {
+    /// The deliveries it claims and finishes, and the shared breakers.
+    pub outbox: Arc<dyn Outbox>,
+    /// A delivery's job, for the app that signs it.
+    pub jobs: Arc<dyn JobStore>,
+    /// That app's secrets.
+    pub apps: Arc<dyn AppStore>,
+}
+
 /// The delivery worker of one instance. See the module docs.
 pub struct Deliveries {
-    store: Arc<dyn Store>,
+    store: WebhookStore,
     alerts: Arc<Alerts>,
     opts: WebhookOptions,
     egress: Arc<EgressPolicy>,
@@ -158,7 +171,7 @@ pub struct Deliveries {
 impl Deliveries {
     /// Builds the HTTP client under the webhook egress policy (no redirects, no proxies).
     pub fn new(
-        store: Arc<dyn Store>,
+        store: WebhookStore,
         opts: WebhookOptions,
         egress: Arc<EgressPolicy>,
         alerts: Arc<Alerts>,
@@ -193,7 +206,7 @@ impl Deliveries {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            for p in 0..self.store.partitions() {
+            for p in 0..self.store.outbox.partitions() {
                 if shutdown.is_cancelled() {
                     break;
                 }
@@ -206,7 +219,12 @@ impl Deliveries {
     }
 
     async fn sweep(self: &Arc<Self>, partition: u32, shutdown: &CancellationToken) {
-        let due = match self.store.due_deliveries(partition, self.opts.batch).await {
+        let due = match self
+            .store
+            .outbox
+            .due_deliveries(partition, self.opts.batch)
+            .await
+        {
             Ok(d) => d,
             Err(e) => {
                 warn!(partition, error = %e, "reading due webhooks failed");
@@ -223,6 +241,7 @@ impl Deliveries {
             };
             let claimed = match self
                 .store
+                .outbox
                 .claim_delivery(&schedule_id, self.opts.claim_lease)
                 .await
             {
@@ -272,7 +291,7 @@ impl Deliveries {
         let dest = destination(&url);
         // A probe that never reports (its instance died) is presumed lost after this.
         let probe = self.opts.timeout + Duration::from_secs(5);
-        match self.store.breaker_state(&dest, probe).await {
+        match self.store.outbox.breaker_state(&dest, probe).await {
             Ok(BreakerState::Closed) => {}
             Ok(BreakerState::HalfOpen) => {
                 info!(destination = %dest, "webhook circuit breaker half-open: this delivery is the probe");
@@ -388,7 +407,7 @@ impl Deliveries {
     /// two while a rotation overlaps), else the server-wide `--webhook-app-id` and
     /// `--webhook-secret`.
     async fn signer(&self, job_id: &str) -> (String, Vec<Secret>) {
-        let app_id = match self.store.get_job(job_id).await {
+        let app_id = match self.store.jobs.get_job(job_id).await {
             Ok(Some(job)) if !job.spec.app_id.is_empty() => job.spec.app_id,
             Ok(_) => return (self.opts.app_id.clone(), self.opts.secrets.clone()),
             Err(e) => {
@@ -396,7 +415,7 @@ impl Deliveries {
                 return (self.opts.app_id.clone(), self.opts.secrets.clone());
             }
         };
-        match self.store.get_app(&app_id).await {
+        match self.store.apps.get_app(&app_id).await {
             Ok(Some(app)) => {
                 let now = crate::model::now_ms();
                 let secrets: Vec<Secret> = app
@@ -421,6 +440,7 @@ impl Deliveries {
     async fn record_breaker(&self, dest: &str, success: bool) {
         match self
             .store
+            .outbox
             .record_breaker(
                 dest,
                 success,
@@ -455,6 +475,7 @@ impl Deliveries {
     async fn finish(&self, d: &WebhookDelivery, outcome: DeliveryOutcome) {
         let applied = match self
             .store
+            .outbox
             .finish_delivery(&d.schedule_id, d.token, outcome.clone())
             .await
         {
@@ -542,7 +563,7 @@ mod tests {
     use crate::model::{CallbackState, RunRecord, RunState};
     use crate::store::conformance::{job, plan, planned_run};
     use crate::store::embedded::EmbeddedStore;
-    use crate::store::{Finisher, LeaseTerms, NodeSlot, Outcome, StoreOptions};
+    use crate::store::{Finisher, LeaseTerms, NodeSlot, Outcome, Store, StoreOptions};
 
     /// A final run of job "w" whose webhook goes to `url`, in a fresh embedded store.
     async fn finished_run(url: &str) -> (Arc<dyn Store>, String, tempfile::TempDir) {
@@ -614,7 +635,11 @@ mod tests {
     fn with_options(store: &Arc<dyn Store>, allow: &str, opts: WebhookOptions) -> Deliveries {
         let allow = egress::parse_allow_list(allow).expect("allow list");
         Deliveries::new(
-            store.clone(),
+            WebhookStore {
+                outbox: store.clone(),
+                jobs: store.clone(),
+                apps: store.clone(),
+            },
             opts,
             Arc::new(EgressPolicy::webhooks(allow)),
             Arc::new(Alerts::unread()),

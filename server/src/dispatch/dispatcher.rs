@@ -30,9 +30,22 @@ use crate::dispatch::routing::{self, NodeView, Route, RouteState};
 use crate::fault::crash_point;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::store::{
-    Assigned, Delivery, FannedOut, Finisher, LeaseTerms, NodeRecord, NodeSlot, Outcome, Revocation,
-    Store, Transition,
+    Assigned, Delivery, FannedOut, Finisher, JobStore, LeaseTerms, NodeRecord, NodeRegistry,
+    NodeSlot, Outcome, Revocation, RunStore, Transition, TriggerQueue,
 };
+
+/// The store traits the dispatcher uses, each for its own part of the work.
+#[derive(Clone)]
+pub struct DispatchStore {
+    /// Job definitions: a run's plan and route come from its job.
+    pub jobs: Arc<dyn JobStore>,
+    /// The triggers it consumes, and this instance's beat.
+    pub triggers: Arc<dyn TriggerQueue>,
+    /// The run machine: begin, fan out, assign, finish what found no executor.
+    pub runs: Arc<dyn RunStore>,
+    /// The nodes it routes to, and the shared round-robin counters.
+    pub nodes: Arc<dyn NodeRegistry>,
+}
 
 #[derive(Debug, Clone)]
 pub struct DispatchOptions {
@@ -109,7 +122,7 @@ impl NodeCache {
         }
     }
 
-    async fn get(&self, store: &dyn Store) -> Arc<Vec<NodeRecord>> {
+    async fn get(&self, store: &dyn NodeRegistry) -> Arc<Vec<NodeRecord>> {
         let mut s = self.snapshot.lock().await;
         if s.0.is_none_or(|t| t.elapsed() >= self.refresh) {
             match store.list_nodes(None).await {
@@ -165,7 +178,7 @@ fn spread_offset(job_id: &str) -> u64 {
 }
 
 pub struct Dispatcher {
-    store: Arc<dyn Store>,
+    store: DispatchStore,
     opts: DispatchOptions,
     links: Arc<Links>,
     http: Arc<HttpTargets>,
@@ -199,7 +212,7 @@ pub fn run_plan(job: &JobRecord, opts: &DispatchOptions) -> RunPlan {
 
 impl Dispatcher {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: DispatchStore,
         opts: DispatchOptions,
         links: Arc<Links>,
         http: Arc<HttpTargets>,
@@ -243,6 +256,7 @@ impl Dispatcher {
         while !shutdown.is_cancelled() {
             let mut batch = match self
                 .store
+                .triggers
                 .read_triggers(
                     &self.opts.consumer,
                     self.opts.batch_size,
@@ -301,7 +315,12 @@ impl Dispatcher {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let dead = match self.store.beat_instance(&me, self.opts.instance_ttl).await {
+            let dead = match self
+                .store
+                .triggers
+                .beat_instance(&me, self.opts.instance_ttl)
+                .await
+            {
                 Ok(d) => d,
                 Err(e) => {
                     warn!(error = %e, "beating failed; other instances may take this one's triggers");
@@ -311,6 +330,7 @@ impl Dispatcher {
             for instance in dead {
                 match self
                     .store
+                    .triggers
                     .take_over_triggers(&instance, &me, self.opts.batch_size)
                     .await
                 {
@@ -330,6 +350,7 @@ impl Dispatcher {
     async fn reclaim(&self) -> Vec<Delivery> {
         let reclaimed = self
             .store
+            .triggers
             .reclaim_triggers(
                 &self.opts.consumer,
                 self.opts.reclaim_idle,
@@ -345,11 +366,12 @@ impl Dispatcher {
         }
         let cutoff = self
             .store
+            .runs
             .now()
             .await
             .map(|now| now - duration_ms(self.opts.queue_retention));
         if let Ok(cutoff) = cutoff
-            && let Err(e) = self.store.trim_triggers(cutoff).await
+            && let Err(e) = self.store.triggers.trim_triggers(cutoff).await
         {
             warn!(error = %e, "trimming the trigger queue failed");
         }
@@ -363,7 +385,7 @@ impl Dispatcher {
         {
             return Some(j.clone());
         }
-        match self.store.get_job(job_id).await {
+        match self.store.jobs.get_job(job_id).await {
             Ok(Some(j)) => {
                 let j = Arc::new(j);
                 lock(&self.jobs).insert(job_id.to_owned(), j.clone());
@@ -391,7 +413,7 @@ impl Dispatcher {
             if let Some(job) = self.job(&d.trigger.job_id, d.trigger.job_version).await {
                 run.plan = run_plan(&job, &self.opts);
             }
-            let begun = match self.store.begin_run(run, self.opts.route_retry).await {
+            let begun = match self.store.runs.begin_run(run, self.opts.route_retry).await {
                 Ok(b) => b,
                 Err(e) => {
                     warn!(error = %e, "beginning the run failed; the trigger will be retried");
@@ -401,7 +423,7 @@ impl Dispatcher {
             debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
             self.alerts.metrics().record_begun(&begun);
             crash_point("dispatch.before_ack");
-            if let Err(e) = self.store.ack_trigger(&d.entry_id).await {
+            if let Err(e) = self.store.triggers.ack_trigger(&d.entry_id).await {
                 warn!(error = %e, "acknowledging the trigger failed; it will be redelivered");
             }
             for rv in &begun.revoked {
@@ -425,7 +447,7 @@ impl Dispatcher {
             self.send_cancel(rv).await;
         }
         if let Some(next) = &t.next_serial {
-            match self.store.get_run(next).await {
+            match self.store.runs.get_run(next).await {
                 Ok(Some(run)) => Box::pin(self.route(run)).await,
                 Ok(None) => {}
                 Err(e) => {
@@ -443,7 +465,7 @@ impl Dispatcher {
         }
         let instance = self
             .nodes
-            .get(self.store.as_ref())
+            .get(self.store.nodes.as_ref())
             .await
             .iter()
             .find(|n| n.node_id == rv.node_id)
@@ -494,6 +516,7 @@ impl Dispatcher {
         };
         match self
             .store
+            .runs
             .assign_run(&run.schedule_id, run.attempt, &slot, self.opts.lease)
             .await
         {
@@ -505,7 +528,7 @@ impl Dispatcher {
     }
 
     async fn route_executor(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) {
-        let snapshot = self.nodes.get(self.store.as_ref()).await;
+        let snapshot = self.nodes.get(self.store.nodes.as_ref()).await;
         let policy = &self.opts.health;
         let eligible: Vec<&NodeRecord> = snapshot
             .iter()
@@ -561,13 +584,15 @@ impl Dispatcher {
         let shared = match strategy {
             RouteStrategy::RoundRobin
             | RouteStrategy::WeightedRoundRobin
-            | RouteStrategy::Busyover => match self.store.next_route_counter(&run.job_id).await {
-                Ok(n) => Some(n),
-                Err(e) => {
-                    debug!(error = %e, "shared route counter unavailable; using this instance's");
-                    None
+            | RouteStrategy::Busyover => {
+                match self.store.nodes.next_route_counter(&run.job_id).await {
+                    Ok(n) => Some(n),
+                    Err(e) => {
+                        debug!(error = %e, "shared route counter unavailable; using this instance's");
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
         let first = {
@@ -630,6 +655,7 @@ impl Dispatcher {
         let total = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
         let shards = match self
             .store
+            .runs
             .fan_out(&run.schedule_id, run.attempt, total, self.opts.route_retry)
             .await
         {
@@ -666,6 +692,7 @@ impl Dispatcher {
         };
         match self
             .store
+            .runs
             .assign_run(&run.schedule_id, run.attempt, &slot, self.opts.lease)
             .await
         {
@@ -701,7 +728,8 @@ impl Dispatcher {
         // for every waiting run at every retry).
         let timed_out = run.plan.timeout_ms > 0
             && since > 0
-            && self.store.now().await.unwrap_or(0) >= since.saturating_add(run.plan.timeout_ms);
+            && self.store.runs.now().await.unwrap_or(0)
+                >= since.saturating_add(run.plan.timeout_ms);
         if timed_out {
             self.fail_waiting(
                 run,
@@ -718,7 +746,7 @@ impl Dispatcher {
     /// to connect (or to become ready) until `wait_until` (`dispatch_wait` after it
     /// became WAITING), then fails "no_executor" (retried per its policy).
     async fn no_node_yet(&self, run: &RunRecord, group: &str, handler: &str) {
-        let now = self.store.now().await.unwrap_or(0);
+        let now = self.store.runs.now().await.unwrap_or(0);
         if run.deadlines.wait_until <= 0 || now >= run.deadlines.wait_until {
             self.fail_waiting(
                 run,
@@ -743,6 +771,7 @@ impl Dispatcher {
         };
         match self
             .store
+            .runs
             .finish_run(
                 &run.schedule_id,
                 Finisher::Waiting {

@@ -44,7 +44,7 @@ use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::Links;
 use crate::dispatch::{Dispatcher, lock};
 use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
-use crate::store::{Applied, Finisher, Held, LogLine, NodeRecord, Outcome, Store};
+use crate::store::{Applied, Finisher, Held, LogLine, NodeRecord, NodeRegistry, Outcome, RunStore};
 
 #[derive(Debug, Clone)]
 pub struct ExecutorOptions {
@@ -110,10 +110,19 @@ const MAX_IN_FLIGHT: usize = 10_000;
 const MAX_LOG_LINES: usize = 1_000;
 const MAX_LOG_LINE_BYTES: usize = 8 * 1024;
 
+/// The store traits the executor streams use.
+#[derive(Clone)]
+pub struct ExecutorStore {
+    /// What a stream reports about runs: started, renewed, finished, progress, logs.
+    pub runs: Arc<dyn RunStore>,
+    /// The node registry: a stream's node, and `ListNodes`.
+    pub nodes: Arc<dyn NodeRegistry>,
+}
+
 /// `ExecutorService` and `NodeService` over the store's registry.
 #[derive(Clone)]
 pub struct Executors {
-    store: Arc<dyn Store>,
+    store: ExecutorStore,
     opts: ExecutorOptions,
     links: Arc<Links>,
     dispatcher: Arc<Dispatcher>,
@@ -124,7 +133,7 @@ pub struct Executors {
 
 impl Executors {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: ExecutorStore,
         opts: ExecutorOptions,
         links: Arc<Links>,
         dispatcher: Arc<Dispatcher>,
@@ -246,6 +255,7 @@ impl ExecutorService for Executors {
         let in_flight = hello.in_flight.clone();
         let node = node_from_hello(hello, &self.opts.instance_id)?;
         self.store
+            .nodes
             .upsert_node(node.clone(), self.opts.node_ttl())
             .await?;
         // Runs it still holds from an earlier stream keep their leases if they are
@@ -364,7 +374,7 @@ impl Executors {
         // going away, its executors reconnect elsewhere and keep their full leases.
         let leases_within = (!self.shutdown.is_cancelled()).then_some(self.opts.disconnect_grace);
         let node = lock(&state).node.clone();
-        match self.store.remove_node(&node, leases_within).await {
+        match self.store.nodes.remove_node(&node, leases_within).await {
             Ok(r) if r.leases_shortened > 0 => info!(
                 leases = r.leases_shortened,
                 grace = ?self.opts.disconnect_grace,
@@ -469,7 +479,10 @@ impl Executors {
             node.clone()
         };
         let node_id = node.node_id.clone();
-        self.store.upsert_node(node, self.opts.node_ttl()).await?;
+        self.store
+            .nodes
+            .upsert_node(node, self.opts.node_ttl())
+            .await?;
         let (leases, _) = self.renew(&node_id, hb.in_flight).await?;
         Ok(Out::HeartbeatAck(pb::HeartbeatAck { leases }))
     }
@@ -533,6 +546,7 @@ impl Executors {
             .collect();
         let remaining = self
             .store
+            .runs
             .renew_leases(node_id, &held, self.opts.lease_ttl)
             .await?;
         let mut statuses = Vec::with_capacity(runs.len());
@@ -572,6 +586,7 @@ impl Executors {
                 let mut message = p.message;
                 truncate_utf8(&mut message, MAX_LOG_LINE_BYTES);
                 self.store
+                    .runs
                     .report_progress(
                         &stored_id(&run),
                         run.fencing_token,
@@ -606,6 +621,7 @@ impl Executors {
                     })
                     .collect();
                 self.store
+                    .runs
                     .append_logs(
                         &stored_id(&run),
                         run.fencing_token,
@@ -629,6 +645,7 @@ impl Executors {
                 };
                 let t = self
                     .store
+                    .runs
                     .finish_run(
                         &stored_id(&run),
                         Finisher::Token(run.fencing_token),
@@ -653,6 +670,7 @@ impl Executors {
                 let run = run_ref(s.run, "started")?;
                 let t = self
                     .store
+                    .runs
                     .mark_started(&stored_id(&run), run.fencing_token)
                     .await?;
                 Ok(Reported::Started(match t.applied {
@@ -706,6 +724,7 @@ impl Executors {
                 };
                 let t = self
                     .store
+                    .runs
                     .finish_run(
                         &stored_id(&run),
                         Finisher::Token(run.fencing_token),
@@ -761,7 +780,10 @@ impl Executors {
             // A change of health is published at once, not at the next heartbeat, so
             // routing stops (or resumes) sending work sooner.
             if let Some(node) = changed {
-                self.store.upsert_node(node, self.opts.node_ttl()).await?;
+                self.store
+                    .nodes
+                    .upsert_node(node, self.opts.node_ttl())
+                    .await?;
             }
             self.spawn_follow_up(*t);
         }
@@ -929,6 +951,7 @@ impl NodeService for Executors {
         }
         let nodes = self
             .store
+            .nodes
             .list_nodes((!group.is_empty()).then_some(group.as_str()))
             .await?;
         Ok(Response::new(pb::ListNodesResponse {
@@ -951,7 +974,7 @@ impl NodeService for Executors {
         }
         let mut reason = req.reason;
         truncate_utf8(&mut reason, 256);
-        let nodes = self.store.list_nodes(None).await?;
+        let nodes = self.store.nodes.list_nodes(None).await?;
         let Some(mut node) = nodes.into_iter().find(|n| n.node_id == req.node_id) else {
             return Err(Status::not_found(format!(
                 "node_id: no connected node {:?}",

@@ -24,13 +24,13 @@ use tracing::{Instrument, debug, info_span, warn};
 use crate::deliver::alerts::Alerts;
 use crate::egress::{self, EgressPolicy};
 use crate::model::{JobRecord, RunRecord, RunState, Target};
-use crate::store::{Applied, Finisher, Held, Outcome, Store};
+use crate::store::{Applied, Finisher, Held, Outcome, RunStore};
 
 /// Response bodies beyond this are cut (the output is for status, not bulk data).
 const MAX_OUTPUT_BYTES: usize = 64 * 1024;
 
 pub struct HttpTargets {
-    store: Arc<dyn Store>,
+    store: Arc<dyn RunStore>,
     node_id: String,
     max_concurrency: u32,
     lease_ttl: Duration,
@@ -46,7 +46,7 @@ pub struct HttpTargets {
 
 impl HttpTargets {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn RunStore>,
         instance: &str,
         max_concurrency: u32,
         lease_ttl: Duration,

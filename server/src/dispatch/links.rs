@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::store::Store;
+use crate::store::Inboxes;
 
 /// The sending half of an executor's stream.
 pub type StreamSender = mpsc::Sender<Result<pb::ServerMessage, tonic::Status>>;
@@ -31,14 +31,14 @@ struct Link {
 }
 
 pub struct Links {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Inboxes>,
     instance: String,
     local: Mutex<HashMap<String, Link>>,
     next_conn: std::sync::atomic::AtomicU64,
 }
 
 impl Links {
-    pub fn new(store: Arc<dyn Store>, instance: String) -> Self {
+    pub fn new(store: Arc<dyn Inboxes>, instance: String) -> Self {
         Self {
             store,
             instance,

@@ -14,7 +14,7 @@ pub mod links;
 pub mod routing;
 pub mod sweeper;
 
-pub use dispatcher::{DispatchOptions, Dispatcher, run_plan, spawn};
+pub use dispatcher::{DispatchOptions, DispatchStore, Dispatcher, run_plan, spawn};
 
 /// Locks a mutex of this layer's in-memory state; a panic while it was held leaves
 /// nothing half-written that matters here, so a poisoned lock is taken as it is.

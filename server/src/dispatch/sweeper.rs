@@ -14,7 +14,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::dispatch::Dispatcher;
 use crate::model::RunState;
-use crate::store::{Applied, Store};
+use crate::store::{Applied, RunStore};
 
 #[derive(Debug, Clone)]
 pub struct SweepOptions {
@@ -34,13 +34,13 @@ impl Default for SweepOptions {
 }
 
 pub struct Sweeper {
-    store: Arc<dyn Store>,
+    store: Arc<dyn RunStore>,
     dispatcher: Arc<Dispatcher>,
     opts: SweepOptions,
 }
 
 impl Sweeper {
-    pub fn new(store: Arc<dyn Store>, dispatcher: Arc<Dispatcher>, opts: SweepOptions) -> Self {
+    pub fn new(store: Arc<dyn RunStore>, dispatcher: Arc<Dispatcher>, opts: SweepOptions) -> Self {
         Self {
             store,
             dispatcher,

@@ -14,7 +14,7 @@ use crate::model::{
     Arm, JobRecord, JobSpec, Millis, Trigger, TriggerKind, manual_schedule_no, valid_job_id,
 };
 use crate::schedule::cron::{CronError, CronSchedule};
-use crate::store::{self, Enqueued, JobWrite, Page, Store, partition_of};
+use crate::store::{self, Enqueued, JobStore, JobWrite, Page, partition_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -151,16 +151,12 @@ pub enum ApplyOutcome {
 /// The job operations, over a store. Cheap to clone.
 #[derive(Clone)]
 pub struct Jobs {
-    store: Arc<dyn Store>,
+    store: Arc<dyn JobStore>,
 }
 
 impl Jobs {
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<dyn JobStore>) -> Self {
         Self { store }
-    }
-
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
     }
 
     /// Creates a job armed from the store's now (unless created paused).

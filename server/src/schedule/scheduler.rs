@@ -23,7 +23,7 @@ use crate::fault::crash_point;
 use crate::model::{JobRecord, Millis, MisfirePolicy, Trigger, TriggerKind};
 use crate::schedule::cron::CronError;
 use crate::schedule::jobs::{self, Plan};
-use crate::store::{ClaimResult, DueFire, FireClaim, Store};
+use crate::store::{ClaimResult, DueFire, FireClaim, JobStore};
 
 #[derive(Debug, Clone)]
 pub struct SchedulerOptions {
@@ -120,7 +120,7 @@ impl SchedulerStats {
 
 /// The scheduler loop of one instance.
 pub struct Scheduler {
-    store: Arc<dyn Store>,
+    store: Arc<dyn JobStore>,
     opts: SchedulerOptions,
     stats: SchedulerStats,
     /// Lateness, misfires and their alerts, for the fires this instance's claims won.
@@ -139,7 +139,7 @@ struct PartitionState {
 }
 
 impl Scheduler {
-    pub fn new(store: Arc<dyn Store>, opts: SchedulerOptions, stats: SchedulerStats) -> Self {
+    pub fn new(store: Arc<dyn JobStore>, opts: SchedulerOptions, stats: SchedulerStats) -> Self {
         let parts = store.partitions().max(1);
         let start = rand::random::<u32>() % parts;
         let partitions = (0..parts)
@@ -230,7 +230,7 @@ impl Scheduler {
 /// Borrowed context of one pass.
 #[derive(Clone, Copy)]
 struct Claimer<'a> {
-    store: &'a Arc<dyn Store>,
+    store: &'a Arc<dyn JobStore>,
     opts: &'a SchedulerOptions,
     stats: &'a SchedulerStats,
     alerts: &'a Alerts,
@@ -515,7 +515,7 @@ fn delay_until(next_due: Option<Millis>, now: Millis, max: Duration) -> Duration
 
 /// Spawns the loop; returns its stats handle.
 pub fn spawn(
-    store: Arc<dyn Store>,
+    store: Arc<dyn JobStore>,
     opts: SchedulerOptions,
     alerts: Arc<Alerts>,
     shutdown: CancellationToken,

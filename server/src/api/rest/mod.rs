@@ -34,9 +34,10 @@ use axum::routing::get;
 use tonic::{Code, Status};
 
 use super::convert;
+use crate::api::queries::StatusSource;
 use crate::api::scrape::Scrape;
 use crate::auth::{self, AdminGuard};
-use crate::schedule::jobs::{self, Jobs};
+use crate::schedule::jobs;
 use crate::store;
 
 pub use ops::Services;
@@ -48,12 +49,17 @@ pub const MAX_SIGNED_BODY: usize = 4 << 20;
 
 /// The REST routes over the services of this instance; all but `/healthz` and
 /// `/metrics` behind `guard`.
-pub fn router(jobs: Jobs, services: &Services, guard: AdminGuard, scrape: Scrape) -> axum::Router {
+pub fn router(
+    status: StatusSource,
+    services: &Services,
+    guard: AdminGuard,
+    scrape: Scrape,
+) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/openapi.json", get(openapi::serve))
         .route(
             "/api/v1/tasks/{job_id}",
-            get(tasks::task_status).with_state(jobs),
+            get(tasks::task_status).with_state(status),
         )
         .merge(ops::routes(services))
         // Applies to the routes above only: the ones below are open.

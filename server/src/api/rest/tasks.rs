@@ -10,9 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::ApiError;
 use crate::api::convert;
-use crate::api::queries;
+use crate::api::queries::{self, StatusSource};
 use crate::model::{CallbackState, RunRecord, RunState};
-use crate::schedule::jobs::Jobs;
 
 /// A run as the REST API shows it (the JSON twin of `sundial.v1.Run`).
 #[derive(Debug, Serialize, Deserialize)]
@@ -119,11 +118,11 @@ fn job_id(raw: &str) -> Result<String, ApiError> {
 }
 
 pub(super) async fn task_status(
-    State(jobs): State<Jobs>,
+    State(source): State<StatusSource>,
     Path(raw): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = job_id(&raw)?;
-    let st = queries::job_status(&jobs, &id, 5).await?;
+    let st = queries::job_status(&source.jobs, source.runs.as_ref(), &id, 5).await?;
     let state = match convert::job_state(&st.job) {
         sundial_proto::v1::JobState::Paused => "PAUSED",
         sundial_proto::v1::JobState::Finished => "FINISHED",
