@@ -1,4 +1,4 @@
-//! Checks of apps and nonces: write-only secrets and their rotation, and nonces spent
+//! `AppStore` checks: apps and nonces: write-only secrets and their rotation, and nonces spent
 //! once.
 
 use super::*;

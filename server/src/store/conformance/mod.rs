@@ -12,13 +12,15 @@
 //! });
 //! ```
 //!
-//! which expands to a `store_conformance` module with one `#[tokio::test]` per check.
+//! which expands to a `store_conformance` module with one `#[tokio::test]` per check,
+//! grouped by the store trait it checks (`store_conformance::job_store::claim_race`).
 //! Checks use short TTLs and sleep only where expiry itself is under test.
 //!
-//! The checks live one file per store concern (`jobs`: jobs and fires; `triggers`; `runs`:
-//! run records; `run_machine` and `run_outcomes`: runs and leases; `nodes`: nodes,
-//! inboxes and routing counters; `outbox`: the webhook outbox and breakers; `apps`:
-//! apps and nonces), the fixtures they share here.
+//! The checks live one file per store trait: `jobs` (`JobStore`: jobs, fires, manual
+//! triggers), `triggers` (`TriggerQueue`), `runs`, `run_machine` and `run_outcomes`
+//! (`RunStore`: run records; the run machine up to a start; how a run ends), `nodes`
+//! (`NodeRegistry` and `Inboxes`), `outbox` (`Outbox`: the webhook outbox and
+//! breakers), `apps` (`AppStore`: apps and nonces); the fixtures they share are here.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
@@ -56,61 +58,76 @@ pub use runs::*;
 pub use triggers::*;
 
 /// Expands to one `#[tokio::test]` per conformance check, in a `store_conformance`
-/// module. `$make` is a closure `|opts: StoreOptions| async move { … }` returning any
-/// `Store`; it is called once per test with the options that test needs.
+/// module with one submodule per store trait (`store_conformance::run_store::…`).
+/// `$make` is a closure `|opts: StoreOptions| async move { … }` returning any `Store`;
+/// it is called once per test with the options that test needs.
 macro_rules! store_conformance_tests {
     ($make:expr) => {
         $crate::store::conformance::store_conformance_tests!(@suite $make;
-            job_crud: options,
-            job_list_paging: options,
-            update_rewrites_pending: options,
-            paused_job_is_never_due: options,
-            due_fires_order_limit_partition: options,
-            claim_outcomes: options,
-            claim_race: options,
-            trigger_queue_ack_reclaim: options,
-            trigger_read_blocks_until_append: options,
-            manual_idempotency: options,
-            apply_jobs_batches_and_refusals: options,
-            record_run_idempotent_and_skips: options,
-            list_runs_order_filter_paging: options,
-            runs_bounded_per_job: bounded_runs_options,
-            run_retention: short_retention_options,
-            begin_run_idempotent_and_skips: options,
-            overlap_allow_and_forbid: options,
-            overlap_serial_queue: options,
-            serial_queue_one_at_a_time: options,
-            overlap_replace: options,
-            assign_run_tokens_and_capacity: options,
-            assign_run_race: options,
-            mark_started_transitions: options,
-            renew_leases_extend_and_confirm: options,
-            finish_run_outcomes: options,
-            finish_run_retries: options,
-            finish_run_rejected: options,
-            expire_run_timeout: options,
-            expire_run_unconfirmed_and_lost: options,
-            expire_run_wakes_waiting: options,
-            due_runs_per_partition: options,
-            cancel_run_transitions: options,
-            broadcast_shards: options,
-            broadcast_cancel_and_replace: options,
-            progress_and_logs: options,
-            inbox_order_and_blocking: options,
-            nonces: options,
-            route_counters: options,
-            apps_and_rotation: options,
-            nodes_register_refresh_expire: options,
-            nodes_report_leased_runs: options,
-            nodes_removed_only_by_their_instance: options,
-            a_gone_nodes_leases_end_within_the_grace: options,
-            outbox_written_when_final: options,
-            delivery_claims_and_outcomes: options,
-            outbox_due_per_partition: options,
-            breaker_transitions: options,
+            job_store {
+                job_crud: options,
+                job_list_paging: options,
+                update_rewrites_pending: options,
+                paused_job_is_never_due: options,
+                due_fires_order_limit_partition: options,
+                claim_outcomes: options,
+                claim_race: options,
+                apply_jobs_batches_and_refusals: options,
+                manual_idempotency: options,
+            }
+            trigger_queue {
+                trigger_queue_ack_reclaim: options,
+                trigger_read_blocks_until_append: options,
+            }
+            run_store {
+                record_run_idempotent_and_skips: options,
+                list_runs_order_filter_paging: options,
+                runs_bounded_per_job: bounded_runs_options,
+                run_retention: short_retention_options,
+                begin_run_idempotent_and_skips: options,
+                overlap_allow_and_forbid: options,
+                overlap_serial_queue: options,
+                serial_queue_one_at_a_time: options,
+                overlap_replace: options,
+                assign_run_tokens_and_capacity: options,
+                assign_run_race: options,
+                mark_started_transitions: options,
+                renew_leases_extend_and_confirm: options,
+                finish_run_outcomes: options,
+                finish_run_retries: options,
+                finish_run_rejected: options,
+                expire_run_timeout: options,
+                expire_run_unconfirmed_and_lost: options,
+                expire_run_wakes_waiting: options,
+                due_runs_per_partition: options,
+                cancel_run_transitions: options,
+                broadcast_shards: options,
+                broadcast_cancel_and_replace: options,
+                progress_and_logs: options,
+            }
+            node_registry {
+                route_counters: options,
+                nodes_register_refresh_expire: options,
+                nodes_report_leased_runs: options,
+                nodes_removed_only_by_their_instance: options,
+                a_gone_nodes_leases_end_within_the_grace: options,
+            }
+            inboxes {
+                inbox_order_and_blocking: options,
+            }
+            outbox {
+                outbox_written_when_final: options,
+                delivery_claims_and_outcomes: options,
+                outbox_due_per_partition: options,
+                breaker_transitions: options,
+            }
+            app_store {
+                apps_and_rotation: options,
+                nonces: options,
+            }
         );
     };
-    (@suite $make:expr; $($check:ident : $opts:ident),* $(,)?) => {
+    (@suite $make:expr; $($group:ident { $($check:ident : $opts:ident),* $(,)? })*) => {
         mod store_conformance {
             #[allow(unused_imports)]
             use super::*;
@@ -122,10 +139,17 @@ macro_rules! store_conformance_tests {
             }
 
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $check() {
-                    let store = make_store($crate::store::conformance::$opts()).await;
-                    $crate::store::conformance::$check(store).await;
+                mod $group {
+                    $(
+                        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                        async fn $check() {
+                            let store = super::make_store(
+                                $crate::store::conformance::$opts(),
+                            )
+                            .await;
+                            $crate::store::conformance::$check(store).await;
+                        }
+                    )*
                 }
             )*
         }

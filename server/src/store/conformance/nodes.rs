@@ -1,4 +1,4 @@
-//! Checks of nodes and inboxes: per-instance inboxes, round-robin counters, and the
+//! `NodeRegistry` and `Inboxes` checks: per-instance inboxes, round-robin counters, and the
 //! node registry (register, refresh, expire, leased-run counts, removal only by the
 //! stream that registered the node, and the leases of a node whose stream ended).
 

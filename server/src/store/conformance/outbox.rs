@@ -1,4 +1,4 @@
-//! Checks of the webhook outbox and the circuit breakers: the entry written in the
+//! `Outbox` checks: the webhook outbox and the circuit breakers: the entry written in the
 //! step that makes a run final, delivery claims and outcomes under their token, due
 //! deliveries by partition, breaker transitions.
 

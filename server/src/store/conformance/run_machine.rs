@@ -1,4 +1,4 @@
-//! Checks of the run state machine up to a run's start: `begin_run` and every overlap
+//! `RunStore` checks of the run state machine up to a run's start: `begin_run` and every overlap
 //! policy, `assign_run` (tokens, capacity, races), `mark_started` and `renew_leases`.
 
 use super::*;

@@ -1,4 +1,4 @@
-//! Checks of how a run ends or moves on: `finish_run` (outcomes, retries, rejects),
+//! `RunStore` checks of how a run ends or moves on: `finish_run` (outcomes, retries, rejects),
 //! `expire_run` (timeouts, unconfirmed dispatches, lost leases, waits), run timers by
 //! partition, `cancel_run`, sharding broadcast, progress and logs.
 

@@ -1,4 +1,4 @@
-//! Checks of run records: idempotent recording and skips, listing (order, filters,
+//! `RunStore` checks of run records: idempotent recording and skips, listing (order, filters,
 //! paging), the per-job bound and retention.
 
 use super::*;

@@ -1,5 +1,4 @@
-//! Checks of the trigger queue: ack and reclaim, a blocking read woken by an append,
-//! and manual triggers' idempotency keys.
+//! `TriggerQueue` checks: ack and reclaim, a blocking read woken by an append.
 
 use super::*;
 
@@ -120,61 +119,4 @@ pub async fn trigger_read_blocks_until_append(store: Arc<dyn Store>) {
     let (got, waited) = reader.await.expect("reader");
     assert_eq!(schedule_nos(&got), ["manual-x"]);
     assert!(waited < Duration::from_secs(5), "woken late: {waited:?}");
-}
-
-pub async fn manual_idempotency(store: Arc<dyn Store>) {
-    store
-        .create_job(job("manual-1", None))
-        .await
-        .expect("create");
-    let t0 = now(&store).await;
-    let first = store
-        .enqueue_manual(manual_trigger("manual-1", "manual-k1", t0), Some("k1"))
-        .await
-        .expect("enqueue");
-    assert_eq!(
-        first,
-        Enqueued {
-            schedule_id: schedule_id("manual-1", "manual-k1"),
-            duplicate: false,
-        }
-    );
-    let again = store
-        .enqueue_manual(manual_trigger("manual-1", "manual-other", t0), Some("k1"))
-        .await
-        .expect("enqueue again");
-    assert_eq!(
-        again,
-        Enqueued {
-            schedule_id: schedule_id("manual-1", "manual-k1"),
-            duplicate: true,
-        }
-    );
-    // Without a key, every call queues.
-    for no in ["manual-u1", "manual-u2"] {
-        let e = store
-            .enqueue_manual(manual_trigger("manual-1", no, t0), None)
-            .await
-            .expect("enqueue");
-        assert_eq!(
-            e,
-            Enqueued {
-                schedule_id: schedule_id("manual-1", no),
-                duplicate: false,
-            }
-        );
-    }
-    let got = drain_triggers(&store, "m").await;
-    assert_eq!(schedule_nos(&got), ["manual-k1", "manual-u1", "manual-u2"]);
-    assert!(got.iter().all(|d| d.trigger.kind == TriggerKind::Manual));
-    assert!(got.iter().all(|d| d.trigger.triggered_at >= t0));
-
-    match store
-        .enqueue_manual(manual_trigger("manual-none", "manual-z", t0), Some("z"))
-        .await
-    {
-        Err(Error::JobNotFound(id)) => assert_eq!(id, "manual-none"),
-        other => panic!("manual trigger of a missing job: expected JobNotFound, got {other:?}"),
-    }
-    assert_eq!(drain_triggers(&store, "m").await.len(), 0);
 }
