@@ -360,6 +360,39 @@ impl EmbeddedStore {
     }
 }
 
+/// Looks with `look` until it finds something, waiting for `wake` between looks, for at
+/// most `block` (a block too long to represent is as good as forever); one last look
+/// once it has passed. What blocking reads (`read_triggers`, `pop_inbox`) share.
+async fn look_until_found<T, F, Fut>(wake: &Notify, block: Duration, mut look: F) -> Result<Vec<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<T>>>,
+{
+    let deadline = Instant::now().checked_add(block);
+    loop {
+        // Registered before looking, so a wake between the look and the wait still
+        // counts.
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let got = look().await?;
+        if !got.is_empty() {
+            return Ok(got);
+        }
+        match deadline {
+            Some(deadline) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Ok(got);
+                }
+                // Timing out just means nothing arrived; look once more and return.
+                let _ = tokio::time::timeout(deadline - now, notified).await;
+            }
+            None => notified.await,
+        }
+    }
+}
+
 /// Checks or writes the meta record; returns the store's partition count.
 fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
     let txn = db.begin_write().ctx("begin meta transaction")?;

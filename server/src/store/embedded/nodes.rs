@@ -170,30 +170,10 @@ impl Inboxes for EmbeddedStore {
         if max == 0 {
             return Ok(Vec::new());
         }
-        // A block too long to represent is as good as forever.
-        let deadline = Instant::now().checked_add(block);
-        loop {
-            // Registered before looking, so a push between the look and the wait still
-            // wakes us.
-            let notified = self.inbox_pushed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let got = self.take_inbox(instance, max);
-            if !got.is_empty() {
-                return Ok(got);
-            }
-            match deadline {
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(got);
-                    }
-                    // Timing out just means nothing arrived; look once more and return.
-                    let _ = tokio::time::timeout(deadline - now, notified).await;
-                }
-                None => notified.await,
-            }
-        }
+        look_until_found(&self.inbox_pushed, block, || async {
+            Ok(self.take_inbox(instance, max))
+        })
+        .await
     }
 }
 

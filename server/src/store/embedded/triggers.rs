@@ -12,30 +12,13 @@ impl TriggerQueue for EmbeddedStore {
         max: usize,
         block: Duration,
     ) -> Result<Vec<Delivery>> {
-        // A block too long to represent is as good as forever.
-        let deadline = Instant::now().checked_add(block);
-        loop {
-            // Registered before looking, so an append between the look and the wait
-            // still wakes us.
-            let notified = self.appended.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let got = self.blocking(move |i| i.read_once(max)).await?;
-            if !got.is_empty() || max == 0 {
-                return Ok(got);
-            }
-            match deadline {
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(got);
-                    }
-                    // Timing out just means nothing arrived; look once more and return.
-                    let _ = tokio::time::timeout(deadline - now, notified).await;
-                }
-                None => notified.await,
-            }
+        if max == 0 {
+            return Ok(Vec::new());
         }
+        look_until_found(&self.appended, block, || {
+            self.blocking(move |i| i.read_once(max))
+        })
+        .await
     }
 
     async fn reclaim_triggers(
