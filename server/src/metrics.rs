@@ -62,6 +62,7 @@ pub struct Metrics {
     runs_retried: Counter,
     runs_lost: Counter,
     starts_refused: Counter,
+    foreign_reports: Counter,
     misfires: Family<Label, Counter>,
     late_fires: Counter,
     executors_connected: Gauge,
@@ -110,6 +111,12 @@ impl Metrics {
             "sundial_starts_refused",
             "Started reports for dispatches whose lease was already gone: not started",
             starts_refused.clone(),
+        );
+        let foreign_reports = Counter::default();
+        registry.register(
+            "sundial_foreign_reports",
+            "Executor reports refused because the stream's node does not hold the run's lease (or the run is unknown)",
+            foreign_reports.clone(),
         );
         let misfires = Family::default();
         registry.register(
@@ -179,6 +186,7 @@ impl Metrics {
             runs_retried,
             runs_lost,
             starts_refused,
+            foreign_reports,
             misfires,
             late_fires,
             executors_connected,
@@ -226,6 +234,12 @@ impl Metrics {
     /// A `Started` was answered "do not start": its lease was gone.
     pub fn start_refused(&self) {
         self.starts_refused.inc();
+    }
+
+    /// An executor stream reported about a run its node does not hold (or an unknown
+    /// one): refused.
+    pub fn foreign_report(&self) {
+        self.foreign_reports.inc();
     }
 
     /// Counts a run begun SKIPPED and the runs the replace policy cancelled with it

@@ -7,6 +7,7 @@
 //!   deadline instead of sleeping a fixed time.
 
 pub mod foreign;
+pub mod raw;
 pub mod rest;
 
 use std::io::{BufRead, BufReader};

@@ -606,7 +606,11 @@ mod tests {
             finished_at: None,
         };
         store
-            .finish_run(&run.schedule_id, Finisher::Token(g.fencing_token), outcome)
+            .finish_run(
+                &run.schedule_id,
+                Finisher::Holder(crate::store::Holder::of(&g)),
+                outcome,
+            )
             .await
             .expect("finish");
         (store, run.schedule_id, dir)

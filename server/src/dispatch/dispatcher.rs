@@ -241,6 +241,11 @@ impl Dispatcher {
         self.alerts.metrics().start_refused();
     }
 
+    /// A stream attached here reported about a run its node does not hold.
+    pub fn foreign_report(&self) {
+        self.alerts.metrics().foreign_report();
+    }
+
     /// A stream attached here reported the end of a run on `node_id`: routing counts
     /// the node one run less busy until its next registry read.
     pub fn run_ended_on(&self, node_id: &str) {

@@ -44,7 +44,10 @@ use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::Links;
 use crate::dispatch::{Dispatcher, lock};
 use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
-use crate::store::{Applied, Finisher, Held, LogLine, NodeRecord, NodeRegistry, Outcome, RunStore};
+use crate::store::{
+    Applied, Finisher, Held, Holder, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRegistry, Outcome,
+    RunStore, UNKNOWN_RUN,
+};
 
 #[derive(Debug, Clone)]
 pub struct ExecutorOptions {
@@ -109,6 +112,10 @@ const MAX_IN_FLIGHT: usize = 10_000;
 /// Lines in one `LogLines` message, and bytes in one line (longer ones are cut).
 const MAX_LOG_LINES: usize = 1_000;
 const MAX_LOG_LINE_BYTES: usize = 8 * 1024;
+/// Reports about runs the stream's node does not hold (or unknown runs) one stream may
+/// make before it is closed: a live executor makes none, short of a run moved twice
+/// between two of its reports; a stream guessing other nodes' runs is cut off.
+pub const MAX_FOREIGN_REPORTS: u32 = 32;
 
 /// The store traits the executor streams use.
 #[derive(Clone)]
@@ -302,6 +309,7 @@ impl Executors {
         let state = Arc::new(Mutex::new(NodeState {
             node,
             window: ResultWindow::default(),
+            foreign_reports: 0,
         }));
         let (read_tx, mut read_rx) = mpsc::channel(READ_AHEAD);
         let (beats_tx, beats_rx) = mpsc::channel(BEATS_AHEAD);
@@ -470,7 +478,7 @@ impl Executors {
         }
         let node = {
             let mut st = lock(state);
-            let NodeState { node, window } = &mut *st;
+            let NodeState { node, window, .. } = &mut *st;
             node.ready = !hb.not_ready;
             node.draining = self.links.draining(&node.node_id);
             node.active = hb.active;
@@ -509,7 +517,7 @@ impl Executors {
                 Stretch::Reports(reports) => reports,
             };
             let reported: Vec<Result<Reported, Status>> = futures::stream::iter(reports)
-                .map(|m| self.report(m))
+                .map(|m| self.report(state, m))
                 .buffered(REPORT_CONCURRENCY)
                 .collect()
                 .await;
@@ -578,22 +586,26 @@ impl Executors {
             )),
             Some(Msg::Heartbeat(hb)) => Ok(vec![self.heartbeat(state, hb).await?]),
             Some(m @ (Msg::Result(_) | Msg::Started(_))) => {
-                let r = self.report(pb::ExecutorMessage { msg: Some(m) }).await?;
+                let r = self
+                    .report(state, pb::ExecutorMessage { msg: Some(m) })
+                    .await?;
                 self.settle(state, r).await
             }
             Some(Msg::Progress(p)) => {
                 let run = run_ref(p.run, "progress")?;
                 let mut message = p.message;
                 truncate_utf8(&mut message, MAX_LOG_LINE_BYTES);
-                self.store
+                let applied = self
+                    .store
                     .runs
                     .report_progress(
                         &stored_id(&run),
-                        run.fencing_token,
+                        &holder(state, &run),
                         p.percent.min(100),
                         &message,
                     )
                     .await?;
+                self.count_refusal(state, &run, &applied)?;
                 Ok(Vec::new())
             }
             Some(Msg::Logs(l)) => {
@@ -620,15 +632,17 @@ impl Executors {
                         }
                     })
                     .collect();
-                self.store
+                let applied = self
+                    .store
                     .runs
                     .append_logs(
                         &stored_id(&run),
-                        run.fencing_token,
+                        &holder(state, &run),
                         lines,
                         self.opts.max_log_bytes,
                     )
                     .await?;
+                self.count_refusal(state, &run, &applied)?;
                 Ok(Vec::new())
             }
             Some(Msg::Reject(r)) => {
@@ -648,10 +662,11 @@ impl Executors {
                     .runs
                     .finish_run(
                         &stored_id(&run),
-                        Finisher::Token(run.fencing_token),
+                        Finisher::Holder(holder(state, &run)),
                         outcome,
                     )
                     .await?;
+                self.count_refusal(state, &run, &t.applied)?;
                 if t.applied == Applied::Yes {
                     debug!(schedule_id = %run.schedule_id, "dispatch rejected; routing it again");
                     self.spawn_follow_up(t);
@@ -664,44 +679,58 @@ impl Executors {
     /// A run report's store call (`Started` confirms the dispatch, `Result` finishes
     /// the attempt); touches nothing of the stream's own state, so reports about
     /// different runs may be made at once.
-    async fn report(&self, msg: pb::ExecutorMessage) -> Result<Reported, Status> {
+    async fn report(
+        &self,
+        state: &Mutex<NodeState>,
+        msg: pb::ExecutorMessage,
+    ) -> Result<Reported, Status> {
         match msg.msg {
             Some(Msg::Started(s)) => {
                 let run = run_ref(s.run, "started")?;
                 let t = self
                     .store
                     .runs
-                    .mark_started(&stored_id(&run), run.fencing_token)
+                    .mark_started(&stored_id(&run), &holder(state, &run))
                     .await?;
-                Ok(Reported::Started(match t.applied {
-                    Applied::Yes | Applied::Already => vec![Out::StartAck(pb::StartAck {
-                        run: Some(run),
-                        go: true,
-                        reason: String::new(),
-                    })],
-                    Applied::No(why) => {
-                        // A dispatch that waited past its lease (e.g. unread in a frozen
-                        // process): the handler must not start.
-                        info!(schedule_id = %run.schedule_id, token = run.fencing_token, %why, "start refused: the lease is gone");
-                        self.dispatcher.start_refused();
-                        let reason = format!("no lease for this run: {why}");
-                        vec![
-                            Out::StartAck(pb::StartAck {
-                                run: Some(run.clone()),
-                                go: false,
-                                reason: reason.clone(),
-                            }),
-                            // For executors that start without waiting for the answer.
-                            Out::Cancel(pb::Cancel {
+                let why = match t.applied {
+                    Applied::Yes | Applied::Already => {
+                        return Ok(Reported::Started {
+                            reply: vec![Out::StartAck(pb::StartAck {
                                 run: Some(run),
-                                reason,
-                            }),
-                        ]
+                                go: true,
+                                reason: String::new(),
+                            })],
+                            refused: None,
+                        });
                     }
-                }))
+                    Applied::No(why) => why,
+                };
+                if !is_foreign(&why) {
+                    // A dispatch that waited past its lease (e.g. unread in a frozen
+                    // process): the handler must not start.
+                    info!(schedule_id = %run.schedule_id, token = run.fencing_token, %why, "start refused: the lease is gone");
+                    self.dispatcher.start_refused();
+                }
+                let reason = format!("no lease for this run: {why}");
+                Ok(Reported::Started {
+                    reply: vec![
+                        Out::StartAck(pb::StartAck {
+                            run: Some(run.clone()),
+                            go: false,
+                            reason: reason.clone(),
+                        }),
+                        // For executors that start without waiting for the answer.
+                        Out::Cancel(pb::Cancel {
+                            run: Some(run),
+                            reason,
+                        }),
+                    ],
+                    refused: Some(why),
+                })
             }
             Some(Msg::Result(r)) => {
                 let run = run_ref(r.run.clone(), "result")?;
+                let by = holder(state, &run);
                 let state = match pb::ResultStatus::try_from(r.status) {
                     Ok(pb::ResultStatus::Succeeded) => RunState::Succeeded,
                     Ok(pb::ResultStatus::Failed) => RunState::Failed,
@@ -725,11 +754,7 @@ impl Executors {
                 let t = self
                     .store
                     .runs
-                    .finish_run(
-                        &stored_id(&run),
-                        Finisher::Token(run.fencing_token),
-                        outcome,
-                    )
+                    .finish_run(&stored_id(&run), Finisher::Holder(by), outcome)
                     .await?;
                 Ok(Reported::Finished {
                     run,
@@ -746,7 +771,12 @@ impl Executors {
     /// the node's health window and the attempt's follow-up.
     async fn settle(&self, state: &Mutex<NodeState>, r: Reported) -> Result<Vec<Out>, Status> {
         let (run, t, ended_as, duration) = match r {
-            Reported::Started(reply) => return Ok(reply),
+            Reported::Started { reply, refused } => {
+                if let Some(why) = refused {
+                    self.count_foreign(state, &why)?;
+                }
+                return Ok(reply);
+            }
             Reported::Finished {
                 run,
                 t,
@@ -764,12 +794,13 @@ impl Executors {
         };
         if !accepted {
             info!(schedule_id = %run.schedule_id, token = run.fencing_token, %reason, "result refused");
+            self.count_foreign(state, &reason)?;
         }
         if t.applied == Applied::Yes {
             let now = now_ms();
             let (node_id, changed) = {
                 let mut st = lock(state);
-                let NodeState { node, window } = &mut *st;
+                let NodeState { node, window, .. } = &mut *st;
                 let before = health::classify(node, &self.opts.health);
                 window.record(now, ended_as == RunState::Succeeded, duration);
                 window.apply(node, now, self.opts.health.window);
@@ -792,6 +823,46 @@ impl Executors {
             accepted,
             reason,
         })])
+    }
+
+    /// Counts a report the store refused, if it was refused as foreign.
+    fn count_refusal(
+        &self,
+        state: &Mutex<NodeState>,
+        run: &pb::RunRef,
+        applied: &Applied,
+    ) -> Result<(), Status> {
+        match applied {
+            Applied::No(why) if is_foreign(why) => {
+                debug!(schedule_id = %run.schedule_id, %why, "report refused");
+                self.count_foreign(state, why)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A report refused because this stream's node does not hold the run (or the run
+    /// is unknown): counted in `sundial_foreign_reports_total`, logged once per stream;
+    /// past [`MAX_FOREIGN_REPORTS`] the stream is closed (`PERMISSION_DENIED`).
+    fn count_foreign(&self, state: &Mutex<NodeState>, why: &str) -> Result<(), Status> {
+        if !is_foreign(why) {
+            return Ok(());
+        }
+        self.dispatcher.foreign_report();
+        let n = {
+            let mut st = lock(state);
+            st.foreign_reports = st.foreign_reports.saturating_add(1);
+            st.foreign_reports
+        };
+        if n == 1 {
+            warn!(reason = %why, "executor reported about a run its node does not hold; refused (logged once per stream)");
+        }
+        if n > MAX_FOREIGN_REPORTS {
+            return Err(Status::permission_denied(format!(
+                "run reports: more than {MAX_FOREIGN_REPORTS} about runs this node does not hold"
+            )));
+        }
+        Ok(())
     }
 
     /// Routes what a finished or rejected attempt left behind, off the stream's task.
@@ -878,8 +949,11 @@ enum Read {
 
 /// A run report after its store call.
 enum Reported {
-    /// The replies to `Started`: the go-ahead, or its refusal and a `Cancel`.
-    Started(Vec<Out>),
+    /// The replies to `Started`: the go-ahead, or its refusal (and why) and a `Cancel`.
+    Started {
+        reply: Vec<Out>,
+        refused: Option<String>,
+    },
     Finished {
         run: pb::RunRef,
         t: Box<crate::store::Transition>,
@@ -893,6 +967,21 @@ enum Reported {
 struct NodeState {
     node: NodeRecord,
     window: ResultWindow,
+    /// Reports the store refused because this node does not hold the run.
+    foreign_reports: u32,
+}
+
+/// The holder a stream's report names: the stream's node, and the token it quotes.
+fn holder(state: &Mutex<NodeState>, run: &pb::RunRef) -> Holder {
+    Holder {
+        node_id: lock(state).node.node_id.clone(),
+        token: run.fencing_token,
+    }
+}
+
+/// A refusal that says the reporting node has no business with the run.
+fn is_foreign(why: &str) -> bool {
+    why == NOT_THE_HOLDER || why == UNKNOWN_RUN
 }
 
 /// The stored run an executor's reference names: a shard's own record when it names

@@ -24,7 +24,7 @@ use tracing::{Instrument, debug, info_span, warn};
 use crate::deliver::alerts::Alerts;
 use crate::egress::{self, EgressPolicy};
 use crate::model::{JobRecord, RunRecord, RunState, Target};
-use crate::store::{Applied, Finisher, Held, Outcome, RunStore};
+use crate::store::{Applied, Finisher, Held, Holder, Outcome, RunStore};
 
 /// Response bodies beyond this are cut (the output is for status, not bulk data).
 const MAX_OUTPUT_BYTES: usize = 64 * 1024;
@@ -107,7 +107,7 @@ impl HttpTargets {
                 this.map().remove(&run.schedule_id);
                 match this
                     .store
-                    .finish_run(&run.schedule_id, Finisher::Token(run.fencing_token), outcome)
+                    .finish_run(&run.schedule_id, Finisher::Holder(Holder::of(&run)), outcome)
                     .await
                 {
                     Ok(t) => {
@@ -135,7 +135,7 @@ impl HttpTargets {
         let started = crate::model::now_ms();
         if let Err(e) = self
             .store
-            .mark_started(&run.schedule_id, run.fencing_token)
+            .mark_started(&run.schedule_id, &Holder::of(run))
             .await
         {
             warn!(error = %e, "confirming the http run failed");

@@ -53,8 +53,9 @@ pub use outbox::{
     BreakerState, BreakerUpdate, DeliveryOutcome, GONE_ERROR, Outbox, WebhookDelivery,
 };
 pub use runs::{
-    Assigned, Begun, FannedOut, Finisher, Held, LeaseTerms, LogLine, NodeSlot, Outcome, Recorded,
-    Revocation, RunQuery, RunStore, Transition,
+    Assigned, Begun, FannedOut, Finisher, Held, Holder, LeaseTerms, LogLine, NOT_THE_HOLDER,
+    NodeSlot, Outcome, Recorded, Revocation, RunQuery, RunStore, STALE_TOKEN, Transition,
+    UNKNOWN_RUN,
 };
 pub use triggers::{Delivery, TriggerQueue};
 

@@ -32,6 +32,47 @@ pub struct Held {
     pub token: u64,
 }
 
+/// Who reports about a run: the node its stream speaks for and the fencing token of
+/// the dispatch it names. A report is applied only when both are the run's current
+/// lease's, compared in the same atomic step: knowing a run's token is not enough.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub node_id: String,
+    pub token: u64,
+}
+
+/// A report from a node that neither holds the run's lease nor held the one before it
+/// is refused with this reason: what an executor stream counts as a foreign reference.
+pub const NOT_THE_HOLDER: &str = "not the lease holder";
+/// A report from the lease's node (or the previous lease's) under a token that is not
+/// the current one: a late report about a revoked dispatch.
+pub const STALE_TOKEN: &str = "stale fencing token";
+/// A report about a run the store does not know (never recorded, or past retention).
+pub const UNKNOWN_RUN: &str = "unknown run";
+
+impl Holder {
+    /// The holder of a run's current lease, as the store granted it.
+    pub fn of(run: &RunRecord) -> Holder {
+        Holder {
+            node_id: run.node_id.clone(),
+            token: run.fencing_token,
+        }
+    }
+
+    /// Why `run` refuses a report from this holder, if it does. The node is compared
+    /// first, so a stream that names another node's run learns nothing of its token.
+    pub fn refusal(&self, run: &RunRecord) -> Option<&'static str> {
+        if run.node_id != self.node_id {
+            return Some(if run.last_node == self.node_id {
+                STALE_TOKEN
+            } else {
+                NOT_THE_HOLDER
+            });
+        }
+        (run.fencing_token != self.token).then_some(STALE_TOKEN)
+    }
+}
+
 /// The node a run is assigned to, with its concurrency limit (0 = unlimited), which
 /// the store enforces across all instances by counting the node's leased runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,11 +139,10 @@ pub enum FannedOut {
 }
 
 /// Who finishes a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finisher {
-    /// The executor holding the lease with this token (a Result, or the server for an
-    /// HTTP target).
-    Token(u64),
+    /// The executor holding the lease (a Result, or the server for an HTTP target).
+    Holder(Holder),
     /// The dispatcher, for a WAITING run at this attempt that found no executor.
     Waiting { attempt: u32 },
 }
@@ -208,9 +248,10 @@ pub trait RunStore: StoreMeta {
     ) -> Result<Assigned>;
 
     /// The executor confirmed the dispatch: DISPATCHED → RUNNING with `started_at` (the
-    /// store's now), `confirm_by` cleared. RUNNING with the same token → `Already`.
-    /// Anything else (stale token, final run) → `No`.
-    async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition>;
+    /// store's now), `confirm_by` cleared. RUNNING with the same holder → `Already`.
+    /// Anything else (another node's lease, a stale token, a final run) → `No` with
+    /// the reason ([`Holder::refusal`], [`UNKNOWN_RUN`], or the state).
+    async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition>;
 
     /// Renews exactly the listed leases held by `node_id` (a heartbeat's in-flight
     /// list), each only if its token is current and the lease has not expired; a
@@ -223,9 +264,9 @@ pub trait RunStore: StoreMeta {
         ttl: Duration,
     ) -> Result<Vec<Option<i64>>>;
 
-    /// Ends the current attempt. With `Finisher::Token`, only if the token is current
-    /// and the run DISPATCHED or RUNNING (a final run finished by that same token →
-    /// `Already`); with `Finisher::Waiting`, only if the run is WAITING at that attempt.
+    /// Ends the current attempt. With `Finisher::Holder`, only if the holder's node and
+    /// token are the lease's ([`Holder::refusal`]) and the run DISPATCHED or RUNNING (a
+    /// final run finished by that same holder → `Already`); with `Finisher::Waiting`, only if the run is WAITING at that attempt.
     /// FAILED with attempts left → WAITING at attempt + 1, `wake_at` = now +
     /// plan.backoff_after(attempt), `wait_until` = wake_at + dispatch_wait_ms,
     /// `last_node` = the node, error fields kept, a new token; WAITING (only with a
@@ -290,25 +331,28 @@ pub trait RunStore: StoreMeta {
     /// with the run.
     async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition>;
 
-    /// Stores an executor's progress report if `token` is current; returns whether.
+    /// Stores an executor's progress report if `holder` holds the run's lease and the
+    /// run is DISPATCHED or RUNNING: `Yes`, or `No` with the reason.
     async fn report_progress(
         &self,
         schedule_id: &str,
-        token: u64,
+        holder: &Holder,
         percent: u32,
         message: &str,
-    ) -> Result<bool>;
+    ) -> Result<Applied>;
 
-    /// Appends log lines (their `seq` is assigned here) if `token` is current, keeping
-    /// at most `max_bytes` of message text per run (the oldest lines fall out first);
-    /// returns whether they were stored. Logs live as long as the run record.
+    /// Appends log lines (their `seq` is assigned here) if `holder` holds (or held,
+    /// for lines that arrive after the result) the run's lease, keeping at most
+    /// `max_bytes` of message text per run (the oldest lines fall out first): `Yes`, or
+    /// `No` with the reason. No lines is vacuously `Yes`. Logs live as long as the run
+    /// record.
     async fn append_logs(
         &self,
         schedule_id: &str,
-        token: u64,
+        holder: &Holder,
         lines: Vec<LogLine>,
         max_bytes: usize,
-    ) -> Result<bool>;
+    ) -> Result<Applied>;
 
     /// Log lines with `seq > after`, oldest first, at most `limit`.
     async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>>;

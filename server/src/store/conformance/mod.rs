@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 
 use super::{
     Applied, Assigned, Begun, BreakerState, ClaimResult, Delivery, DeliveryOutcome, DueFire,
-    Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, JobWrite, LeaseTerms,
-    LogLine, NodeRecord, NodeRemoved, NodeSlot, Outcome, Revocation, RunQuery, Store, StoreOptions,
-    Transition, WebhookDelivery, partition_of,
+    Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite,
+    LeaseTerms, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Revocation,
+    RunQuery, STALE_TOKEN, Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery,
+    partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
@@ -92,6 +93,7 @@ macro_rules! store_conformance_tests {
                 assign_run_tokens_and_capacity: options,
                 assign_run_race: options,
                 mark_started_transitions: options,
+                reports_only_from_the_lease_holder: options,
                 renew_leases_extend_and_confirm: options,
                 finish_run_outcomes: options,
                 finish_run_retries: options,
@@ -414,6 +416,14 @@ pub fn planned_run(job_id: &str, planned: Millis, plan: RunPlan) -> RunRecord {
     RunRecord {
         plan,
         ..RunRecord::from_trigger(&cron_trigger(job_id, planned, 1))
+    }
+}
+
+/// A holder by hand: `node` quoting `token`.
+fn holder(node: &str, token: u64) -> Holder {
+    Holder {
+        node_id: node.into(),
+        token,
     }
 }
 

@@ -125,7 +125,7 @@ pub async fn nodes_report_leased_runs(store: Arc<dyn Store>) {
     store
         .finish_run(
             &tokens[0].schedule_id,
-            Finisher::Token(tokens[0].fencing_token),
+            Finisher::Holder(Holder::of(&tokens[0])),
             outcome(RunState::Succeeded),
         )
         .await
@@ -328,7 +328,7 @@ pub async fn a_gone_nodes_leases_end_within_the_grace(store: Arc<dyn Store>) {
     }
     // a's first run is confirmed (RUNNING), the second is still DISPATCHED.
     let started = store
-        .mark_started(&leased[0].schedule_id, leased[0].fencing_token)
+        .mark_started(&leased[0].schedule_id, &Holder::of(&leased[0]))
         .await
         .expect("start");
     assert_eq!(started.applied, Applied::Yes);

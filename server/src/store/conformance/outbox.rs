@@ -47,7 +47,7 @@ async fn running(
     let n = slot(&format!("{job_id}-{planned}"), 0);
     let g = grant(store, &r.schedule_id, 1, &n, LONG).await;
     store
-        .mark_started(&r.schedule_id, g.fencing_token)
+        .mark_started(&r.schedule_id, &Holder::of(&g))
         .await
         .expect("start");
     g
@@ -64,7 +64,7 @@ pub async fn outbox_written_when_final(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(1000),
-            Finisher::Token(g.fencing_token),
+            Finisher::Holder(Holder::of(&g)),
             Outcome {
                 output: Some(b"\x00result".to_vec()),
                 started_at: Some(1_500),
@@ -104,7 +104,7 @@ pub async fn outbox_written_when_final(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(2000),
-            Finisher::Token(g.fencing_token),
+            Finisher::Holder(Holder::of(&g)),
             outcome(RunState::Succeeded),
         )
         .await
@@ -123,7 +123,7 @@ pub async fn outbox_written_when_final(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(3000),
-            Finisher::Token(g.fencing_token),
+            Finisher::Holder(Holder::of(&g)),
             Outcome {
                 finished_at: Some(9_000),
                 ..failed("boom")
@@ -141,7 +141,7 @@ pub async fn outbox_written_when_final(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(3000),
-            Finisher::Token(g2.fencing_token),
+            Finisher::Holder(Holder::of(&g2)),
             Outcome {
                 started_at: Some(9_500),
                 finished_at: Some(9_900),
@@ -214,7 +214,7 @@ pub async fn outbox_written_when_final(store: Arc<dyn Store>) {
         let t = store
             .finish_run(
                 &s.schedule_id,
-                Finisher::Token(g.fencing_token),
+                Finisher::Holder(Holder::of(&g)),
                 outcome(RunState::Succeeded),
             )
             .await
@@ -255,7 +255,7 @@ pub async fn delivery_claims_and_outcomes(store: Arc<dyn Store>) {
             store
                 .finish_run(
                     &sid(planned),
-                    Finisher::Token(g.fencing_token),
+                    Finisher::Holder(Holder::of(&g)),
                     Outcome {
                         output: Some(b"kept".to_vec()),
                         ..outcome(RunState::Succeeded)
@@ -507,7 +507,7 @@ pub async fn outbox_due_per_partition(store: Arc<dyn Store>) {
         store
             .finish_run(
                 &g.schedule_id,
-                Finisher::Token(g.fencing_token),
+                Finisher::Holder(Holder::of(&g)),
                 outcome(RunState::Succeeded),
             )
             .await

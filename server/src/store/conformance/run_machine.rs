@@ -167,7 +167,7 @@ pub async fn overlap_allow_and_forbid(store: Arc<dyn Store>) {
         RunState::Skipped
     );
     store
-        .mark_started(&held.schedule_id, held.fencing_token)
+        .mark_started(&held.schedule_id, &Holder::of(&held))
         .await
         .expect("start");
     assert_eq!(
@@ -184,7 +184,7 @@ pub async fn overlap_allow_and_forbid(store: Arc<dyn Store>) {
     let done = store
         .finish_run(
             &held.schedule_id,
-            Finisher::Token(held.fencing_token),
+            Finisher::Holder(Holder::of(&held)),
             outcome(RunState::Succeeded),
         )
         .await
@@ -248,7 +248,7 @@ pub async fn overlap_serial_queue(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &r1.schedule_id,
-            Finisher::Token(h1.fencing_token),
+            Finisher::Holder(Holder::of(&h1)),
             outcome(RunState::Succeeded),
         )
         .await
@@ -415,14 +415,14 @@ pub async fn overlap_replace(store: Arc<dyn Store>) {
     let a_now = get(&store, &a.schedule_id).await;
     assert!(a_now.fencing_token > held_a.fencing_token);
     let t = store
-        .mark_started(&a.schedule_id, held_a.fencing_token)
+        .mark_started(&a.schedule_id, &Holder::of(&held_a))
         .await
         .expect("start");
     assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
     let t = store
         .finish_run(
             &a.schedule_id,
-            Finisher::Token(held_a.fencing_token),
+            Finisher::Holder(Holder::of(&held_a)),
             outcome(RunState::Succeeded),
         )
         .await
@@ -528,7 +528,7 @@ pub async fn assign_run_tokens_and_capacity(store: Arc<dyn Store>) {
     store
         .finish_run(
             &sids[0],
-            Finisher::Token(r1.fencing_token),
+            Finisher::Holder(Holder::of(&r1)),
             outcome(RunState::Succeeded),
         )
         .await
@@ -606,7 +606,7 @@ pub async fn assign_run_race(store: Arc<dyn Store>) {
         last_token = won.fencing_token;
         assert_eq!(get(&store, &sid).await, won);
         let t = store
-            .finish_run(&sid, Finisher::Token(won.fencing_token), failed("boom"))
+            .finish_run(&sid, Finisher::Holder(Holder::of(&won)), failed("boom"))
             .await
             .expect("finish");
         assert_eq!(t.applied, Applied::Yes);
@@ -656,19 +656,28 @@ pub async fn mark_started_transitions(store: Arc<dyn Store>) {
     .await
     .run;
     let sid = r.schedule_id.as_str();
-    let t = store.mark_started(sid, 1).await.expect("start");
+    let t = store
+        .mark_started(sid, &holder("n", 1))
+        .await
+        .expect("start");
     assert!(matches!(t.applied, Applied::No(_)), "WAITING: {t:?}");
     assert_eq!(t.run.map(|r| r.state), Some(RunState::Waiting));
 
     let g = grant(&store, sid, 1, &slot("n", 0), terms(30_000, 10_000)).await;
     let t = store
-        .mark_started(sid, g.fencing_token + 1)
+        .mark_started(
+            sid,
+            &Holder {
+                token: g.fencing_token + 1,
+                ..Holder::of(&g)
+            },
+        )
         .await
         .expect("start");
     assert!(matches!(t.applied, Applied::No(_)), "wrong token: {t:?}");
     let before = now(&store).await;
     let t = store
-        .mark_started(sid, g.fencing_token)
+        .mark_started(sid, &Holder::of(&g))
         .await
         .expect("start");
     let after = now(&store).await;
@@ -688,7 +697,7 @@ pub async fn mark_started_transitions(store: Arc<dyn Store>) {
     assert_eq!(get(&store, sid).await, running);
 
     let t = store
-        .mark_started(sid, g.fencing_token)
+        .mark_started(sid, &Holder::of(&g))
         .await
         .expect("start");
     assert_eq!(t.applied, Applied::Already);
@@ -697,19 +706,119 @@ pub async fn mark_started_transitions(store: Arc<dyn Store>) {
     store
         .finish_run(
             sid,
-            Finisher::Token(g.fencing_token),
+            Finisher::Holder(Holder::of(&g)),
             outcome(RunState::Succeeded),
         )
         .await
         .expect("finish");
     let t = store
-        .mark_started(sid, g.fencing_token)
+        .mark_started(sid, &Holder::of(&g))
         .await
         .expect("start");
     assert!(matches!(t.applied, Applied::No(_)), "final: {t:?}");
-    let t = store.mark_started("start@404", 1).await.expect("start");
-    assert!(matches!(t.applied, Applied::No(_)));
+    let t = store
+        .mark_started("start@404", &holder("n", 1))
+        .await
+        .expect("start");
+    assert_eq!(t.applied, Applied::No(UNKNOWN_RUN.to_owned()));
     assert_eq!(t.run, None);
+}
+
+/// Every report about a run (start, result, reject, progress, logs) is applied only
+/// from the node that holds its lease, with its token: another node quoting the right
+/// token is refused "not the lease holder" and changes nothing; the holder's own
+/// reports then go through. The node is checked before the token, so a foreign node
+/// learns nothing of it; the previous lease's node gets "stale fencing token".
+pub async fn reports_only_from_the_lease_holder(store: Arc<dyn Store>) {
+    store.create_job(job("own", None)).await.expect("create");
+    let r = begin(&store, planned_run("own", 1000, plan(OverlapPolicy::Allow)))
+        .await
+        .run;
+    let sid = r.schedule_id.as_str();
+    let g = grant(&store, sid, 1, &slot("victim", 0), terms(30_000, 10_000)).await;
+    let forged = Holder {
+        node_id: "thief".into(),
+        ..Holder::of(&g)
+    };
+    let wrong_token = Holder {
+        token: g.fencing_token + 1,
+        ..forged.clone()
+    };
+    let foreign = Applied::No(NOT_THE_HOLDER.to_owned());
+    for h in [&forged, &wrong_token] {
+        let t = store.mark_started(sid, h).await.expect("start");
+        assert_eq!(t.applied, foreign, "start from {h:?}");
+        let t = store
+            .finish_run(
+                sid,
+                Finisher::Holder(h.clone()),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish");
+        assert_eq!(t.applied, foreign, "result from {h:?}");
+        let mut reject = outcome(RunState::Waiting);
+        reject.error_message = "busy".into();
+        let t = store
+            .finish_run(sid, Finisher::Holder(h.clone()), reject)
+            .await
+            .expect("reject");
+        assert_eq!(t.applied, foreign, "reject from {h:?}");
+        let a = store
+            .report_progress(sid, h, 90, "forged")
+            .await
+            .expect("progress");
+        assert_eq!(a, foreign, "progress from {h:?}");
+        let a = store
+            .append_logs(sid, h, vec![log("forged")], 1000)
+            .await
+            .expect("logs");
+        assert_eq!(a, foreign, "logs from {h:?}");
+    }
+    let untouched = get(&store, sid).await;
+    assert_eq!(untouched, g, "the foreign reports changed the run");
+    assert_eq!(store.read_logs(sid, 0, 10).await.expect("read"), vec![]);
+
+    // The holder's own reports are applied.
+    let own = Holder::of(&g);
+    let t = store.mark_started(sid, &own).await.expect("start");
+    assert_eq!(t.applied, Applied::Yes);
+    assert_eq!(
+        store
+            .report_progress(sid, &own, 40, "own")
+            .await
+            .expect("progress"),
+        Applied::Yes
+    );
+    // An attempt that failed on one node and was retried on another: the previous
+    // holder's late report is stale, not foreign.
+    let mut retry = plan(OverlapPolicy::Allow);
+    retry.max_attempts = 2;
+    retry.backoff_ms = 0;
+    let r2 = begin(&store, planned_run("own", 2000, retry)).await.run;
+    let g2 = grant(&store, &r2.schedule_id, 1, &slot("victim", 0), LONG).await;
+    let t = store
+        .finish_run(
+            &r2.schedule_id,
+            Finisher::Holder(Holder::of(&g2)),
+            failed("boom"),
+        )
+        .await
+        .expect("fail");
+    assert_eq!(t.applied, Applied::Yes);
+    let retried = get(&store, &r2.schedule_id).await;
+    assert_eq!((retried.state, retried.attempt), (RunState::Waiting, 2));
+    let g3 = grant(&store, &r2.schedule_id, 2, &slot("heir", 0), LONG).await;
+    let late = store
+        .report_progress(&r2.schedule_id, &Holder::of(&g2), 50, "late")
+        .await
+        .expect("progress");
+    assert_eq!(late, Applied::No(STALE_TOKEN.to_owned()));
+    let heir = store
+        .report_progress(&r2.schedule_id, &Holder::of(&g3), 50, "heir")
+        .await
+        .expect("progress");
+    assert_eq!(heir, Applied::Yes);
 }
 
 pub async fn renew_leases_extend_and_confirm(store: Arc<dyn Store>) {

@@ -19,7 +19,7 @@ pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
     // SUCCEEDED: final, with the executor's output and times; the token stays.
     let g = grant(&store, &sid(1000), 1, &n, LONG).await;
     store
-        .mark_started(&sid(1000), g.fencing_token)
+        .mark_started(&sid(1000), &Holder::of(&g))
         .await
         .expect("start");
     let result = Outcome {
@@ -29,7 +29,7 @@ pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
         ..outcome(RunState::Succeeded)
     };
     let t = store
-        .finish_run(&sid(1000), Finisher::Token(g.fencing_token), result.clone())
+        .finish_run(&sid(1000), Finisher::Holder(Holder::of(&g)), result.clone())
         .await
         .expect("finish");
     assert_eq!(t.applied, Applied::Yes);
@@ -59,7 +59,7 @@ pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(1000),
-            Finisher::Token(g.fencing_token),
+            Finisher::Holder(Holder::of(&g)),
             outcome(RunState::Failed),
         )
         .await
@@ -69,7 +69,10 @@ pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(1000),
-            Finisher::Token(g.fencing_token - 1),
+            Finisher::Holder(Holder {
+                token: g.fencing_token - 1,
+                ..Holder::of(&g)
+            }),
             result.clone(),
         )
         .await
@@ -88,7 +91,7 @@ pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(2000),
-            Finisher::Token(g.fencing_token),
+            Finisher::Holder(Holder::of(&g)),
             outcome(RunState::Cancelled),
         )
         .await
@@ -108,12 +111,20 @@ pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
 
     // A finisher that is not DISPATCHED/RUNNING yet: No.
     let t = store
-        .finish_run(&sid(3000), Finisher::Token(0), outcome(RunState::Succeeded))
+        .finish_run(
+            &sid(3000),
+            Finisher::Holder(holder("n1", 0)),
+            outcome(RunState::Succeeded),
+        )
         .await
         .expect("finish");
     assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
     let t = store
-        .finish_run("fin@404", Finisher::Token(1), outcome(RunState::Succeeded))
+        .finish_run(
+            "fin@404",
+            Finisher::Holder(holder("n1", 1)),
+            outcome(RunState::Succeeded),
+        )
         .await
         .expect("finish");
     assert!(matches!(t.applied, Applied::No(_)));
@@ -139,7 +150,7 @@ pub async fn finish_run_retries(store: Arc<dyn Store>) {
     let g1 = grant(&store, sid, 1, &n, LONG).await;
     let before = now(&store).await;
     let t = store
-        .finish_run(sid, Finisher::Token(g1.fencing_token), failed("E1"))
+        .finish_run(sid, Finisher::Holder(Holder::of(&g1)), failed("E1"))
         .await
         .expect("finish");
     let after = now(&store).await;
@@ -183,7 +194,7 @@ pub async fn finish_run_retries(store: Arc<dyn Store>) {
     );
     // The old holder's re-sent result is stale now; the old attempt is not routable.
     let t = store
-        .finish_run(sid, Finisher::Token(g1.fencing_token), failed("E1"))
+        .finish_run(sid, Finisher::Holder(Holder::of(&g1)), failed("E1"))
         .await
         .expect("finish");
     assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
@@ -195,7 +206,7 @@ pub async fn finish_run_retries(store: Arc<dyn Store>) {
     assert!(g2.fencing_token > w.fencing_token);
     let before = now(&store).await;
     let t = store
-        .finish_run(sid, Finisher::Token(g2.fencing_token), failed("E2"))
+        .finish_run(sid, Finisher::Holder(Holder::of(&g2)), failed("E2"))
         .await
         .expect("finish");
     let after = now(&store).await;
@@ -212,7 +223,7 @@ pub async fn finish_run_retries(store: Arc<dyn Store>) {
     // Attempt 3 fails: attempts are spent, FAILED is final and keeps the token.
     let g3 = grant(&store, sid, 3, &n, LONG).await;
     let t = store
-        .finish_run(sid, Finisher::Token(g3.fencing_token), failed("E3"))
+        .finish_run(sid, Finisher::Holder(Holder::of(&g3)), failed("E3"))
         .await
         .expect("finish");
     let f = t.run.expect("run");
@@ -224,7 +235,7 @@ pub async fn finish_run_retries(store: Arc<dyn Store>) {
     assert!(f.finished_at.is_some());
     assert_eq!(f.deadlines, Deadlines::default());
     let t = store
-        .finish_run(sid, Finisher::Token(g3.fencing_token), failed("E3"))
+        .finish_run(sid, Finisher::Holder(Holder::of(&g3)), failed("E3"))
         .await
         .expect("finish");
     assert_eq!(t.applied, Applied::Already);
@@ -301,7 +312,7 @@ pub async fn finish_run_rejected(store: Arc<dyn Store>) {
     let g = grant(&store, sid, 1, &n, LONG).await;
     let before = now(&store).await;
     let t = store
-        .finish_run(sid, Finisher::Token(g.fencing_token), rejection.clone())
+        .finish_run(sid, Finisher::Holder(Holder::of(&g)), rejection.clone())
         .await
         .expect("finish");
     let after = now(&store).await;
@@ -331,7 +342,7 @@ pub async fn finish_run_rejected(store: Arc<dyn Store>) {
         "overlap"
     );
     let t = store
-        .finish_run(sid, Finisher::Token(g.fencing_token), rejection)
+        .finish_run(sid, Finisher::Holder(Holder::of(&g)), rejection)
         .await
         .expect("finish");
     assert!(matches!(t.applied, Applied::No(_)), "{t:?}");
@@ -355,7 +366,7 @@ pub async fn expire_run_timeout(store: Arc<dyn Store>) {
     let n = slot("tmo-n", 1);
     let g1 = grant(&store, sid, 1, &n, LONG).await;
     store
-        .mark_started(sid, g1.fencing_token)
+        .mark_started(sid, &Holder::of(&g1))
         .await
         .expect("start");
     assert_eq!(
@@ -396,13 +407,13 @@ pub async fn expire_run_timeout(store: Arc<dyn Store>) {
     // The old holder is stale everywhere.
     for t in [
         store
-            .mark_started(sid, g1.fencing_token)
+            .mark_started(sid, &Holder::of(&g1))
             .await
             .expect("start"),
         store
             .finish_run(
                 sid,
-                Finisher::Token(g1.fencing_token),
+                Finisher::Holder(Holder::of(&g1)),
                 outcome(RunState::Succeeded),
             )
             .await
@@ -469,7 +480,7 @@ pub async fn expire_run_unconfirmed_and_lost(store: Arc<dyn Store>) {
     let b = grant(&store, &sid(2000), 1, &n, terms(150, 30_000)).await;
     let c = grant(&store, &sid(3000), 1, &n, terms(200, 30_000)).await;
     store
-        .mark_started(&sid(3000), c.fencing_token)
+        .mark_started(&sid(3000), &Holder::of(&c))
         .await
         .expect("start");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -523,7 +534,7 @@ pub async fn expire_run_unconfirmed_and_lost(store: Arc<dyn Store>) {
     // Lost again with its attempts spent: FAILED (lost).
     let c2 = grant(&store, &sid(3000), 2, &n, terms(150, 30_000)).await;
     store
-        .mark_started(&sid(3000), c2.fencing_token)
+        .mark_started(&sid(3000), &Holder::of(&c2))
         .await
         .expect("start");
     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -539,7 +550,7 @@ pub async fn expire_run_unconfirmed_and_lost(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(3000),
-            Finisher::Token(c2.fencing_token),
+            Finisher::Holder(Holder::of(&c2)),
             outcome(RunState::Succeeded),
         )
         .await
@@ -688,7 +699,7 @@ pub async fn cancel_run_transitions(store: Arc<dyn Store>) {
     // DISPATCHED/RUNNING: the lease is revoked, the holder fenced, its slot freed.
     let g = grant(&store, &sid(2000), 1, &n, LONG).await;
     store
-        .mark_started(&sid(2000), g.fencing_token)
+        .mark_started(&sid(2000), &Holder::of(&g))
         .await
         .expect("start");
     let t = store
@@ -709,11 +720,12 @@ pub async fn cancel_run_transitions(store: Arc<dyn Store>) {
     let c = t.run.expect("run");
     assert_eq!(c.state, RunState::Cancelled);
     assert!(c.fencing_token > g.fencing_token);
-    assert!(
-        !store
-            .report_progress(&sid(2000), g.fencing_token, 10, "late")
+    assert_eq!(
+        store
+            .report_progress(&sid(2000), &Holder::of(&g), 10, "late")
             .await
-            .expect("progress")
+            .expect("progress"),
+        Applied::No(STALE_TOKEN.to_owned())
     );
     let r3 = begin(
         &store,
@@ -792,7 +804,10 @@ pub async fn broadcast_shards(store: Arc<dyn Store>) {
         granted.push(grant(&store, &s.schedule_id, 1, n, LONG).await);
     }
     let t0 = granted[0].fencing_token;
-    let t = store.mark_started(&sid(1000), t0).await.expect("start");
+    let t = store
+        .mark_started(&sid(1000), &Holder::of(&granted[0]))
+        .await
+        .expect("start");
     assert_eq!(t.applied, Applied::Yes);
     assert_eq!(t.run.as_ref().map(|r| r.state), Some(RunState::Running));
     assert_eq!(get(&store, "bc@1000#0").await.state, RunState::Running);
@@ -812,7 +827,7 @@ pub async fn broadcast_shards(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             &sid(1000),
-            Finisher::Token(t0),
+            Finisher::Holder(Holder::of(&granted[0])),
             outcome(RunState::Succeeded),
         )
         .await
@@ -831,7 +846,7 @@ pub async fn broadcast_shards(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             "bc@1000#1",
-            Finisher::Token(granted[1].fencing_token),
+            Finisher::Holder(Holder::of(&granted[1])),
             failed("boom"),
         )
         .await
@@ -843,7 +858,7 @@ pub async fn broadcast_shards(store: Arc<dyn Store>) {
     store
         .finish_run(
             "bc@1000#1",
-            Finisher::Token(g1.fencing_token),
+            Finisher::Holder(Holder::of(&g1)),
             outcome(RunState::Succeeded),
         )
         .await
@@ -860,7 +875,7 @@ pub async fn broadcast_shards(store: Arc<dyn Store>) {
     let t = store
         .finish_run(
             "bc@1000#2",
-            Finisher::Token(granted[2].fencing_token),
+            Finisher::Holder(Holder::of(&granted[2])),
             failed("disk"),
         )
         .await
@@ -870,7 +885,7 @@ pub async fn broadcast_shards(store: Arc<dyn Store>) {
     store
         .finish_run(
             "bc@1000#2",
-            Finisher::Token(g2.fencing_token),
+            Finisher::Holder(Holder::of(&g2)),
             failed("disk"),
         )
         .await
@@ -899,7 +914,7 @@ pub async fn broadcast_shards(store: Arc<dyn Store>) {
         store
             .finish_run(
                 &s.schedule_id,
-                Finisher::Token(g.fencing_token),
+                Finisher::Holder(Holder::of(&g)),
                 outcome(RunState::Succeeded),
             )
             .await
@@ -992,64 +1007,75 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
     let sid = r.schedule_id.as_str();
 
     // Before a dispatch there is no current holder to accept.
-    assert!(
-        !store
-            .report_progress(sid, 0, 5, "x")
+    assert_ne!(
+        store
+            .report_progress(sid, &holder("logs-n", 0), 5, "x")
             .await
-            .expect("progress")
+            .expect("progress"),
+        Applied::Yes
     );
     let g = grant(&store, sid, 1, &slot("logs-n", 0), LONG).await;
-    let token = g.fencing_token;
-    assert!(
+    let token = Holder::of(&g);
+    let stale = Holder {
+        token: g.fencing_token + 1,
+        ..Holder::of(&g)
+    };
+    assert_eq!(
         store
-            .report_progress(sid, token, 50, "half way")
+            .report_progress(sid, &token, 50, "half way")
             .await
-            .expect("progress")
+            .expect("progress"),
+        Applied::Yes
     );
     let p = get(&store, sid).await;
     assert_eq!(
         (p.progress_percent, p.progress_message.as_str()),
         (50, "half way")
     );
-    assert!(
-        !store
-            .report_progress(sid, token + 1, 60, "stale")
+    assert_ne!(
+        store
+            .report_progress(sid, &stale, 60, "stale")
             .await
-            .expect("progress")
+            .expect("progress"),
+        Applied::Yes
     );
-    assert!(
-        !store
-            .report_progress("logs@404", token, 60, "none")
+    assert_ne!(
+        store
+            .report_progress("logs@404", &token, 60, "none")
             .await
-            .expect("progress")
+            .expect("progress"),
+        Applied::Yes
     );
     assert_eq!(get(&store, sid).await.progress_percent, 50);
 
     // Logs: seq from 1, assigned by the store; at most max_bytes of message text, the
     // oldest lines falling out first; seqs never reused.
-    assert!(
-        !store
-            .append_logs(sid, token + 1, vec![log("stale-line")], 1000)
+    assert_ne!(
+        store
+            .append_logs(sid, &stale, vec![log("stale-line")], 1000)
             .await
-            .expect("append")
+            .expect("append"),
+        Applied::Yes
     );
-    assert!(
-        !store
-            .append_logs("logs@404", token, vec![log("none-line")], 1000)
+    assert_ne!(
+        store
+            .append_logs("logs@404", &token, vec![log("none-line")], 1000)
             .await
-            .expect("append")
+            .expect("append"),
+        Applied::Yes
     );
     let ten = |c: char| c.to_string().repeat(10);
-    assert!(
+    assert_eq!(
         store
             .append_logs(
                 sid,
-                token,
+                &token,
                 vec![log(&ten('a')), log(&ten('b')), log(&ten('c'))],
                 25
             )
             .await
-            .expect("append")
+            .expect("append"),
+        Applied::Yes
     );
     let got = store.read_logs(sid, 0, 100).await.expect("read");
     assert_eq!(
@@ -1062,30 +1088,33 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
         (got[0].level.as_str(), got[0].time_ms, got[0].attempt),
         ("info", 1_000, 1)
     );
-    assert!(
+    assert_eq!(
         store
-            .append_logs(sid, token, vec![log(&ten('d')), log(&ten('e'))], 25)
+            .append_logs(sid, &token, vec![log(&ten('d')), log(&ten('e'))], 25)
             .await
-            .expect("append")
+            .expect("append"),
+        Applied::Yes
     );
     let got = store.read_logs(sid, 0, 100).await.expect("read");
     assert_eq!(seqs(&got), [4, 5]);
     let messages: Vec<&str> = got.iter().map(|l| l.message.as_str()).collect();
     assert_eq!(messages, [ten('d'), ten('e')]);
     // A line alone over the bound does not survive, but its seq is spent.
-    assert!(
+    assert_eq!(
         store
-            .append_logs(sid, token, vec![log(&"x".repeat(40))], 25)
+            .append_logs(sid, &token, vec![log(&"x".repeat(40))], 25)
             .await
-            .expect("append")
+            .expect("append"),
+        Applied::Yes
     );
     assert_eq!(store.read_logs(sid, 0, 100).await.expect("read"), vec![]);
     let lines: Vec<LogLine> = (0..10).map(|i| log(&format!("line {i}"))).collect();
-    assert!(
+    assert_eq!(
         store
-            .append_logs(sid, token, lines, 10_000)
+            .append_logs(sid, &token, lines, 10_000)
             .await
-            .expect("append")
+            .expect("append"),
+        Applied::Yes
     );
 
     // Paging by seq.
@@ -1114,20 +1143,26 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
     // After its result the run takes no progress; late log lines of the token that
     // finished it are still kept. Once revoked, the old token is refused.
     store
-        .finish_run(sid, Finisher::Token(token), outcome(RunState::Succeeded))
+        .finish_run(
+            sid,
+            Finisher::Holder(token.clone()),
+            outcome(RunState::Succeeded),
+        )
         .await
         .expect("finish");
-    assert!(
-        !store
-            .report_progress(sid, token, 100, "done")
-            .await
-            .expect("progress")
-    );
-    assert!(
+    assert_ne!(
         store
-            .append_logs(sid, token, vec![log("after the result")], 10_000)
+            .report_progress(sid, &token, 100, "done")
             .await
-            .expect("append")
+            .expect("progress"),
+        Applied::Yes
+    );
+    assert_eq!(
+        store
+            .append_logs(sid, &token, vec![log("after the result")], 10_000)
+            .await
+            .expect("append"),
+        Applied::Yes
     );
     assert_eq!(
         seqs(&store.read_logs(sid, 16, 100).await.expect("read")),
@@ -1144,11 +1179,12 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
         .cancel_run(&r2.schedule_id, "stop")
         .await
         .expect("cancel");
-    assert!(
-        !store
-            .append_logs(&r2.schedule_id, g2.fencing_token, vec![log("late")], 10_000)
+    assert_ne!(
+        store
+            .append_logs(&r2.schedule_id, &Holder::of(&g2), vec![log("late")], 10_000)
             .await
-            .expect("append")
+            .expect("append"),
+        Applied::Yes
     );
     assert_eq!(
         store.read_logs(&r2.schedule_id, 0, 10).await.expect("read"),

@@ -114,10 +114,10 @@ use tokio::sync::{Notify, watch};
 use super::{
     AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult,
     Delivery, DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    Held, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved,
-    NodeSlot, Outbox, Outcome, Page, Recorded, Result, Revocation, RunQuery, RunStore,
-    SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue, WebhookDelivery,
-    partition_of,
+    Held, Holder, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRegistry,
+    NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Result, Revocation, RunQuery, RunStore,
+    SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN,
+    WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,

@@ -278,17 +278,17 @@ impl RunStore for EmbeddedStore {
         .await
     }
 
-    async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
-        let schedule_id = schedule_id.to_owned();
+    async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition> {
+        let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
         self.blocking(move |inner| {
             let schedule_id = schedule_id.as_str();
             inner.write(|txn| {
                 let mut t = RunTables::open(txn, inner)?;
                 let Some(mut run) = t.load_held(schedule_id)? else {
-                    return Ok(refused("unknown run", None));
+                    return Ok(refused(UNKNOWN_RUN, None));
                 };
-                if run.fencing_token != token {
-                    return Ok(refused("stale fencing token", Some(run)));
+                if let Some(why) = holder.refusal(&run) {
+                    return Ok(refused(why, Some(run)));
                 }
                 match run.state {
                     RunState::Running => Ok(Transition {
@@ -358,16 +358,16 @@ impl RunStore for EmbeddedStore {
             inner.write(|txn| {
                 let mut t = RunTables::open(txn, inner)?;
                 let found = match by {
-                    Finisher::Token(_) => t.load_held(schedule_id)?,
+                    Finisher::Holder(_) => t.load_held(schedule_id)?,
                     Finisher::Waiting { .. } => t.load(schedule_id)?,
                 };
                 let Some(mut run) = found else {
-                    return Ok(refused("unknown run", None));
+                    return Ok(refused(UNKNOWN_RUN, None));
                 };
-                match by {
-                    Finisher::Token(token) => {
-                        if run.fencing_token != token {
-                            return Ok(refused("stale fencing token", Some(run)));
+                match &by {
+                    Finisher::Holder(holder) => {
+                        if let Some(why) = holder.refusal(&run) {
+                            return Ok(refused(why, Some(run)));
                         }
                         if run.state.is_final() {
                             return Ok(Transition {
@@ -380,7 +380,7 @@ impl RunStore for EmbeddedStore {
                         }
                     }
                     Finisher::Waiting { attempt } => {
-                        if run.state != RunState::Waiting || run.attempt != attempt {
+                        if run.state != RunState::Waiting || run.attempt != *attempt {
                             return Ok(refused("run is no longer waiting", Some(run)));
                         }
                         // Queued behind a serial run: nobody may route it, so nobody may
@@ -393,7 +393,7 @@ impl RunStore for EmbeddedStore {
                 if outcome.state == RunState::Waiting {
                     // The executor rejected the dispatch (busy, not ready): route it
                     // elsewhere at the same attempt; the attempt never began.
-                    if !matches!(by, Finisher::Token(_)) {
+                    if !matches!(by, Finisher::Holder(_)) {
                         return Ok(refused("only a lease holder can reject", Some(run)));
                     }
                     let now = t.now;
@@ -467,7 +467,7 @@ impl RunStore for EmbeddedStore {
                 let mut t = RunTables::open(txn, inner)?;
                 let Some(mut run) = t.load(schedule_id)? else {
                     t.drop_timer(schedule_id)?;
-                    return Ok(refused("unknown run", None));
+                    return Ok(refused(UNKNOWN_RUN, None));
                 };
                 if run.state.is_final() {
                     t.drop_timer(schedule_id)?;
@@ -602,7 +602,7 @@ impl RunStore for EmbeddedStore {
             inner.write(|txn| {
                 let mut t = RunTables::open(txn, inner)?;
                 let Some(mut run) = t.load(schedule_id)? else {
-                    return Ok(refused("unknown run", None));
+                    return Ok(refused(UNKNOWN_RUN, None));
                 };
                 if run.state.is_final() {
                     let why = format!("run is already {}", run.state);
@@ -619,26 +619,29 @@ impl RunStore for EmbeddedStore {
     async fn report_progress(
         &self,
         schedule_id: &str,
-        token: u64,
+        holder: &Holder,
         percent: u32,
         message: &str,
-    ) -> Result<bool> {
-        let (schedule_id, message) = (schedule_id.to_owned(), message.to_owned());
+    ) -> Result<Applied> {
+        let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
+        let message = message.to_owned();
         self.blocking(move |inner| {
             let schedule_id = schedule_id.as_str();
-            let message = message.as_str();
             inner.write(|txn| {
                 let mut t = RunTables::open(txn, inner)?;
-                let Some(mut run) = t
-                    .load_held(schedule_id)?
-                    .filter(|r| r.fencing_token == token && held(r.state))
-                else {
-                    return Ok(false);
+                let Some(mut run) = t.load_held(schedule_id)? else {
+                    return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
                 };
+                if let Some(why) = holder.refusal(&run) {
+                    return Ok(Applied::No(why.to_owned()));
+                }
+                if !held(run.state) {
+                    return Ok(Applied::No(format!("run is {}", run.state)));
+                }
                 run.progress_percent = percent;
-                run.progress_message = message.to_owned();
+                run.progress_message = message;
                 t.save(&run)?;
-                Ok(true)
+                Ok(Applied::Yes)
             })
         })
         .await
@@ -647,26 +650,26 @@ impl RunStore for EmbeddedStore {
     async fn append_logs(
         &self,
         schedule_id: &str,
-        token: u64,
+        holder: &Holder,
         lines: Vec<LogLine>,
         max_bytes: usize,
-    ) -> Result<bool> {
+    ) -> Result<Applied> {
         // Nothing to store is vacuously stored, whoever asks (as in redis).
         if lines.is_empty() {
-            return Ok(true);
+            return Ok(Applied::Yes);
         }
-        let schedule_id = schedule_id.to_owned();
+        let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
         self.blocking(move |inner| {
             let schedule_id = schedule_id.as_str();
             inner.write(|txn| {
                 let mut t = RunTables::open(txn, inner)?;
                 // Any state: an executor may flush its last lines after its result.
-                let Some(run) = t
-                    .load_held(schedule_id)?
-                    .filter(|r| r.fencing_token == token)
-                else {
-                    return Ok(false);
+                let Some(run) = t.load_held(schedule_id)? else {
+                    return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
                 };
+                if let Some(why) = holder.refusal(&run) {
+                    return Ok(Applied::No(why.to_owned()));
+                }
                 let schedule_id = run.schedule_id.as_str();
                 let (mut seq, mut bytes) = t
                     .log_meta
@@ -706,7 +709,7 @@ impl RunStore for EmbeddedStore {
                 t.log_meta
                     .insert(schedule_id, (seq, bytes))
                     .ctx("write run log meta")?;
-                Ok(true)
+                Ok(Applied::Yes)
             })
         })
         .await

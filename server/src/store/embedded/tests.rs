@@ -82,11 +82,12 @@ async fn data_survives_reopen() {
         message: "hello".to_owned(),
         attempt: 1,
     };
-    assert!(
+    assert_eq!(
         store
-            .append_logs(&flying.schedule_id, leased.fencing_token, vec![line], 1000)
+            .append_logs(&flying.schedule_id, &Holder::of(&leased), vec![line], 1000)
             .await
-            .expect("append")
+            .expect("append"),
+        Applied::Yes
     );
     assert!(
         store
@@ -192,7 +193,7 @@ async fn data_survives_reopen() {
     let done = store
         .finish_run(
             &flying.schedule_id,
-            Finisher::Token(leased.fencing_token),
+            Finisher::Holder(Holder::of(&leased)),
             Outcome {
                 state: RunState::Succeeded,
                 output: None,

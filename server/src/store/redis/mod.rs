@@ -65,10 +65,10 @@ use tokio_util::sync::CancellationToken;
 use super::{
     AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult,
     Delivery, DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    GONE_ERROR, Held, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRegistry,
-    NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Result, Revocation, RunQuery, RunStore,
-    SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue, WebhookDelivery,
-    partition_of,
+    GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord,
+    NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Result, Revocation,
+    RunQuery, RunStore, SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue,
+    UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
@@ -591,7 +591,7 @@ impl From<Outcome> for OutcomeJson {
 
 fn unknown_run() -> Transition {
     Transition {
-        applied: Applied::No("unknown run".to_owned()),
+        applied: Applied::No(UNKNOWN_RUN.to_owned()),
         run: None,
         revoked: Vec::new(),
         next_serial: None,

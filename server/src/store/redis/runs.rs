@@ -223,10 +223,10 @@ impl RunStore for RedisStore {
         }
     }
 
-    async fn mark_started(&self, schedule_id: &str, token: u64) -> Result<Transition> {
+    async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition> {
         let script = &self.inner.scripts.mark_started;
-        self.run_transition(script, schedule_id, &[token.to_string()])
-            .await
+        let args = [holder.node_id.clone(), holder.token.to_string()];
+        self.run_transition(script, schedule_id, &args).await
     }
 
     async fn renew_leases(
@@ -264,14 +264,13 @@ impl RunStore for RedisStore {
         by: Finisher,
         outcome: Outcome,
     ) -> Result<Transition> {
-        let (kind, value) = match by {
-            Finisher::Token(t) => ("token", t.to_string()),
-            Finisher::Waiting { attempt } => ("waiting", attempt.to_string()),
-        };
         let json = serde_json::to_string(&OutcomeJson::from(outcome)).map_err(corrupt)?;
+        let args = match by {
+            Finisher::Holder(h) => vec!["holder".to_owned(), h.token.to_string(), json, h.node_id],
+            Finisher::Waiting { attempt } => vec!["waiting".to_owned(), attempt.to_string(), json],
+        };
         let script = &self.inner.scripts.finish_run;
-        self.run_transition(script, schedule_id, &[kind.to_owned(), value, json])
-            .await
+        self.run_transition(script, schedule_id, &args).await
     }
 
     async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
@@ -301,55 +300,57 @@ impl RunStore for RedisStore {
     async fn report_progress(
         &self,
         schedule_id: &str,
-        token: u64,
+        holder: &Holder,
         percent: u32,
         message: &str,
-    ) -> Result<bool> {
+    ) -> Result<Applied> {
         let Some((job_id, _)) = split_schedule_id(schedule_id) else {
-            return Ok(false);
+            return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
         };
         let p = self.part(job_id);
         let mut c = self.conn().await?;
-        let r: i64 = self
+        let refused: String = self
             .inner
             .scripts
             .report_progress
             .arg(self.pfx(p))
             .arg(schedule_id)
-            .arg(token.to_string())
+            .arg(&holder.node_id)
+            .arg(holder.token.to_string())
             .arg(percent)
             .arg(message)
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        Ok(r == 1)
+        Ok(applied_unless(refused))
     }
 
     async fn append_logs(
         &self,
         schedule_id: &str,
-        token: u64,
+        holder: &Holder,
         lines: Vec<LogLine>,
         max_bytes: usize,
-    ) -> Result<bool> {
+    ) -> Result<Applied> {
         let Some((job_id, _)) = split_schedule_id(schedule_id) else {
-            return Ok(false);
+            return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
         };
         if lines.is_empty() {
-            return Ok(true);
+            return Ok(Applied::Yes);
         }
         let p = self.part(job_id);
         let mut inv = self.inner.scripts.append_logs.prepare_invoke();
         inv.arg(self.pfx(p))
             .arg(schedule_id)
-            .arg(token.to_string())
+            .arg(&holder.node_id)
+            .arg(holder.token.to_string())
             .arg(max_bytes);
         for l in &lines {
             inv.arg(serde_json::to_string(l).map_err(corrupt)?);
         }
         let mut c = self.conn().await?;
-        let r: i64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
-        Ok(r == 1)
+        let refused: String = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        Ok(applied_unless(refused))
     }
 
     async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>> {
@@ -376,5 +377,14 @@ impl RunStore for RedisStore {
             .map(|j| serde_json::from_str(j).map_err(corrupt))
             .filter(|l: &Result<LogLine>| l.as_ref().map_or(true, |l| l.seq > after))
             .collect()
+    }
+}
+
+/// A script's answer that is empty when it applied the report, else the reason.
+fn applied_unless(refused: String) -> Applied {
+    if refused.is_empty() {
+        Applied::Yes
+    } else {
+        Applied::No(refused)
     }
 }

@@ -1,16 +1,17 @@
--- ARGV: P, schedule_id, token, max_bytes, then one JSON line each ({time_ms, level,
--- message, attempt}). Lines get their seq here; the oldest fall out past max_bytes.
+-- ARGV: P, schedule_id, node, token, max_bytes, then one JSON line each ({time_ms,
+-- level, message, attempt}). Lines get their seq here; the oldest fall out past
+-- max_bytes. Returns '' when stored, else the reason.
 local P = ARGV[1]
-local run = load_held(P, ARGV[2])
-if not run or run.fencing_token ~= ARGV[3] then
-  return 0
+local run, refused = reported_run(P, ARGV[2], ARGV[3], ARGV[4])
+if refused then
+  return refused
 end
 local sid = run.schedule_id
 local runkey = P .. 'run:' .. sid
 local lkey, mkey = P .. 'logs:' .. sid, P .. 'logmeta:' .. sid
-local max = tonumber(ARGV[4])
+local max = tonumber(ARGV[5])
 local bytes = tonumber(redis.call('HGET', mkey, 'bytes') or '0')
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   local line = cjson.decode(ARGV[i])
   line.seq = redis.call('HINCRBY', mkey, 'seq', 1)
   bytes = bytes + #line.message
@@ -30,4 +31,4 @@ if ttl > 0 then
   redis.call('PEXPIRE', lkey, ttl)
   redis.call('PEXPIRE', mkey, ttl)
 end
-return 1
+return ''

@@ -1,7 +1,8 @@
--- ARGV: P, N, schedule_id, 'token' | 'waiting', token or attempt, outcome_json
+-- ARGV: P, N, schedule_id, 'holder' | 'waiting', token or attempt, outcome_json, and
+-- for 'holder' the node
 local P, N, sid, by, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local run
-if by == 'token' then
+if by == 'holder' then
   run = load_held(P, sid)
 else
   run = load_run(P, sid)
@@ -9,9 +10,10 @@ end
 if not run then
   return reply('no', 'unknown run')
 end
-if by == 'token' then
-  if run.fencing_token ~= value then
-    return reply('no', 'stale fencing token', cjson.encode(run))
+if by == 'holder' then
+  local refused = holder_refusal(run, ARGV[7], value)
+  if refused then
+    return reply('no', refused, cjson.encode(run))
   end
   if FINAL[run.state] then
     return reply('already', '', cjson.encode(run))
@@ -28,7 +30,7 @@ local o = cjson.decode(ARGV[6])
 local now = store_now_ms()
 if o.state == 'WAITING' then
   -- The executor rejected the dispatch: route it elsewhere, same attempt.
-  if by ~= 'token' then
+  if by ~= 'holder' then
     return reply('no', 'only a lease holder can reject', cjson.encode(run))
   end
   leave_node(N, run)

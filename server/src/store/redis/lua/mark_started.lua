@@ -1,11 +1,11 @@
--- ARGV: P, N (unused), schedule_id, token
-local P, sid, token = ARGV[1], ARGV[3], ARGV[4]
-local run = load_held(P, sid)
+-- ARGV: P, N (unused), schedule_id, node, token
+local P, sid, node, token = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
+local run, refused = reported_run(P, sid, node, token)
 if not run then
-  return reply('no', 'unknown run')
+  return reply('no', refused)
 end
-if run.fencing_token ~= token then
-  return reply('no', 'stale fencing token', cjson.encode(run))
+if refused then
+  return reply('no', refused, cjson.encode(run))
 end
 if run.state == 'RUNNING' then
   return reply('already', '', cjson.encode(run))

@@ -1,10 +1,14 @@
--- ARGV: P, schedule_id, token, percent, message
-local P, sid = ARGV[1], ARGV[2]
-local run = load_held(P, sid)
-if not run or run.fencing_token ~= ARGV[3] or not HELD[run.state] then
-  return 0
+-- ARGV: P, schedule_id, node, token, percent, message
+-- Returns '' when stored, else the reason.
+local P = ARGV[1]
+local run, refused = reported_run(P, ARGV[2], ARGV[3], ARGV[4])
+if refused then
+  return refused
 end
-run.progress_percent = tonumber(ARGV[4])
-run.progress_message = ARGV[5]
+if not HELD[run.state] then
+  return 'run is ' .. run.state
+end
+run.progress_percent = tonumber(ARGV[5])
+run.progress_message = ARGV[6]
 save_run(P, run)
-return 1
+return ''

@@ -32,6 +32,32 @@ local function load_held(P, sid)
   return run
 end
 
+-- Why a report from `node` under `token` is refused, or nil (Holder::refusal in Rust):
+-- the node is compared first, so a stream naming another node's run learns nothing of
+-- its token; the previous lease's node gets 'stale fencing token' for a late report.
+local function holder_refusal(run, node, token)
+  if (run.node_id or '') ~= node then
+    if (run.last_node or '') == node then
+      return 'stale fencing token'
+    end
+    return 'not the lease holder'
+  end
+  if run.fencing_token ~= token then
+    return 'stale fencing token'
+  end
+  return nil
+end
+
+-- The run an executor's report names, and why the report is refused if it is
+-- ('unknown run', or holder_refusal).
+local function reported_run(P, sid, node, token)
+  local run = load_held(P, sid)
+  if not run then
+    return nil, 'unknown run'
+  end
+  return run, holder_refusal(run, node, token)
+end
+
 local function earliest(d)
   local m = 0
   for _, k in ipairs({ 'lease_expires', 'confirm_by', 'timeout_at', 'wake_at' }) do

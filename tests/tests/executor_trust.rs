@@ -1,0 +1,197 @@
+//! The executor plane as a trust boundary, over real gRPC on both stores: a stream
+//! authenticated for one executor group cannot start, finish, report progress or log
+//! for a run leased to another group's node, even quoting that run's current
+//! `RunRef`; the holder's own reports then go through; and a stream that keeps
+//! naming runs its node does not hold (guessing tokens) is closed.
+
+use anyhow::{Context, Result, bail, ensure};
+use sundial_proto::v1 as pb;
+use sundial_proto::v1::executor_message::Msg;
+use sundial_proto::v1::server_message::Msg as Out;
+use sundial_server::dispatch::executors::MAX_FOREIGN_REPORTS;
+use sundial_tests::raw::Exec;
+use sundial_tests::{RedisServer, Sundial, SundialOptions, manual_job};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const TOKEN_A: &str = "exec-tok-group-a-7731";
+const TOKEN_B: &str = "exec-tok-group-b-1187";
+
+fn secured(opts: SundialOptions) -> SundialOptions {
+    opts.repeated_arg("executor-token", &format!("ga={TOKEN_A}"))
+        .repeated_arg("executor-token", &format!("gb={TOKEN_B}"))
+        .arg("heartbeat-interval", "300ms")
+        .arg("sweep-every", "50ms")
+}
+
+/// A raw executor of `group` presenting `token`.
+async fn connect(channel: Channel, node: &str, group: &str, token: &str) -> Result<Exec> {
+    let hello = pb::Hello {
+        node_id: node.into(),
+        group: group.into(),
+        handlers: vec!["work".into()],
+        token: token.into(),
+        ..Default::default()
+    };
+    Ok(Exec::hello(channel, hello).await?.0)
+}
+
+/// Sends `Result` SUCCEEDED with `output` and returns its ack.
+async fn forge_result(e: &mut Exec, run: &pb::RunRef, output: &[u8]) -> Result<pb::ResultAck> {
+    e.result(run, pb::ResultStatus::Succeeded, output).await
+}
+
+async fn forged_reports_are_refused(opts: SundialOptions) -> Result<()> {
+    let server = Sundial::start(secured(opts))?;
+    let channel = server.channel().await?;
+    let mut spec = manual_job("payroll", "work");
+    if let Some(pb::job_spec::Target::Executor(t)) = spec.target.as_mut() {
+        t.group = "gb".into();
+    }
+    server.create_job(spec).await?;
+    let mut victim = connect(channel.clone(), "victim", "gb", TOKEN_B).await?;
+    let mut thief = connect(channel.clone(), "thief", "ga", TOKEN_A).await?;
+
+    let sid = server.trigger("payroll").await?;
+    let run = victim.dispatch().await?.run.context("run ref")?;
+    ensure!(run.schedule_id == sid, "{run:?}");
+
+    // The thief quotes the victim's whole RunRef: every report is refused.
+    ensure!(
+        !thief.start(&run).await?,
+        "a foreign Started got the go-ahead"
+    );
+    thief
+        .send(Msg::Progress(pb::Progress {
+            run: Some(run.clone()),
+            percent: 99,
+            message: "forged".into(),
+        }))
+        .await?;
+    thief
+        .send(Msg::Logs(pb::LogLines {
+            run: Some(run.clone()),
+            lines: vec![pb::LogEntry {
+                time_ms: 1,
+                level: "info".into(),
+                message: "forged line".into(),
+            }],
+        }))
+        .await?;
+    let ack = forge_result(&mut thief, &run, b"forged").await?;
+    ensure!(
+        !ack.accepted && ack.reason == "not the lease holder",
+        "a foreign Result: {ack:?}"
+    );
+    let r = server.run(&sid).await?;
+    ensure!(
+        r.state == pb::RunState::Dispatched as i32 && r.progress_percent == 0,
+        "the foreign reports changed the run: {r:?}"
+    );
+    let logs = server
+        .runs()
+        .await?
+        .get_run_logs(pb::GetRunLogsRequest {
+            schedule_id: sid.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .message()
+        .await?;
+    ensure!(logs.is_none(), "a foreign log line was stored: {logs:?}");
+
+    // The holder's own reports are applied: its output is the run's.
+    ensure!(victim.start(&run).await?, "the holder got no go-ahead");
+    let ack = forge_result(&mut victim, &run, b"real").await?;
+    ensure!(ack.accepted, "the holder's result: {ack:?}");
+    let r = server.finished(&sid).await?;
+    ensure!(
+        r.state == pb::RunState::Succeeded as i32 && r.output == b"real" && r.node_id == "victim",
+        "{r:?}"
+    );
+
+    // Guessing, on a fresh stream of group ga: results for the next run with every
+    // token from a few below its current one up. None is accepted, and the stream is
+    // closed after MAX_FOREIGN_REPORTS refusals, long before the guesses run out.
+    let sid = server.trigger("payroll").await?;
+    let next = victim.dispatch().await?.run.context("run ref")?;
+    let mut guesser = connect(channel.clone(), "guesser", "ga", TOKEN_A).await?;
+    let mut refused = 0u32;
+    let mut sent = 0u64;
+    let closed = 'guessing: loop {
+        ensure!(sent < 1000, "the guessing stream was never closed");
+        let mut guess = next.clone();
+        guess.fencing_token = next.fencing_token.saturating_sub(5) + sent;
+        sent += 1;
+        guesser
+            .send(Msg::Result(pb::Result {
+                run: Some(guess),
+                status: pb::ResultStatus::Succeeded as i32,
+                output: b"guessed".to_vec(),
+                ..Default::default()
+            }))
+            .await?;
+        // Its answer: a refusal, or the stream's end (heartbeat acks skipped).
+        loop {
+            match guesser.next_or_status().await? {
+                Ok(Some(Out::ResultAck(a))) => {
+                    ensure!(!a.accepted, "a guessed result was accepted: {a:?}");
+                    refused += 1;
+                    break;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => bail!("the stream ended without a status"),
+                Err(status) => break 'guessing status,
+            }
+        }
+    };
+    println!("guessing stream closed after {sent} results ({refused} refused): {closed:?}");
+    ensure!(closed.code() == Code::PermissionDenied, "{closed:?}");
+    ensure!(
+        refused == MAX_FOREIGN_REPORTS && sent == u64::from(MAX_FOREIGN_REPORTS) + 1,
+        "{refused} refused of {sent} before the close"
+    );
+    let r = server.run(&sid).await?;
+    ensure!(
+        r.state == pb::RunState::Dispatched as i32 && r.output.is_empty(),
+        "{r:?}"
+    );
+    ensure!(
+        victim.start(&next).await?,
+        "the holder lost its run to the guesses"
+    );
+    let foreign = foreign_reports(&server).await?;
+    ensure!(
+        foreign >= u64::from(MAX_FOREIGN_REPORTS) + 4,
+        "sundial_foreign_reports_total = {foreign}"
+    );
+    Ok(())
+}
+
+/// `sundial_foreign_reports_total` from `/metrics`.
+async fn foreign_reports(server: &Sundial) -> Result<u64> {
+    let url = format!("{}/metrics", server.http_url().context("no http listener")?);
+    let text = reqwest::get(&url).await?.text().await?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("sundial_foreign_reports_total "))
+        .context("no sundial_foreign_reports_total")?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("no value")?
+        .parse::<f64>()? as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_reports_are_refused_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    forged_reports_are_refused(SundialOptions::redis(&redis)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_reports_are_refused_on_the_embedded_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    forged_reports_are_refused(SundialOptions::embedded(dir.path())).await
+}
