@@ -1,8 +1,9 @@
 //! The executor plane as a trust boundary, over real gRPC on both stores: a stream
 //! authenticated for one executor group cannot start, finish, report progress or log
 //! for a run leased to another group's node, even quoting that run's current
-//! `RunRef`; the holder's own reports then go through; and a stream that keeps
-//! naming runs its node does not hold (guessing tokens) is closed.
+//! `RunRef`; the holder's own reports then go through; a stream that keeps naming
+//! runs its node does not hold (guessing tokens) is closed; a node id belongs to one
+//! group, and the same executor connecting again replaces its old stream.
 
 use anyhow::{Context, Result, bail, ensure};
 use sundial_proto::v1 as pb;
@@ -44,11 +45,7 @@ async fn forge_result(e: &mut Exec, run: &pb::RunRef, output: &[u8]) -> Result<p
 async fn forged_reports_are_refused(opts: SundialOptions) -> Result<()> {
     let server = Sundial::start(secured(opts))?;
     let channel = server.channel().await?;
-    let mut spec = manual_job("payroll", "work");
-    if let Some(pb::job_spec::Target::Executor(t)) = spec.target.as_mut() {
-        t.group = "gb".into();
-    }
-    server.create_job(spec).await?;
+    server.create_job(gb_job("payroll")).await?;
     let mut victim = connect(channel.clone(), "victim", "gb", TOKEN_B).await?;
     let mut thief = connect(channel.clone(), "thief", "ga", TOKEN_A).await?;
 
@@ -194,4 +191,118 @@ async fn forged_reports_are_refused_on_redis() -> Result<()> {
 async fn forged_reports_are_refused_on_the_embedded_store() -> Result<()> {
     let dir = tempfile::tempdir()?;
     forged_reports_are_refused(SundialOptions::embedded(dir.path())).await
+}
+
+/// A `manual_job` on group `gb`.
+fn gb_job(id: &str) -> pb::JobSpec {
+    let mut spec = manual_job(id, "work");
+    if let Some(pb::job_spec::Target::Executor(t)) = spec.target.as_mut() {
+        t.group = "gb".into();
+    }
+    spec
+}
+
+async fn a_node_id_belongs_to_one_group(opts: SundialOptions) -> Result<()> {
+    let server = Sundial::start(secured(opts))?;
+    let channel = server.channel().await?;
+    server.create_job(gb_job("ledger")).await?;
+    let mut victim = connect(channel.clone(), "shared-id", "gb", TOKEN_B).await?;
+
+    // Another group's hello with the victim's node id is refused.
+    let refused = match connect(channel.clone(), "shared-id", "ga", TOKEN_A).await {
+        Ok(_) => bail!("a hello from another group took over the node id"),
+        Err(e) => e
+            .downcast::<tonic::Status>()
+            .context("refused without a status")?,
+    };
+    ensure!(
+        refused.code() == Code::PermissionDenied && refused.message().contains("hello.node_id"),
+        "{refused:?}"
+    );
+
+    // The victim keeps receiving its group's runs.
+    for _ in 0..3 {
+        let sid = server.trigger("ledger").await?;
+        let run = victim.dispatch().await?.run.context("run ref")?;
+        ensure!(run.schedule_id == sid, "{run:?}");
+        ensure!(victim.start(&run).await?);
+        ensure!(
+            victim
+                .result(&run, pb::ResultStatus::Succeeded, b"")
+                .await?
+                .accepted
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_id_belongs_to_one_group_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    a_node_id_belongs_to_one_group(SundialOptions::redis(&redis)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_id_belongs_to_one_group_on_the_embedded_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    a_node_id_belongs_to_one_group(SundialOptions::embedded(dir.path())).await
+}
+
+/// The same executor connects again while its old stream still looks alive (the old
+/// stream was cut off, not closed): the new stream takes the node over, listing the
+/// run it holds, which keeps its lease and is finished once; the old stream gets
+/// `GoAway` at its next heartbeat, and new runs go to the new stream.
+async fn a_reconnect_replaces_the_old_stream(opts: SundialOptions) -> Result<()> {
+    let server = Sundial::start(secured(opts))?;
+    let channel = server.channel().await?;
+    server.create_job(gb_job("ledger")).await?;
+    let mut old = connect(channel.clone(), "n", "gb", TOKEN_B).await?;
+    let sid = server.trigger("ledger").await?;
+    let run = old.dispatch().await?.run.context("run ref")?;
+    ensure!(old.start(&run).await?);
+
+    let hello = pb::Hello {
+        node_id: "n".into(),
+        group: "gb".into(),
+        handlers: vec!["work".into()],
+        token: TOKEN_B.into(),
+        in_flight: vec![run.clone()],
+        ..Default::default()
+    };
+    let (mut new, unknown) = Exec::hello(channel.clone(), hello).await?;
+    ensure!(unknown.is_empty(), "the held run was taken: {unknown:?}");
+    let go_away = loop {
+        match old.next_or_status().await? {
+            Ok(Some(Out::GoAway(g))) => break g,
+            Ok(Some(_)) => {}
+            other => bail!("the old stream ended without GoAway: {other:?}"),
+        }
+    };
+    ensure!(go_away.reason.contains("superseded"), "{go_away:?}");
+
+    let ack = new
+        .result(&run, pb::ResultStatus::Succeeded, b"done")
+        .await?;
+    ensure!(ack.accepted, "{ack:?}");
+    let r = server.finished(&sid).await?;
+    ensure!(
+        r.state == pb::RunState::Succeeded as i32 && r.attempt == 1 && r.output == b"done",
+        "{r:?}"
+    );
+    let next = server.trigger("ledger").await?;
+    let d = new.dispatch().await?.run.context("run ref")?;
+    ensure!(d.schedule_id == next, "{d:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_replaces_the_old_stream_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    a_reconnect_replaces_the_old_stream(SundialOptions::redis(&redis)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_replaces_the_old_stream_on_the_embedded_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    a_reconnect_replaces_the_old_stream(SundialOptions::embedded(dir.path())).await
 }

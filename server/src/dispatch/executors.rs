@@ -46,7 +46,7 @@ use crate::dispatch::{Dispatcher, lock};
 use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
 use crate::store::{
     Applied, Finisher, Held, Holder, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRegistry, Outcome,
-    RunStore, UNKNOWN_RUN,
+    Registered, RunStore, UNKNOWN_RUN,
 };
 
 #[derive(Debug, Clone)]
@@ -261,10 +261,18 @@ impl ExecutorService for Executors {
         }
         let in_flight = hello.in_flight.clone();
         let node = node_from_hello(hello, &self.opts.instance_id)?;
-        self.store
+        let registered = self
+            .store
             .nodes
-            .upsert_node(node.clone(), self.opts.node_ttl())
+            .register_node(node.clone(), self.opts.node_ttl())
             .await?;
+        if let Registered::OtherGroup(_) = registered {
+            warn!(node_id = %node.node_id, group = %node.group, "hello refused: the node id is registered by an executor of another group");
+            return Err(Status::permission_denied(format!(
+                "hello.node_id: {:?} is connected as an executor of another group",
+                node.node_id
+            )));
+        }
         // Runs it still holds from an earlier stream keep their leases if they are
         // still its own; the rest are named so the executor stops them.
         let (_, gone) = self.renew(&node.node_id, in_flight).await?;
@@ -453,6 +461,13 @@ impl Executors {
     ) {
         while let Some(hb) = beats.recv().await {
             match self.heartbeat(&state, hb).await {
+                Ok(go_away @ Out::GoAway(_)) => {
+                    // Superseded by a newer stream of the node: it holds the node's
+                    // registration and runs now; this stream ends without removing them.
+                    let _ = replies.send(out(go_away)).await;
+                    let _ = session.send(Read::Ended(None)).await;
+                    return;
+                }
                 Ok(ack) => {
                     if replies.send(out(ack)).await.is_err() {
                         return;
@@ -487,10 +502,26 @@ impl Executors {
             node.clone()
         };
         let node_id = node.node_id.clone();
-        self.store
+        match self
+            .store
             .nodes
-            .upsert_node(node, self.opts.node_ttl())
-            .await?;
+            .refresh_node(node, self.opts.node_ttl())
+            .await?
+        {
+            Registered::Yes => {}
+            Registered::Superseded => {
+                info!("the node connected again on another stream; ending this one");
+                return Ok(Out::GoAway(pb::GoAway {
+                    reason: "superseded: this node_id connected again on another stream".into(),
+                    endpoints: Vec::new(),
+                }));
+            }
+            Registered::OtherGroup(_) => {
+                return Err(Status::permission_denied(
+                    "hello.node_id: registered meanwhile by an executor of another group",
+                ));
+            }
+        }
         let (leases, _) = self.renew(&node_id, hb.in_flight).await?;
         Ok(Out::HeartbeatAck(pb::HeartbeatAck { leases }))
     }
@@ -811,9 +842,11 @@ impl Executors {
             // A change of health is published at once, not at the next heartbeat, so
             // routing stops (or resumes) sending work sooner.
             if let Some(node) = changed {
+                // A stream superseded meanwhile publishes nothing; its next heartbeat
+                // ends it.
                 self.store
                     .nodes
-                    .upsert_node(node, self.opts.node_ttl())
+                    .refresh_node(node, self.opts.node_ttl())
                     .await?;
             }
             self.spawn_follow_up(*t);

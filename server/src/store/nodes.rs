@@ -65,12 +65,34 @@ pub struct NodeRemoved {
     pub leases_shortened: u32,
 }
 
+/// What [`NodeRegistry::register_node`] or [`NodeRegistry::refresh_node`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registered {
+    /// The record was written.
+    Yes,
+    /// Another stream of the node (its `session`) registered it since: nothing was
+    /// written, and the stream that asked is superseded (the executor reconnected).
+    Superseded,
+    /// A live registration of this other group holds the node id: nothing was written.
+    OtherGroup(String),
+}
+
 /// The executor node registry and routing counters. See the module docs.
 #[async_trait]
 pub trait NodeRegistry: StoreMeta {
-    /// Registers or refreshes a node (`last_heartbeat` = the store's now); it expires
-    /// `ttl` later unless refreshed again. A refresh replaces the whole record.
-    async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()>;
+    /// Registers a node at its stream's hello (`last_heartbeat` = the store's now); it
+    /// expires `ttl` later unless refreshed. A node id belongs to one group while it is
+    /// registered: a live registration of another group leaves it alone
+    /// (`OtherGroup`); one of the same group (the executor connected again, on this
+    /// instance or another) is replaced, and its stream is `Superseded` at its next
+    /// refresh.
+    async fn register_node(&self, node: NodeRecord, ttl: Duration) -> Result<Registered>;
+
+    /// Refreshes a registration from the stream that made it (each heartbeat), replacing
+    /// the whole record. A registration by another stream of the node (`session`) →
+    /// `Superseded`, by another group → `OtherGroup`, nothing written; none (it expired
+    /// or was removed) → written again.
+    async fn refresh_node(&self, node: NodeRecord, ttl: Duration) -> Result<Registered>;
 
     /// The stream `node` was registered by ended. Removes the node if that stream still
     /// holds it (same `instance` and `session`: a node that reconnected meanwhile, to

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use super::{
     Applied, Assigned, Begun, BreakerState, ClaimResult, Delivery, DeliveryOutcome, DueFire,
     Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite,
-    LeaseTerms, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Revocation,
-    RunQuery, STALE_TOKEN, Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery,
-    partition_of,
+    LeaseTerms, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered,
+    Revocation, RunQuery, STALE_TOKEN, Store, StoreOptions, Transition, UNKNOWN_RUN,
+    WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
@@ -113,6 +113,7 @@ macro_rules! store_conformance_tests {
                 nodes_report_leased_runs: options,
                 nodes_removed_only_by_their_instance: options,
                 a_gone_nodes_leases_end_within_the_grace: options,
+                node_ids_belong_to_one_group: options,
             }
             inboxes {
                 inbox_order_and_blocking: options,

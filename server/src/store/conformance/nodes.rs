@@ -101,7 +101,7 @@ async fn node_ids(store: &Arc<dyn Store>, group: Option<&str>) -> Vec<String> {
 pub async fn nodes_report_leased_runs(store: Arc<dyn Store>) {
     store.create_job(job("lr", None)).await.expect("create");
     store
-        .upsert_node(node("lr-n", "g1", "i1"), Duration::from_secs(5))
+        .register_node(node("lr-n", "g1", "i1"), Duration::from_secs(5))
         .await
         .expect("upsert");
     let leased = |store: Arc<dyn Store>| async move {
@@ -145,7 +145,7 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
         node("n2", "g1", "i1"),
     ];
     for n in &registered {
-        store.upsert_node(n.clone(), ttl).await.expect("upsert");
+        store.register_node(n.clone(), ttl).await.expect("upsert");
     }
     let after = now(&store).await;
 
@@ -188,7 +188,7 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
         ..node("n1", "g1", "i1")
     };
     store
-        .upsert_node(refresh.clone(), ttl)
+        .register_node(refresh.clone(), ttl)
         .await
         .expect("refresh");
     let after_refresh = now(&store).await;
@@ -216,16 +216,16 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
     // TTL keeps a node past its first one.
     let short = Duration::from_millis(100);
     store
-        .upsert_node(node("e1", "ge", "i1"), short)
+        .register_node(node("e1", "ge", "i1"), short)
         .await
         .expect("upsert");
     store
-        .upsert_node(node("e2", "ge", "i1"), short)
+        .register_node(node("e2", "ge", "i1"), short)
         .await
         .expect("upsert");
     assert_eq!(node_ids(&store, Some("ge")).await, ["e1", "e2"]);
     store
-        .upsert_node(node("e2", "ge", "i1"), Duration::from_secs(5))
+        .register_node(node("e2", "ge", "i1"), Duration::from_secs(5))
         .await
         .expect("refresh");
     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -240,7 +240,7 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
 
     // A refresh with a shorter TTL shortens the expiry too.
     store
-        .upsert_node(node("e2", "ge", "i1"), short)
+        .register_node(node("e2", "ge", "i1"), short)
         .await
         .expect("refresh");
     assert_eq!(node_ids(&store, Some("ge")).await, ["e2"]);
@@ -249,7 +249,7 @@ pub async fn nodes_register_refresh_expire(store: Arc<dyn Store>) {
 
     // An expired node registers again like a new one.
     store
-        .upsert_node(node("e1", "ge", "i1"), ttl)
+        .register_node(node("e1", "ge", "i1"), ttl)
         .await
         .expect("upsert");
     assert_eq!(node_ids(&store, Some("ge")).await, ["e1"]);
@@ -265,11 +265,11 @@ async fn removed(store: &Arc<dyn Store>, node: &NodeRecord) -> bool {
 pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
     let ttl = Duration::from_secs(5);
     store
-        .upsert_node(node("n1", "g1", "i1"), ttl)
+        .register_node(node("n1", "g1", "i1"), ttl)
         .await
         .expect("upsert");
     store
-        .upsert_node(node("n2", "g1", "i1"), ttl)
+        .register_node(node("n2", "g1", "i1"), ttl)
         .await
         .expect("upsert");
 
@@ -278,7 +278,7 @@ pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
 
     // The node reconnects to instance i2: the stale instance i1 must not remove it.
     store
-        .upsert_node(node("n1", "g1", "i2"), ttl)
+        .register_node(node("n1", "g1", "i2"), ttl)
         .await
         .expect("re-register");
     assert!(!removed(&store, &node("n1", "g1", "i1")).await);
@@ -295,7 +295,10 @@ pub async fn nodes_removed_only_by_their_instance(store: Arc<dyn Store>) {
         session: "second stream".into(),
         ..node("n1", "g1", "i2")
     };
-    store.upsert_node(second.clone(), ttl).await.expect("again");
+    store
+        .register_node(second.clone(), ttl)
+        .await
+        .expect("again");
     assert!(!removed(&store, &node("n1", "g1", "i2")).await);
     assert_eq!(node_ids(&store, None).await, ["n1", "n2"]);
 
@@ -335,7 +338,7 @@ pub async fn a_gone_nodes_leases_end_within_the_grace(store: Arc<dyn Store>) {
     let a = node("gn-a", "g1", "i1");
     let b = node("gn-b", "g1", "i1");
     for n in [&a, &b] {
-        store.upsert_node(n.clone(), ttl).await.expect("upsert");
+        store.register_node(n.clone(), ttl).await.expect("upsert");
     }
 
     // A newer stream of a holds the registration: the old stream's end changes nothing.
@@ -343,7 +346,10 @@ pub async fn a_gone_nodes_leases_end_within_the_grace(store: Arc<dyn Store>) {
         session: "newer".into(),
         ..a.clone()
     };
-    store.upsert_node(newer.clone(), ttl).await.expect("newer");
+    store
+        .register_node(newer.clone(), ttl)
+        .await
+        .expect("newer");
     let r = store
         .remove_node(&a, Some(Duration::from_millis(300)))
         .await
@@ -415,4 +421,86 @@ pub async fn a_gone_nodes_leases_end_within_the_grace(store: Arc<dyn Store>) {
         .await
         .expect("expire");
     assert_eq!(revocation_of(&t).reason, "unconfirmed");
+}
+
+/// A node id belongs to one group while it is registered: another group's hello is
+/// refused (`OtherGroup`) and changes nothing, nor can that group refresh it; the same
+/// group's hello (a reconnect: a new session, here on another instance) replaces the
+/// registration, after which the old stream's refresh is `Superseded` and writes
+/// nothing; once the registration expires, any group may take the id.
+pub async fn node_ids_belong_to_one_group(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(30);
+    let with_session = |group: &str, instance: &str, session: &str| {
+        let mut n = node("n1", group, instance);
+        n.session = session.into();
+        n
+    };
+    let listed = |store: Arc<dyn Store>| async move {
+        let nodes = store.list_nodes(None).await.expect("list");
+        assert_eq!(nodes.len(), 1, "{nodes:?}");
+        let n = &nodes[0];
+        (n.group.clone(), n.instance.clone(), n.session.clone())
+    };
+    let first = with_session("ga", "inst-1", "s1");
+    let thief = with_session("gb", "inst-2", "s9");
+    let again = with_session("ga", "inst-2", "s2");
+    let owned_by_ga = Registered::OtherGroup("ga".into());
+
+    let r = store
+        .register_node(first.clone(), ttl)
+        .await
+        .expect("register");
+    assert_eq!(r, Registered::Yes);
+    let r = store
+        .register_node(thief.clone(), ttl)
+        .await
+        .expect("register");
+    assert_eq!(r, owned_by_ga);
+    let r = store
+        .refresh_node(thief.clone(), ttl)
+        .await
+        .expect("refresh");
+    assert_eq!(r, owned_by_ga);
+    assert_eq!(
+        listed(store.clone()).await,
+        ("ga".into(), "inst-1".into(), "s1".into())
+    );
+    let r = store
+        .refresh_node(first.clone(), ttl)
+        .await
+        .expect("refresh");
+    assert_eq!(r, Registered::Yes);
+
+    // The executor reconnects (same group, new stream): the old stream is superseded.
+    let r = store
+        .register_node(again.clone(), ttl)
+        .await
+        .expect("register");
+    assert_eq!(r, Registered::Yes);
+    let r = store
+        .refresh_node(first.clone(), ttl)
+        .await
+        .expect("refresh");
+    assert_eq!(r, Registered::Superseded);
+    assert_eq!(
+        listed(store.clone()).await,
+        ("ga".into(), "inst-2".into(), "s2".into())
+    );
+    let r = store
+        .refresh_node(again.clone(), ttl)
+        .await
+        .expect("refresh");
+    assert_eq!(r, Registered::Yes);
+
+    // Expired: the id is free for any group.
+    let short = Duration::from_millis(200);
+    let r = store.refresh_node(again, short).await.expect("refresh");
+    assert_eq!(r, Registered::Yes);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let r = store.register_node(thief, ttl).await.expect("register");
+    assert_eq!(r, Registered::Yes);
+    assert_eq!(
+        listed(store.clone()).await,
+        ("gb".into(), "inst-2".into(), "s9".into())
+    );
 }

@@ -84,7 +84,7 @@
 //!   outcome whose state is not final is refused (`Applied::No`).
 //! - An executor node past its TTL (expires_at ≤ now) is invisible at once: not listed,
 //!   and `remove_node` returns false for it (pinned). It is deleted lazily: each
-//!   `upsert_node` and `remove_node` first deletes up to [`SWEEP_BATCH`] expired nodes.
+//!   `register_node`, `refresh_node` and `remove_node` first deletes up to [`SWEEP_BATCH`] expired nodes.
 //!   `list_nodes` only skips them, so it stays a read transaction that never waits for
 //!   the writer. A refresh replaces the record and its expiry (a shorter TTL shortens
 //!   it); `connected_at` is kept as the caller passed it.
@@ -115,9 +115,9 @@ use super::{
     AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult,
     Delivery, DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
     Held, Holder, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRegistry,
-    NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Result, Revocation, RunQuery, RunStore,
-    SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN,
-    WebhookDelivery, partition_of,
+    NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Registered, Result, Revocation,
+    RunQuery, RunStore, SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue,
+    UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,

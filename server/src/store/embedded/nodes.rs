@@ -7,31 +7,12 @@ use super::*;
 
 #[async_trait]
 impl NodeRegistry for EmbeddedStore {
-    async fn upsert_node(&self, mut node: NodeRecord, ttl: Duration) -> Result<()> {
-        self.blocking(move |inner| {
-            inner.write_urgent(|txn| {
-                let now = now_ms();
-                sweep_nodes(txn, now)?;
-                node.last_heartbeat = now;
-                let json = encode("node", &node)?;
-                let expires_at = now.saturating_add(duration_ms(ttl));
-                let node_id = node.node_id.as_str();
-                let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
-                let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
-                let old_expiry = nodes.get(node_id).ctx("read node")?.map(|g| g.value().1);
-                if let Some(old) = old_expiry {
-                    expiry.remove((old, node_id)).ctx("delete node expiry")?;
-                }
-                nodes
-                    .insert(node_id, (json.as_str(), expires_at))
-                    .ctx("write node")?;
-                expiry
-                    .insert((expires_at, node_id), ())
-                    .ctx("write node expiry")?;
-                Ok(())
-            })
-        })
-        .await
+    async fn register_node(&self, node: NodeRecord, ttl: Duration) -> Result<Registered> {
+        self.upsert_node(node, ttl, Upsert::Register).await
+    }
+
+    async fn refresh_node(&self, node: NodeRecord, ttl: Duration) -> Result<Registered> {
+        self.upsert_node(node, ttl, Upsert::Refresh).await
     }
 
     async fn remove_node(
@@ -172,6 +153,66 @@ impl Inboxes for EmbeddedStore {
         }
         look_until_found(&self.inbox_pushed, block, || async {
             Ok(self.take_inbox(instance, max))
+        })
+        .await
+    }
+}
+
+/// Which write of a node's registration: at its stream's hello, or a heartbeat's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Upsert {
+    Register,
+    Refresh,
+}
+
+impl EmbeddedStore {
+    /// One write of a node's registration (see `NodeRegistry::register_node` and
+    /// `refresh_node`): refused for another group's live registration, and for a
+    /// refresh over another stream's.
+    async fn upsert_node(
+        &self,
+        mut node: NodeRecord,
+        ttl: Duration,
+        mode: Upsert,
+    ) -> Result<Registered> {
+        self.blocking(move |inner| {
+            inner.write_urgent(|txn| {
+                let now = now_ms();
+                sweep_nodes(txn, now)?;
+                node.last_heartbeat = now;
+                let json = encode("node", &node)?;
+                let expires_at = now.saturating_add(duration_ms(ttl));
+                let node_id = node.node_id.as_str();
+                let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+                let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+                let old = match nodes.get(node_id).ctx("read node")? {
+                    Some(g) => {
+                        let (json, at) = g.value();
+                        Some((decode::<NodeRecord>("node", node_id, json)?, at))
+                    }
+                    None => None,
+                };
+                if let Some((cur, old_expiry)) = old {
+                    if old_expiry > now {
+                        if cur.group != node.group {
+                            return Ok(Registered::OtherGroup(cur.group));
+                        }
+                        if mode == Upsert::Refresh && cur.session != node.session {
+                            return Ok(Registered::Superseded);
+                        }
+                    }
+                    expiry
+                        .remove((old_expiry, node_id))
+                        .ctx("delete node expiry")?;
+                }
+                nodes
+                    .insert(node_id, (json.as_str(), expires_at))
+                    .ctx("write node")?;
+                expiry
+                    .insert((expires_at, node_id), ())
+                    .ctx("write node expiry")?;
+                Ok(Registered::Yes)
+            })
         })
         .await
     }

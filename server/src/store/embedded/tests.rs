@@ -98,7 +98,7 @@ async fn data_survives_reopen() {
     let job_before = store.get_job("keep-due").await.expect("get");
     // The executor holding the leased run, registered by this process.
     store
-        .upsert_node(
+        .register_node(
             conformance::node("node-a", "g", "this-process"),
             Duration::from_secs(60),
         )
@@ -345,7 +345,7 @@ async fn expired_nodes_are_swept() {
     let ttl = Duration::from_secs(30);
     for _ in 0..3 {
         store
-            .upsert_node(conformance::node("live", "g", "i"), ttl)
+            .register_node(conformance::node("live", "g", "i"), ttl)
             .await
             .expect("upsert");
     }
@@ -392,7 +392,7 @@ async fn expired_nodes_are_swept() {
     let left = total - SWEEP_BATCH - 1;
     assert_eq!(count(&store), (left, left));
     store
-        .upsert_node(conformance::node("live", "g", "i"), ttl)
+        .register_node(conformance::node("live", "g", "i"), ttl)
         .await
         .expect("upsert");
     assert_eq!(count(&store), (1, 1), "only the live node remains");
@@ -463,7 +463,7 @@ async fn heartbeat_writes_go_ahead_of_the_queue() {
     let ahead = Duration::from_secs(10);
     tokio::time::timeout(
         ahead,
-        store.upsert_node(conformance::node("n1", "g", "i"), Duration::from_secs(30)),
+        store.register_node(conformance::node("n1", "g", "i"), Duration::from_secs(30)),
     )
     .await
     .expect("the node refresh waited for the turn")

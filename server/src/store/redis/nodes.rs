@@ -8,22 +8,12 @@ type NodeRow = ((Option<String>, Option<Millis>), u32);
 
 #[async_trait]
 impl NodeRegistry for RedisStore {
-    async fn upsert_node(&self, node: NodeRecord, ttl: Duration) -> Result<()> {
-        let mut c = self.conn().await?;
-        let json = serde_json::to_string(&node).map_err(corrupt)?;
-        let _: i64 = self
-            .inner
-            .scripts
-            .upsert_node
-            .arg(self.nodes_prefix())
-            .arg(&node.node_id)
-            .arg(json)
-            .arg(&node.instance)
-            .arg(ms(ttl))
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        Ok(())
+    async fn register_node(&self, node: NodeRecord, ttl: Duration) -> Result<Registered> {
+        self.upsert_node(node, ttl, "register").await
+    }
+
+    async fn refresh_node(&self, node: NodeRecord, ttl: Duration) -> Result<Registered> {
+        self.upsert_node(node, ttl, "refresh").await
     }
 
     async fn remove_node(
@@ -201,5 +191,35 @@ impl Inboxes for RedisStore {
             out.extend(rest.unwrap_or_default());
         }
         Ok(out)
+    }
+}
+
+impl RedisStore {
+    /// One write of a node's registration, `mode` "register" or "refresh" (see
+    /// `lua/upsert_node.lua`).
+    async fn upsert_node(&self, node: NodeRecord, ttl: Duration, mode: &str) -> Result<Registered> {
+        let mut c = self.conn().await?;
+        let json = serde_json::to_string(&node).map_err(corrupt)?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .upsert_node
+            .arg(self.nodes_prefix())
+            .arg(&node.node_id)
+            .arg(json)
+            .arg(&node.instance)
+            .arg(ms(ttl))
+            .arg(&node.group)
+            .arg(&node.session)
+            .arg(mode)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [yes] if yes == "yes" => Ok(Registered::Yes),
+            [s] if s == "superseded" => Ok(Registered::Superseded),
+            [o, group] if o == "other_group" => Ok(Registered::OtherGroup(group.clone())),
+            other => Err(corrupt(format!("upsert_node answered {other:?}"))),
+        }
     }
 }

@@ -252,12 +252,12 @@ async fn a_dead_instances_triggers_are_taken_over_at_once() {
         ("n-moved", "doomed"),
     ] {
         store
-            .upsert_node(node(n, "g", inst), long)
+            .register_node(node(n, "g", inst), long)
             .await
             .expect("register");
     }
     store
-        .upsert_node(node("n-moved", "g", "live"), long)
+        .register_node(node("n-moved", "g", "live"), long)
         .await
         .expect("reconnect");
     assert_eq!(
