@@ -40,7 +40,8 @@
 //! presented or configured credential.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -121,6 +122,65 @@ pub struct AuthOptions {
     pub app_secrets: BTreeMap<String, Vec<Secret>>,
     /// Executor group (or [`ANY_GROUP`]) → the tokens its executors may present.
     pub executor_tokens: BTreeMap<String, Vec<Secret>>,
+    /// A file of more executor tokens (`GROUP=TOKEN` lines), read again on
+    /// [`Authenticator::reload_executor_tokens`]. With one, executor tokens are always
+    /// required, even while the file is empty.
+    pub executor_tokens_file: Option<PathBuf>,
+    /// The tokens that file held when the configuration was read.
+    pub file_executor_tokens: ExecutorTokens,
+}
+
+/// Executor group (or [`ANY_GROUP`]) → the tokens its executors may present.
+pub type ExecutorTokens = BTreeMap<String, Vec<Secret>>;
+
+/// Parses one `GROUP=TOKEN` entry (`*` for groups without their own). The error says
+/// why, never the token.
+pub fn parse_executor_token(entry: &[u8]) -> Result<(String, Secret), String> {
+    let at = entry
+        .iter()
+        .position(|&b| b == b'=')
+        .ok_or("expected GROUP=TOKEN")?;
+    let group = std::str::from_utf8(&entry[..at])
+        .map_err(|_| "expected GROUP=TOKEN")?
+        .trim();
+    if group != ANY_GROUP && !valid_job_id(group) {
+        return Err("the group must be * or match [A-Za-z0-9._-]{1,128}".to_owned());
+    }
+    let token = &entry[at + 1..];
+    if token.is_empty() || token.iter().any(|b| !b.is_ascii_graphic()) {
+        return Err(format!(
+            "group {group:?}: the token must be non-empty visible ASCII"
+        ));
+    }
+    Ok((group.to_owned(), Secret::new(token)))
+}
+
+/// Reads an executor tokens file: one `GROUP=TOKEN` a line, blank lines and lines
+/// starting with `#` skipped. The error names the line, never a token.
+pub fn read_executor_tokens_file(path: &Path) -> Result<ExecutorTokens, String> {
+    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut tokens = ExecutorTokens::new();
+    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+        let line = line.trim_ascii();
+        if line.is_empty() || line.starts_with(b"#") {
+            continue;
+        }
+        let (group, token) = parse_executor_token(line)
+            .map_err(|why| format!("{} line {}: {why}", path.display(), n + 1))?;
+        tokens.entry(group).or_default().push(token);
+    }
+    Ok(tokens)
+}
+
+/// The flags' tokens and the file's, per group.
+fn merge_tokens(a: &ExecutorTokens, b: &ExecutorTokens) -> ExecutorTokens {
+    let mut out = a.clone();
+    for (group, tokens) in b {
+        out.entry(group.clone())
+            .or_default()
+            .extend(tokens.iter().cloned());
+    }
+    out
 }
 
 /// Why a caller was refused. Every variant but [`Error::NonceStore`] is
@@ -320,14 +380,49 @@ pub fn decode_app_secret(secret: &[u8]) -> Option<Secret> {
 pub struct Authenticator {
     opts: AuthOptions,
     window: Duration,
+    /// The executor tokens in force: the configured ones and the tokens file's, swapped
+    /// whole when the file is read again.
+    executor_tokens: RwLock<Arc<ExecutorTokens>>,
 }
 
 impl Authenticator {
     pub fn new(opts: AuthOptions) -> Self {
+        let executor_tokens = merge_tokens(&opts.executor_tokens, &opts.file_executor_tokens);
         Self {
             opts,
             window: SIGNATURE_WINDOW,
+            executor_tokens: RwLock::new(Arc::new(executor_tokens)),
         }
+    }
+
+    /// Reads the executor tokens file again (when one is configured) and puts its tokens
+    /// in force beside the configured ones, for hellos from now on (streams already
+    /// open stay). A file that cannot be read or parsed changes nothing. Returns the
+    /// number of tokens now in force.
+    pub fn reload_executor_tokens(&self) -> Result<usize, String> {
+        let Some(path) = &self.opts.executor_tokens_file else {
+            return Err("no executor tokens file is configured".to_owned());
+        };
+        let file = read_executor_tokens_file(path)?;
+        let merged = merge_tokens(&self.opts.executor_tokens, &file);
+        let count = merged.values().map(Vec::len).sum();
+        *self
+            .executor_tokens
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(merged);
+        Ok(count)
+    }
+
+    /// Whether an executor tokens file is configured (read again on SIGHUP).
+    pub fn executor_tokens_file_configured(&self) -> bool {
+        self.opts.executor_tokens_file.is_some()
+    }
+
+    fn executor_tokens(&self) -> Arc<ExecutorTokens> {
+        self.executor_tokens
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// False in dev mode: no bearer token, read token or app secret configured.
@@ -337,9 +432,9 @@ impl Authenticator {
             || !self.opts.app_secrets.is_empty()
     }
 
-    /// False in dev mode: no executor token configured.
+    /// False in dev mode: no executor token and no tokens file configured.
     pub fn executor_tokens_required(&self) -> bool {
-        !self.opts.executor_tokens.is_empty()
+        !self.opts.executor_tokens.is_empty() || self.opts.executor_tokens_file.is_some()
     }
 
     /// The configured app ids (not secret; for the startup log).
@@ -355,9 +450,9 @@ impl Authenticator {
         self.opts.read_tokens.len()
     }
 
-    /// The executor groups that have a token (`*` = any group).
-    pub fn executor_groups(&self) -> impl Iterator<Item = &str> {
-        self.opts.executor_tokens.keys().map(String::as_str)
+    /// The executor groups that have a token now (`*` = any group).
+    pub fn executor_groups(&self) -> Vec<String> {
+        self.executor_tokens().keys().cloned().collect()
     }
 
     /// How long a nonce is remembered: twice the window, so a request can never be
@@ -551,12 +646,8 @@ impl Authenticator {
         } else {
             "this group".to_owned()
         };
-        let Some(tokens) = self
-            .opts
-            .executor_tokens
-            .get(group)
-            .or_else(|| self.opts.executor_tokens.get(ANY_GROUP))
-        else {
+        let in_force = self.executor_tokens();
+        let Some(tokens) = in_force.get(group).or_else(|| in_force.get(ANY_GROUP)) else {
             return Err(Error::ExecutorToken(format!(
                 "no executor token is configured for {named}"
             )));
@@ -952,6 +1043,48 @@ mod tests {
         let status = Status::from(Error::Replayed);
         assert_eq!(status.code(), tonic::Code::Unauthenticated);
         assert!(status.message().contains("X-Sundial-Nonce"));
+    }
+
+    /// The tokens file is read again on reload: a rotation adds the new token, then
+    /// removes the old one; a bad file keeps the tokens in force and its error names the
+    /// line, never a token; an emptied file admits no executor (never dev mode).
+    #[test]
+    fn the_executor_tokens_file_rotates_on_reload() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("tokens");
+        let write = |text: &str| std::fs::write(&path, text).expect("write");
+        write("# group gb\n\ngb=old-tok\n");
+        let auth = Authenticator::new(AuthOptions {
+            file_executor_tokens: read_executor_tokens_file(&path).expect("read"),
+            executor_tokens_file: Some(path.clone()),
+            ..AuthOptions::default()
+        });
+        assert!(auth.executor_tokens_required());
+        assert!(auth.check_executor("gb", "old-tok").is_ok());
+        assert!(auth.check_executor("gb", "new-tok").is_err());
+
+        write("gb=old-tok\ngb=new-tok\n");
+        assert_eq!(auth.reload_executor_tokens(), Ok(2));
+        assert!(auth.check_executor("gb", "old-tok").is_ok());
+        assert!(auth.check_executor("gb", "new-tok").is_ok());
+
+        write("gb=new-tok\n");
+        assert_eq!(auth.reload_executor_tokens(), Ok(1));
+        assert!(auth.check_executor("gb", "old-tok").is_err());
+        assert!(auth.check_executor("gb", "new-tok").is_ok());
+
+        write("gb=new-tok\ngb=secret with spaces\n");
+        let err = auth.reload_executor_tokens().expect_err("a bad line");
+        assert!(err.contains("line 2") && !err.contains("secret"), "{err}");
+        assert!(
+            auth.check_executor("gb", "new-tok").is_ok(),
+            "the bad file changed nothing"
+        );
+
+        write("");
+        assert_eq!(auth.reload_executor_tokens(), Ok(0));
+        assert!(auth.executor_tokens_required());
+        assert!(auth.check_executor("gb", "new-tok").is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::auth::{ANY_GROUP, AuthOptions, Secret};
+use crate::auth::{AuthOptions, Secret, parse_executor_token, read_executor_tokens_file};
 use crate::deliver::webhooks::WebhookOptions;
 use crate::dispatch::DispatchOptions;
 use crate::dispatch::executors::ExecutorOptions;
@@ -231,6 +231,12 @@ pub struct Settings {
         hide_env_values = true
     )]
     pub executor_token: Option<Vec<Secret>>,
+    /// A file of executor tokens, one `GROUP=TOKEN` a line (`#` comments allowed), in
+    /// force beside --executor-token and read again on SIGHUP: rotate a group's token
+    /// by adding the new one, moving the executors, then removing the old one. With a
+    /// file, executor tokens are always required, even while it is empty.
+    #[arg(long, env = "SUNDIAL_EXECUTOR_TOKENS_FILE", value_name = "FILE")]
+    pub executor_tokens_file: Option<PathBuf>,
     /// PEM certificate chain (leaf first): with --tls-key, gRPC and HTTP serve TLS only.
     #[arg(long, env = "SUNDIAL_TLS_CERT", value_name = "PEM_FILE")]
     pub tls_cert: Option<PathBuf>,
@@ -358,6 +364,7 @@ impl Settings {
             read_token,
             app_secret,
             executor_token,
+            executor_tokens_file,
             tls_cert,
             tls_key,
             tls_client_ca,
@@ -644,7 +651,13 @@ impl Config {
             shutdown_grace: positive("shutdown_grace", s.shutdown_grace, Duration::from_secs(10))?,
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
-            auth: auth_options(s.bearer_token, s.read_token, s.app_secret, s.executor_token)?,
+            auth: auth_options(
+                s.bearer_token,
+                s.read_token,
+                s.app_secret,
+                s.executor_token,
+                s.executor_tokens_file,
+            )?,
             tls: tls_options(s.tls_cert, s.tls_key, s.tls_client_ca)?,
             webhooks,
             alert_webhook: alert_webhook(s.alert_webhook_url.as_deref())?,
@@ -701,6 +714,7 @@ fn auth_options(
     read: Option<Vec<Secret>>,
     apps: Option<Vec<Secret>>,
     executors: Option<Vec<Secret>>,
+    executors_file: Option<PathBuf>,
 ) -> Result<AuthOptions, Error> {
     let mut opts = AuthOptions {
         bearer_tokens: tokens("bearer_token", bearer)?,
@@ -741,27 +755,20 @@ fn auth_options(
             .push(key);
     }
     for (i, entry) in executors.unwrap_or_default().into_iter().enumerate() {
-        let invalid = |reason: String| Error::Invalid {
-            field: "executor_token",
-            reason,
-        };
-        let (group, token) = split_pair(&entry)
-            .ok_or_else(|| invalid(format!("entry {}: expected GROUP=TOKEN", i + 1)))?;
-        if group != ANY_GROUP && !crate::model::valid_job_id(group) {
-            return Err(invalid(format!(
-                "entry {}: the group must be * or match [A-Za-z0-9._-]{{1,128}}",
-                i + 1
-            )));
-        }
-        if token.is_empty() || token.iter().any(|b| !b.is_ascii_graphic()) {
-            return Err(invalid(format!(
-                "group {group:?}: the token must be non-empty visible ASCII"
-            )));
-        }
-        opts.executor_tokens
-            .entry(group.to_owned())
-            .or_default()
-            .push(Secret::new(token));
+        let (group, token) =
+            parse_executor_token(entry.expose()).map_err(|why| Error::Invalid {
+                field: "executor_token",
+                reason: format!("entry {}: {why}", i + 1),
+            })?;
+        opts.executor_tokens.entry(group).or_default().push(token);
+    }
+    if let Some(path) = executors_file {
+        opts.file_executor_tokens =
+            read_executor_tokens_file(&path).map_err(|reason| Error::Invalid {
+                field: "executor_tokens_file",
+                reason,
+            })?;
+        opts.executor_tokens_file = Some(path);
     }
     Ok(opts)
 }
@@ -1024,6 +1031,13 @@ mod tests {
                 ..Default::default()
             },
             "executor_token",
+        );
+        bad(
+            Settings {
+                executor_tokens_file: Some("/nonexistent/sundial-executor-tokens".into()),
+                ..Default::default()
+            },
+            "executor_tokens_file",
         );
         bad(
             Settings {

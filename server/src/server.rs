@@ -19,7 +19,7 @@ use sundial_proto::v1::run_service_server::RunServiceServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::api::grpc_auth::AdminAuthLayer;
 use crate::api::queries::StatusSource;
@@ -231,6 +231,23 @@ pub async fn run(
         }
         None => None,
     };
+    // Listening for SIGHUP starts here, before the server says it is ready, so a
+    // SIGHUP sent from then on never meets the default action (ending the process).
+    let tokens_task = if auth.executor_tokens_file_configured() {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hup) => Some(tokio::spawn(reload_executor_tokens_on_sighup(
+                auth.clone(),
+                hup,
+                loops.clone(),
+            ))),
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGHUP; the executor tokens file is read at start only");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let http_targets_task = tokio::spawn(
         http_targets
             .clone()
@@ -360,6 +377,9 @@ pub async fn run(
         if let Some(t) = alerts_task {
             let _ = t.await;
         }
+        if let Some(t) = tokens_task {
+            let _ = t.await;
+        }
     })
     .await;
     if drained.is_err() {
@@ -376,6 +396,30 @@ pub async fn run(
     }
     info!("stopped");
     Ok(())
+}
+
+/// Reads the executor tokens file again at each SIGHUP, until `stop`: a rotation adds
+/// the new token to the file, moves the executors, then removes the old one. A file
+/// that cannot be read keeps the tokens in force. Never logs a token.
+async fn reload_executor_tokens_on_sighup(
+    auth: Arc<Authenticator>,
+    mut hup: tokio::signal::unix::Signal,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            got = hup.recv() => if got.is_none() { return },
+        }
+        match auth.reload_executor_tokens() {
+            Ok(tokens) => {
+                info!(tokens, groups = ?auth.executor_groups(), "SIGHUP: executor tokens file read again")
+            }
+            Err(e) => {
+                error!(error = %e, "SIGHUP: executor tokens file not read again; the tokens in force stay")
+            }
+        }
+    }
 }
 
 /// Says once, at startup, which credentials are required: how many and for whom,
@@ -395,7 +439,7 @@ fn log_auth_mode(auth: &Authenticator) {
         );
     }
     if auth.executor_tokens_required() {
-        let groups: Vec<&str> = auth.executor_groups().collect();
+        let groups = auth.executor_groups();
         info!(groups = ?groups, "executor auth on: a hello needs its group's executor token");
     } else {
         warn!("executor auth OFF (dev mode): no --executor-token, so any executor may connect");

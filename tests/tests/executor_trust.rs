@@ -5,6 +5,8 @@
 //! runs its node does not hold (guessing tokens) is closed; a node id belongs to one
 //! group, and the same executor connecting again replaces its old stream.
 
+use std::time::Duration;
+
 use anyhow::{Context, Result, bail, ensure};
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::executor_message::Msg;
@@ -305,4 +307,113 @@ async fn a_reconnect_replaces_the_old_stream_on_redis() -> Result<()> {
 async fn a_reconnect_replaces_the_old_stream_on_the_embedded_store() -> Result<()> {
     let dir = tempfile::tempdir()?;
     a_reconnect_replaces_the_old_stream(SundialOptions::embedded(dir.path())).await
+}
+
+/// Whether a hello of group `gb` with `token` is welcomed (on a handler no job uses, so
+/// a welcomed probe takes no work).
+async fn probe(channel: Channel, token: &str) -> Result<Result<(), tonic::Status>> {
+    let hello = pb::Hello {
+        node_id: "probe".into(),
+        group: "gb".into(),
+        handlers: vec!["probe".into()],
+        token: token.into(),
+        ..Default::default()
+    };
+    match Exec::hello(channel, hello).await {
+        Ok(_) => Ok(Ok(())),
+        Err(e) => Ok(Err(e.downcast::<tonic::Status>()?)),
+    }
+}
+
+fn sighup(server: &Sundial) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &server.pid().to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -HUP failed");
+    Ok(())
+}
+
+/// Triggers the job and has `e` run it to success.
+async fn run_once(server: &Sundial, e: &mut Exec, job: &str) -> Result<()> {
+    let sid = server.trigger(job).await?;
+    let run = e.dispatch().await?.run.context("run ref")?;
+    ensure!(run.schedule_id == sid, "{run:?}");
+    ensure!(e.start(&run).await?, "no go-ahead");
+    ensure!(
+        e.result(&run, pb::ResultStatus::Succeeded, b"")
+            .await?
+            .accepted
+    );
+    let r = server.finished(&sid).await?;
+    ensure!(r.state == pb::RunState::Succeeded as i32, "{r:?}");
+    Ok(())
+}
+
+/// A group's executor token rotates without a restart: the new token is added to the
+/// tokens file (SIGHUP), the executor moves to it, the old one is removed (SIGHUP) and
+/// refused from then on; runs go on throughout, and no token reaches the logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_tokens_rotate_without_a_restart() -> Result<()> {
+    const OLD: &str = "exec-tok-old-5512";
+    const NEW: &str = "exec-tok-new-9034";
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("executor-tokens");
+    std::fs::write(&file, format!("# group gb\ngb={OLD}\n"))?;
+    let server = Sundial::start(
+        SundialOptions::embedded(dir.path())
+            .arg("executor-tokens-file", &file.to_string_lossy())
+            .arg("heartbeat-interval", "300ms"),
+    )?;
+    let channel = server.channel().await?;
+    server.create_job(gb_job("ledger")).await?;
+    let mut exec = connect(channel.clone(), "a", "gb", OLD).await?;
+    run_once(&server, &mut exec, "ledger").await?;
+    ensure!(
+        probe(channel.clone(), NEW).await?.is_err(),
+        "the new token before it was added"
+    );
+
+    // Add the new token: both are accepted.
+    std::fs::write(&file, format!("gb={OLD}\ngb={NEW}\n"))?;
+    sighup(&server)?;
+    sundial_tests::wait_for(
+        "the new token to be accepted",
+        Duration::from_secs(10),
+        || {
+            let channel = channel.clone();
+            async move { Ok(probe(channel, NEW).await?.ok()) }
+        },
+    )
+    .await?;
+    ensure!(probe(channel.clone(), OLD).await?.is_ok());
+    run_once(&server, &mut exec, "ledger").await?;
+
+    // The executor moves to the new token (it reconnects), then the old one goes.
+    drop(exec);
+    let mut exec = connect(channel.clone(), "a", "gb", NEW).await?;
+    std::fs::write(&file, format!("gb={NEW}\n"))?;
+    sighup(&server)?;
+    let refused = sundial_tests::wait_for(
+        "the old token to be refused",
+        Duration::from_secs(10),
+        || {
+            let channel = channel.clone();
+            async move { Ok(probe(channel, OLD).await?.err()) }
+        },
+    )
+    .await?;
+    ensure!(refused.code() == Code::Unauthenticated, "{refused:?}");
+    for _ in 0..3 {
+        run_once(&server, &mut exec, "ledger").await?;
+    }
+
+    let logs = format!("{}\n{}", server.stderr(), server.stdout());
+    ensure!(
+        logs.contains("executor tokens file read again"),
+        "no reload logged"
+    );
+    for token in [OLD, NEW] {
+        ensure!(!logs.contains(token), "a token reached the logs");
+    }
+    Ok(())
 }
