@@ -25,6 +25,11 @@ pub const POINTS: &[&str] = &[
     // finish_run (a final run has its webhook in the outbox); nothing else happened:
     // no acknowledgement, no follow-up, no delivery attempt by this instance.
     "run.after_finish",
+    // The embedded store's group commit: a batch of writes applied in its transaction,
+    // not committed; no caller answered.
+    "embedded.before_commit",
+    // The batch committed (every write of it durable); no caller answered yet.
+    "embedded.after_commit",
 ];
 
 struct Armed {

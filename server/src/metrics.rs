@@ -20,6 +20,9 @@
 //! - `sundial_executors_connected`, `sundial_executor_nodes{health}` (gauges): read at
 //!   scrape time from this instance's attached streams and from the registry (every
 //!   instance reports the same node figures; take one instance's, or `max`).
+//! - `sundial_store_commits_total`: the embedded store's write transactions committed
+//!   (each one fsync, shared by the decisions of its batch), read at scrape time;
+//!   absent on Redis.
 //! - `sundial_alerts_total{kind}`: every alert raised; the alerts module counts them
 //!   through [`Metrics::alert_raised`] (this module knows no alert kinds).
 //! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_circuit_open{destination}`:
@@ -66,6 +69,9 @@ pub struct Metrics {
     misfires: Family<Label, Counter>,
     late_fires: Counter,
     executors_connected: Gauge,
+    store_commits: Counter,
+    /// The store's commit count the counter has been brought up to.
+    store_commits_seen: std::sync::atomic::AtomicU64,
     executor_nodes: Family<Label, Gauge>,
     alerts: Family<Label, Counter>,
     webhook_attempts: Family<Label, Counter>,
@@ -130,6 +136,12 @@ impl Metrics {
             "Runs queued for fires later than the misfire threshold (FIRE_ONCE, CATCH_UP)",
             late_fires.clone(),
         );
+        let store_commits = Counter::default();
+        registry.register(
+            "sundial_store_commits",
+            "Write transactions the embedded store committed (one fsync each, shared by the writes of its batch)",
+            store_commits.clone(),
+        );
         let executors_connected = Gauge::default();
         registry.register(
             "sundial_executors_connected",
@@ -190,6 +202,8 @@ impl Metrics {
             misfires,
             late_fires,
             executors_connected,
+            store_commits,
+            store_commits_seen: std::sync::atomic::AtomicU64::new(0),
             executor_nodes,
             alerts,
             webhook_attempts,
@@ -308,6 +322,17 @@ impl Metrics {
     pub fn set_executors_connected(&self, connected: usize) {
         self.executors_connected
             .set(i64::try_from(connected).unwrap_or(i64::MAX));
+    }
+
+    /// The store's commits so far (a counter read at scrape time).
+    pub fn set_store_commits(&self, commits: u64) {
+        // Two scrapes at once must not both add the same commits.
+        let seen = self
+            .store_commits_seen
+            .fetch_max(commits, std::sync::atomic::Ordering::Relaxed);
+        if commits > seen {
+            self.store_commits.inc_by(commits - seen);
+        }
     }
 
     /// The registry's nodes by health name (a scrape-time gauge): every name listed

@@ -1,6 +1,7 @@
 //! The embedded store across a restart: jobs and pending fires survive, the fires
 //! missed while the server was down follow each job's misfire policy, and nothing is
-//! routed to the executors of the process that is gone.
+//! routed to the executors of the process that is gone; a crash inside a group commit
+//! loses no acknowledged run and starts none twice.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -209,4 +210,144 @@ async fn a_restart_routes_to_no_node_of_the_previous_process() -> Result<()> {
         "{starts:?}"
     );
     Ok(())
+}
+
+/// Triggers `job` with idempotency key `key`: the schedule_id, or the error.
+async fn trigger_with_key(server: &Sundial, job: &str, key: &str) -> Result<String> {
+    Ok(server
+        .jobs()
+        .await?
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: job.into(),
+            idempotency_key: key.into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .schedule_id)
+}
+
+/// The server aborts inside a group commit while triggers and run reports pour in:
+/// just before a batch commits (`embedded.before_commit`: nothing of the batch is in the
+/// file, no caller was answered) or just after (`embedded.after_commit`: all of it is,
+/// no caller was answered). After a restart on the same file, every trigger the server
+/// acknowledged has its run, a trigger sent again with its key finds the run its first
+/// try made (or makes it, if that try was lost), and every run is started once and
+/// succeeds once: no acknowledged run lost, none started twice.
+async fn a_crash_inside_a_group_commit_loses_and_doubles_nothing(fault: &str) -> Result<()> {
+    let point = fault.split('@').next().unwrap_or(fault);
+    let dir = tempfile::tempdir()?;
+    let opts = SundialOptions {
+        port: Some(sundial_tests::free_port()?),
+        ..SundialOptions::embedded(&dir.path().join("data"))
+    }
+    .arg("heartbeat-interval", "300ms")
+    .arg("route-retry", "200ms");
+    let mut server = Sundial::start(opts.clone().fault(fault))?;
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(sundial_tests::manual_job("crash", "noop")),
+        })
+        .await?;
+    let bin = env!("CARGO_BIN_EXE_test_executor");
+    let endpoint = [server.grpc_url()];
+    let journals = [dir.path().join("a.journal"), dir.path().join("b.journal")];
+    let _a = TestExecutor::start(bin, &endpoint, "exec-a", &journals[0])?;
+    let _b = TestExecutor::start(bin, &endpoint, "exec-b", &journals[1])?;
+
+    // Triggers, 16 at a time so that writes share commits, until the crash point
+    // aborts the server.
+    let mut acknowledged = BTreeSet::new();
+    let mut unanswered = Vec::new();
+    for round in 0..200 {
+        let keys: Vec<String> = (0..16).map(|i| format!("k{round}-{i}")).collect();
+        let answers =
+            futures::future::join_all(keys.iter().map(|k| trigger_with_key(&server, "crash", k)))
+                .await;
+        for (key, answer) in keys.into_iter().zip(answers) {
+            match answer {
+                Ok(sid) => {
+                    acknowledged.insert(sid);
+                }
+                Err(_) => unanswered.push(key),
+            }
+        }
+        if !server.is_running() {
+            break;
+        }
+    }
+    server
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .with_context(|| format!("the server never reached {point}"))?;
+    ensure!(
+        server.stderr().contains(point),
+        "the server stopped, but not at {point}"
+    );
+
+    let server = Sundial::start(opts)?;
+    // A trigger whose answer was lost is sent again with its key.
+    for key in &unanswered {
+        acknowledged.insert(trigger_with_key(&server, "crash", key).await?);
+    }
+    ensure!(
+        acknowledged.len() >= 20,
+        "only {} triggers before the crash",
+        acknowledged.len()
+    );
+    let mut runs_api = server.runs().await?;
+    wait_for("every run to succeed", Duration::from_secs(60), || {
+        let mut runs_api = runs_api.clone();
+        let acknowledged = &acknowledged;
+        async move {
+            let runs = all_runs(&mut runs_api, "crash").await?;
+            let done = runs
+                .iter()
+                .filter(|r| r.state == pb::RunState::Succeeded as i32)
+                .count();
+            Ok((done >= acknowledged.len()).then_some(()))
+        }
+    })
+    .await?;
+    let runs = all_runs(&mut runs_api, "crash").await?;
+    let recorded: BTreeSet<String> = runs.iter().map(|r| r.schedule_id.clone()).collect();
+    ensure!(
+        recorded == acknowledged,
+        "runs recorded {} != triggers acknowledged {}: lost {:?}, unexpected {:?}",
+        recorded.len(),
+        acknowledged.len(),
+        acknowledged.difference(&recorded).collect::<Vec<_>>(),
+        recorded.difference(&acknowledged).collect::<Vec<_>>()
+    );
+    for r in &runs {
+        ensure!(
+            r.state == pb::RunState::Succeeded as i32 && r.attempt == 1,
+            "{r:?}"
+        );
+    }
+    let starts = sundial_tests::read_journals(&journals)?;
+    let mut started = std::collections::BTreeMap::new();
+    for e in starts.iter().filter(|e| e.event == "start") {
+        *started.entry(e.schedule_id.clone()).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = started.iter().filter(|(_, n)| **n > 1).collect();
+    ensure!(twice.is_empty(), "started twice: {twice:?}");
+    println!(
+        "{point}: {} runs, {} triggers sent again after the restart",
+        runs.len(),
+        unanswered.len()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_a_group_commit_loses_and_doubles_nothing() -> Result<()> {
+    a_crash_inside_a_group_commit_loses_and_doubles_nothing("embedded.before_commit@150").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_a_group_commit_loses_and_doubles_nothing() -> Result<()> {
+    a_crash_inside_a_group_commit_loses_and_doubles_nothing("embedded.after_commit@150").await
 }

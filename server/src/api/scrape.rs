@@ -23,6 +23,9 @@ impl Scrape {
     /// the node gauges as they were.
     pub async fn render(&self) -> String {
         self.metrics.set_executors_connected(self.links.attached());
+        if let Some(commits) = self.store.commits() {
+            self.metrics.set_store_commits(commits);
+        }
         match self.store.list_nodes(None).await {
             Ok(nodes) => {
                 let health: Vec<Health> = nodes

@@ -157,6 +157,12 @@ pub trait StoreMeta: Send + Sync + 'static {
 
     /// The store's clock.
     async fn now(&self) -> Result<Millis>;
+
+    /// Write transactions committed so far, where the backend commits them itself (the
+    /// embedded store: one fsync each); None where it does not (Redis).
+    fn commits(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The whole store: every narrow trait. Only the wiring and tests hold one; each part of

@@ -3,12 +3,14 @@
 //!
 //! It owns the on-disk layout of an embedded store: the tables below, the meta record
 //! (schema version, partition count, trigger sequence), and the in-memory delivery state
-//! of the trigger queue. Every store operation is exactly one redb transaction, run on
-//! the blocking pool, so the atomicity the trait promises is redb's: a write transaction
-//! is serialised against every other one and commits durably (fsync) or not at all.
-//! Writes take turns ([`Inner::writers`]), except the ones a heartbeat makes (lease
-//! renewals, the node's registry entry), which go ahead of the queue so a burst of
-//! run writes cannot make a live executor's leases run out.
+//! of the trigger queue. Every store operation runs on the blocking pool as one step:
+//! a read transaction, or a step of the shared write transaction (`commit`, group
+//! commit), so the atomicity the trait promises is redb's: the steps of a write
+//! transaction apply one after another, and it commits durably (one fsync for every
+//! step in it) or not at all; a caller is answered only once its step has committed.
+//! A heartbeat's writes (lease renewals, the node's registry entry) ride the next
+//! commit like every other write: a burst of run writes shares commits with them
+//! instead of queueing ahead of them.
 //!
 //! One file per concern, each implementing the store trait of that concern for
 //! `EmbeddedStore`: `jobs` (`JobStore`: jobs, fires, manual triggers), `triggers`
@@ -224,13 +226,8 @@ struct Inner {
     max_runs_per_job: u64,
     idempotency_ttl_ms: i64,
     queue: Mutex<QueueState>,
-    /// The turn of the ordinary writes: held from before `begin_write` to the commit.
-    /// redb wakes an arbitrary one of the threads waiting for its writer lock, so under
-    /// a burst (hundreds of run writes waiting, each commit an fsync) a given write
-    /// could wait seconds. Ordinary writes take this lock first, so at most one of them
-    /// waits on redb's lock; urgent writes ([`Inner::write_urgent`]) skip it and so only
-    /// ever wait for the write in progress and that one.
-    writers: Mutex<()>,
+    /// The shared write transaction every write applies in (see `commit`).
+    commits: GroupCommit,
 }
 
 /// The embedded `Store`: see the module docs.
@@ -279,6 +276,10 @@ impl StoreMeta for EmbeddedStore {
     async fn now(&self) -> Result<Millis> {
         Ok(now_ms())
     }
+
+    fn commits(&self) -> Option<u64> {
+        Some(self.inner.commits.commits())
+    }
 }
 
 impl EmbeddedStore {
@@ -309,7 +310,7 @@ impl EmbeddedStore {
                 max_runs_per_job: u64::try_from(opts.max_runs_per_job.max(1)).unwrap_or(u64::MAX),
                 idempotency_ttl_ms: duration_ms(opts.idempotency_ttl),
                 queue: Mutex::new(QueueState::default()),
-                writers: Mutex::new(()),
+                commits: GroupCommit::default(),
             }),
             changes,
             appended: Arc::new(Notify::new()),
@@ -580,14 +581,6 @@ fn page_limit(limit: usize) -> usize {
 
 // ---- transaction helpers
 
-/// One write transaction: commits if `f` succeeds, aborts (by drop) if it fails.
-fn write_txn<T>(db: &Database, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
-    let txn = db.begin_write().ctx("begin write transaction")?;
-    let out = f(&txn)?;
-    txn.commit().ctx("commit")?;
-    Ok(out)
-}
-
 fn read(db: &Database) -> Result<ReadTransaction> {
     db.begin_read().ctx("begin read transaction")
 }
@@ -707,6 +700,7 @@ fn successor(prefix: &str) -> String {
 }
 
 mod apps;
+mod commit;
 mod jobs;
 mod nodes;
 mod outbox;
@@ -716,22 +710,14 @@ mod runs;
 mod tests;
 mod triggers;
 
+use commit::GroupCommit;
 use run_tables::RunTables;
 
 impl Inner {
-    /// One write transaction, in turn behind the other ordinary writes: see
-    /// [`Inner::writers`].
+    /// One step in the shared write transaction, answered once it has committed
+    /// (see `commit`). Blocking: call it on the blocking pool.
     fn write<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
-        let _turn = self.writers.lock().unwrap_or_else(|e| e.into_inner());
-        write_txn(&self.db, f)
-    }
-
-    /// One write transaction that goes ahead of the queue of ordinary writes: it waits
-    /// for at most the write in progress and the one holding the turn. For the writes a
-    /// heartbeat makes (lease renewals, the node's registry entry): queued behind a
-    /// burst of run writes they would arrive after the leases they renew ran out.
-    fn write_urgent<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
-        write_txn(&self.db, f)
+        self.commits.write(&self.db, f)
     }
 
     fn expired_run(&self, run: &RunRecord, now: Millis) -> bool {

@@ -176,7 +176,7 @@ impl EmbeddedStore {
         mode: Upsert,
     ) -> Result<Registered> {
         self.blocking(move |inner| {
-            inner.write_urgent(|txn| {
+            inner.write(|txn| {
                 let now = now_ms();
                 sweep_nodes(txn, now)?;
                 node.last_heartbeat = now;

@@ -319,7 +319,7 @@ impl RunStore for EmbeddedStore {
         self.blocking(move |inner| {
             let node_id = node_id.as_str();
             let held_runs = held_runs.as_slice();
-            inner.write_urgent(|txn| {
+            inner.write(|txn| {
                 let mut t = RunTables::open(txn, inner)?;
                 let ttl = duration_ms(ttl);
                 let mut out = Vec::with_capacity(held_runs.len());

@@ -1,7 +1,8 @@
 //! The embedded backend's own tests: the conformance suite on a redb file, and what
 //! only this backend has: data surviving a reopen, the schema check, caller mistakes as
 //! errors, tokens that outgrow a clock step back, the lazy sweeps of expired nodes
-//! and runs, and heartbeat writes going ahead of the queue of ordinary writes.
+//! and runs, and group commit (waiting writes sharing a commit, a failed write taking
+//! nothing of its batch into the file).
 
 use super::*;
 use crate::model::{RunPlan, schedule_id};
@@ -438,51 +439,83 @@ async fn expired_runs_are_swept() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeat_writes_go_ahead_of_the_queue() {
+/// Writes that arrive while a batch commits share the next commit: 32 writers released
+/// together while the first write is still applying make about two commits (the
+/// first, then everyone who queued behind it; a few more if the scheduler splits the
+/// queue), not 32. Each is answered only after its commit, and every write is there.
+#[test]
+fn writes_waiting_share_one_commit() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Arc::new(
-        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open"),
-    );
-    // An ordinary write holds the turn, as one does all through a burst of run writes.
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open");
     let inner = Arc::clone(&store.inner);
-    let holder = std::thread::spawn(move || {
-        let _turn = inner.writers.lock().expect("turn");
-        held_tx.send(()).expect("say held");
-        let _ = release_rx.recv();
+    let before = inner.commits.commits();
+    const WRITERS: usize = 32;
+    let start = Arc::new(std::sync::Barrier::new(WRITERS));
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let handles: Vec<_> = (0..WRITERS)
+        .map(|i| {
+            let (inner, start, first) =
+                (Arc::clone(&inner), Arc::clone(&start), Arc::clone(&first));
+            std::thread::spawn(move || {
+                start.wait();
+                inner.write(|txn| {
+                    // The first write to apply takes long enough for every other one to
+                    // arrive and queue behind it.
+                    if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                    let mut meta = txn.open_table(META).ctx("meta")?;
+                    meta.insert(format!("test-{i}").as_str(), i as u64)
+                        .ctx("insert")?;
+                    Ok(())
+                })
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("writer").expect("write");
+    }
+    let commits = inner.commits.commits() - before;
+    println!("{WRITERS} writes made {commits} commits");
+    assert!(commits <= 8, "{WRITERS} writes made {commits} commits");
+    let txn = inner.db.begin_read().expect("read");
+    let meta = txn.open_table(META).expect("meta");
+    for i in 0..WRITERS {
+        let key = format!("test-{i}");
+        assert_eq!(
+            meta.get(key.as_str()).expect("get").map(|g| g.value()),
+            Some(i as u64)
+        );
+    }
+}
+
+/// A write that fails (after writing part of itself) takes nothing of its batch with
+/// it into the file; the next write commits normally.
+#[test]
+fn a_failed_write_leaves_nothing_of_its_batch() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open");
+    let inner = &store.inner;
+    let failed = inner.write(|txn| -> Result<()> {
+        let mut meta = txn.open_table(META).ctx("meta")?;
+        meta.insert("half-written", 1).ctx("insert")?;
+        Err(Error::Corrupt("the step failed halfway".into()))
     });
-    held_rx.recv().expect("turn held");
-    // The next ordinary write waits for its turn…
-    let queued = tokio::spawn({
-        let store = Arc::clone(&store);
-        async move { store.create_job(job("queued", None)).await }
-    });
-    // …while a heartbeat's writes (the node's registry entry, its lease renewals) do not.
-    let ahead = Duration::from_secs(10);
-    tokio::time::timeout(
-        ahead,
-        store.register_node(conformance::node("n1", "g", "i"), Duration::from_secs(30)),
-    )
-    .await
-    .expect("the node refresh waited for the turn")
-    .expect("upsert");
-    let held = [Held {
-        schedule_id: "nobody@1".to_owned(),
-        token: 1,
-    }];
-    let renewed = tokio::time::timeout(
-        ahead,
-        store.renew_leases("n1", &held, Duration::from_secs(3)),
-    )
-    .await
-    .expect("the renewal waited for the turn")
-    .expect("renew");
-    assert_eq!(renewed, vec![None], "no such lease");
-    assert!(!queued.is_finished(), "the ordinary write took no turn");
-    release_tx.send(()).expect("release");
-    holder.join().expect("holder");
-    queued.await.expect("join").expect("create");
-    assert!(store.get_job("queued").await.expect("get").is_some());
+    assert!(matches!(failed, Err(Error::Corrupt(_))), "{failed:?}");
+    inner
+        .write(|txn| {
+            let mut meta = txn.open_table(META).ctx("meta")?;
+            meta.insert("next", 2).ctx("insert")?;
+            Ok(())
+        })
+        .expect("the next write");
+    let txn = inner.db.begin_read().expect("read");
+    let meta = txn.open_table(META).expect("meta");
+    assert_eq!(
+        meta.get("half-written").expect("get").map(|g| g.value()),
+        None
+    );
+    assert_eq!(meta.get("next").expect("get").map(|g| g.value()), Some(2));
 }

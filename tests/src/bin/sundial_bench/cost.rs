@@ -83,6 +83,8 @@ pub struct Costs {
     pub redis_cpu_per_run_in_sets: Option<f64>,
     /// The servers' CPU (user + sys, all instances) per run.
     pub server_cpu_us_per_run: f64,
+    /// The embedded store's commits (fsyncs) per run, from `sundial_store_commits_total`.
+    pub store_commits_per_run: Option<f64>,
     pub redis_ceiling: Option<RedisCeiling>,
 }
 
@@ -116,12 +118,17 @@ impl Costs {
             println!("    top: {}", top.join(", "));
         }
         println!("  server CPU per run: {:.0} µs", self.server_cpu_us_per_run);
+        if let Some(commits) = self.store_commits_per_run {
+            println!("  store commits (fsyncs) per run: {commits:.3}");
+        }
     }
 }
 
 /// Readings at the start of a window.
 pub struct CostProbe {
     redis: Option<(String, BTreeMap<String, u64>, u64)>,
+    /// Where to read the store's commits, and how many there were at the start.
+    commits: Option<(Vec<String>, f64)>,
     pids: Vec<u32>,
     server_cpu: u64,
     monitor: Option<Monitor>,
@@ -149,8 +156,22 @@ impl CostProbe {
             .map(sundial_tests::Sundial::pid)
             .collect();
         let server_cpu = server_cpu_us(&pids)?;
+        let commits = match rig.redis_url() {
+            Some(_) => None,
+            None => {
+                let urls = rig
+                    .instances
+                    .iter()
+                    .map(|s| s.http_url().map(|u| format!("{u}/metrics")))
+                    .collect::<Option<Vec<_>>>()
+                    .context("http is on")?;
+                let before = store_commits(&urls).await?;
+                Some((urls, before))
+            }
+        };
         Ok(Self {
             redis,
+            commits,
             pids,
             server_cpu,
             monitor,
@@ -167,6 +188,9 @@ impl CostProbe {
             redis_ceiling: self.ceiling,
             ..Costs::default()
         };
+        if let Some((urls, before)) = &self.commits {
+            costs.store_commits_per_run = Some(per_run(store_commits(urls).await? - before));
+        }
         if let Some(monitor) = self.monitor {
             let (trips, inside) = monitor.stop()?;
             costs.redis_round_trips_per_run = Some(per_run(trips as f64));
@@ -296,6 +320,20 @@ pub async fn commandstats(url: &str) -> Result<BTreeMap<String, u64>> {
         out.insert(name.to_owned(), calls);
     }
     Ok(out)
+}
+
+/// `sundial_store_commits_total` summed over the instances' `/metrics`.
+async fn store_commits(urls: &[String]) -> Result<f64> {
+    let mut total = 0.0;
+    for url in urls {
+        let text = reqwest::get(url).await?.text().await?;
+        total += text
+            .lines()
+            .find_map(|l| l.strip_prefix("sundial_store_commits_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    Ok(total)
 }
 
 /// Redis's own CPU so far (`used_cpu_user` + `used_cpu_sys`), µs.
