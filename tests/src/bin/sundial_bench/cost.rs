@@ -165,8 +165,8 @@ impl CostProbe {
                     .map(|s| s.http_url().map(|u| format!("{u}/metrics")))
                     .collect::<Option<Vec<_>>>()
                     .context("http is on")?;
-                let before = store_commits(&urls).await?;
-                Some((urls, before))
+                // A server without the counter (an older build) reports no figure.
+                store_commits(&urls).await?.map(|before| (urls, before))
             }
         };
         Ok(Self {
@@ -189,7 +189,9 @@ impl CostProbe {
             ..Costs::default()
         };
         if let Some((urls, before)) = &self.commits {
-            costs.store_commits_per_run = Some(per_run(store_commits(urls).await? - before));
+            costs.store_commits_per_run = store_commits(urls)
+                .await?
+                .map(|after| per_run(after - before));
         }
         if let Some(monitor) = self.monitor {
             let (trips, inside) = monitor.stop()?;
@@ -322,16 +324,19 @@ pub async fn commandstats(url: &str) -> Result<BTreeMap<String, u64>> {
     Ok(out)
 }
 
-/// `sundial_store_commits_total` summed over the instances' `/metrics`.
-async fn store_commits(urls: &[String]) -> Result<f64> {
-    let mut total = 0.0;
+/// `sundial_store_commits_total` summed over the instances' `/metrics`; None when no
+/// instance has it.
+async fn store_commits(urls: &[String]) -> Result<Option<f64>> {
+    let mut total = None;
     for url in urls {
         let text = reqwest::get(url).await?.text().await?;
-        total += text
+        if let Some(n) = text
             .lines()
             .find_map(|l| l.strip_prefix("sundial_store_commits_total "))
             .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
+        {
+            *total.get_or_insert(0.0) += n;
+        }
     }
     Ok(total)
 }
