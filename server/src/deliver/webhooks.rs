@@ -21,7 +21,8 @@
 //! cool-down without spending an attempt (never past its max age); once the cool-down
 //! is over one claimer sends a probe, whose outcome closes or re-opens it.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sundial_sdk::webhook::{self, Secret};
@@ -166,6 +167,9 @@ pub struct Deliveries {
     client: reqwest::Client,
     permits: Arc<Semaphore>,
     tasks: TaskTracker,
+    /// Deliveries a task of this worker is claiming, so the next sweep does not start
+    /// a second claim of the same one (the store would refuse it; this saves the call).
+    claiming: Mutex<HashSet<String>>,
 }
 
 impl Deliveries {
@@ -189,6 +193,7 @@ impl Deliveries {
             egress,
             client,
             tasks: TaskTracker::new(),
+            claiming: Mutex::new(HashSet::new()),
         })
     }
 
@@ -239,36 +244,45 @@ impl Deliveries {
                     Err(_) => return,
                 },
             };
-            let claimed = match self
-                .store
-                .outbox
-                .claim_delivery(&schedule_id, self.opts.claim_lease)
-                .await
-            {
-                Ok(Some(d)) => d,
-                // Claimed by another worker meanwhile, or gone.
-                Ok(None) => continue,
-                Err(e) => {
-                    warn!(%schedule_id, error = %e, "claiming a webhook failed; it stays due");
-                    continue;
-                }
-            };
-            let span = info_span!(
-                "webhook",
-                job_id = %claimed.job_id,
-                schedule_id = %claimed.schedule_id,
-                attempt = claimed.attempts + 1
-            );
+            if !self.claiming().insert(schedule_id.clone()) {
+                continue;
+            }
+            // Each delivery is claimed in its own task, so the claims of a sweep go to
+            // the store together (the embedded store commits them as one batch).
             let this = self.clone();
             let shutdown = shutdown.clone();
-            self.tasks.spawn(
-                async move {
-                    this.deliver(claimed, &shutdown).await;
-                    drop(permit);
-                }
-                .instrument(span),
-            );
+            self.tasks.spawn(async move {
+                let claimed = this
+                    .store
+                    .outbox
+                    .claim_delivery(&schedule_id, this.opts.claim_lease)
+                    .await;
+                this.claiming().remove(&schedule_id);
+                let claimed = match claimed {
+                    Ok(Some(d)) => d,
+                    // Claimed by another worker meanwhile, or gone.
+                    Ok(None) => return,
+                    Err(e) => {
+                        warn!(%schedule_id, error = %e, "claiming a webhook failed; it stays due");
+                        return;
+                    }
+                };
+                let span = info_span!(
+                    "webhook",
+                    job_id = %claimed.job_id,
+                    schedule_id = %claimed.schedule_id,
+                    attempt = claimed.attempts + 1
+                );
+                this.deliver(claimed, &shutdown).instrument(span).await;
+                drop(permit);
+            });
         }
+    }
+
+    fn claiming(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // Each statement leaves the set consistent, so a panic elsewhere cannot leave
+        // it half-updated.
+        self.claiming.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// One claimed delivery: the breaker, the attempt, the outcome.
