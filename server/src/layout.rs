@@ -83,27 +83,33 @@ fn imports(text: &str) -> Vec<(usize, String)> {
     out
 }
 
-#[test]
-fn imports_go_down() {
+/// Every source file of the crate but `lib.rs`, `main.rs` and this one: its path under
+/// `src/` (with `/`) and its text.
+fn sources() -> Vec<(String, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
+    files
+        .iter()
+        .map(|file| {
+            let rel = file.strip_prefix(&src).expect("under src");
+            let rel = rel.to_string_lossy().replace('\\', "/");
+            (rel, std::fs::read_to_string(file).expect("read source"))
+        })
+        .filter(|(rel, _)| !matches!(rel.as_str(), "lib.rs" | "main.rs" | "layout.rs"))
+        .collect()
+}
+
+#[test]
+fn imports_go_down() {
+    let files = sources();
     let mut wrong = Vec::new();
-    for file in &files {
-        let rel = file.strip_prefix(&src).expect("under src");
-        let first = rel
-            .components()
-            .next()
-            .and_then(|c| c.as_os_str().to_str())
-            .expect("a path");
+    for (rel, text) in &files {
+        let first = rel.split('/').next().expect("a path");
         let from = first.trim_end_matches(".rs");
-        if matches!(from, "lib" | "main" | "layout") {
-            continue;
-        }
-        let text = std::fs::read_to_string(file).expect("read source");
-        for (line, to) in imports(&text) {
+        for (line, to) in imports(text) {
             if let Some(why) = refusal(from, &to) {
-                wrong.push(format!("{}:{line}: {why}", rel.display()));
+                wrong.push(format!("{rel}:{line}: {why}"));
             }
         }
     }
@@ -213,17 +219,11 @@ fn store_names(code: &str) -> Vec<&'static str> {
 
 #[test]
 fn each_part_holds_only_its_store_traits() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
     let mut wrong = Vec::new();
-    for file in &files {
-        let rel = file.strip_prefix(&src).expect("under src");
-        let rel = rel.to_string_lossy().replace('\\', "/");
-        if rel.starts_with("store/") || matches!(rel.as_str(), "lib.rs" | "main.rs" | "layout.rs") {
+    for (rel, text) in sources() {
+        if rel.starts_with("store/") {
             continue;
         }
-        let text = std::fs::read_to_string(file).expect("read source");
         let mut named = store_names(&code_outside_tests(&text));
         named.sort_unstable();
         let mut allowed: Vec<&str> = STORE_TRAITS
