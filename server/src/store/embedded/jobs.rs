@@ -12,7 +12,7 @@ impl JobStore for EmbeddedStore {
 
     async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
         let job = self
-            .blocking(move |inner| inner.write(|txn| inner.create_in(txn, job)))
+            .write(move |inner, txn| inner.create_in(txn, job))
             .await?;
         self.job_changed();
         Ok(job)
@@ -20,7 +20,7 @@ impl JobStore for EmbeddedStore {
 
     async fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
         let job = self
-            .blocking(move |inner| inner.write(|txn| inner.update_in(txn, job, expected_version)))
+            .write(move |inner, txn| inner.update_in(txn, job, expected_version))
             .await?;
         self.job_changed();
         Ok(job)
@@ -33,40 +33,39 @@ impl JobStore for EmbeddedStore {
         partition: u32,
         writes: Vec<JobWrite>,
     ) -> Result<Vec<Result<JobRecord>>> {
+        let partitions = self.inner.partitions;
+        if let Some(w) = writes
+            .iter()
+            .find(|w| partition_of(w.job_id(), partitions) != partition)
+        {
+            return Err(Error::Corrupt(format!(
+                "write for job {:?} sent to partition {partition}, but it lives in {}",
+                w.job_id(),
+                partition_of(w.job_id(), partitions)
+            )));
+        }
         let out = self
-            .blocking(move |inner| {
-                if let Some(w) = writes
-                    .iter()
-                    .find(|w| partition_of(w.job_id(), inner.partitions) != partition)
-                {
-                    return Err(Error::Corrupt(format!(
-                        "write for job {:?} sent to partition {partition}, but it lives in {}",
-                        w.job_id(),
-                        partition_of(w.job_id(), inner.partitions)
-                    )));
-                }
-                inner.write(|txn| {
-                    let mut out = Vec::with_capacity(writes.len());
-                    for w in writes {
-                        let r = match w {
-                            JobWrite::Create(job) => inner.create_in(txn, job),
-                            JobWrite::Update {
-                                job,
-                                expected_version,
-                            } => inner.update_in(txn, job, expected_version),
-                        };
-                        match r {
-                            Err(
-                                e @ (Error::JobExists(_)
-                                | Error::JobNotFound(_)
-                                | Error::VersionConflict { .. }),
-                            ) => out.push(Err(e)),
-                            Err(e) => return Err(e),
-                            Ok(job) => out.push(Ok(job)),
-                        }
+            .write(move |inner, txn| {
+                let mut out = Vec::with_capacity(writes.len());
+                for w in writes {
+                    let r = match w {
+                        JobWrite::Create(job) => inner.create_in(txn, job),
+                        JobWrite::Update {
+                            job,
+                            expected_version,
+                        } => inner.update_in(txn, job, expected_version),
+                    };
+                    match r {
+                        Err(
+                            e @ (Error::JobExists(_)
+                            | Error::JobNotFound(_)
+                            | Error::VersionConflict { .. }),
+                        ) => out.push(Err(e)),
+                        Err(e) => return Err(e),
+                        Ok(job) => out.push(Ok(job)),
                     }
-                    Ok(out)
-                })
+                }
+                Ok(out)
             })
             .await?;
         if out.iter().any(Result::is_ok) {
@@ -77,19 +76,17 @@ impl JobStore for EmbeddedStore {
 
     async fn delete_job(&self, job_id: &str) -> Result<()> {
         let job_id = job_id.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let job_id = job_id.as_str();
-            inner.write(|txn| {
-                let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
-                if jobs.remove(job_id).ctx("delete job")?.is_none() {
-                    return Err(Error::JobNotFound(job_id.to_owned()));
-                }
-                drop(jobs);
-                // Runs and the token counter stay: runs (in flight or not) until retention
-                // ends, and the counter so that a job re-created under the same id keeps
-                // growing tokens.
-                set_pending(txn, inner.partitions, job_id, None)
-            })
+            let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            if jobs.remove(job_id).ctx("delete job")?.is_none() {
+                return Err(Error::JobNotFound(job_id.to_owned()));
+            }
+            drop(jobs);
+            // Runs and the token counter stay: runs (in flight or not) until retention
+            // ends, and the counter so that a job re-created under the same id keeps
+            // growing tokens.
+            set_pending(txn, inner.partitions, job_id, None)
         })
         .await?;
         self.job_changed();
@@ -209,8 +206,7 @@ impl JobStore for EmbeddedStore {
 
     async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
         let outcome = self
-            .blocking(move |inner| {
-                inner.write(|txn| {
+            .write(move |inner, txn| {
             let now = now_ms();
             let mut results = Vec::with_capacity(claims.len());
             let mut appended = Vec::new();
@@ -239,9 +235,8 @@ impl JobStore for EmbeddedStore {
                 results,
                 next_due,
             })
-        })
-            })
-            .await?;
+})
+.await?;
         if outcome.results.contains(&ClaimResult::Claimed) {
             self.appended.notify_waiters();
         }
@@ -255,56 +250,54 @@ impl JobStore for EmbeddedStore {
     ) -> Result<Enqueued> {
         let key = idempotency_key.map(str::to_owned);
         let enqueued = self
-            .blocking(move |inner| {
-                inner.write(|txn| {
-                    let now = now_ms();
-                    {
-                        let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-                        if jobs.get(trigger.job_id.as_str()).ctx("read job")?.is_none() {
-                            return Err(Error::JobNotFound(trigger.job_id.clone()));
-                        }
+            .write(move |inner, txn| {
+                let now = now_ms();
+                {
+                    let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                    if jobs.get(trigger.job_id.as_str()).ctx("read job")?.is_none() {
+                        return Err(Error::JobNotFound(trigger.job_id.clone()));
                     }
-                    inner.sweep_idempotency(txn, now)?;
-                    let schedule_id = trigger.schedule_id();
-                    if let Some(key) = key.as_deref() {
-                        let mut keys = txn.open_table(IDEMPOTENCY).ctx("open idempotency")?;
-                        let mut expiry = txn
-                            .open_table(IDEMPOTENCY_EXPIRY)
-                            .ctx("open idempotency expiry")?;
-                        let job_id = trigger.job_id.as_str();
-                        let seen = keys
-                            .get((job_id, key))
-                            .ctx("read idempotency key")?
-                            .map(|g| {
-                                let (sid, expires_at) = g.value();
-                                (sid.to_owned(), expires_at)
+                }
+                inner.sweep_idempotency(txn, now)?;
+                let schedule_id = trigger.schedule_id();
+                if let Some(key) = key.as_deref() {
+                    let mut keys = txn.open_table(IDEMPOTENCY).ctx("open idempotency")?;
+                    let mut expiry = txn
+                        .open_table(IDEMPOTENCY_EXPIRY)
+                        .ctx("open idempotency expiry")?;
+                    let job_id = trigger.job_id.as_str();
+                    let seen = keys
+                        .get((job_id, key))
+                        .ctx("read idempotency key")?
+                        .map(|g| {
+                            let (sid, expires_at) = g.value();
+                            (sid.to_owned(), expires_at)
+                        });
+                    match seen {
+                        Some((first, expires_at)) if expires_at > now => {
+                            return Ok(Enqueued {
+                                schedule_id: first,
+                                duplicate: true,
                             });
-                        match seen {
-                            Some((first, expires_at)) if expires_at > now => {
-                                return Ok(Enqueued {
-                                    schedule_id: first,
-                                    duplicate: true,
-                                });
-                            }
-                            Some((_, expires_at)) => {
-                                expiry
-                                    .remove((expires_at, job_id, key))
-                                    .ctx("delete idempotency expiry")?;
-                            }
-                            None => {}
                         }
-                        let expires_at = now.saturating_add(inner.idempotency_ttl_ms);
-                        keys.insert((job_id, key), (schedule_id.as_str(), expires_at))
-                            .ctx("write idempotency key")?;
-                        expiry
-                            .insert((expires_at, job_id, key), ())
-                            .ctx("write idempotency expiry")?;
+                        Some((_, expires_at)) => {
+                            expiry
+                                .remove((expires_at, job_id, key))
+                                .ctx("delete idempotency expiry")?;
+                        }
+                        None => {}
                     }
-                    append_triggers(txn, now, vec![trigger])?;
-                    Ok(Enqueued {
-                        schedule_id,
-                        duplicate: false,
-                    })
+                    let expires_at = now.saturating_add(inner.idempotency_ttl_ms);
+                    keys.insert((job_id, key), (schedule_id.as_str(), expires_at))
+                        .ctx("write idempotency key")?;
+                    expiry
+                        .insert((expires_at, job_id, key), ())
+                        .ctx("write idempotency expiry")?;
+                }
+                append_triggers(txn, now, vec![trigger])?;
+                Ok(Enqueued {
+                    schedule_id,
+                    duplicate: false,
                 })
             })
             .await?;

@@ -3,11 +3,12 @@
 //!
 //! It owns the on-disk layout of an embedded store: the tables below, the meta record
 //! (schema version, partition count, trigger sequence), and the in-memory delivery state
-//! of the trigger queue. Every store operation runs on the blocking pool as one step:
-//! a read transaction, or a step of the shared write transaction (`commit`, group
-//! commit), so the atomicity the trait promises is redb's: the steps of a write
-//! transaction apply one after another, and it commits durably (one fsync for every
-//! step in it) or not at all; a caller is answered only once its step has committed.
+//! of the trigger queue. Every store operation is one step: a read transaction on the
+//! blocking pool, or a step of the shared write transaction that the writer thread
+//! applies (`commit`, group commit), so the atomicity the trait promises is redb's: the
+//! steps of a write transaction apply one after another, and it commits durably (one
+//! fsync for every step in it) or not at all; a caller is answered only once its step
+//! has committed.
 //! A heartbeat's writes (lease renewals, the node's registry entry) ride the next
 //! commit like every other write: a burst of run writes shares commits with them
 //! instead of queueing ahead of them.
@@ -226,8 +227,6 @@ struct Inner {
     max_runs_per_job: u64,
     idempotency_ttl_ms: i64,
     queue: Mutex<QueueState>,
-    /// The shared write transaction every write applies in (see `commit`).
-    commits: GroupCommit,
 }
 
 /// The embedded `Store`: see the module docs.
@@ -245,6 +244,8 @@ pub struct EmbeddedStore {
     inbox_pushed: Notify,
     /// Round-robin counters by job: in memory, as only this process routes.
     route_counters: Mutex<HashMap<String, u64>>,
+    /// The writer thread every write goes through (group commit, see `commit`).
+    writer: Writer,
 }
 
 /// One instance's inbox: messages oldest first, forgotten once nobody pushed for
@@ -278,7 +279,7 @@ impl StoreMeta for EmbeddedStore {
     }
 
     fn commits(&self) -> Option<u64> {
-        Some(self.inner.commits.commits())
+        Some(self.writer.commits())
     }
 }
 
@@ -300,18 +301,21 @@ impl EmbeddedStore {
         txn.commit().ctx("commit schema transaction")?;
 
         let (changes, _) = watch::channel(0);
+        let inner = Arc::new(Inner {
+            db,
+            partitions,
+            run_retention_ms: duration_ms(opts.run_retention),
+            // Zero would delete a run in the very operation that records it, breaking
+            // `record_run`'s idempotency, so at least one run per job is kept.
+            max_runs_per_job: u64::try_from(opts.max_runs_per_job.max(1)).unwrap_or(u64::MAX),
+            idempotency_ttl_ms: duration_ms(opts.idempotency_ttl),
+            queue: Mutex::new(QueueState::default()),
+        });
+        let writer = Writer::start(Arc::clone(&inner))
+            .map_err(|e| Error::Unavailable(format!("start the embedded store's writer: {e}")))?;
         Ok(EmbeddedStore {
-            inner: Arc::new(Inner {
-                db,
-                partitions,
-                run_retention_ms: duration_ms(opts.run_retention),
-                // Zero would delete a run in the very operation that records it, breaking
-                // `record_run`'s idempotency, so at least one run per job is kept.
-                max_runs_per_job: u64::try_from(opts.max_runs_per_job.max(1)).unwrap_or(u64::MAX),
-                idempotency_ttl_ms: duration_ms(opts.idempotency_ttl),
-                queue: Mutex::new(QueueState::default()),
-                commits: GroupCommit::default(),
-            }),
+            inner,
+            writer,
             changes,
             appended: Arc::new(Notify::new()),
             inboxes: Mutex::new(HashMap::new()),
@@ -320,7 +324,17 @@ impl EmbeddedStore {
         })
     }
 
-    /// Runs `f` on the blocking pool: redb calls block on disk and on the writer lock.
+    /// One step in the shared write transaction, answered once it has committed (see
+    /// `commit`).
+    async fn write<T, F>(&self, step: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner, &WriteTransaction) -> Result<T> + Send + 'static,
+    {
+        self.writer.write(step).await
+    }
+
+    /// Runs `f` on the blocking pool: redb reads block on disk.
     async fn blocking<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -710,16 +724,10 @@ mod runs;
 mod tests;
 mod triggers;
 
-use commit::GroupCommit;
+use commit::Writer;
 use run_tables::RunTables;
 
 impl Inner {
-    /// One step in the shared write transaction, answered once it has committed
-    /// (see `commit`). Blocking: call it on the blocking pool.
-    fn write<T>(&self, f: impl FnOnce(&WriteTransaction) -> Result<T>) -> Result<T> {
-        self.commits.write(&self.db, f)
-    }
-
     fn expired_run(&self, run: &RunRecord, now: Millis) -> bool {
         run.created_at.saturating_add(self.run_retention_ms) <= now
     }

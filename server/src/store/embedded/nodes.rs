@@ -21,62 +21,58 @@ impl NodeRegistry for EmbeddedStore {
         leases_within: Option<Duration>,
     ) -> Result<NodeRemoved> {
         let node = node.clone();
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let node = &node;
             let node_id = node.node_id.as_str();
-            inner.write(|txn| {
-                let now = now_ms();
-                sweep_nodes(txn, now)?;
-                let removed = {
-                    let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
-                    let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
-                    let current = nodes.get(node_id).ctx("read node")?.map(|g| {
-                        let (json, expires_at) = g.value();
-                        (json.to_owned(), expires_at)
-                    });
-                    let Some((json, expires_at)) = current else {
-                        return Ok(NodeRemoved::default());
-                    };
-                    // Expired but not swept yet: it is gone as far as anyone can tell (in
-                    // redis its key would have expired), so it is deleted and not reported
-                    // removed.
-                    let removed = if expires_at <= now {
-                        false
-                    } else {
-                        let stored: NodeRecord = decode("node", node_id, &json)?;
-                        if stored.instance != node.instance || stored.session != node.session {
-                            return Ok(NodeRemoved::default());
-                        }
-                        true
-                    };
-                    nodes.remove(node_id).ctx("delete node")?;
-                    expiry
-                        .remove((expires_at, node_id))
-                        .ctx("delete node expiry")?;
-                    removed
+            let now = now_ms();
+            sweep_nodes(txn, now)?;
+            let removed = {
+                let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+                let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+                let current = nodes.get(node_id).ctx("read node")?.map(|g| {
+                    let (json, expires_at) = g.value();
+                    (json.to_owned(), expires_at)
+                });
+                let Some((json, expires_at)) = current else {
+                    return Ok(NodeRemoved::default());
                 };
-                let mut leases_shortened = 0;
-                if let (true, Some(within)) = (removed, leases_within) {
-                    let mut t = RunTables::open(txn, inner)?;
-                    let by = t.now.saturating_add(duration_ms(within));
-                    for sid in t.node_run_ids(node_id)? {
-                        let Some(mut run) = t.load(&sid)? else {
-                            continue;
-                        };
-                        if held(run.state)
-                            && run.node_id == node_id
-                            && run.deadlines.lease_expires > by
-                        {
-                            run.deadlines.lease_expires = by;
-                            t.save(&run)?;
-                            leases_shortened += 1;
-                        }
+                // Expired but not swept yet: it is gone as far as anyone can tell (in
+                // redis its key would have expired), so it is deleted and not reported
+                // removed.
+                let removed = if expires_at <= now {
+                    false
+                } else {
+                    let stored: NodeRecord = decode("node", node_id, &json)?;
+                    if stored.instance != node.instance || stored.session != node.session {
+                        return Ok(NodeRemoved::default());
+                    }
+                    true
+                };
+                nodes.remove(node_id).ctx("delete node")?;
+                expiry
+                    .remove((expires_at, node_id))
+                    .ctx("delete node expiry")?;
+                removed
+            };
+            let mut leases_shortened = 0;
+            if let (true, Some(within)) = (removed, leases_within) {
+                let mut t = RunTables::open(txn, inner)?;
+                let by = t.now.saturating_add(duration_ms(within));
+                for sid in t.node_run_ids(node_id)? {
+                    let Some(mut run) = t.load(&sid)? else {
+                        continue;
+                    };
+                    if held(run.state) && run.node_id == node_id && run.deadlines.lease_expires > by
+                    {
+                        run.deadlines.lease_expires = by;
+                        t.save(&run)?;
+                        leases_shortened += 1;
                     }
                 }
-                Ok(NodeRemoved {
-                    removed,
-                    leases_shortened,
-                })
+            }
+            Ok(NodeRemoved {
+                removed,
+                leases_shortened,
             })
         })
         .await
@@ -175,44 +171,42 @@ impl EmbeddedStore {
         ttl: Duration,
         mode: Upsert,
     ) -> Result<Registered> {
-        self.blocking(move |inner| {
-            inner.write(|txn| {
-                let now = now_ms();
-                sweep_nodes(txn, now)?;
-                node.last_heartbeat = now;
-                let json = encode("node", &node)?;
-                let expires_at = now.saturating_add(duration_ms(ttl));
-                let node_id = node.node_id.as_str();
-                let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
-                let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
-                let old = match nodes.get(node_id).ctx("read node")? {
-                    Some(g) => {
-                        let (json, at) = g.value();
-                        Some((decode::<NodeRecord>("node", node_id, json)?, at))
-                    }
-                    None => None,
-                };
-                if let Some((cur, old_expiry)) = old {
-                    if old_expiry > now {
-                        if cur.group != node.group {
-                            return Ok(Registered::OtherGroup(cur.group));
-                        }
-                        if mode == Upsert::Refresh && cur.session != node.session {
-                            return Ok(Registered::Superseded);
-                        }
-                    }
-                    expiry
-                        .remove((old_expiry, node_id))
-                        .ctx("delete node expiry")?;
+        self.write(move |_, txn| {
+            let now = now_ms();
+            sweep_nodes(txn, now)?;
+            node.last_heartbeat = now;
+            let json = encode("node", &node)?;
+            let expires_at = now.saturating_add(duration_ms(ttl));
+            let node_id = node.node_id.as_str();
+            let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
+            let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
+            let old = match nodes.get(node_id).ctx("read node")? {
+                Some(g) => {
+                    let (json, at) = g.value();
+                    Some((decode::<NodeRecord>("node", node_id, json)?, at))
                 }
-                nodes
-                    .insert(node_id, (json.as_str(), expires_at))
-                    .ctx("write node")?;
+                None => None,
+            };
+            if let Some((cur, old_expiry)) = old {
+                if old_expiry > now {
+                    if cur.group != node.group {
+                        return Ok(Registered::OtherGroup(cur.group));
+                    }
+                    if mode == Upsert::Refresh && cur.session != node.session {
+                        return Ok(Registered::Superseded);
+                    }
+                }
                 expiry
-                    .insert((expires_at, node_id), ())
-                    .ctx("write node expiry")?;
-                Ok(Registered::Yes)
-            })
+                    .remove((old_expiry, node_id))
+                    .ctx("delete node expiry")?;
+            }
+            nodes
+                .insert(node_id, (json.as_str(), expires_at))
+                .ctx("write node")?;
+            expiry
+                .insert((expires_at, node_id), ())
+                .ctx("write node expiry")?;
+            Ok(Registered::Yes)
         })
         .await
     }

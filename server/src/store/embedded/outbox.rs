@@ -24,33 +24,31 @@ impl Outbox for EmbeddedStore {
         lease: Duration,
     ) -> Result<Option<WebhookDelivery>> {
         let schedule_id = schedule_id.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let Some(mut entry) = t.load_outbox(schedule_id)? else {
-                    return Ok(None);
-                };
-                if entry.due > t.now {
-                    return Ok(None);
-                }
-                let old_due = entry.due;
-                // Tokens only grow: max(last + 1, store time in µs), as fencing tokens do.
-                entry.token = entry.token.saturating_add(1).max(t.now_us);
-                entry.in_flight = true;
-                entry.due = t.now.saturating_add(duration_ms(lease));
-                t.put_outbox(schedule_id, &entry, Some(old_due))?;
-                Ok(Some(WebhookDelivery {
-                    schedule_id: schedule_id.to_owned(),
-                    job_id: entry.job_id,
-                    url: entry.url,
-                    body: entry.body,
-                    attempts: entry.attempts,
-                    created_at: entry.created_at,
-                    token: entry.token,
-                    now: t.now,
-                }))
-            })
+            let mut t = RunTables::open(txn, inner)?;
+            let Some(mut entry) = t.load_outbox(schedule_id)? else {
+                return Ok(None);
+            };
+            if entry.due > t.now {
+                return Ok(None);
+            }
+            let old_due = entry.due;
+            // Tokens only grow: max(last + 1, store time in µs), as fencing tokens do.
+            entry.token = entry.token.saturating_add(1).max(t.now_us);
+            entry.in_flight = true;
+            entry.due = t.now.saturating_add(duration_ms(lease));
+            t.put_outbox(schedule_id, &entry, Some(old_due))?;
+            Ok(Some(WebhookDelivery {
+                schedule_id: schedule_id.to_owned(),
+                job_id: entry.job_id,
+                url: entry.url,
+                body: entry.body,
+                attempts: entry.attempts,
+                created_at: entry.created_at,
+                token: entry.token,
+                now: t.now,
+            }))
         })
         .await
     }
@@ -62,93 +60,88 @@ impl Outbox for EmbeddedStore {
         outcome: DeliveryOutcome,
     ) -> Result<Applied> {
         let schedule_id = schedule_id.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let Some(mut entry) = t.load_outbox(schedule_id)? else {
-                    return Ok(Applied::No("unknown delivery".to_owned()));
-                };
-                if entry.token != token || !entry.in_flight {
-                    return Ok(Applied::No("stale delivery token".to_owned()));
+            let mut t = RunTables::open(txn, inner)?;
+            let Some(mut entry) = t.load_outbox(schedule_id)? else {
+                return Ok(Applied::No("unknown delivery".to_owned()));
+            };
+            if entry.token != token || !entry.in_flight {
+                return Ok(Applied::No("stale delivery token".to_owned()));
+            }
+            let old_due = entry.due;
+            let now = t.now;
+            let (status, error) = match &outcome {
+                DeliveryOutcome::Defer { until } => {
+                    entry.in_flight = false;
+                    entry.due = now.max(*until);
+                    t.put_outbox(schedule_id, &entry, Some(old_due))?;
+                    return Ok(Applied::Yes);
                 }
-                let old_due = entry.due;
-                let now = t.now;
-                let (status, error) = match &outcome {
-                    DeliveryOutcome::Defer { until } => {
-                        entry.in_flight = false;
-                        entry.due = now.max(*until);
-                        t.put_outbox(schedule_id, &entry, Some(old_due))?;
-                        return Ok(Applied::Yes);
-                    }
-                    DeliveryOutcome::Delivered { status } => (*status, String::new()),
-                    DeliveryOutcome::Retry { status, error, .. }
-                    | DeliveryOutcome::Failed { status, error } => (*status, error.clone()),
-                    DeliveryOutcome::Gone => (410, crate::store::GONE_ERROR.to_owned()),
-                    DeliveryOutcome::Abandon { error } => (0, error.clone()),
-                };
-                if !matches!(outcome, DeliveryOutcome::Abandon { .. }) {
-                    entry.attempts = entry.attempts.saturating_add(1);
+                DeliveryOutcome::Delivered { status } => (*status, String::new()),
+                DeliveryOutcome::Retry { status, error, .. }
+                | DeliveryOutcome::Failed { status, error } => (*status, error.clone()),
+                DeliveryOutcome::Gone => (410, crate::store::GONE_ERROR.to_owned()),
+                DeliveryOutcome::Abandon { error } => (0, error.clone()),
+            };
+            if !matches!(outcome, DeliveryOutcome::Abandon { .. }) {
+                entry.attempts = entry.attempts.saturating_add(1);
+            }
+            let mut run = t.load(schedule_id)?;
+            if let Some(run) = run.as_mut() {
+                run.callback_attempts = entry.attempts;
+                run.callback_status = status;
+                run.callback_error = error;
+            }
+            match outcome {
+                DeliveryOutcome::Retry { after, .. } => {
+                    entry.in_flight = false;
+                    entry.due = now.saturating_add(duration_ms(after));
+                    t.put_outbox(schedule_id, &entry, Some(old_due))?;
                 }
-                let mut run = t.load(schedule_id)?;
-                if let Some(run) = run.as_mut() {
-                    run.callback_attempts = entry.attempts;
-                    run.callback_status = status;
-                    run.callback_error = error;
-                }
-                match outcome {
-                    DeliveryOutcome::Retry { after, .. } => {
-                        entry.in_flight = false;
-                        entry.due = now.saturating_add(duration_ms(after));
-                        t.put_outbox(schedule_id, &entry, Some(old_due))?;
-                    }
-                    done => {
-                        t.remove_outbox(schedule_id, &entry)?;
-                        if let Some(run) = run.as_mut() {
-                            run.callback_state =
-                                if matches!(done, DeliveryOutcome::Delivered { .. }) {
-                                    CallbackState::Done
-                                } else {
-                                    CallbackState::Failed
-                                };
-                        }
+                done => {
+                    t.remove_outbox(schedule_id, &entry)?;
+                    if let Some(run) = run.as_mut() {
+                        run.callback_state = if matches!(done, DeliveryOutcome::Delivered { .. }) {
+                            CallbackState::Done
+                        } else {
+                            CallbackState::Failed
+                        };
                     }
                 }
-                if let Some(run) = run {
-                    t.save(&run)?;
-                }
-                Ok(Applied::Yes)
-            })
+            }
+            if let Some(run) = run {
+                t.save(&run)?;
+            }
+            Ok(Applied::Yes)
         })
         .await
     }
 
     async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
         let destination = destination.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |_, txn| {
             let destination = destination.as_str();
-            inner.write(|txn| {
-                let now = now_ms();
-                let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-                let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
-                    Some(g) => decode("breaker", destination, g.value())?,
-                    None => return Ok(BreakerState::Closed),
-                };
-                if b.state == "closed" {
-                    return Ok(BreakerState::Closed);
-                }
-                if b.until > now {
-                    // Open, or half open with another caller's probe under way.
-                    return Ok(BreakerState::Open { until: b.until });
-                }
-                b.state = "half_open".to_owned();
-                b.until = now.saturating_add(duration_ms(probe));
-                let json = encode("breaker", &b)?;
-                table
-                    .insert(destination, json.as_str())
-                    .ctx("write breaker")?;
-                Ok(BreakerState::HalfOpen)
-            })
+            let now = now_ms();
+            let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
+            let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
+                Some(g) => decode("breaker", destination, g.value())?,
+                None => return Ok(BreakerState::Closed),
+            };
+            if b.state == "closed" {
+                return Ok(BreakerState::Closed);
+            }
+            if b.until > now {
+                // Open, or half open with another caller's probe under way.
+                return Ok(BreakerState::Open { until: b.until });
+            }
+            b.state = "half_open".to_owned();
+            b.until = now.saturating_add(duration_ms(probe));
+            let json = encode("breaker", &b)?;
+            table
+                .insert(destination, json.as_str())
+                .ctx("write breaker")?;
+            Ok(BreakerState::HalfOpen)
         })
         .await
     }
@@ -161,49 +154,47 @@ impl Outbox for EmbeddedStore {
         cool_down: Duration,
     ) -> Result<BreakerUpdate> {
         let destination = destination.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |_, txn| {
             let destination = destination.as_str();
-            inner.write(|txn| {
-                let now = now_ms();
-                let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-                let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
-                    Some(g) => decode("breaker", destination, g.value())?,
-                    None => Breaker {
-                        state: "closed".to_owned(),
-                        ..Breaker::default()
-                    },
-                };
-                if success {
-                    table.remove(destination).ctx("delete breaker")?;
-                    return Ok(BreakerUpdate {
-                        state: BreakerState::Closed,
-                        changed: b.state != "closed",
-                    });
-                }
-                if b.state == "open" {
-                    return Ok(BreakerUpdate {
-                        state: BreakerState::Open { until: b.until },
-                        changed: false,
-                    });
-                }
-                b.failures = b.failures.saturating_add(1);
-                let opens = b.state == "half_open" || b.failures >= threshold;
-                if opens {
-                    b.state = "open".to_owned();
-                    b.until = now.saturating_add(duration_ms(cool_down));
-                }
-                let json = encode("breaker", &b)?;
-                table
-                    .insert(destination, json.as_str())
-                    .ctx("write breaker")?;
-                Ok(BreakerUpdate {
-                    state: if opens {
-                        BreakerState::Open { until: b.until }
-                    } else {
-                        BreakerState::Closed
-                    },
-                    changed: opens,
-                })
+            let now = now_ms();
+            let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
+            let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
+                Some(g) => decode("breaker", destination, g.value())?,
+                None => Breaker {
+                    state: "closed".to_owned(),
+                    ..Breaker::default()
+                },
+            };
+            if success {
+                table.remove(destination).ctx("delete breaker")?;
+                return Ok(BreakerUpdate {
+                    state: BreakerState::Closed,
+                    changed: b.state != "closed",
+                });
+            }
+            if b.state == "open" {
+                return Ok(BreakerUpdate {
+                    state: BreakerState::Open { until: b.until },
+                    changed: false,
+                });
+            }
+            b.failures = b.failures.saturating_add(1);
+            let opens = b.state == "half_open" || b.failures >= threshold;
+            if opens {
+                b.state = "open".to_owned();
+                b.until = now.saturating_add(duration_ms(cool_down));
+            }
+            let json = encode("breaker", &b)?;
+            table
+                .insert(destination, json.as_str())
+                .ctx("write breaker")?;
+            Ok(BreakerUpdate {
+                state: if opens {
+                    BreakerState::Open { until: b.until }
+                } else {
+                    BreakerState::Closed
+                },
+                changed: opens,
             })
         })
         .await

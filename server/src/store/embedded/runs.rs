@@ -8,40 +8,38 @@ use super::*;
 #[async_trait]
 impl RunStore for EmbeddedStore {
     async fn record_run(&self, mut run: RunRecord) -> Result<Recorded> {
-        self.blocking(move |inner| {
-            inner.write(|txn| {
-                let job = {
-                    let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-                    load_job(&jobs, &run.job_id)?
-                };
-                let mut t = RunTables::open(txn, inner)?;
-                t.sweep()?;
-                if let Some(existing) = t.existing(&run.schedule_id)? {
-                    return Ok(Recorded {
-                        run: existing,
-                        created: false,
-                    });
-                }
-                let now = t.now;
-                // A trigger that already says why it is skipped keeps its reason.
-                if run.state != RunState::Skipped
-                    && let Some(reason) = job_skip_reason(job.as_ref())
-                {
-                    run.state = RunState::Skipped;
-                    run.reason = reason.to_owned();
-                    run.finished_at = Some(now);
-                }
-                // Callers leave the timestamps the store owns at zero/None (see
-                // `RunRecord::from_trigger`); a SKIPPED run is finished the moment it exists.
-                if run.created_at == 0 {
-                    run.created_at = now;
-                }
-                if run.state.is_final() && run.finished_at.is_none() {
-                    run.finished_at = Some(now);
-                }
-                t.insert_new(&run)?;
-                Ok(Recorded { run, created: true })
-            })
+        self.write(move |inner, txn| {
+            let job = {
+                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                load_job(&jobs, &run.job_id)?
+            };
+            let mut t = RunTables::open(txn, inner)?;
+            t.sweep()?;
+            if let Some(existing) = t.existing(&run.schedule_id)? {
+                return Ok(Recorded {
+                    run: existing,
+                    created: false,
+                });
+            }
+            let now = t.now;
+            // A trigger that already says why it is skipped keeps its reason.
+            if run.state != RunState::Skipped
+                && let Some(reason) = job_skip_reason(job.as_ref())
+            {
+                run.state = RunState::Skipped;
+                run.reason = reason.to_owned();
+                run.finished_at = Some(now);
+            }
+            // Callers leave the timestamps the store owns at zero/None (see
+            // `RunRecord::from_trigger`); a SKIPPED run is finished the moment it exists.
+            if run.created_at == 0 {
+                run.created_at = now;
+            }
+            if run.state.is_final() && run.finished_at.is_none() {
+                run.finished_at = Some(now);
+            }
+            t.insert_new(&run)?;
+            Ok(Recorded { run, created: true })
         })
         .await
     }
@@ -126,100 +124,97 @@ impl RunStore for EmbeddedStore {
     }
 
     async fn begin_run(&self, mut run: RunRecord, route_grace: Duration) -> Result<Begun> {
-        self.blocking(move |inner| {
-            inner.write(|txn| {
-                let job = {
-                    let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-                    load_job(&jobs, &run.job_id)?
+        self.write(move |inner, txn| {
+            let job = {
+                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+                load_job(&jobs, &run.job_id)?
+            };
+            let mut t = RunTables::open(txn, inner)?;
+            t.sweep()?;
+            if let Some(existing) = t.existing(&run.schedule_id)? {
+                return Ok(Begun {
+                    run: existing,
+                    created: false,
+                    revoked: Vec::new(),
+                });
+            }
+            let now = t.now;
+            run.deadlines = Deadlines::default();
+            run.created_at = now;
+            if run.state != RunState::Skipped
+                && let Some(reason) = job_skip_reason(job.as_ref())
+            {
+                run.state = RunState::Skipped;
+                run.reason = reason.to_owned();
+            }
+            let mut revoked = Vec::new();
+            if run.state != RunState::Skipped {
+                // The job's runs that are really still active; stale members (records
+                // gone or final) are dropped on the way.
+                let mut live = Vec::new();
+                for sid in t.active_ids(&run.job_id)? {
+                    match t.load(&sid)? {
+                        Some(r) if !r.state.is_final() => live.push(r),
+                        _ => {
+                            t.active
+                                .remove((run.job_id.as_str(), sid.as_str()))
+                                .ctx("delete active run")?;
+                        }
+                    }
+                }
+                let start = match run.plan.overlap {
+                    _ if live.is_empty() => Start::Route,
+                    OverlapPolicy::Allow => Start::Route,
+                    OverlapPolicy::Forbid => Start::Skip("overlap"),
+                    OverlapPolicy::Serial => {
+                        let waiting = t.queue(&run.job_id)?.len() as u64;
+                        if waiting >= u64::from(run.plan.serial_limit) {
+                            Start::Skip("serial queue full")
+                        } else {
+                            Start::Queue
+                        }
+                    }
+                    OverlapPolicy::Replace => {
+                        for mut old in live {
+                            let (rvs, _) = t.cancel_tree(&mut old, "replaced", false)?;
+                            revoked.extend(rvs);
+                            t.save(&old)?;
+                        }
+                        Start::Route
+                    }
                 };
-                let mut t = RunTables::open(txn, inner)?;
-                t.sweep()?;
-                if let Some(existing) = t.existing(&run.schedule_id)? {
-                    return Ok(Begun {
-                        run: existing,
-                        created: false,
-                        revoked: Vec::new(),
-                    });
-                }
-                let now = t.now;
-                run.deadlines = Deadlines::default();
-                run.created_at = now;
-                if run.state != RunState::Skipped
-                    && let Some(reason) = job_skip_reason(job.as_ref())
-                {
-                    run.state = RunState::Skipped;
-                    run.reason = reason.to_owned();
-                }
-                let mut revoked = Vec::new();
-                if run.state != RunState::Skipped {
-                    // The job's runs that are really still active; stale members (records
-                    // gone or final) are dropped on the way.
-                    let mut live = Vec::new();
-                    for sid in t.active_ids(&run.job_id)? {
-                        match t.load(&sid)? {
-                            Some(r) if !r.state.is_final() => live.push(r),
-                            _ => {
-                                t.active
-                                    .remove((run.job_id.as_str(), sid.as_str()))
-                                    .ctx("delete active run")?;
-                            }
-                        }
+                match start {
+                    Start::Route => {
+                        run.state = RunState::Waiting;
+                        run.reason.clear();
+                        run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
+                        run.deadlines.wait_until = now.saturating_add(run.plan.dispatch_wait_ms);
                     }
-                    let start = match run.plan.overlap {
-                        _ if live.is_empty() => Start::Route,
-                        OverlapPolicy::Allow => Start::Route,
-                        OverlapPolicy::Forbid => Start::Skip("overlap"),
-                        OverlapPolicy::Serial => {
-                            let waiting = t.queue(&run.job_id)?.len() as u64;
-                            if waiting >= u64::from(run.plan.serial_limit) {
-                                Start::Skip("serial queue full")
-                            } else {
-                                Start::Queue
-                            }
-                        }
-                        OverlapPolicy::Replace => {
-                            for mut old in live {
-                                let (rvs, _) = t.cancel_tree(&mut old, "replaced", false)?;
-                                revoked.extend(rvs);
-                                t.save(&old)?;
-                            }
-                            Start::Route
-                        }
-                    };
-                    match start {
-                        Start::Route => {
-                            run.state = RunState::Waiting;
-                            run.reason.clear();
-                            run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
-                            run.deadlines.wait_until =
-                                now.saturating_add(run.plan.dispatch_wait_ms);
-                        }
-                        Start::Queue => {
-                            // No timer: it waits for the run ahead of it to end and pop it.
-                            run.state = RunState::Waiting;
-                            run.reason = "queued".to_owned();
-                            t.enqueue(&run.job_id, &run.schedule_id)?;
-                        }
-                        Start::Skip(reason) => {
-                            run.state = RunState::Skipped;
-                            run.reason = reason.to_owned();
-                        }
+                    Start::Queue => {
+                        // No timer: it waits for the run ahead of it to end and pop it.
+                        run.state = RunState::Waiting;
+                        run.reason = "queued".to_owned();
+                        t.enqueue(&run.job_id, &run.schedule_id)?;
                     }
-                    if run.state == RunState::Waiting {
-                        t.active
-                            .insert((run.job_id.as_str(), run.schedule_id.as_str()), ())
-                            .ctx("write active run")?;
+                    Start::Skip(reason) => {
+                        run.state = RunState::Skipped;
+                        run.reason = reason.to_owned();
                     }
                 }
-                if run.state == RunState::Skipped {
-                    run.finished_at = Some(now);
+                if run.state == RunState::Waiting {
+                    t.active
+                        .insert((run.job_id.as_str(), run.schedule_id.as_str()), ())
+                        .ctx("write active run")?;
                 }
-                t.insert_new(&run)?;
-                Ok(Begun {
-                    run,
-                    created: true,
-                    revoked,
-                })
+            }
+            if run.state == RunState::Skipped {
+                run.finished_at = Some(now);
+            }
+            t.insert_new(&run)?;
+            Ok(Begun {
+                run,
+                created: true,
+                revoked,
             })
         })
         .await
@@ -233,78 +228,73 @@ impl RunStore for EmbeddedStore {
         terms: LeaseTerms,
     ) -> Result<Assigned> {
         let (schedule_id, node) = (schedule_id.to_owned(), node.clone());
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
             let node = &node;
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let Some(mut run) = t.load(schedule_id)? else {
-                    return Ok(Assigned::NotWaiting(None));
-                };
-                // wake_at 0 marks a run queued behind a serial run: not routable yet.
-                if run.state != RunState::Waiting
-                    || run.attempt != attempt
-                    || run.deadlines.wake_at == 0
-                {
-                    return Ok(Assigned::NotWaiting(Some(run)));
-                }
-                if node.max_concurrency > 0
-                    && t.busy(&node.node_id)? >= u64::from(node.max_concurrency)
-                {
-                    return Ok(Assigned::NodeFull);
-                }
-                let now = t.now;
-                run.fencing_token = t.new_token(&run.job_id)?;
-                run.node_id = node.node_id.clone();
-                run.state = RunState::Dispatched;
-                run.reason.clear();
-                run.deadlines = Deadlines {
-                    lease_expires: now.saturating_add(duration_ms(terms.ttl)),
-                    confirm_by: now.saturating_add(duration_ms(terms.confirm_within)),
-                    timeout_at: if run.plan.timeout_ms > 0 {
-                        now.saturating_add(run.plan.timeout_ms)
-                    } else {
-                        0
-                    },
-                    ..Deadlines::default()
-                };
-                t.node_runs
-                    .insert((node.node_id.as_str(), schedule_id), ())
-                    .ctx("write node run")?;
-                t.save(&run)?;
-                Ok(Assigned::Granted(run))
-            })
+            let mut t = RunTables::open(txn, inner)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                return Ok(Assigned::NotWaiting(None));
+            };
+            // wake_at 0 marks a run queued behind a serial run: not routable yet.
+            if run.state != RunState::Waiting
+                || run.attempt != attempt
+                || run.deadlines.wake_at == 0
+            {
+                return Ok(Assigned::NotWaiting(Some(run)));
+            }
+            if node.max_concurrency > 0 && t.busy(&node.node_id)? >= u64::from(node.max_concurrency)
+            {
+                return Ok(Assigned::NodeFull);
+            }
+            let now = t.now;
+            run.fencing_token = t.new_token(&run.job_id)?;
+            run.node_id = node.node_id.clone();
+            run.state = RunState::Dispatched;
+            run.reason.clear();
+            run.deadlines = Deadlines {
+                lease_expires: now.saturating_add(duration_ms(terms.ttl)),
+                confirm_by: now.saturating_add(duration_ms(terms.confirm_within)),
+                timeout_at: if run.plan.timeout_ms > 0 {
+                    now.saturating_add(run.plan.timeout_ms)
+                } else {
+                    0
+                },
+                ..Deadlines::default()
+            };
+            t.node_runs
+                .insert((node.node_id.as_str(), schedule_id), ())
+                .ctx("write node run")?;
+            t.save(&run)?;
+            Ok(Assigned::Granted(run))
         })
         .await
     }
 
     async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition> {
         let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let Some(mut run) = t.load_held(schedule_id)? else {
-                    return Ok(refused(UNKNOWN_RUN, None));
-                };
-                if let Some(why) = holder.refusal(&run) {
-                    return Ok(refused(why, Some(run)));
+            let mut t = RunTables::open(txn, inner)?;
+            let Some(mut run) = t.load_held(schedule_id)? else {
+                return Ok(refused(UNKNOWN_RUN, None));
+            };
+            if let Some(why) = holder.refusal(&run) {
+                return Ok(refused(why, Some(run)));
+            }
+            match run.state {
+                RunState::Running => Ok(Transition {
+                    applied: Applied::Already,
+                    ..refused("", Some(run))
+                }),
+                RunState::Dispatched => {
+                    run.state = RunState::Running;
+                    run.started_at = Some(t.now);
+                    run.deadlines.confirm_by = 0;
+                    t.save(&run)?;
+                    Ok(applied(run, [], None))
                 }
-                match run.state {
-                    RunState::Running => Ok(Transition {
-                        applied: Applied::Already,
-                        ..refused("", Some(run))
-                    }),
-                    RunState::Dispatched => {
-                        run.state = RunState::Running;
-                        run.started_at = Some(t.now);
-                        run.deadlines.confirm_by = 0;
-                        t.save(&run)?;
-                        Ok(applied(run, [], None))
-                    }
-                    other => Ok(refused(&format!("run is {other}"), Some(run))),
-                }
-            })
+                other => Ok(refused(&format!("run is {other}"), Some(run))),
+            }
         })
         .await
     }
@@ -316,32 +306,30 @@ impl RunStore for EmbeddedStore {
         ttl: Duration,
     ) -> Result<Vec<Option<i64>>> {
         let (node_id, held_runs) = (node_id.to_owned(), held_runs.to_vec());
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let node_id = node_id.as_str();
             let held_runs = held_runs.as_slice();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let ttl = duration_ms(ttl);
-                let mut out = Vec::with_capacity(held_runs.len());
-                for h in held_runs {
-                    let renewable = t.load_held(&h.schedule_id)?.filter(|r| {
-                        held(r.state)
-                            && r.fencing_token == h.token
-                            && r.node_id == node_id
-                            && r.deadlines.lease_expires > t.now
-                    });
-                    match renewable {
-                        Some(mut run) => {
-                            run.deadlines.lease_expires = t.now.saturating_add(ttl);
-                            run.deadlines.confirm_by = 0;
-                            t.save(&run)?;
-                            out.push(Some(ttl));
-                        }
-                        None => out.push(None),
+            let mut t = RunTables::open(txn, inner)?;
+            let ttl = duration_ms(ttl);
+            let mut out = Vec::with_capacity(held_runs.len());
+            for h in held_runs {
+                let renewable = t.load_held(&h.schedule_id)?.filter(|r| {
+                    held(r.state)
+                        && r.fencing_token == h.token
+                        && r.node_id == node_id
+                        && r.deadlines.lease_expires > t.now
+                });
+                match renewable {
+                    Some(mut run) => {
+                        run.deadlines.lease_expires = t.now.saturating_add(ttl);
+                        run.deadlines.confirm_by = 0;
+                        t.save(&run)?;
+                        out.push(Some(ttl));
                     }
+                    None => out.push(None),
                 }
-                Ok(out)
-            })
+            }
+            Ok(out)
         })
         .await
     }
@@ -353,101 +341,99 @@ impl RunStore for EmbeddedStore {
         outcome: Outcome,
     ) -> Result<Transition> {
         let schedule_id = schedule_id.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let found = match by {
-                    Finisher::Holder(_) => t.load_held(schedule_id)?,
-                    Finisher::Waiting { .. } => t.load(schedule_id)?,
-                };
-                let Some(mut run) = found else {
-                    return Ok(refused(UNKNOWN_RUN, None));
-                };
-                match &by {
-                    Finisher::Holder(holder) => {
-                        if let Some(why) = holder.refusal(&run) {
-                            return Ok(refused(why, Some(run)));
-                        }
-                        if run.state.is_final() {
-                            return Ok(Transition {
-                                applied: Applied::Already,
-                                ..refused("", Some(run))
-                            });
-                        }
-                        if !held(run.state) {
-                            return Ok(refused(&format!("run is {}", run.state), Some(run)));
-                        }
+            let mut t = RunTables::open(txn, inner)?;
+            let found = match by {
+                Finisher::Holder(_) => t.load_held(schedule_id)?,
+                Finisher::Waiting { .. } => t.load(schedule_id)?,
+            };
+            let Some(mut run) = found else {
+                return Ok(refused(UNKNOWN_RUN, None));
+            };
+            match &by {
+                Finisher::Holder(holder) => {
+                    if let Some(why) = holder.refusal(&run) {
+                        return Ok(refused(why, Some(run)));
                     }
-                    Finisher::Waiting { attempt } => {
-                        if run.state != RunState::Waiting || run.attempt != *attempt {
-                            return Ok(refused("run is no longer waiting", Some(run)));
-                        }
-                        // Queued behind a serial run: nobody may route it, so nobody may
-                        // find that no executor takes it either.
-                        if run.deadlines.wake_at == 0 {
-                            return Ok(refused("run is queued", Some(run)));
-                        }
+                    if run.state.is_final() {
+                        return Ok(Transition {
+                            applied: Applied::Already,
+                            ..refused("", Some(run))
+                        });
+                    }
+                    if !held(run.state) {
+                        return Ok(refused(&format!("run is {}", run.state), Some(run)));
                     }
                 }
-                if outcome.state == RunState::Waiting {
-                    // The executor rejected the dispatch (busy, not ready): route it
-                    // elsewhere at the same attempt; the attempt never began.
-                    if !matches!(by, Finisher::Holder(_)) {
-                        return Ok(refused("only a lease holder can reject", Some(run)));
+                Finisher::Waiting { attempt } => {
+                    if run.state != RunState::Waiting || run.attempt != *attempt {
+                        return Ok(refused("run is no longer waiting", Some(run)));
                     }
-                    let now = t.now;
-                    t.leave_node(&run)?;
-                    run.last_node = run.node_id.clone();
-                    run.fencing_token = t.new_token(&run.job_id)?;
-                    run.state = RunState::Waiting;
-                    run.reason = format!("rejected: {}", outcome.error_message);
-                    run.deadlines = Deadlines {
-                        wake_at: now,
-                        wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
-                        ..Deadlines::default()
-                    };
-                    t.save(&run)?;
-                    return Ok(applied(run, [], None));
+                    // Queued behind a serial run: nobody may route it, so nobody may
+                    // find that no executor takes it either.
+                    if run.deadlines.wake_at == 0 {
+                        return Ok(refused("run is queued", Some(run)));
+                    }
                 }
-                if !outcome.state.is_final() {
-                    return Ok(refused(
-                        &format!("{} is not an outcome", outcome.state),
-                        Some(run),
-                    ));
+            }
+            if outcome.state == RunState::Waiting {
+                // The executor rejected the dispatch (busy, not ready): route it
+                // elsewhere at the same attempt; the attempt never began.
+                if !matches!(by, Finisher::Holder(_)) {
+                    return Ok(refused("only a lease holder can reject", Some(run)));
                 }
+                let now = t.now;
                 t.leave_node(&run)?;
-                if outcome.output.is_some() {
-                    run.output = outcome.output;
-                }
-                run.error_code = outcome.error_code;
-                run.error_message = outcome.error_message;
-                if outcome.started_at.is_some() {
-                    run.started_at = outcome.started_at;
-                }
-                // Set before the run may become final, so the webhook body written then has
-                // it (a retry clears it again).
-                if outcome.finished_at.is_some() {
-                    run.finished_at = outcome.finished_at;
-                }
-                let next = if outcome.state == RunState::Failed {
-                    let reason = if run.error_code.is_empty() {
-                        "failed".to_owned()
-                    } else {
-                        run.error_code.clone()
-                    };
-                    let delay = run.plan.backoff_after(run.attempt);
-                    let next = t.retry_or_final(&mut run, RunState::Failed, &reason, delay)?;
-                    if run.state == RunState::Failed {
-                        run.reason.clear();
-                    }
-                    next
-                } else {
-                    t.finalize(&mut run, outcome.state, "", true)?
+                run.last_node = run.node_id.clone();
+                run.fencing_token = t.new_token(&run.job_id)?;
+                run.state = RunState::Waiting;
+                run.reason = format!("rejected: {}", outcome.error_message);
+                run.deadlines = Deadlines {
+                    wake_at: now,
+                    wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
+                    ..Deadlines::default()
                 };
                 t.save(&run)?;
-                Ok(applied(run, [], next))
-            })
+                return Ok(applied(run, [], None));
+            }
+            if !outcome.state.is_final() {
+                return Ok(refused(
+                    &format!("{} is not an outcome", outcome.state),
+                    Some(run),
+                ));
+            }
+            t.leave_node(&run)?;
+            if outcome.output.is_some() {
+                run.output = outcome.output;
+            }
+            run.error_code = outcome.error_code;
+            run.error_message = outcome.error_message;
+            if outcome.started_at.is_some() {
+                run.started_at = outcome.started_at;
+            }
+            // Set before the run may become final, so the webhook body written then has
+            // it (a retry clears it again).
+            if outcome.finished_at.is_some() {
+                run.finished_at = outcome.finished_at;
+            }
+            let next = if outcome.state == RunState::Failed {
+                let reason = if run.error_code.is_empty() {
+                    "failed".to_owned()
+                } else {
+                    run.error_code.clone()
+                };
+                let delay = run.plan.backoff_after(run.attempt);
+                let next = t.retry_or_final(&mut run, RunState::Failed, &reason, delay)?;
+                if run.state == RunState::Failed {
+                    run.reason.clear();
+                }
+                next
+            } else {
+                t.finalize(&mut run, outcome.state, "", true)?
+            };
+            t.save(&run)?;
+            Ok(applied(run, [], next))
         })
         .await
     }
@@ -461,65 +447,62 @@ impl RunStore for EmbeddedStore {
 
     async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
         let schedule_id = schedule_id.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let Some(mut run) = t.load(schedule_id)? else {
-                    t.drop_timer(schedule_id)?;
-                    return Ok(refused(UNKNOWN_RUN, None));
-                };
-                if run.state.is_final() {
-                    t.drop_timer(schedule_id)?;
-                    return Ok(refused("run is final", Some(run)));
-                }
-                let now = t.now;
-                let d = run.deadlines.clone();
-                let passed = |at: Millis| at > 0 && at <= now;
-                if held(run.state) {
-                    let confirmed = run.state == RunState::Running || d.confirm_by == 0;
-                    if passed(d.timeout_at) {
-                        let rv = t.revoke(&mut run, "timeout")?;
-                        run.error_code = "timeout".to_owned();
-                        run.error_message = "the attempt exceeded its timeout".to_owned();
-                        let delay = run.plan.backoff_after(run.attempt);
-                        let next =
-                            t.retry_or_final(&mut run, RunState::TimedOut, "timeout", delay)?;
-                        t.save(&run)?;
-                        return Ok(applied(run, rv, next));
-                    }
-                    if !confirmed && (passed(d.confirm_by) || d.lease_expires <= now) {
-                        // Never confirmed: the dispatch may not have arrived at all, so the
-                        // attempt is not spent.
-                        let rv = t.revoke(&mut run, "unconfirmed")?;
-                        run.last_node = run.node_id.clone();
-                        run.state = RunState::Waiting;
-                        run.reason = "unconfirmed".to_owned();
-                        run.deadlines = Deadlines {
-                            wake_at: now,
-                            wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
-                            ..Deadlines::default()
-                        };
-                        t.save(&run)?;
-                        return Ok(applied(run, rv, None));
-                    }
-                    if passed(d.lease_expires) {
-                        let rv = t.revoke(&mut run, "lost")?;
-                        run.error_code = "lost".to_owned();
-                        run.error_message = "the executor stopped renewing its lease".to_owned();
-                        let next = t.retry_or_final(&mut run, RunState::Failed, "lost", 0)?;
-                        t.save(&run)?;
-                        return Ok(applied(run, rv, next));
-                    }
-                } else if run.state == RunState::Waiting && passed(d.wake_at) {
-                    run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
+            let mut t = RunTables::open(txn, inner)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                t.drop_timer(schedule_id)?;
+                return Ok(refused(UNKNOWN_RUN, None));
+            };
+            if run.state.is_final() {
+                t.drop_timer(schedule_id)?;
+                return Ok(refused("run is final", Some(run)));
+            }
+            let now = t.now;
+            let d = run.deadlines.clone();
+            let passed = |at: Millis| at > 0 && at <= now;
+            if held(run.state) {
+                let confirmed = run.state == RunState::Running || d.confirm_by == 0;
+                if passed(d.timeout_at) {
+                    let rv = t.revoke(&mut run, "timeout")?;
+                    run.error_code = "timeout".to_owned();
+                    run.error_message = "the attempt exceeded its timeout".to_owned();
+                    let delay = run.plan.backoff_after(run.attempt);
+                    let next = t.retry_or_final(&mut run, RunState::TimedOut, "timeout", delay)?;
                     t.save(&run)?;
-                    return Ok(applied(run, [], None));
+                    return Ok(applied(run, rv, next));
                 }
-                // Nothing due (the timer was early, e.g. after a renewal): re-score it.
+                if !confirmed && (passed(d.confirm_by) || d.lease_expires <= now) {
+                    // Never confirmed: the dispatch may not have arrived at all, so the
+                    // attempt is not spent.
+                    let rv = t.revoke(&mut run, "unconfirmed")?;
+                    run.last_node = run.node_id.clone();
+                    run.state = RunState::Waiting;
+                    run.reason = "unconfirmed".to_owned();
+                    run.deadlines = Deadlines {
+                        wake_at: now,
+                        wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
+                        ..Deadlines::default()
+                    };
+                    t.save(&run)?;
+                    return Ok(applied(run, rv, None));
+                }
+                if passed(d.lease_expires) {
+                    let rv = t.revoke(&mut run, "lost")?;
+                    run.error_code = "lost".to_owned();
+                    run.error_message = "the executor stopped renewing its lease".to_owned();
+                    let next = t.retry_or_final(&mut run, RunState::Failed, "lost", 0)?;
+                    t.save(&run)?;
+                    return Ok(applied(run, rv, next));
+                }
+            } else if run.state == RunState::Waiting && passed(d.wake_at) {
+                run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
                 t.save(&run)?;
-                Ok(refused("nothing due", Some(run)))
-            })
+                return Ok(applied(run, [], None));
+            }
+            // Nothing due (the timer was early, e.g. after a renewal): re-score it.
+            t.save(&run)?;
+            Ok(refused("nothing due", Some(run)))
         })
         .await
     }
@@ -532,63 +515,61 @@ impl RunStore for EmbeddedStore {
         route_grace: Duration,
     ) -> Result<FannedOut> {
         let schedule_id = schedule_id.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let Some(mut run) = t.load(schedule_id)? else {
-                    return Ok(FannedOut::NotWaiting(None));
+            let mut t = RunTables::open(txn, inner)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                return Ok(FannedOut::NotWaiting(None));
+            };
+            if run.state != RunState::Waiting
+                || run.attempt != attempt
+                || run.deadlines.wake_at == 0
+            {
+                return Ok(FannedOut::NotWaiting(Some(run)));
+            }
+            let now = t.now;
+            let mut out = Vec::with_capacity(shards as usize);
+            for i in 0..shards {
+                let mut shard = run.clone();
+                shard.schedule_id = RunRecord::shard_id(schedule_id, i);
+                shard.parent = schedule_id.to_owned();
+                shard.shard_index = i;
+                shard.shard_total = shards;
+                shard.shards_done = 0;
+                shard.shards_succeeded = 0;
+                shard.attempt = 1;
+                shard.state = RunState::Waiting;
+                shard.reason.clear();
+                shard.node_id.clear();
+                shard.last_node.clear();
+                shard.started_at = None;
+                shard.finished_at = None;
+                shard.created_at = now;
+                shard.fencing_token = t.new_token(&run.job_id)?;
+                shard.deadlines = Deadlines {
+                    wake_at: now.saturating_add(duration_ms(route_grace)),
+                    wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
+                    ..Deadlines::default()
                 };
-                if run.state != RunState::Waiting
-                    || run.attempt != attempt
-                    || run.deadlines.wake_at == 0
-                {
-                    return Ok(FannedOut::NotWaiting(Some(run)));
-                }
-                let now = t.now;
-                let mut out = Vec::with_capacity(shards as usize);
-                for i in 0..shards {
-                    let mut shard = run.clone();
-                    shard.schedule_id = RunRecord::shard_id(schedule_id, i);
-                    shard.parent = schedule_id.to_owned();
-                    shard.shard_index = i;
-                    shard.shard_total = shards;
-                    shard.shards_done = 0;
-                    shard.shards_succeeded = 0;
-                    shard.attempt = 1;
-                    shard.state = RunState::Waiting;
-                    shard.reason.clear();
-                    shard.node_id.clear();
-                    shard.last_node.clear();
-                    shard.started_at = None;
-                    shard.finished_at = None;
-                    shard.created_at = now;
-                    shard.fencing_token = t.new_token(&run.job_id)?;
-                    shard.deadlines = Deadlines {
-                        wake_at: now.saturating_add(duration_ms(route_grace)),
-                        wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
-                        ..Deadlines::default()
-                    };
-                    t.save(&shard)?;
-                    // Retention like any run; not in the job's run list.
-                    t.by_created
-                        .insert((shard.created_at, shard.schedule_id.as_str()), ())
-                        .ctx("write run retention key")?;
-                    out.push(shard);
-                }
-                run.state = RunState::Running;
-                run.reason.clear();
-                run.node_id.clear();
-                run.shard_total = shards;
-                run.shards_done = 0;
-                run.shards_succeeded = 0;
-                run.started_at = Some(now);
-                run.deadlines = Deadlines::default();
-                t.save(&run)?;
-                Ok(FannedOut::Shards {
-                    parent: run,
-                    shards: out,
-                })
+                t.save(&shard)?;
+                // Retention like any run; not in the job's run list.
+                t.by_created
+                    .insert((shard.created_at, shard.schedule_id.as_str()), ())
+                    .ctx("write run retention key")?;
+                out.push(shard);
+            }
+            run.state = RunState::Running;
+            run.reason.clear();
+            run.node_id.clear();
+            run.shard_total = shards;
+            run.shards_done = 0;
+            run.shards_succeeded = 0;
+            run.started_at = Some(now);
+            run.deadlines = Deadlines::default();
+            t.save(&run)?;
+            Ok(FannedOut::Shards {
+                parent: run,
+                shards: out,
             })
         })
         .await
@@ -596,22 +577,20 @@ impl RunStore for EmbeddedStore {
 
     async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
         let (schedule_id, reason) = (schedule_id.to_owned(), reason.to_owned());
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
             let reason = reason.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let Some(mut run) = t.load(schedule_id)? else {
-                    return Ok(refused(UNKNOWN_RUN, None));
-                };
-                if run.state.is_final() {
-                    let why = format!("run is already {}", run.state);
-                    return Ok(refused(&why, Some(run)));
-                }
-                let (revoked, next) = t.cancel_tree(&mut run, reason, true)?;
-                t.save(&run)?;
-                Ok(applied(run, revoked, next))
-            })
+            let mut t = RunTables::open(txn, inner)?;
+            let Some(mut run) = t.load(schedule_id)? else {
+                return Ok(refused(UNKNOWN_RUN, None));
+            };
+            if run.state.is_final() {
+                let why = format!("run is already {}", run.state);
+                return Ok(refused(&why, Some(run)));
+            }
+            let (revoked, next) = t.cancel_tree(&mut run, reason, true)?;
+            t.save(&run)?;
+            Ok(applied(run, revoked, next))
         })
         .await
     }
@@ -625,24 +604,22 @@ impl RunStore for EmbeddedStore {
     ) -> Result<Applied> {
         let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
         let message = message.to_owned();
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                let Some(mut run) = t.load_held(schedule_id)? else {
-                    return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
-                };
-                if let Some(why) = holder.refusal(&run) {
-                    return Ok(Applied::No(why.to_owned()));
-                }
-                if !held(run.state) {
-                    return Ok(Applied::No(format!("run is {}", run.state)));
-                }
-                run.progress_percent = percent;
-                run.progress_message = message;
-                t.save(&run)?;
-                Ok(Applied::Yes)
-            })
+            let mut t = RunTables::open(txn, inner)?;
+            let Some(mut run) = t.load_held(schedule_id)? else {
+                return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
+            };
+            if let Some(why) = holder.refusal(&run) {
+                return Ok(Applied::No(why.to_owned()));
+            }
+            if !held(run.state) {
+                return Ok(Applied::No(format!("run is {}", run.state)));
+            }
+            run.progress_percent = percent;
+            run.progress_message = message;
+            t.save(&run)?;
+            Ok(Applied::Yes)
         })
         .await
     }
@@ -659,58 +636,56 @@ impl RunStore for EmbeddedStore {
             return Ok(Applied::Yes);
         }
         let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
-        self.blocking(move |inner| {
+        self.write(move |inner, txn| {
             let schedule_id = schedule_id.as_str();
-            inner.write(|txn| {
-                let mut t = RunTables::open(txn, inner)?;
-                // Any state: an executor may flush its last lines after its result.
-                let Some(run) = t.load_held(schedule_id)? else {
-                    return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
-                };
-                if let Some(why) = holder.refusal(&run) {
-                    return Ok(Applied::No(why.to_owned()));
-                }
-                let schedule_id = run.schedule_id.as_str();
-                let (mut seq, mut bytes) = t
-                    .log_meta
-                    .get(schedule_id)
-                    .ctx("read run log meta")?
-                    .map(|g| g.value())
-                    .unwrap_or((0, 0));
-                for mut line in lines {
-                    seq += 1;
-                    line.seq = seq;
-                    bytes = bytes.saturating_add(line.message.len() as u64);
-                    let json = encode("log line", &line)?;
-                    t.logs
-                        .insert((schedule_id, seq), json.as_str())
-                        .ctx("write run log line")?;
-                }
-                let max = u64::try_from(max_bytes).unwrap_or(u64::MAX);
-                if bytes > max {
-                    let mut dropped = Vec::new();
-                    for item in t
-                        .logs
-                        .range((schedule_id, 0)..=(schedule_id, u64::MAX))
-                        .ctx("scan run logs")?
-                    {
-                        if bytes <= max {
-                            break;
-                        }
-                        let (k, v) = item.ctx("scan run logs")?;
-                        let old: LogLine = decode("log line", schedule_id, v.value())?;
-                        bytes = bytes.saturating_sub(old.message.len() as u64);
-                        dropped.push(k.value().1);
+            let mut t = RunTables::open(txn, inner)?;
+            // Any state: an executor may flush its last lines after its result.
+            let Some(run) = t.load_held(schedule_id)? else {
+                return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
+            };
+            if let Some(why) = holder.refusal(&run) {
+                return Ok(Applied::No(why.to_owned()));
+            }
+            let schedule_id = run.schedule_id.as_str();
+            let (mut seq, mut bytes) = t
+                .log_meta
+                .get(schedule_id)
+                .ctx("read run log meta")?
+                .map(|g| g.value())
+                .unwrap_or((0, 0));
+            for mut line in lines {
+                seq += 1;
+                line.seq = seq;
+                bytes = bytes.saturating_add(line.message.len() as u64);
+                let json = encode("log line", &line)?;
+                t.logs
+                    .insert((schedule_id, seq), json.as_str())
+                    .ctx("write run log line")?;
+            }
+            let max = u64::try_from(max_bytes).unwrap_or(u64::MAX);
+            if bytes > max {
+                let mut dropped = Vec::new();
+                for item in t
+                    .logs
+                    .range((schedule_id, 0)..=(schedule_id, u64::MAX))
+                    .ctx("scan run logs")?
+                {
+                    if bytes <= max {
+                        break;
                     }
-                    for s in dropped {
-                        t.logs.remove((schedule_id, s)).ctx("delete run log line")?;
-                    }
+                    let (k, v) = item.ctx("scan run logs")?;
+                    let old: LogLine = decode("log line", schedule_id, v.value())?;
+                    bytes = bytes.saturating_sub(old.message.len() as u64);
+                    dropped.push(k.value().1);
                 }
-                t.log_meta
-                    .insert(schedule_id, (seq, bytes))
-                    .ctx("write run log meta")?;
-                Ok(Applied::Yes)
-            })
+                for s in dropped {
+                    t.logs.remove((schedule_id, s)).ctx("delete run log line")?;
+                }
+            }
+            t.log_meta
+                .insert(schedule_id, (seq, bytes))
+                .ctx("write run log meta")?;
+            Ok(Applied::Yes)
         })
         .await
     }

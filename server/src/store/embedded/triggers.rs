@@ -87,16 +87,14 @@ impl TriggerQueue for EmbeddedStore {
 
     async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
         let seq = parse_entry_id(entry_id)?;
-        self.blocking(move |inner| {
-            inner.write(|txn| {
-                let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
-                queue.remove(seq).ctx("delete trigger")?;
-                Ok(())
-            })?;
-            inner.queue_state().delivered.remove(&seq);
+        self.write(move |_, txn| {
+            let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
+            queue.remove(seq).ctx("delete trigger")?;
             Ok(())
         })
-        .await
+        .await?;
+        self.inner.queue_state().delivered.remove(&seq);
+        Ok(())
     }
 
     /// A no-op by design: `ack_trigger` deletes the entry in the same transaction that
