@@ -22,7 +22,7 @@
 //!   instance reports the same node figures; take one instance's, or `max`).
 //! - `sundial_store_commits_total`: the embedded store's write transactions committed
 //!   (each one fsync, shared by the decisions of its batch), read at scrape time;
-//!   absent on Redis.
+//!   0 on Redis, which commits nothing itself.
 //! - `sundial_alerts_total{kind}`: every alert raised; the alerts module counts them
 //!   through [`Metrics::alert_raised`] (this module knows no alert kinds).
 //! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_circuit_open{destination}`:

@@ -141,11 +141,7 @@ fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, commits: &AtomicU64) {
             drop(txn);
             let why = e.to_string();
             let _ = answer.send(Err(e));
-            for (answer, _) in applied {
-                let _ = answer.send(Err(Error::Unavailable(format!(
-                    "the write's batch was not committed: {why}"
-                ))));
-            }
+            not_committed(applied, &why);
             continue;
         }
         crate::fault::crash_point("embedded.before_commit");
@@ -157,14 +153,16 @@ fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, commits: &AtomicU64) {
                     let _ = answer.send(Ok(outcome));
                 }
             }
-            Err(e) => {
-                let why = e.to_string();
-                for (answer, _) in applied {
-                    let _ = answer.send(Err(Error::Unavailable(format!(
-                        "the write's batch was not committed: {why}"
-                    ))));
-                }
-            }
+            Err(e) => not_committed(applied, &e.to_string()),
         }
+    }
+}
+
+/// Answers every write of a batch that was not committed, saying why.
+fn not_committed(applied: Vec<(oneshot::Sender<Result<Outcome>>, Outcome)>, why: &str) {
+    for (answer, _) in applied {
+        let _ = answer.send(Err(Error::Unavailable(format!(
+            "the write's batch was not committed: {why}"
+        ))));
     }
 }

@@ -1,7 +1,7 @@
 //! `NodeRegistry` and `Inboxes` in the embedded store: the executor node registry
-//! (upsert, remove by the stream that registered the node, list; expired nodes are
-//! invisible at once and swept lazily), and in memory the per-instance inboxes and the
-//! round-robin counters (one process routes).
+//! (register at a hello, refresh at heartbeats, remove by the stream that registered
+//! the node, list; expired nodes are invisible at once and swept lazily), and in
+//! memory the per-instance inboxes and the round-robin counters (one process routes).
 
 use super::*;
 

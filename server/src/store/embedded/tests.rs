@@ -352,7 +352,7 @@ async fn expired_nodes_are_swept() {
     }
     assert_eq!(count(&store), (1, 1));
 
-    // Nodes that expired a while ago, written as upsert_node would have.
+    // Nodes that expired a while ago, written as register_node would have.
     let past = now_ms() - 60_000;
     {
         let txn = store.inner.db.begin_write().expect("begin");
