@@ -6,7 +6,8 @@ use super::*;
 #[async_trait]
 impl AppStore for EmbeddedStore {
     async fn create_app(&self, mut app: AppRecord) -> Result<AppRecord> {
-        self.write(move |_, txn| {
+        self.write(move |_, b| {
+            let txn = b.txn();
             let mut apps = txn.open_table(APPS).ctx("open apps")?;
             if apps.get(app.app_id.as_str()).ctx("read app")?.is_some() {
                 return Err(Error::AppExists(app.app_id.clone()));
@@ -43,7 +44,8 @@ impl AppStore for EmbeddedStore {
         overlap: Duration,
     ) -> Result<AppRecord> {
         let (app_id, secret) = (app_id.to_owned(), secret.to_owned());
-        self.write(move |_, txn| {
+        self.write(move |_, b| {
+            let txn = b.txn();
             let app_id = app_id.as_str();
             let secret = secret.as_str();
             let mut apps = txn.open_table(APPS).ctx("open apps")?;
@@ -73,7 +75,8 @@ impl AppStore for EmbeddedStore {
 
     async fn check_nonce(&self, app_id: &str, nonce: &str, ttl: Duration) -> Result<bool> {
         let (app_id, nonce) = (app_id.to_owned(), nonce.to_owned());
-        self.write(move |_, txn| {
+        self.write(move |_, b| {
+            let txn = b.txn();
             let app_id = app_id.as_str();
             let nonce = nonce.as_str();
             let now = now_ms();

@@ -15,6 +15,13 @@
 //! itself, so the whole transaction is dropped (redb aborts it) and every caller of
 //! that batch gets an error; none of its writes is applied, and each caller may retry.
 //! Reads use read transactions and never wait for the writer.
+//!
+//! A step sees the transaction as a [`Batch`]: the tables the run path uses (the run
+//! tables, jobs, the trigger queue) are opened once per batch and shared by its steps,
+//! since redb opens a table once at a time in a transaction and opening one walks the
+//! table tree (four opens of the run tables per run were a sixth of the server's CPU
+//! under a burst). A step that opens other tables takes the bare transaction, which
+//! closes the shared ones first.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -22,10 +29,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
-use redb::WriteTransaction;
+use redb::{Table, WriteTransaction};
 use tokio::sync::oneshot;
 
-use super::{Ctx, Inner};
+use super::run_tables::RunTables;
+use super::{Ctx, Inner, JOBS, TRIGGERS, now_us};
 use crate::store::{Error, Result};
 
 /// At most this many steps share one transaction, so a commit never waits on an
@@ -33,7 +41,70 @@ use crate::store::{Error, Result};
 pub const MAX_BATCH: usize = 512;
 
 type Outcome = Box<dyn Any + Send>;
-type Step = Box<dyn FnOnce(&Inner, &WriteTransaction) -> Result<Outcome> + Send>;
+type Step = Box<dyn FnOnce(&Inner, &mut Batch<'_>) -> Result<Outcome> + Send>;
+
+/// The write transaction of one batch as its steps see it, with the tables the run
+/// path uses held open from the first step that asks for them until the commit (or
+/// until a step takes the bare transaction).
+pub struct Batch<'t> {
+    txn: &'t WriteTransaction,
+    inner: &'t Inner,
+    runs: Option<RunTables<'t>>,
+    jobs: Option<Table<'t, &'static str, &'static str>>,
+    triggers: Option<Table<'t, u64, &'static str>>,
+}
+
+impl<'t> Batch<'t> {
+    fn new(txn: &'t WriteTransaction, inner: &'t Inner) -> Self {
+        Batch {
+            txn,
+            inner,
+            runs: None,
+            jobs: None,
+            triggers: None,
+        }
+    }
+
+    /// The bare transaction, for a step that opens its own tables: the shared ones are
+    /// closed first (their writes stay in the transaction), so it may open any table.
+    pub fn txn(&mut self) -> &'t WriteTransaction {
+        self.runs = None;
+        self.jobs = None;
+        self.triggers = None;
+        self.txn
+    }
+
+    /// The run tables, with the store's clock read for this step.
+    pub fn runs(&mut self) -> Result<&mut RunTables<'t>> {
+        match &mut self.runs {
+            Some(t) => t.set_clock(now_us()),
+            slot @ None => *slot = Some(RunTables::open(self.txn, self.inner)?),
+        }
+        self.runs
+            .as_mut()
+            .ok_or_else(|| Error::Corrupt("the run tables were not opened".into()))
+    }
+
+    /// The jobs table.
+    pub fn jobs(&mut self) -> Result<&mut Table<'t, &'static str, &'static str>> {
+        if self.jobs.is_none() {
+            self.jobs = Some(self.txn.open_table(JOBS).ctx("open jobs")?);
+        }
+        self.jobs
+            .as_mut()
+            .ok_or_else(|| Error::Corrupt("the jobs table was not opened".into()))
+    }
+
+    /// The trigger queue's table.
+    pub fn triggers(&mut self) -> Result<&mut Table<'t, u64, &'static str>> {
+        if self.triggers.is_none() {
+            self.triggers = Some(self.txn.open_table(TRIGGERS).ctx("open triggers")?);
+        }
+        self.triggers
+            .as_mut()
+            .ok_or_else(|| Error::Corrupt("the triggers table was not opened".into()))
+    }
+}
 
 /// One write waiting for the writer: its step, and where its answer goes.
 struct Job {
@@ -71,11 +142,11 @@ impl Writer {
     pub async fn write<T, F>(&self, step: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Inner, &WriteTransaction) -> Result<T> + Send + 'static,
+        F: FnOnce(&Inner, &mut Batch<'_>) -> Result<T> + Send + 'static,
     {
         let (answer, answered) = oneshot::channel();
         let job = Job {
-            step: Box::new(move |inner, txn| step(inner, txn).map(|v| Box::new(v) as Outcome)),
+            step: Box::new(move |inner, b| step(inner, b).map(|v| Box::new(v) as Outcome)),
             answer,
         };
         let stopped = || Error::Unavailable("the embedded store's writer has stopped".into());
@@ -120,8 +191,9 @@ fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, commits: &AtomicU64) {
         let mut applied: Vec<(oneshot::Sender<Result<Outcome>>, Outcome)> = Vec::new();
         let mut next = Some(first);
         let mut failed = None;
+        let mut batch = Batch::new(&txn, inner);
         while let Some(job) = next.take() {
-            match catch_unwind(AssertUnwindSafe(|| (job.step)(inner, &txn))) {
+            match catch_unwind(AssertUnwindSafe(|| (job.step)(inner, &mut batch))) {
                 Ok(Ok(outcome)) => applied.push((job.answer, outcome)),
                 Ok(Err(e)) => {
                     failed = Some((job.answer, e));
@@ -136,6 +208,8 @@ fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, commits: &AtomicU64) {
                 next = queue.try_recv().ok();
             }
         }
+        // The shared tables close before the transaction commits or is dropped.
+        drop(batch);
         if let Some((answer, e)) = failed {
             // Part of the failed step may be written: nothing of this batch may stay.
             drop(txn);

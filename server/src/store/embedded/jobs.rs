@@ -12,7 +12,7 @@ impl JobStore for EmbeddedStore {
 
     async fn create_job(&self, job: JobRecord) -> Result<JobRecord> {
         let job = self
-            .write(move |inner, txn| inner.create_in(txn, job))
+            .write(move |inner, b| inner.create_in(b.txn(), job))
             .await?;
         self.job_changed();
         Ok(job)
@@ -20,7 +20,7 @@ impl JobStore for EmbeddedStore {
 
     async fn update_job(&self, job: JobRecord, expected_version: u64) -> Result<JobRecord> {
         let job = self
-            .write(move |inner, txn| inner.update_in(txn, job, expected_version))
+            .write(move |inner, b| inner.update_in(b.txn(), job, expected_version))
             .await?;
         self.job_changed();
         Ok(job)
@@ -45,7 +45,8 @@ impl JobStore for EmbeddedStore {
             )));
         }
         let out = self
-            .write(move |inner, txn| {
+            .write(move |inner, b| {
+                let txn = b.txn();
                 let mut out = Vec::with_capacity(writes.len());
                 for w in writes {
                     let r = match w {
@@ -76,7 +77,8 @@ impl JobStore for EmbeddedStore {
 
     async fn delete_job(&self, job_id: &str) -> Result<()> {
         let job_id = job_id.to_owned();
-        self.write(move |inner, txn| {
+        self.write(move |inner, b| {
+            let txn = b.txn();
             let job_id = job_id.as_str();
             let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
             if jobs.remove(job_id).ctx("delete job")?.is_none() {
@@ -206,7 +208,8 @@ impl JobStore for EmbeddedStore {
 
     async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
         let outcome = self
-            .write(move |inner, txn| {
+            .write(move |inner, b| {
+                let txn = b.txn();
             let now = now_ms();
             let mut results = Vec::with_capacity(claims.len());
             let mut appended = Vec::new();
@@ -250,7 +253,8 @@ impl JobStore for EmbeddedStore {
     ) -> Result<Enqueued> {
         let key = idempotency_key.map(str::to_owned);
         let enqueued = self
-            .write(move |inner, txn| {
+            .write(move |inner, b| {
+                let txn = b.txn();
                 let now = now_ms();
                 {
                     let jobs = txn.open_table(JOBS).ctx("open jobs")?;

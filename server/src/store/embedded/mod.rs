@@ -329,7 +329,7 @@ impl EmbeddedStore {
     async fn write<T, F>(&self, step: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Inner, &WriteTransaction) -> Result<T> + Send + 'static,
+        F: FnOnce(&Inner, &mut Batch<'_>) -> Result<T> + Send + 'static,
     {
         self.writer.write(step).await
     }
@@ -724,8 +724,7 @@ mod runs;
 mod tests;
 mod triggers;
 
-use commit::Writer;
-use run_tables::RunTables;
+use commit::{Batch, Writer};
 
 impl Inner {
     fn expired_run(&self, run: &RunRecord, now: Millis) -> bool {

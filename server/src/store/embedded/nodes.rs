@@ -21,7 +21,8 @@ impl NodeRegistry for EmbeddedStore {
         leases_within: Option<Duration>,
     ) -> Result<NodeRemoved> {
         let node = node.clone();
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
+            let txn = b.txn();
             let node = &node;
             let node_id = node.node_id.as_str();
             let now = now_ms();
@@ -56,7 +57,7 @@ impl NodeRegistry for EmbeddedStore {
             };
             let mut leases_shortened = 0;
             if let (true, Some(within)) = (removed, leases_within) {
-                let mut t = RunTables::open(txn, inner)?;
+                let t = b.runs()?;
                 let by = t.now.saturating_add(duration_ms(within));
                 for sid in t.node_run_ids(node_id)? {
                     let Some(mut run) = t.load(&sid)? else {
@@ -171,7 +172,8 @@ impl EmbeddedStore {
         ttl: Duration,
         mode: Upsert,
     ) -> Result<Registered> {
-        self.write(move |_, txn| {
+        self.write(move |_, b| {
+            let txn = b.txn();
             let now = now_ms();
             sweep_nodes(txn, now)?;
             node.last_heartbeat = now;

@@ -24,9 +24,9 @@ impl Outbox for EmbeddedStore {
         lease: Duration,
     ) -> Result<Option<WebhookDelivery>> {
         let schedule_id = schedule_id.to_owned();
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let Some(mut entry) = t.load_outbox(schedule_id)? else {
                 return Ok(None);
             };
@@ -60,9 +60,9 @@ impl Outbox for EmbeddedStore {
         outcome: DeliveryOutcome,
     ) -> Result<Applied> {
         let schedule_id = schedule_id.to_owned();
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let Some(mut entry) = t.load_outbox(schedule_id)? else {
                 return Ok(Applied::No("unknown delivery".to_owned()));
             };
@@ -120,7 +120,8 @@ impl Outbox for EmbeddedStore {
 
     async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
         let destination = destination.to_owned();
-        self.write(move |_, txn| {
+        self.write(move |_, b| {
+            let txn = b.txn();
             let destination = destination.as_str();
             let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
@@ -154,7 +155,8 @@ impl Outbox for EmbeddedStore {
         cool_down: Duration,
     ) -> Result<BreakerUpdate> {
         let destination = destination.to_owned();
-        self.write(move |_, txn| {
+        self.write(move |_, b| {
+            let txn = b.txn();
             let destination = destination.as_str();
             let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;

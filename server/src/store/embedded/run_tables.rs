@@ -42,10 +42,9 @@ pub(super) struct RunTables<'t> {
 
 impl<'t> RunTables<'t> {
     pub(super) fn open(txn: &'t WriteTransaction, inner: &Inner) -> Result<Self> {
-        let now_us = now_us();
-        Ok(RunTables {
-            now: i64::try_from(now_us / 1000).unwrap_or(i64::MAX),
-            now_us,
+        let mut t = RunTables {
+            now: 0,
+            now_us: 0,
             partitions: inner.partitions,
             retention_ms: inner.run_retention_ms,
             max_runs_per_job: inner.max_runs_per_job,
@@ -67,7 +66,16 @@ impl<'t> RunTables<'t> {
             outbox_due: txn
                 .open_table(OUTBOX_DUE)
                 .ctx("open webhook outbox index")?,
-        })
+        };
+        t.set_clock(now_us());
+        Ok(t)
+    }
+
+    /// Sets the clock the next step reads (the tables stay open across a batch's steps,
+    /// each of which reads the clock when it begins).
+    pub(super) fn set_clock(&mut self, now_us: u64) {
+        self.now_us = now_us;
+        self.now = i64::try_from(now_us / 1000).unwrap_or(i64::MAX);
     }
 
     pub(super) fn expired(&self, run: &RunRecord) -> bool {

@@ -1,19 +1,17 @@
 //! `RunStore` in the embedded store: recording and listing runs, the run state machine
 //! (`begin_run`, `assign_run`, `mark_started`, `renew_leases`, `finish_run`,
-//! `expire_run`, `cancel_run`, `fan_out`), progress and logs. Each operation is one
-//! redb transaction over [`RunTables`] on the blocking pool.
+//! `expire_run`, `cancel_run`, `fan_out`), progress and logs. Each write is one step
+//! of the writer's shared transaction over the run tables (`run_tables::RunTables`,
+//! opened once per batch); reads are read transactions on the blocking pool.
 
 use super::*;
 
 #[async_trait]
 impl RunStore for EmbeddedStore {
     async fn record_run(&self, mut run: RunRecord) -> Result<Recorded> {
-        self.write(move |inner, txn| {
-            let job = {
-                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-                load_job(&jobs, &run.job_id)?
-            };
-            let mut t = RunTables::open(txn, inner)?;
+        self.write(move |_, b| {
+            let job = load_job(b.jobs()?, &run.job_id)?;
+            let t = b.runs()?;
             t.sweep()?;
             if let Some(existing) = t.existing(&run.schedule_id)? {
                 return Ok(Recorded {
@@ -124,12 +122,9 @@ impl RunStore for EmbeddedStore {
     }
 
     async fn begin_run(&self, mut run: RunRecord, route_grace: Duration) -> Result<Begun> {
-        self.write(move |inner, txn| {
-            let job = {
-                let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-                load_job(&jobs, &run.job_id)?
-            };
-            let mut t = RunTables::open(txn, inner)?;
+        self.write(move |_, b| {
+            let job = load_job(b.jobs()?, &run.job_id)?;
+            let t = b.runs()?;
             t.sweep()?;
             if let Some(existing) = t.existing(&run.schedule_id)? {
                 return Ok(Begun {
@@ -228,10 +223,10 @@ impl RunStore for EmbeddedStore {
         terms: LeaseTerms,
     ) -> Result<Assigned> {
         let (schedule_id, node) = (schedule_id.to_owned(), node.clone());
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
             let node = &node;
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let Some(mut run) = t.load(schedule_id)? else {
                 return Ok(Assigned::NotWaiting(None));
             };
@@ -272,9 +267,9 @@ impl RunStore for EmbeddedStore {
 
     async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition> {
         let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let Some(mut run) = t.load_held(schedule_id)? else {
                 return Ok(refused(UNKNOWN_RUN, None));
             };
@@ -306,10 +301,10 @@ impl RunStore for EmbeddedStore {
         ttl: Duration,
     ) -> Result<Vec<Option<i64>>> {
         let (node_id, held_runs) = (node_id.to_owned(), held_runs.to_vec());
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let node_id = node_id.as_str();
             let held_runs = held_runs.as_slice();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let ttl = duration_ms(ttl);
             let mut out = Vec::with_capacity(held_runs.len());
             for h in held_runs {
@@ -341,9 +336,9 @@ impl RunStore for EmbeddedStore {
         outcome: Outcome,
     ) -> Result<Transition> {
         let schedule_id = schedule_id.to_owned();
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let found = match by {
                 Finisher::Holder(_) => t.load_held(schedule_id)?,
                 Finisher::Waiting { .. } => t.load(schedule_id)?,
@@ -447,9 +442,9 @@ impl RunStore for EmbeddedStore {
 
     async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
         let schedule_id = schedule_id.to_owned();
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let Some(mut run) = t.load(schedule_id)? else {
                 t.drop_timer(schedule_id)?;
                 return Ok(refused(UNKNOWN_RUN, None));
@@ -515,9 +510,9 @@ impl RunStore for EmbeddedStore {
         route_grace: Duration,
     ) -> Result<FannedOut> {
         let schedule_id = schedule_id.to_owned();
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let Some(mut run) = t.load(schedule_id)? else {
                 return Ok(FannedOut::NotWaiting(None));
             };
@@ -577,10 +572,10 @@ impl RunStore for EmbeddedStore {
 
     async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
         let (schedule_id, reason) = (schedule_id.to_owned(), reason.to_owned());
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
             let reason = reason.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let Some(mut run) = t.load(schedule_id)? else {
                 return Ok(refused(UNKNOWN_RUN, None));
             };
@@ -604,9 +599,9 @@ impl RunStore for EmbeddedStore {
     ) -> Result<Applied> {
         let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
         let message = message.to_owned();
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             let Some(mut run) = t.load_held(schedule_id)? else {
                 return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
             };
@@ -636,9 +631,9 @@ impl RunStore for EmbeddedStore {
             return Ok(Applied::Yes);
         }
         let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
-        self.write(move |inner, txn| {
+        self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
-            let mut t = RunTables::open(txn, inner)?;
+            let t = b.runs()?;
             // Any state: an executor may flush its last lines after its result.
             let Some(run) = t.load_held(schedule_id)? else {
                 return Ok(Applied::No(UNKNOWN_RUN.to_owned()));

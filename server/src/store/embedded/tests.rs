@@ -1,8 +1,8 @@
 //! The embedded backend's own tests: the conformance suite on a redb file, and what
 //! only this backend has: data surviving a reopen, the schema check, caller mistakes as
 //! errors, tokens that outgrow a clock step back, the lazy sweeps of expired nodes
-//! and runs, and group commit (waiting writes sharing a commit, a failed write taking
-//! nothing of its batch into the file).
+//! and runs, and group commit (waiting writes sharing a commit, the tables a batch's
+//! steps share, a failed write taking nothing of its batch into the file).
 
 use super::*;
 use crate::model::{RunPlan, schedule_id};
@@ -452,7 +452,8 @@ async fn writes_waiting_share_one_commit() {
     let before = store.writer.commits();
     const WRITERS: usize = 32;
     let (first_applying, applying) = tokio::sync::oneshot::channel();
-    let slow = store.write(move |_, txn| {
+    let slow = store.write(move |_, b| {
+        let txn = b.txn();
         // The first write takes long enough for every other one to queue behind it.
         let _ = first_applying.send(());
         std::thread::sleep(Duration::from_millis(300));
@@ -463,7 +464,8 @@ async fn writes_waiting_share_one_commit() {
     let rest = async {
         applying.await.expect("the first write applies");
         let writes = (0..WRITERS - 1).map(|i| {
-            store.write(move |_, txn| {
+            store.write(move |_, b| {
+                let txn = b.txn();
                 let mut meta = txn.open_table(META).ctx("meta")?;
                 meta.insert(format!("test-{i}").as_str(), i as u64)
                     .ctx("insert")?;
@@ -499,16 +501,16 @@ async fn a_failed_write_leaves_nothing_of_its_batch() {
     let store =
         EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open");
     let failed = store
-        .write(|_, txn| -> Result<()> {
-            let mut meta = txn.open_table(META).ctx("meta")?;
+        .write(|_, b| -> Result<()> {
+            let mut meta = b.txn().open_table(META).ctx("meta")?;
             meta.insert("half-written", 1).ctx("insert")?;
             Err(Error::Corrupt("the step failed halfway".into()))
         })
         .await;
     assert!(matches!(failed, Err(Error::Corrupt(_))), "{failed:?}");
     store
-        .write(|_, txn| {
-            let mut meta = txn.open_table(META).ctx("meta")?;
+        .write(|_, b| {
+            let mut meta = b.txn().open_table(META).ctx("meta")?;
             meta.insert("next", 2).ctx("insert")?;
             Ok(())
         })
@@ -521,4 +523,64 @@ async fn a_failed_write_leaves_nothing_of_its_batch() {
         None
     );
     assert_eq!(meta.get("next").expect("get").map(|g| g.value()), Some(2));
+}
+
+/// Steps of one batch share the run tables the first of them opened: a step sees what
+/// an earlier step wrote through them, also after a step in between took the bare
+/// transaction (which closes them, its own writes staying in the transaction), and the
+/// clock each step reads is its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_of_a_batch_share_their_tables() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(
+        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open"),
+    );
+    let before = store.writer.commits();
+    let (first_applying, applying) = tokio::sync::oneshot::channel();
+    let first = store.write(move |_, b| {
+        let _ = first_applying.send(());
+        let t = b.runs()?;
+        t.runs.insert("by-shared", "{}").ctx("insert")?;
+        let clock = t.now_us;
+        // The steps behind it queue meanwhile, so they share its batch.
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(clock)
+    });
+    let rest = async {
+        applying.await.expect("the first write applies");
+        let bare = store.write(|_, b| {
+            let mut runs = b.txn().open_table(RUNS).ctx("runs")?;
+            let seen = runs.get("by-shared").ctx("get")?.is_some();
+            runs.insert("by-bare", "{}").ctx("insert")?;
+            Ok(seen)
+        });
+        let shared = store.write(|_, b| {
+            let t = b.runs()?;
+            let seen = t.runs.get("by-bare").ctx("get")?.is_some();
+            Ok((seen, t.now_us))
+        });
+        tokio::join!(bare, shared)
+    };
+    let (first, (bare, shared)) = tokio::join!(first, rest);
+    let first_clock = first.expect("first");
+    assert!(
+        bare.expect("bare"),
+        "the bare transaction sees the shared tables' write"
+    );
+    let (seen, clock) = shared.expect("shared");
+    assert!(seen, "the shared tables see the bare transaction's write");
+    assert!(
+        clock >= first_clock + 300_000,
+        "each step reads the clock when it begins"
+    );
+    assert_eq!(
+        store.writer.commits() - before,
+        1,
+        "the three steps share one batch"
+    );
+    let txn = store.inner.db.begin_read().expect("read");
+    let runs = txn.open_table(RUNS).expect("runs");
+    for key in ["by-shared", "by-bare"] {
+        assert!(runs.get(key).expect("get").is_some(), "{key} committed");
+    }
 }

@@ -87,9 +87,8 @@ impl TriggerQueue for EmbeddedStore {
 
     async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
         let seq = parse_entry_id(entry_id)?;
-        self.write(move |_, txn| {
-            let mut queue = txn.open_table(TRIGGERS).ctx("open triggers")?;
-            queue.remove(seq).ctx("delete trigger")?;
+        self.write(move |_, b| {
+            b.triggers()?.remove(seq).ctx("delete trigger")?;
             Ok(())
         })
         .await?;
