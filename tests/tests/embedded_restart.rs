@@ -1,7 +1,8 @@
 //! The embedded store across a restart: jobs and pending fires survive, the fires
 //! missed while the server was down follow each job's misfire policy, and nothing is
-//! routed to the executors of the process that is gone; a crash inside a group commit
-//! loses no acknowledged run and starts none twice.
+//! routed to the executors of the process that is gone; a crash inside a group commit,
+//! or a `kill -9` under a burst of scheduled runs, loses no acknowledged run and starts
+//! none twice.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -350,4 +351,98 @@ async fn a_crash_before_a_group_commit_loses_and_doubles_nothing() -> Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_a_group_commit_loses_and_doubles_nothing() -> Result<()> {
     a_crash_inside_a_group_commit_loses_and_doubles_nothing("embedded.after_commit@150").await
+}
+
+/// `kill -9` of the server while a burst of scheduled runs is on its way to the
+/// executors: fires claimed or not, runs begun, dispatched, started or finished. After
+/// a restart on the same file and port (the executors reconnect with their node ids),
+/// every job's one fire has one run, it succeeds at its first attempt, and no handler
+/// started twice: nothing the dead process had made durable is lost or done again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_under_a_burst_loses_no_run_and_starts_none_twice() -> Result<()> {
+    const JOBS: usize = 600;
+    let dir = tempfile::tempdir()?;
+    let opts = SundialOptions {
+        port: Some(sundial_tests::free_port()?),
+        ..SundialOptions::embedded(&dir.path().join("data"))
+    }
+    .arg("heartbeat-interval", "1s")
+    .arg("route-retry", "200ms");
+    let mut server = Sundial::start(opts.clone())?;
+    let bin = env!("CARGO_BIN_EXE_test_executor");
+    let endpoint = [server.grpc_url()];
+    let journals: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|n| dir.path().join(format!("{n}.journal")))
+        .collect();
+    let _execs = ["exec-a", "exec-b", "exec-c"]
+        .iter()
+        .zip(&journals)
+        .map(|(id, journal)| TestExecutor::start(bin, &endpoint, id, journal))
+        .collect::<Result<Vec<_>>>()?;
+    // One fire each, at a whole second far enough ahead for the registration.
+    let due = (now_ms() + 3_000) / 1000 * 1000 + 1000;
+    let ids: Vec<String> = (0..JOBS).map(|i| format!("burst-{i}")).collect();
+    let specs = ids
+        .iter()
+        .map(|id| pb::JobSpec {
+            cron: "* * * * * *".into(),
+            start_time_ms: due,
+            end_time_ms: due + 1,
+            ..sundial_tests::manual_job(id, "noop")
+        })
+        .collect();
+    sundial_tests::register(&server.jobs().await?, specs, 4).await?;
+    let starts = |entries: &[sundial_tests::JournalEntry]| {
+        entries.iter().filter(|e| e.event == "start").count()
+    };
+    // Killed with the burst under way: some runs started, most not.
+    wait_for(
+        "a tenth of the burst to start",
+        Duration::from_secs(60),
+        || async {
+            let entries = sundial_tests::read_journals(&journals)?;
+            Ok((starts(&entries) >= JOBS / 10).then_some(()))
+        },
+    )
+    .await?;
+    server.kill()?;
+    let at_kill = starts(&sundial_tests::read_journals(&journals)?);
+    ensure!(at_kill < JOBS, "the burst was over before the kill");
+
+    let server = Sundial::start(opts)?;
+    wait_for(
+        "every job's run to finish",
+        Duration::from_secs(120),
+        || async {
+            let entries = sundial_tests::read_journals(&journals)?;
+            let finished: BTreeSet<&str> = entries
+                .iter()
+                .filter(|e| e.event == "finish")
+                .map(|e| e.schedule_id.as_str())
+                .collect();
+            Ok((finished.len() >= JOBS).then_some(()))
+        },
+    )
+    .await?;
+    let mut runs_api = server.runs().await?;
+    for id in &ids {
+        let runs = all_runs(&mut runs_api, id).await?;
+        ensure!(runs.len() == 1, "{id}: {} runs: {runs:?}", runs.len());
+        let r = &runs[0];
+        ensure!(
+            r.state == pb::RunState::Succeeded as i32 && r.attempt == 1,
+            "{id}: {r:?}"
+        );
+    }
+    let entries = sundial_tests::read_journals(&journals)?;
+    let mut started = std::collections::BTreeMap::new();
+    for e in entries.iter().filter(|e| e.event == "start") {
+        *started.entry(e.schedule_id.clone()).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = started.iter().filter(|(_, n)| **n > 1).collect();
+    ensure!(twice.is_empty(), "started twice: {twice:?}");
+    ensure!(started.len() == JOBS, "{} of {JOBS} started", started.len());
+    println!("killed with {at_kill} of {JOBS} runs started");
+    Ok(())
 }
