@@ -114,6 +114,13 @@ pub struct Revocation {
     pub reason: String,
 }
 
+/// Whether `begin_run` created the run WAITING to be routed at once (what
+/// `begin_and_assign` assigns): not queued behind a serial run (no timer), not skipped,
+/// not found already recorded.
+pub fn routable_now(begun: &Begun) -> bool {
+    begun.created && begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0
+}
+
 /// Outcome of `assign_run`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Assigned {
@@ -246,6 +253,30 @@ pub trait RunStore: StoreMeta {
         node: &NodeSlot,
         terms: LeaseTerms,
     ) -> Result<Assigned>;
+
+    /// `begin_run`, then, when that created the run WAITING to be routed now (not
+    /// queued, skipped or found already recorded), `assign_run` of it at its attempt to
+    /// `node`: the assignment's outcome is `Some` exactly when it was tried, and a
+    /// `NodeFull` leaves the run WAITING as `begin_run` left it. For a caller that knows
+    /// the node before the run exists: a backend may make both decisions in one step
+    /// (the embedded store does, one write instead of two); this default makes the two
+    /// calls, with the same outcomes.
+    async fn begin_and_assign(
+        &self,
+        run: RunRecord,
+        route_grace: Duration,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<(Begun, Option<Assigned>)> {
+        let begun = self.begin_run(run, route_grace).await?;
+        if !routable_now(&begun) {
+            return Ok((begun, None));
+        }
+        let assigned = self
+            .assign_run(&begun.run.schedule_id, begun.run.attempt, node, terms)
+            .await?;
+        Ok((begun, Some(assigned)))
+    }
 
     /// The executor confirmed the dispatch: DISPATCHED → RUNNING with `started_at` (the
     /// store's now), `confirm_by` cleared. RUNNING with the same holder → `Already`.

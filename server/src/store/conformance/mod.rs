@@ -92,6 +92,7 @@ macro_rules! store_conformance_tests {
                 overlap_replace: options,
                 assign_run_tokens_and_capacity: options,
                 assign_run_race: options,
+                begin_and_assign_in_one_decision: options,
                 mark_started_transitions: options,
                 reports_only_from_the_lease_holder: options,
                 renew_leases_extend_and_confirm: options,

@@ -1,5 +1,6 @@
 //! `RunStore` checks of the run state machine up to a run's start: `begin_run` and every overlap
-//! policy, `assign_run` (tokens, capacity, races), `mark_started` and `renew_leases`.
+//! policy, `assign_run` (tokens, capacity, races), `begin_and_assign`, `mark_started` and
+//! `renew_leases`.
 
 use super::*;
 
@@ -562,6 +563,95 @@ pub async fn assign_run_tokens_and_capacity(store: Arc<dyn Store>) {
         );
         last = g.fencing_token;
     }
+}
+
+/// `begin_and_assign`: a new run WAITING to be routed is leased to the node in the same
+/// decision (as `assign_run` would); a node at its max concurrency leaves it WAITING
+/// and routable; a trigger seen again, a skipped run and a queued serial run are begun
+/// (or found) and not assigned.
+pub async fn begin_and_assign_in_one_decision(store: Arc<dyn Store>) {
+    store.create_job(job("ba", None)).await.expect("create");
+    let n = slot("ba-n", 1);
+    let first = planned_run("ba", 1000, plan(OverlapPolicy::Allow));
+    let (begun, assigned) = store
+        .begin_and_assign(first.clone(), GRACE, &n, LONG)
+        .await
+        .expect("begin and assign");
+    assert!(
+        begun.created && begun.run.state == RunState::Waiting,
+        "{begun:?}"
+    );
+    let Some(Assigned::Granted(leased)) = assigned else {
+        panic!("expected a grant: {assigned:?}");
+    };
+    assert_eq!(
+        (leased.state, leased.node_id.as_str(), leased.attempt),
+        (RunState::Dispatched, "ba-n", 1)
+    );
+    assert!(leased.fencing_token > 0 && leased.deadlines.lease_expires > 0);
+    assert_eq!(get(&store, &first.schedule_id).await, leased);
+
+    // The node is full: the run exists, WAITING with its timer, for the router.
+    let second = planned_run("ba", 2000, plan(OverlapPolicy::Allow));
+    let (begun, assigned) = store
+        .begin_and_assign(second.clone(), GRACE, &n, LONG)
+        .await
+        .expect("begin and assign");
+    assert!(begun.created, "{begun:?}");
+    assert_eq!(assigned, Some(Assigned::NodeFull));
+    let stored = get(&store, &second.schedule_id).await;
+    assert_eq!(stored.state, RunState::Waiting);
+    assert!(stored.deadlines.wake_at > 0, "{stored:?}");
+
+    // The first trigger again: found, not assigned again.
+    let (begun, assigned) = store
+        .begin_and_assign(first.clone(), GRACE, &slot("ba-m", 0), LONG)
+        .await
+        .expect("begin and assign");
+    assert_eq!((begun.created, assigned), (false, None));
+    assert_eq!(get(&store, &first.schedule_id).await, leased);
+
+    // A deleted job's run is skipped; a serial run behind an active one is queued.
+    let (begun, assigned) = store
+        .begin_and_assign(
+            planned_run("ba-gone", 1000, plan(OverlapPolicy::Allow)),
+            GRACE,
+            &slot("ba-m", 0),
+            LONG,
+        )
+        .await
+        .expect("begin and assign");
+    assert_eq!((begun.run.state, assigned), (RunState::Skipped, None));
+    store
+        .create_job(job("ba-serial", None))
+        .await
+        .expect("create");
+    let (_, assigned) = store
+        .begin_and_assign(
+            planned_run("ba-serial", 1000, plan(OverlapPolicy::Serial)),
+            GRACE,
+            &slot("ba-m", 0),
+            LONG,
+        )
+        .await
+        .expect("begin and assign");
+    assert!(
+        matches!(assigned, Some(Assigned::Granted(_))),
+        "{assigned:?}"
+    );
+    let (begun, assigned) = store
+        .begin_and_assign(
+            planned_run("ba-serial", 2000, plan(OverlapPolicy::Serial)),
+            GRACE,
+            &slot("ba-m", 0),
+            LONG,
+        )
+        .await
+        .expect("begin and assign");
+    assert_eq!(
+        (begun.run.state, begun.run.reason.as_str(), assigned),
+        (RunState::Waiting, "queued", None)
+    );
 }
 
 pub async fn assign_run_race(store: Arc<dyn Store>) {

@@ -4,7 +4,9 @@
 //! of the writer's shared transaction over the run tables (`run_tables::RunTables`,
 //! opened once per batch); reads are read transactions on the blocking pool.
 
+use super::run_tables::RunTables;
 use super::*;
+use crate::store::routable_now;
 
 #[async_trait]
 impl RunStore for EmbeddedStore {
@@ -121,96 +123,31 @@ impl RunStore for EmbeddedStore {
         .await
     }
 
-    async fn begin_run(&self, mut run: RunRecord, route_grace: Duration) -> Result<Begun> {
+    async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
+        self.write(move |_, b| {
+            let job = load_job(b.jobs()?, &run.job_id)?;
+            begin(b.runs()?, job.as_ref(), run, route_grace)
+        })
+        .await
+    }
+
+    async fn begin_and_assign(
+        &self,
+        run: RunRecord,
+        route_grace: Duration,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<(Begun, Option<Assigned>)> {
+        let node = node.clone();
         self.write(move |_, b| {
             let job = load_job(b.jobs()?, &run.job_id)?;
             let t = b.runs()?;
-            t.sweep()?;
-            if let Some(existing) = t.existing(&run.schedule_id)? {
-                return Ok(Begun {
-                    run: existing,
-                    created: false,
-                    revoked: Vec::new(),
-                });
+            let begun = begin(t, job.as_ref(), run, route_grace)?;
+            if !routable_now(&begun) {
+                return Ok((begun, None));
             }
-            let now = t.now;
-            run.deadlines = Deadlines::default();
-            run.created_at = now;
-            if run.state != RunState::Skipped
-                && let Some(reason) = job_skip_reason(job.as_ref())
-            {
-                run.state = RunState::Skipped;
-                run.reason = reason.to_owned();
-            }
-            let mut revoked = Vec::new();
-            if run.state != RunState::Skipped {
-                // The job's runs that are really still active; stale members (records
-                // gone or final) are dropped on the way.
-                let mut live = Vec::new();
-                for sid in t.active_ids(&run.job_id)? {
-                    match t.load(&sid)? {
-                        Some(r) if !r.state.is_final() => live.push(r),
-                        _ => {
-                            t.active
-                                .remove((run.job_id.as_str(), sid.as_str()))
-                                .ctx("delete active run")?;
-                        }
-                    }
-                }
-                let start = match run.plan.overlap {
-                    _ if live.is_empty() => Start::Route,
-                    OverlapPolicy::Allow => Start::Route,
-                    OverlapPolicy::Forbid => Start::Skip("overlap"),
-                    OverlapPolicy::Serial => {
-                        let waiting = t.queue(&run.job_id)?.len() as u64;
-                        if waiting >= u64::from(run.plan.serial_limit) {
-                            Start::Skip("serial queue full")
-                        } else {
-                            Start::Queue
-                        }
-                    }
-                    OverlapPolicy::Replace => {
-                        for mut old in live {
-                            let (rvs, _) = t.cancel_tree(&mut old, "replaced", false)?;
-                            revoked.extend(rvs);
-                            t.save(&old)?;
-                        }
-                        Start::Route
-                    }
-                };
-                match start {
-                    Start::Route => {
-                        run.state = RunState::Waiting;
-                        run.reason.clear();
-                        run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
-                        run.deadlines.wait_until = now.saturating_add(run.plan.dispatch_wait_ms);
-                    }
-                    Start::Queue => {
-                        // No timer: it waits for the run ahead of it to end and pop it.
-                        run.state = RunState::Waiting;
-                        run.reason = "queued".to_owned();
-                        t.enqueue(&run.job_id, &run.schedule_id)?;
-                    }
-                    Start::Skip(reason) => {
-                        run.state = RunState::Skipped;
-                        run.reason = reason.to_owned();
-                    }
-                }
-                if run.state == RunState::Waiting {
-                    t.active
-                        .insert((run.job_id.as_str(), run.schedule_id.as_str()), ())
-                        .ctx("write active run")?;
-                }
-            }
-            if run.state == RunState::Skipped {
-                run.finished_at = Some(now);
-            }
-            t.insert_new(&run)?;
-            Ok(Begun {
-                run,
-                created: true,
-                revoked,
-            })
+            let assigned = assign(t, &begun.run.schedule_id, begun.run.attempt, &node, terms)?;
+            Ok((begun, Some(assigned)))
         })
         .await
     }
@@ -223,46 +160,8 @@ impl RunStore for EmbeddedStore {
         terms: LeaseTerms,
     ) -> Result<Assigned> {
         let (schedule_id, node) = (schedule_id.to_owned(), node.clone());
-        self.write(move |_, b| {
-            let schedule_id = schedule_id.as_str();
-            let node = &node;
-            let t = b.runs()?;
-            let Some(mut run) = t.load(schedule_id)? else {
-                return Ok(Assigned::NotWaiting(None));
-            };
-            // wake_at 0 marks a run queued behind a serial run: not routable yet.
-            if run.state != RunState::Waiting
-                || run.attempt != attempt
-                || run.deadlines.wake_at == 0
-            {
-                return Ok(Assigned::NotWaiting(Some(run)));
-            }
-            if node.max_concurrency > 0 && t.busy(&node.node_id)? >= u64::from(node.max_concurrency)
-            {
-                return Ok(Assigned::NodeFull);
-            }
-            let now = t.now;
-            run.fencing_token = t.new_token(&run.job_id)?;
-            run.node_id = node.node_id.clone();
-            run.state = RunState::Dispatched;
-            run.reason.clear();
-            run.deadlines = Deadlines {
-                lease_expires: now.saturating_add(duration_ms(terms.ttl)),
-                confirm_by: now.saturating_add(duration_ms(terms.confirm_within)),
-                timeout_at: if run.plan.timeout_ms > 0 {
-                    now.saturating_add(run.plan.timeout_ms)
-                } else {
-                    0
-                },
-                ..Deadlines::default()
-            };
-            t.node_runs
-                .insert((node.node_id.as_str(), schedule_id), ())
-                .ctx("write node run")?;
-            t.save(&run)?;
-            Ok(Assigned::Granted(run))
-        })
-        .await
+        self.write(move |_, b| assign(b.runs()?, &schedule_id, attempt, &node, terms))
+            .await
     }
 
     async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition> {
@@ -715,6 +614,141 @@ impl RunStore for EmbeddedStore {
         })
         .await
     }
+}
+
+/// `begin_run`'s step over the run tables, for the job as stored (None: deleted).
+fn begin(
+    t: &mut RunTables<'_>,
+    job: Option<&JobRecord>,
+    mut run: RunRecord,
+    route_grace: Duration,
+) -> Result<Begun> {
+    t.sweep()?;
+    if let Some(existing) = t.existing(&run.schedule_id)? {
+        return Ok(Begun {
+            run: existing,
+            created: false,
+            revoked: Vec::new(),
+        });
+    }
+    let now = t.now;
+    run.deadlines = Deadlines::default();
+    run.created_at = now;
+    if run.state != RunState::Skipped
+        && let Some(reason) = job_skip_reason(job)
+    {
+        run.state = RunState::Skipped;
+        run.reason = reason.to_owned();
+    }
+    let mut revoked = Vec::new();
+    if run.state != RunState::Skipped {
+        // The job's runs that are really still active; stale members (records
+        // gone or final) are dropped on the way.
+        let mut live = Vec::new();
+        for sid in t.active_ids(&run.job_id)? {
+            match t.load(&sid)? {
+                Some(r) if !r.state.is_final() => live.push(r),
+                _ => {
+                    t.active
+                        .remove((run.job_id.as_str(), sid.as_str()))
+                        .ctx("delete active run")?;
+                }
+            }
+        }
+        let start = match run.plan.overlap {
+            _ if live.is_empty() => Start::Route,
+            OverlapPolicy::Allow => Start::Route,
+            OverlapPolicy::Forbid => Start::Skip("overlap"),
+            OverlapPolicy::Serial => {
+                let waiting = t.queue(&run.job_id)?.len() as u64;
+                if waiting >= u64::from(run.plan.serial_limit) {
+                    Start::Skip("serial queue full")
+                } else {
+                    Start::Queue
+                }
+            }
+            OverlapPolicy::Replace => {
+                for mut old in live {
+                    let (rvs, _) = t.cancel_tree(&mut old, "replaced", false)?;
+                    revoked.extend(rvs);
+                    t.save(&old)?;
+                }
+                Start::Route
+            }
+        };
+        match start {
+            Start::Route => {
+                run.state = RunState::Waiting;
+                run.reason.clear();
+                run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
+                run.deadlines.wait_until = now.saturating_add(run.plan.dispatch_wait_ms);
+            }
+            Start::Queue => {
+                // No timer: it waits for the run ahead of it to end and pop it.
+                run.state = RunState::Waiting;
+                run.reason = "queued".to_owned();
+                t.enqueue(&run.job_id, &run.schedule_id)?;
+            }
+            Start::Skip(reason) => {
+                run.state = RunState::Skipped;
+                run.reason = reason.to_owned();
+            }
+        }
+        if run.state == RunState::Waiting {
+            t.active
+                .insert((run.job_id.as_str(), run.schedule_id.as_str()), ())
+                .ctx("write active run")?;
+        }
+    }
+    if run.state == RunState::Skipped {
+        run.finished_at = Some(now);
+    }
+    t.insert_new(&run)?;
+    Ok(Begun {
+        run,
+        created: true,
+        revoked,
+    })
+}
+
+/// `assign_run`'s step over the run tables.
+fn assign(
+    t: &mut RunTables<'_>,
+    schedule_id: &str,
+    attempt: u32,
+    node: &NodeSlot,
+    terms: LeaseTerms,
+) -> Result<Assigned> {
+    let Some(mut run) = t.load(schedule_id)? else {
+        return Ok(Assigned::NotWaiting(None));
+    };
+    // wake_at 0 marks a run queued behind a serial run: not routable yet.
+    if run.state != RunState::Waiting || run.attempt != attempt || run.deadlines.wake_at == 0 {
+        return Ok(Assigned::NotWaiting(Some(run)));
+    }
+    if node.max_concurrency > 0 && t.busy(&node.node_id)? >= u64::from(node.max_concurrency) {
+        return Ok(Assigned::NodeFull);
+    }
+    let now = t.now;
+    run.fencing_token = t.new_token(&run.job_id)?;
+    run.node_id = node.node_id.clone();
+    run.state = RunState::Dispatched;
+    run.reason.clear();
+    run.deadlines = Deadlines {
+        lease_expires: now.saturating_add(duration_ms(terms.ttl)),
+        confirm_by: now.saturating_add(duration_ms(terms.confirm_within)),
+        timeout_at: if run.plan.timeout_ms > 0 {
+            now.saturating_add(run.plan.timeout_ms)
+        } else {
+            0
+        },
+        ..Deadlines::default()
+    };
+    t.node_runs
+        .insert((node.node_id.as_str(), schedule_id), ())
+        .ctx("write node run")?;
+    t.save(&run)?;
+    Ok(Assigned::Granted(run))
 }
 
 /// Why a run of this job must be recorded SKIPPED rather than started, if it must.
