@@ -409,38 +409,16 @@ impl Dispatcher {
 
     /// Begins the trigger's run, then acknowledges the trigger and routes the run. On
     /// a store error the trigger stays unacknowledged and comes back through reclaim.
-    /// A run of an executor job whose node routing can name now is begun and leased
-    /// to it in one store decision (`begin_and_assign`); if that node is full, or the
-    /// run is queued or skipped, it goes on as any begun run.
     async fn begin(&self, d: Delivery) {
         let schedule_id = d.trigger.schedule_id();
         let span = info_span!("dispatch", job_id = %d.trigger.job_id, %schedule_id);
         async {
             crash_point("dispatch.before_record");
             let mut run = RunRecord::from_trigger(&d.trigger);
-            let job = self.job(&d.trigger.job_id, d.trigger.job_version).await;
-            if let Some(job) = &job {
-                run.plan = run_plan(job, &self.opts);
+            if let Some(job) = self.job(&d.trigger.job_id, d.trigger.job_version).await {
+                run.plan = run_plan(&job, &self.opts);
             }
-            let first = match &job {
-                Some(job) => self.first_node(&run, job).await,
-                None => None,
-            };
-            let grace = self.opts.route_retry;
-            let begun = match &first {
-                Some((nodes, i, _)) => {
-                    let slot = NodeSlot {
-                        node_id: nodes[*i].node_id.clone(),
-                        max_concurrency: nodes[*i].max_concurrency,
-                    };
-                    self.store
-                        .runs
-                        .begin_and_assign(run, grace, &slot, self.opts.lease)
-                        .await
-                }
-                None => self.store.runs.begin_run(run, grace).await.map(|b| (b, None)),
-            };
-            let (begun, assigned) = match begun {
+            let begun = match self.store.runs.begin_run(run, self.opts.route_retry).await {
                 Ok(b) => b,
                 Err(e) => {
                     warn!(error = %e, "beginning the run failed; the trigger will be retried");
@@ -456,41 +434,12 @@ impl Dispatcher {
             for rv in &begun.revoked {
                 self.send_cancel(rv).await;
             }
-            match (assigned, &first, &job) {
-                (Some(Assigned::Granted(leased)), Some((nodes, i, route_key)), Some(job)) => {
-                    self.dispatch(&leased, job, &nodes[*i], route_key).await;
-                }
-                (Some(Assigned::NotWaiting(_)), _, _) => debug!("run no longer waiting"),
-                // Not assigned here (no node named, or it was full), or a trigger seen
-                // again whose run is still waiting: routed as any waiting run.
-                _ if begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0 => {
-                    self.route(begun.run).await;
-                }
-                _ => {}
+            if begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0 {
+                self.route(begun.run).await;
             }
         }
         .instrument(span)
         .await;
-    }
-
-    /// The node routing would try first for a run of `job` about to begin, when it
-    /// is an executor job routed to one node and some node can take it now.
-    async fn first_node(
-        &self,
-        run: &RunRecord,
-        job: &JobRecord,
-    ) -> Option<(Arc<Vec<NodeRecord>>, usize, String)> {
-        let Target::Executor { group, handler } = &job.spec.target else {
-            return None;
-        };
-        match self.pick(run, job, group, handler).await {
-            Pick::Order {
-                nodes,
-                order,
-                route_key,
-            } => order.first().map(|&i| (nodes, i, route_key)),
-            Pick::NoNode | Pick::Broadcast { .. } => None,
-        }
     }
 
     /// Acts on what a transition left to do: count it (metrics and alerts, when
@@ -584,37 +533,6 @@ impl Dispatcher {
     }
 
     async fn route_executor(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) {
-        match self.pick(run, job, group, handler).await {
-            Pick::NoNode => self.no_node_yet(run, group, handler).await,
-            Pick::Broadcast {
-                nodes,
-                candidates,
-                route_key,
-            } => {
-                let candidates = candidates.iter().map(|&i| &nodes[i]).collect();
-                self.broadcast(run, job, candidates, &route_key).await;
-            }
-            Pick::Order {
-                nodes,
-                order,
-                route_key,
-            } => {
-                for i in order {
-                    match self.assign_to(run, job, &nodes[i], &route_key).await {
-                        Placed::Done => return,
-                        Placed::Full => continue,
-                    }
-                }
-                self.still_waiting(run).await;
-            }
-        }
-    }
-
-    /// Where routing sends the run: the healthy nodes of its group that serve its
-    /// handler, in the order to try them (the job's strategy's pick first), or every
-    /// one of them for a sharding broadcast. Takes a turn of the job's round-robin
-    /// counter where the strategy draws one.
-    async fn pick(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) -> Pick {
         let snapshot = self.nodes.get(self.store.nodes.as_ref()).await;
         let policy = &self.opts.health;
         let eligible: Vec<&NodeRecord> = snapshot
@@ -626,7 +544,8 @@ impl Dispatcher {
             })
             .collect();
         if eligible.is_empty() {
-            return Pick::NoNode;
+            self.no_node_yet(run, group, handler).await;
+            return;
         }
         // A retry prefers another node than the one that just failed it.
         let mut candidates: Vec<&NodeRecord> = eligible
@@ -647,11 +566,8 @@ impl Dispatcher {
                 RouteStrategy::LeastActive
             }
             RouteStrategy::ShardingBroadcast => {
-                return Pick::Broadcast {
-                    candidates: candidates.iter().map(|n| index_of(&snapshot, n)).collect(),
-                    nodes: snapshot.clone(),
-                    route_key,
-                };
+                self.broadcast(run, job, candidates, &route_key).await;
+                return;
             }
             other => other,
         };
@@ -721,11 +637,13 @@ impl Dispatcher {
                 n.node_id.clone(),
             )
         });
-        Pick::Order {
-            order: order.iter().map(|n| index_of(&snapshot, n)).collect(),
-            nodes: snapshot.clone(),
-            route_key,
+        for node in order {
+            match self.assign_to(run, job, node, &route_key).await {
+                Placed::Done => return,
+                Placed::Full => continue,
+            }
         }
+        self.still_waiting(run).await;
     }
 
     /// Sharding broadcast: one shard per node (in node-id order, shard i to the i-th
@@ -784,7 +702,12 @@ impl Dispatcher {
             .await
         {
             Ok(Assigned::Granted(leased)) => {
-                self.dispatch(&leased, job, node, route_key).await;
+                self.nodes.moved(&node.node_id, 1);
+                let dispatch = dispatch_message(&leased, job, route_key);
+                debug!(node_id = %node.node_id, token = leased.fencing_token, shard = leased.shard_index, "dispatched");
+                self.links
+                    .deliver(&node.node_id, &node.instance, dispatch)
+                    .await;
                 Placed::Done
             }
             Ok(Assigned::NodeFull) => Placed::Full,
@@ -797,22 +720,6 @@ impl Dispatcher {
                 Placed::Done
             }
         }
-    }
-
-    /// Sends the dispatch of a run leased to `node` on its way.
-    async fn dispatch(
-        &self,
-        leased: &RunRecord,
-        job: &JobRecord,
-        node: &NodeRecord,
-        route_key: &str,
-    ) {
-        self.nodes.moved(&node.node_id, 1);
-        let dispatch = dispatch_message(leased, job, route_key);
-        debug!(node_id = %node.node_id, token = leased.fencing_token, shard = leased.shard_index, "dispatched");
-        self.links
-            .deliver(&node.node_id, &node.instance, dispatch)
-            .await;
     }
 
     /// Every eligible node is at its window: the run stays WAITING in the store (its
@@ -904,35 +811,6 @@ fn waiting_since(run: &RunRecord) -> i64 {
     } else {
         0
     }
-}
-
-/// Where routing sends a run (`Dispatcher::pick`); nodes are indexes into the
-/// snapshot of the registry the pick was made from.
-enum Pick {
-    /// No healthy node of the group serves the handler.
-    NoNode,
-    /// Sharding broadcast: a shard for each of these nodes.
-    Broadcast {
-        nodes: Arc<Vec<NodeRecord>>,
-        candidates: Vec<usize>,
-        route_key: String,
-    },
-    /// The nodes to try in turn, the strategy's pick first (possibly none: every
-    /// candidate is known to be at its window).
-    Order {
-        nodes: Arc<Vec<NodeRecord>>,
-        order: Vec<usize>,
-        route_key: String,
-    },
-}
-
-/// The index of `node` in `nodes`, of which it is an element (a reference into that
-/// same slice): its offset from the start, in elements.
-fn index_of(nodes: &[NodeRecord], node: &NodeRecord) -> usize {
-    let offset = (node as *const NodeRecord as usize).wrapping_sub(nodes.as_ptr() as usize);
-    let i = offset / std::mem::size_of::<NodeRecord>().max(1);
-    debug_assert!(nodes.get(i).is_some_and(|n| std::ptr::eq(n, node)));
-    i
 }
 
 /// Where an attempt to lease a run to one node left it.
