@@ -76,33 +76,32 @@ impl<'t> Batch<'t> {
 
     /// The run tables, with the store's clock read for this step.
     pub fn runs(&mut self) -> Result<&mut RunTables<'t>> {
-        match &mut self.runs {
-            Some(t) => t.set_clock(now_us()),
-            slot @ None => *slot = Some(RunTables::open(self.txn, self.inner)?),
-        }
-        self.runs
-            .as_mut()
-            .ok_or_else(|| Error::Corrupt("the run tables were not opened".into()))
+        let tables = match self.runs.take() {
+            Some(mut t) => {
+                t.set_clock(now_us());
+                t
+            }
+            None => RunTables::open(self.txn, self.inner)?,
+        };
+        Ok(self.runs.insert(tables))
     }
 
     /// The jobs table.
     pub fn jobs(&mut self) -> Result<&mut Table<'t, &'static str, &'static str>> {
-        if self.jobs.is_none() {
-            self.jobs = Some(self.txn.open_table(JOBS).ctx("open jobs")?);
-        }
-        self.jobs
-            .as_mut()
-            .ok_or_else(|| Error::Corrupt("the jobs table was not opened".into()))
+        let table = match self.jobs.take() {
+            Some(t) => t,
+            None => self.txn.open_table(JOBS).ctx("open jobs")?,
+        };
+        Ok(self.jobs.insert(table))
     }
 
     /// The trigger queue's table.
     pub fn triggers(&mut self) -> Result<&mut Table<'t, u64, &'static str>> {
-        if self.triggers.is_none() {
-            self.triggers = Some(self.txn.open_table(TRIGGERS).ctx("open triggers")?);
-        }
-        self.triggers
-            .as_mut()
-            .ok_or_else(|| Error::Corrupt("the triggers table was not opened".into()))
+        let table = match self.triggers.take() {
+            Some(t) => t,
+            None => self.txn.open_table(TRIGGERS).ctx("open triggers")?,
+        };
+        Ok(self.triggers.insert(table))
     }
 }
 
