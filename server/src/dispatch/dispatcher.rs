@@ -30,7 +30,7 @@ use crate::dispatch::routing::{self, NodeView, Route, RouteState};
 use crate::fault::crash_point;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::store::{
-    Assigned, Delivery, FannedOut, Finisher, JobStore, LeaseTerms, NodeRecord, NodeRegistry,
+    Assigned, Begun, Delivery, FannedOut, Finisher, JobStore, LeaseTerms, NodeRecord, NodeRegistry,
     NodeSlot, Outcome, Revocation, RunStore, Transition, TriggerQueue,
 };
 
@@ -409,16 +409,25 @@ impl Dispatcher {
 
     /// Begins the trigger's run, then acknowledges the trigger and routes the run. On
     /// a store error the trigger stays unacknowledged and comes back through reclaim.
+    /// A run of an executor job whose node routing can name now is begun and leased
+    /// to it in one store decision (`begin_and_assign`); if that node is full, or the
+    /// run is queued or skipped, it goes on as any begun run.
     async fn begin(&self, d: Delivery) {
         let schedule_id = d.trigger.schedule_id();
         let span = info_span!("dispatch", job_id = %d.trigger.job_id, %schedule_id);
         async {
             crash_point("dispatch.before_record");
             let mut run = RunRecord::from_trigger(&d.trigger);
-            if let Some(job) = self.job(&d.trigger.job_id, d.trigger.job_version).await {
-                run.plan = run_plan(&job, &self.opts);
+            let job = self.job(&d.trigger.job_id, d.trigger.job_version).await;
+            if let Some(job) = &job {
+                run.plan = run_plan(job, &self.opts);
             }
-            let begun = match self.store.runs.begin_run(run, self.opts.route_retry).await {
+            let first = match &job {
+                Some(job) => self.first_node(&run, job).await,
+                None => None,
+            };
+            let node = first.as_ref().map(|(nodes, i, _)| &nodes[*i]);
+            let (begun, assigned) = match self.begin_on(run, node).await {
                 Ok(b) => b,
                 Err(e) => {
                     warn!(error = %e, "beginning the run failed; the trigger will be retried");
@@ -434,12 +443,76 @@ impl Dispatcher {
             for rv in &begun.revoked {
                 self.send_cancel(rv).await;
             }
-            if begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0 {
-                self.route(begun.run).await;
+            match (assigned, &first, &job) {
+                (Some(Assigned::Granted(leased)), Some((nodes, i, route_key)), Some(job)) => {
+                    self.dispatch(&leased, job, &nodes[*i], route_key).await;
+                }
+                (Some(Assigned::NotWaiting(_)), _, _) => debug!("run no longer waiting"),
+                // Not assigned here (no node named, or it was full), or a trigger seen
+                // again whose run is still waiting: routed as any waiting run.
+                _ if begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0 => {
+                    self.route(begun.run).await;
+                }
+                _ => {}
             }
         }
         .instrument(span)
         .await;
+    }
+
+    /// Begins the run; when routing named a node for it, leases it to that node in
+    /// the same store decision (`begin_and_assign`: its outcome is `Some` when tried).
+    async fn begin_on(
+        &self,
+        run: RunRecord,
+        node: Option<&NodeRecord>,
+    ) -> crate::store::Result<(Begun, Option<Assigned>)> {
+        let grace = self.opts.route_retry;
+        let Some(node) = node else {
+            return self
+                .store
+                .runs
+                .begin_run(run, grace)
+                .await
+                .map(|b| (b, None));
+        };
+        let slot = NodeSlot {
+            node_id: node.node_id.clone(),
+            max_concurrency: node.max_concurrency,
+        };
+        // Counted on the node from the pick on, not from the grant: the begins of a
+        // burst pick side by side, and least active must see the runs its neighbours
+        // are about to lease.
+        self.nodes.moved(&slot.node_id, 1);
+        let begun = self
+            .store
+            .runs
+            .begin_and_assign(run, grace, &slot, self.opts.lease)
+            .await;
+        if !matches!(begun, Ok((_, Some(Assigned::Granted(_))))) {
+            self.nodes.moved(&slot.node_id, -1);
+        }
+        begun
+    }
+
+    /// The node routing would try first for a run of `job` about to begin, when it
+    /// is an executor job routed to one node and some node can take it now.
+    async fn first_node(
+        &self,
+        run: &RunRecord,
+        job: &JobRecord,
+    ) -> Option<(Arc<Vec<NodeRecord>>, usize, String)> {
+        let Target::Executor { group, handler } = &job.spec.target else {
+            return None;
+        };
+        match self.pick(run, job, group, handler).await {
+            Pick::Order {
+                nodes,
+                order,
+                route_key,
+            } => order.first().map(|&i| (nodes, i, route_key)),
+            Pick::NoNode | Pick::Broadcast { .. } => None,
+        }
     }
 
     /// Acts on what a transition left to do: count it (metrics and alerts, when
@@ -533,25 +606,56 @@ impl Dispatcher {
     }
 
     async fn route_executor(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) {
+        match self.pick(run, job, group, handler).await {
+            Pick::NoNode => self.no_node_yet(run, group, handler).await,
+            Pick::Broadcast {
+                nodes,
+                candidates,
+                route_key,
+            } => {
+                let candidates = candidates.iter().map(|&i| &nodes[i]).collect();
+                self.broadcast(run, job, candidates, &route_key).await;
+            }
+            Pick::Order {
+                nodes,
+                order,
+                route_key,
+            } => {
+                for i in order {
+                    match self.assign_to(run, job, &nodes[i], &route_key).await {
+                        Placed::Done => return,
+                        Placed::Full => continue,
+                    }
+                }
+                self.still_waiting(run).await;
+            }
+        }
+    }
+
+    /// Where routing sends the run: the healthy nodes of its group that serve its
+    /// handler, in the order to try them (the job's strategy's pick first), or every
+    /// one of them for a sharding broadcast. Takes a turn of the job's round-robin
+    /// counter where the strategy draws one.
+    async fn pick(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) -> Pick {
         let snapshot = self.nodes.get(self.store.nodes.as_ref()).await;
         let policy = &self.opts.health;
-        let eligible: Vec<&NodeRecord> = snapshot
-            .iter()
-            .filter(|n| {
+        // Nodes by their index in the snapshot.
+        let eligible: Vec<usize> = (0..snapshot.len())
+            .filter(|&i| {
+                let n = &snapshot[i];
                 n.group == group
                     && n.handlers.iter().any(|h| h == handler)
                     && health::classify(n, policy).routable()
             })
             .collect();
         if eligible.is_empty() {
-            self.no_node_yet(run, group, handler).await;
-            return;
+            return Pick::NoNode;
         }
         // A retry prefers another node than the one that just failed it.
-        let mut candidates: Vec<&NodeRecord> = eligible
+        let mut candidates: Vec<usize> = eligible
             .iter()
             .copied()
-            .filter(|n| n.node_id != run.last_node)
+            .filter(|&i| snapshot[i].node_id != run.last_node)
             .collect();
         if candidates.is_empty() {
             candidates = eligible;
@@ -566,13 +670,17 @@ impl Dispatcher {
                 RouteStrategy::LeastActive
             }
             RouteStrategy::ShardingBroadcast => {
-                self.broadcast(run, job, candidates, &route_key).await;
-                return;
+                return Pick::Broadcast {
+                    candidates,
+                    nodes: snapshot,
+                    route_key,
+                };
             }
             other => other,
         };
         let views: Vec<NodeView> = candidates
             .iter()
+            .map(|&i| &snapshot[i])
             .map(|n| NodeView {
                 node_id: n.node_id.clone(),
                 weight: n.weight,
@@ -622,13 +730,13 @@ impl Dispatcher {
         // unless the strategy keeps its affinity: then the run waits for its node.
         // A node this instance knows to be at its window is not asked (the store
         // would answer NodeFull); the estimate is re-read every `node_refresh`.
-        let mut order: Vec<&NodeRecord> = candidates
-            .iter()
-            .copied()
-            .filter(|n| !keeps_affinity(strategy) || n.node_id == first)
-            .filter(|n| !self.nodes.at_window(n))
+        let mut order: Vec<usize> = candidates
+            .into_iter()
+            .filter(|&i| !keeps_affinity(strategy) || snapshot[i].node_id == first)
+            .filter(|&i| !self.nodes.at_window(&snapshot[i]))
             .collect();
-        order.sort_by_key(|n| {
+        order.sort_by_key(|&i| {
+            let n = &snapshot[i];
             let slow = health::classify(n, policy) == Health::Slow;
             (
                 n.node_id != first,
@@ -637,13 +745,11 @@ impl Dispatcher {
                 n.node_id.clone(),
             )
         });
-        for node in order {
-            match self.assign_to(run, job, node, &route_key).await {
-                Placed::Done => return,
-                Placed::Full => continue,
-            }
+        Pick::Order {
+            order,
+            nodes: snapshot,
+            route_key,
         }
-        self.still_waiting(run).await;
     }
 
     /// Sharding broadcast: one shard per node (in node-id order, shard i to the i-th
@@ -703,11 +809,7 @@ impl Dispatcher {
         {
             Ok(Assigned::Granted(leased)) => {
                 self.nodes.moved(&node.node_id, 1);
-                let dispatch = dispatch_message(&leased, job, route_key);
-                debug!(node_id = %node.node_id, token = leased.fencing_token, shard = leased.shard_index, "dispatched");
-                self.links
-                    .deliver(&node.node_id, &node.instance, dispatch)
-                    .await;
+                self.dispatch(&leased, job, node, route_key).await;
                 Placed::Done
             }
             Ok(Assigned::NodeFull) => Placed::Full,
@@ -720,6 +822,22 @@ impl Dispatcher {
                 Placed::Done
             }
         }
+    }
+
+    /// Sends the dispatch of a run leased to `node` on its way; the lease is counted
+    /// on the node already (`NodeCache::moved`).
+    async fn dispatch(
+        &self,
+        leased: &RunRecord,
+        job: &JobRecord,
+        node: &NodeRecord,
+        route_key: &str,
+    ) {
+        let dispatch = dispatch_message(leased, job, route_key);
+        debug!(node_id = %node.node_id, token = leased.fencing_token, shard = leased.shard_index, "dispatched");
+        self.links
+            .deliver(&node.node_id, &node.instance, dispatch)
+            .await;
     }
 
     /// Every eligible node is at its window: the run stays WAITING in the store (its
@@ -811,6 +929,26 @@ fn waiting_since(run: &RunRecord) -> i64 {
     } else {
         0
     }
+}
+
+/// Where routing sends a run (`Dispatcher::pick`); nodes are indexes into the
+/// snapshot of the registry the pick was made from.
+enum Pick {
+    /// No healthy node of the group serves the handler.
+    NoNode,
+    /// Sharding broadcast: a shard for each of these nodes.
+    Broadcast {
+        nodes: Arc<Vec<NodeRecord>>,
+        candidates: Vec<usize>,
+        route_key: String,
+    },
+    /// The nodes to try in turn, the strategy's pick first (possibly none: every
+    /// candidate is known to be at its window).
+    Order {
+        nodes: Arc<Vec<NodeRecord>>,
+        order: Vec<usize>,
+        route_key: String,
+    },
 }
 
 /// Where an attempt to lease a run to one node left it.
