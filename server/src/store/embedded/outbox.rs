@@ -119,6 +119,11 @@ impl Outbox for EmbeddedStore {
     }
 
     async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
+        // A destination that never failed (the common case) has no breaker record: the
+        // answer is Closed, read without a turn of the writer.
+        if !self.has_breaker(destination).await? {
+            return Ok(BreakerState::Closed);
+        }
         let destination = destination.to_owned();
         self.write(move |_, b| {
             let txn = b.txn();
@@ -154,6 +159,14 @@ impl Outbox for EmbeddedStore {
         threshold: u32,
         cool_down: Duration,
     ) -> Result<BreakerUpdate> {
+        // A success on a closed breaker with no failures counted changes nothing: no
+        // record, nothing to write.
+        if success && !self.has_breaker(destination).await? {
+            return Ok(BreakerUpdate {
+                state: BreakerState::Closed,
+                changed: false,
+            });
+        }
         let destination = destination.to_owned();
         self.write(move |_, b| {
             let txn = b.txn();
@@ -198,6 +211,25 @@ impl Outbox for EmbeddedStore {
                 },
                 changed: opens,
             })
+        })
+        .await
+    }
+}
+
+impl EmbeddedStore {
+    /// Whether the destination has a breaker record (it failed since its last
+    /// success), by a read transaction. A record written after this read is a
+    /// decision taken after the caller's: answering as if it came first is what the
+    /// writer would have done had the caller's step been queued before it.
+    async fn has_breaker(&self, destination: &str) -> Result<bool> {
+        let destination = destination.to_owned();
+        self.blocking(move |inner| {
+            let txn = read(&inner.db)?;
+            let table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
+            Ok(table
+                .get(destination.as_str())
+                .ctx("read breaker")?
+                .is_some())
         })
         .await
     }

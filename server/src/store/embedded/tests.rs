@@ -584,3 +584,70 @@ async fn steps_of_a_batch_share_their_tables() {
         assert!(runs.get(key).expect("get").is_some(), "{key} committed");
     }
 }
+
+/// A destination with no breaker record (it never failed, or its last attempt
+/// succeeded) is answered Closed, and its successes counted, without a turn of the
+/// writer; a failure still goes through it, after which the breaker is read there.
+#[tokio::test]
+async fn a_healthy_destination_costs_its_breaker_no_commit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open");
+    let dest = "http://receiver:80";
+    let probe = Duration::from_secs(1);
+    let before = store.writer.commits();
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::Closed
+    );
+    let closed = store
+        .record_breaker(dest, true, 2, Duration::from_secs(60))
+        .await
+        .expect("success");
+    assert_eq!(
+        (closed.state, closed.changed),
+        (BreakerState::Closed, false)
+    );
+    assert_eq!(
+        store.writer.commits(),
+        before,
+        "no commit for a healthy destination"
+    );
+
+    // One failure of two: a record, still closed; the next state read is the writer's.
+    let failed = store
+        .record_breaker(dest, false, 2, Duration::from_secs(60))
+        .await
+        .expect("failure");
+    assert_eq!(
+        (failed.state, failed.changed),
+        (BreakerState::Closed, false)
+    );
+    let after_failure = store.writer.commits();
+    assert!(after_failure > before, "a failure is written");
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::Closed
+    );
+    // The second failure opens it; a success closes it and removes the record.
+    let opened = store
+        .record_breaker(dest, false, 2, Duration::from_secs(60))
+        .await
+        .expect("failure");
+    assert!(matches!(opened.state, BreakerState::Open { .. }) && opened.changed);
+    assert!(matches!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::Open { .. }
+    ));
+    let closed = store
+        .record_breaker(dest, true, 2, Duration::from_secs(60))
+        .await
+        .expect("success");
+    assert_eq!((closed.state, closed.changed), (BreakerState::Closed, true));
+    let settled = store.writer.commits();
+    assert_eq!(
+        store.breaker_state(dest, probe).await.expect("state"),
+        BreakerState::Closed
+    );
+    assert_eq!(store.writer.commits(), settled, "closed again: read only");
+}
