@@ -163,6 +163,14 @@ pub trait StoreMeta: Send + Sync + 'static {
     fn commits(&self) -> Option<u64> {
         None
     }
+
+    /// Checks the indexes the backend derives from its records against them, where a
+    /// bug could leave one out of step (the embedded store: each run's timer is the one
+    /// its record gives, and no other). `Corrupt` names what differs. A full scan:
+    /// for tests (the conformance suite runs it after every check) and diagnosis.
+    async fn check_indexes(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The whole store: every narrow trait. Only the wiring and tests hold one; each part of

@@ -151,7 +151,8 @@ macro_rules! store_conformance_tests {
                                 $crate::store::conformance::$opts(),
                             )
                             .await;
-                            $crate::store::conformance::$check(store).await;
+                            $crate::store::conformance::$check(store.clone()).await;
+                            store.check_indexes().await.expect("indexes match the records");
                         }
                     )*
                 }

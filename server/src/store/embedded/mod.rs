@@ -40,8 +40,7 @@
 //! | `lease_counters` | job_id → u64 | last fencing token of a job (never deleted) |
 //! | `active_runs` | (job_id, schedule_id) → () | the job's runs not final (overlap policy) |
 //! | `serial_queue` | (job_id, position) → schedule_id | the job's queued serial runs, FIFO |
-//! | `run_timers` | schedule_id → (partition, due) | a run's timer, to move or drop it |
-//! | `run_timer_index` | (partition, due, schedule_id) → () | `due_runs` per partition |
+//! | `run_timer_index` | (partition, due, schedule_id) → () | `due_runs` per partition; the key is the run record's (`timer_key`), so a save finds the entry to move from the record it replaces |
 //! | `node_runs` | (node_id, schedule_id) → () | runs leased to a node (max concurrency) |
 //! | `run_logs` | (schedule_id, seq) → JSON `LogLine` | executor log lines |
 //! | `run_log_meta` | schedule_id → (last seq, bytes kept) | seq allocation, the byte bound |
@@ -119,8 +118,8 @@ use super::{
     Delivery, DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
     Held, Holder, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRegistry,
     NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Registered, Result, Revocation,
-    RunQuery, RunStore, SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue,
-    UNKNOWN_RUN, WebhookDelivery, partition_of,
+    RunQuery, RunStore, StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN,
+    WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,
@@ -152,6 +151,12 @@ const RUN_COUNTS: TableDefinition<&str, u64> = TableDefinition::new("run_counts"
 const TOKENS: TableDefinition<&str, u64> = TableDefinition::new("lease_counters");
 const ACTIVE: TableDefinition<(&str, &str), ()> = TableDefinition::new("active_runs");
 const SERIAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("serial_queue");
+/// Version of the file's layout (the embedded store's own; redis keeps
+/// `SCHEMA_VERSION`). 1: the first; 2: a run's timer is found from its record, and
+/// `run_timers` is gone (a version-1 file is migrated when opened).
+pub const FILE_VERSION: u32 = 2;
+
+/// Version 1's index from a run to its timer, deleted by the migration to version 2.
 const TIMERS: TableDefinition<&str, (u32, i64)> = TableDefinition::new("run_timers");
 const TIMER_INDEX: TableDefinition<(u32, i64, &str), ()> = TableDefinition::new("run_timer_index");
 const NODE_RUNS: TableDefinition<(&str, &str), ()> = TableDefinition::new("node_runs");
@@ -281,11 +286,49 @@ impl StoreMeta for EmbeddedStore {
     fn commits(&self) -> Option<u64> {
         Some(self.writer.commits())
     }
+
+    async fn check_indexes(&self) -> Result<()> {
+        self.blocking(|inner| {
+            let txn = read(&inner.db)?;
+            check_run_timers(&txn, inner.partitions)
+        })
+        .await
+    }
+}
+
+/// Every run timer in the index is the one its record gives (`timer_key`), and every
+/// record that gives one has it.
+fn check_run_timers(txn: &ReadTransaction, partitions: u32) -> Result<()> {
+    let runs = txn.open_table(RUNS).ctx("open runs")?;
+    let index = txn.open_table(TIMER_INDEX).ctx("open run timer index")?;
+    let mut wanted = HashSet::new();
+    for item in runs.iter().ctx("scan runs")? {
+        let (k, v) = item.ctx("scan runs")?;
+        let run: RunRecord = decode("run", k.value(), v.value())?;
+        if let Some((p, due)) = run_tables::timer_key(&run, partitions) {
+            wanted.insert((p, due, run.schedule_id));
+        }
+    }
+    let mut found = HashSet::new();
+    for item in index.iter().ctx("scan run timer index")? {
+        let (k, _) = item.ctx("scan run timer index")?;
+        let (p, due, sid) = k.value();
+        found.insert((p, due, sid.to_owned()));
+    }
+    let stray: Vec<_> = found.difference(&wanted).take(5).collect();
+    let missing: Vec<_> = wanted.difference(&found).take(5).collect();
+    if stray.is_empty() && missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Corrupt(format!(
+        "run timers out of step with the records: in the index but not given by a record {stray:?}; given by a record but not in the index {missing:?}"
+    )))
 }
 
 impl EmbeddedStore {
     /// Opens (creating if missing) the store file at `path`. A new file records
-    /// `SCHEMA_VERSION` and `opts.partitions`; an existing one keeps its partition count,
+    /// `FILE_VERSION` and `opts.partitions`; an existing one keeps its partition count,
+    /// one of an older version is migrated,
     /// and one written by a newer schema is refused with `Error::SchemaTooNew`.
     ///
     /// This is blocking I/O (it may fsync); call it at start-up or from a blocking task.
@@ -411,7 +454,7 @@ where
 /// Checks or writes the meta record; returns the store's partition count.
 fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
     let txn = db.begin_write().ctx("begin meta transaction")?;
-    let partitions = {
+    let (partitions, found) = {
         let mut meta = txn.open_table(META).ctx("open meta table")?;
         let schema = meta
             .get(META_SCHEMA)
@@ -420,29 +463,28 @@ fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
         match schema {
             None => {
                 let partitions = wanted_partitions.max(1);
-                meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION))
+                meta.insert(META_SCHEMA, u64::from(FILE_VERSION))
                     .ctx("write schema version")?;
                 meta.insert(META_PARTITIONS, u64::from(partitions))
                     .ctx("write partitions")?;
                 meta.insert(META_TRIGGER_SEQ, 1)
                     .ctx("write trigger sequence")?;
-                partitions
+                (partitions, u64::from(FILE_VERSION))
             }
             Some(found) => {
-                if found > u64::from(SCHEMA_VERSION) {
+                if found > u64::from(FILE_VERSION) {
                     return Err(Error::SchemaTooNew {
                         found: u32::try_from(found).unwrap_or(u32::MAX),
-                        supported: SCHEMA_VERSION,
+                        supported: FILE_VERSION,
                     });
                 }
-                // Schema 1 is the only one so far: nothing to migrate.
                 let stored = meta
                     .get(META_PARTITIONS)
                     .ctx("read partitions")?
                     .map(|g| g.value())
                     .ok_or_else(|| Error::Corrupt("meta record has no partition count".into()))?;
                 match u32::try_from(stored) {
-                    Ok(p) if p > 0 => p,
+                    Ok(p) if p > 0 => (p, found),
                     _ => {
                         return Err(Error::Corrupt(format!(
                             "meta record has an invalid partition count {stored}"
@@ -452,8 +494,43 @@ fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
             }
         }
     };
+    if found < 2 {
+        migrate_run_timers(&txn, partitions)?;
+        txn.open_table(META)
+            .ctx("open meta table")?
+            .insert(META_SCHEMA, u64::from(FILE_VERSION))
+            .ctx("write schema version")?;
+    }
     txn.commit().ctx("commit meta transaction")?;
     Ok(partitions)
+}
+
+/// Version 1 → 2: version 1 kept each run's timer key in `run_timers` beside the
+/// index; version 2 reads it from the run record. An index entry the records do not
+/// account for (its run gone, or its record saying another key) is removed, so that
+/// none is left that no save would ever move; then `run_timers` is deleted.
+fn migrate_run_timers(txn: &WriteTransaction, partitions: u32) -> Result<()> {
+    {
+        let runs = txn.open_table(RUNS).ctx("open runs")?;
+        let mut index = txn.open_table(TIMER_INDEX).ctx("open run timer index")?;
+        let mut stale = Vec::new();
+        for item in index.iter().ctx("scan run timer index")? {
+            let (k, _) = item.ctx("scan run timer index")?;
+            let (p, due, sid) = k.value();
+            let run = load_run(&runs, sid)?;
+            if run.and_then(|r| run_tables::timer_key(&r, partitions)) != Some((p, due)) {
+                stale.push((p, due, sid.to_owned()));
+            }
+        }
+        for (p, due, sid) in stale {
+            tracing::warn!(schedule_id = %sid, "migration: a run timer its record does not give, removed");
+            index
+                .remove((p, due, sid.as_str()))
+                .ctx("delete run timer index")?;
+        }
+    }
+    txn.delete_table(TIMERS).ctx("delete run timers")?;
+    Ok(())
 }
 
 /// The store serves one process, so every node registered in it had its stream on a
@@ -490,7 +567,6 @@ fn create_tables(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(TOKENS).ctx("create token counters")?;
     txn.open_table(ACTIVE).ctx("create active runs table")?;
     txn.open_table(SERIAL).ctx("create serial queue table")?;
-    txn.open_table(TIMERS).ctx("create run timers")?;
     txn.open_table(TIMER_INDEX).ctx("create run timer index")?;
     txn.open_table(NODE_RUNS).ctx("create node runs table")?;
     txn.open_table(LOGS).ctx("create run logs table")?;

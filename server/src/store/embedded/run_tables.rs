@@ -3,6 +3,8 @@
 //! `finish_run`, `expire_run`, `cancel_run` and `fan_out` share), with the helpers
 //! those steps and the sweeps use.
 
+use std::cell::RefCell;
+
 use super::*;
 
 /// Every table that describes runs, open together for one write transaction, with the
@@ -25,8 +27,8 @@ pub(super) struct RunTables<'t> {
     pub(super) active: Table<'t, (&'static str, &'static str), ()>,
     /// (job_id, position) → schedule_id: the job's serial queue, popped from the front.
     pub(super) serial: Table<'t, (&'static str, u64), &'static str>,
-    /// schedule_id → (partition, due): the run's timer, so it can be found and moved.
-    pub(super) timers: Table<'t, &'static str, (u32, i64)>,
+    /// (partition, due, schedule_id): each run's timer, at the key its stored record
+    /// gives it (`timer_key`); the record is how a save finds the entry to move.
     pub(super) timer_index: Table<'t, (u32, i64, &'static str), ()>,
     /// (node_id, schedule_id): the runs leased to a node, counted for max concurrency.
     pub(super) node_runs: Table<'t, (&'static str, &'static str), ()>,
@@ -38,6 +40,22 @@ pub(super) struct RunTables<'t> {
     pub(super) outbox: Table<'t, &'static str, &'static str>,
     /// (partition, due, schedule_id): when each outbox entry is due.
     pub(super) outbox_due: Table<'t, (u32, i64, &'static str), ()>,
+    /// The timer key of each stored record this batch read or wrote, so that a save
+    /// moves the run's timer without decoding the record it replaces.
+    timer_keys: RefCell<HashMap<String, Option<TimerKey>>>,
+}
+
+/// Where a run's timer sits in the timer index: (partition, due).
+pub(super) type TimerKey = (u32, i64);
+
+/// The timer a run's record gives it: its earliest deadline while it is not final,
+/// in its job's partition; none once it is final.
+pub(super) fn timer_key(run: &RunRecord, partitions: u32) -> Option<TimerKey> {
+    if run.state.is_final() {
+        return None;
+    }
+    let due = run.deadlines.earliest()?;
+    Some((partition_of(&run.job_id, partitions), due))
 }
 
 impl<'t> RunTables<'t> {
@@ -56,7 +74,6 @@ impl<'t> RunTables<'t> {
             counts: txn.open_table(RUN_COUNTS).ctx("open run counts")?,
             active: txn.open_table(ACTIVE).ctx("open active runs")?,
             serial: txn.open_table(SERIAL).ctx("open serial queue")?,
-            timers: txn.open_table(TIMERS).ctx("open run timers")?,
             timer_index: txn.open_table(TIMER_INDEX).ctx("open run timer index")?,
             node_runs: txn.open_table(NODE_RUNS).ctx("open node runs")?,
             tokens: txn.open_table(TOKENS).ctx("open token counters")?,
@@ -66,6 +83,7 @@ impl<'t> RunTables<'t> {
             outbox_due: txn
                 .open_table(OUTBOX_DUE)
                 .ctx("open webhook outbox index")?,
+            timer_keys: RefCell::new(HashMap::new()),
         };
         t.set_clock(now_us());
         Ok(t)
@@ -85,7 +103,28 @@ impl<'t> RunTables<'t> {
     /// The run, unless it is missing or past its retention (gone as far as anyone can
     /// tell: in redis its key would have expired).
     pub(super) fn load(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
-        Ok(load_run(&self.runs, schedule_id)?.filter(|r| !self.expired(r)))
+        Ok(self.read(schedule_id)?.filter(|r| !self.expired(r)))
+    }
+
+    /// The stored record, past retention or not, its timer key noted.
+    fn read(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
+        let run = load_run(&self.runs, schedule_id)?;
+        if let Some(run) = &run {
+            self.timer_keys
+                .borrow_mut()
+                .insert(schedule_id.to_owned(), timer_key(run, self.partitions));
+        }
+        Ok(run)
+    }
+
+    /// The timer key of the stored record (none if there is no record).
+    fn stored_timer(&self, schedule_id: &str) -> Result<Option<TimerKey>> {
+        if let Some(key) = self.timer_keys.borrow().get(schedule_id) {
+            return Ok(*key);
+        }
+        Ok(self
+            .read(schedule_id)?
+            .and_then(|run| timer_key(&run, self.partitions)))
     }
 
     /// The run an executor's message names: shard 0 of a fanned-out broadcast run
@@ -100,7 +139,7 @@ impl<'t> RunTables<'t> {
     /// The stored run for a schedule_id about to be recorded: a record past retention
     /// is deleted on the spot so the new one takes its place.
     pub(super) fn existing(&mut self, schedule_id: &str) -> Result<Option<RunRecord>> {
-        match load_run(&self.runs, schedule_id)? {
+        match self.read(schedule_id)? {
             Some(run) if self.expired(&run) => {
                 self.delete(&run)?;
                 Ok(None)
@@ -109,51 +148,40 @@ impl<'t> RunTables<'t> {
         }
     }
 
-    /// Writes the run back and re-scores its timer: the earliest deadline while it is
-    /// not final, none once it is.
+    /// Writes the run back and moves its timer to where the new record puts it: the
+    /// earliest deadline while it is not final, none once it is.
     pub(super) fn save(&mut self, run: &RunRecord) -> Result<()> {
+        let sid = run.schedule_id.as_str();
+        let old = self.stored_timer(sid)?;
+        let new = timer_key(run, self.partitions);
         let json = encode("run", run)?;
-        self.runs
-            .insert(run.schedule_id.as_str(), json.as_str())
-            .ctx("write run")?;
-        let due = if run.state.is_final() {
-            None
-        } else {
-            run.deadlines.earliest()
-        };
-        self.set_timer(&run.schedule_id, &run.job_id, due)
-    }
-
-    pub(super) fn set_timer(
-        &mut self,
-        schedule_id: &str,
-        job_id: &str,
-        due: Option<Millis>,
-    ) -> Result<()> {
-        self.drop_timer(schedule_id)?;
-        if let Some(due) = due {
-            let p = partition_of(job_id, self.partitions);
-            self.timers
-                .insert(schedule_id, (p, due))
-                .ctx("write run timer")?;
-            self.timer_index
-                .insert((p, due, schedule_id), ())
-                .ctx("write run timer index")?;
+        self.runs.insert(sid, json.as_str()).ctx("write run")?;
+        if old != new {
+            if let Some((p, due)) = old {
+                self.timer_index
+                    .remove((p, due, sid))
+                    .ctx("delete run timer index")?;
+            }
+            if let Some((p, due)) = new {
+                self.timer_index
+                    .insert((p, due, sid), ())
+                    .ctx("write run timer index")?;
+            }
         }
+        self.timer_keys.borrow_mut().insert(sid.to_owned(), new);
         Ok(())
     }
 
+    /// Takes the run's timer out of the index (the stored record says where it is).
     pub(super) fn drop_timer(&mut self, schedule_id: &str) -> Result<()> {
-        let old = self
-            .timers
-            .remove(schedule_id)
-            .ctx("delete run timer")?
-            .map(|g| g.value());
-        if let Some((p, due)) = old {
+        if let Some((p, due)) = self.stored_timer(schedule_id)? {
             self.timer_index
                 .remove((p, due, schedule_id))
                 .ctx("delete run timer index")?;
         }
+        self.timer_keys
+            .borrow_mut()
+            .insert(schedule_id.to_owned(), None);
         Ok(())
     }
 
@@ -577,6 +605,8 @@ impl<'t> RunTables<'t> {
         }
         let sid = run.schedule_id.as_str();
         let job_id = run.job_id.as_str();
+        // Before the record goes: it says where the timer is.
+        self.drop_timer(sid)?;
         self.runs.remove(sid).ctx("delete run")?;
         let indexed = self
             .by_job
@@ -603,7 +633,6 @@ impl<'t> RunTables<'t> {
         }
         self.active.remove((job_id, sid)).ctx("delete active run")?;
         self.unqueue(job_id, sid)?;
-        self.drop_timer(sid)?;
         self.leave_node(run)?;
         let seqs: Vec<u64> = {
             let mut out = Vec::new();

@@ -233,17 +233,78 @@ async fn schema_too_new_is_refused() {
         let txn = db.begin_write().expect("begin");
         {
             let mut meta = txn.open_table(META).expect("meta");
-            meta.insert(META_SCHEMA, u64::from(SCHEMA_VERSION) + 1)
+            meta.insert(META_SCHEMA, u64::from(FILE_VERSION) + 1)
                 .expect("write");
         }
         txn.commit().expect("commit");
     }
     match EmbeddedStore::open(&path, StoreOptions::default()) {
         Err(Error::SchemaTooNew { found, supported }) => {
-            assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+            assert_eq!((found, supported), (FILE_VERSION + 1, FILE_VERSION));
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
+}
+
+/// A version-1 file (a `run_timers` table beside the timer index) opens as version 2:
+/// the table is gone, an index entry no record gives is dropped, the runs' own timers
+/// stay and still come due.
+#[tokio::test]
+async fn a_version_1_file_is_migrated() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    let sid = {
+        let store = EmbeddedStore::open(&path, conformance::options()).expect("open");
+        store.create_job(job("mig", None)).await.expect("create");
+        let begun = store
+            .begin_run(
+                conformance::planned_run("mig", 1000, RunPlan::default()),
+                Duration::ZERO,
+            )
+            .await
+            .expect("begin");
+        assert_eq!(begun.run.state, RunState::Waiting);
+        begun.run.schedule_id
+    };
+    {
+        let db = Database::create(&path).expect("raw open");
+        let txn = db.begin_write().expect("begin");
+        {
+            txn.open_table(META)
+                .expect("meta")
+                .insert(META_SCHEMA, 1)
+                .expect("write");
+            let mut timers = txn.open_table(TIMERS).expect("timers");
+            timers.insert(sid.as_str(), (0, 1)).expect("write");
+            let mut index = txn.open_table(TIMER_INDEX).expect("index");
+            index.insert((0, 5, "ghost@5"), ()).expect("write");
+        }
+        txn.commit().expect("commit");
+    }
+    let store = EmbeddedStore::open(&path, conformance::options()).expect("reopen");
+    store
+        .check_indexes()
+        .await
+        .expect("indexes match the records");
+    let due: Vec<String> = {
+        let mut all = Vec::new();
+        for p in 0..store.partitions() {
+            all.extend(store.due_runs(p, 100).await.expect("due"));
+        }
+        all
+    };
+    assert_eq!(due, [sid]);
+    drop(store);
+    let db = Database::create(&path).expect("raw open");
+    let txn = db.begin_read().expect("read");
+    let version = txn
+        .open_table(META)
+        .expect("meta")
+        .get(META_SCHEMA)
+        .expect("get")
+        .map(|g| g.value());
+    assert_eq!(version, Some(u64::from(FILE_VERSION)));
+    assert!(txn.open_table(TIMERS).is_err(), "run_timers is deleted");
 }
 
 #[tokio::test]
