@@ -444,7 +444,7 @@ fn terms(ttl_ms: u64, confirm_ms: u64) -> LeaseTerms {
     }
 }
 
-fn outcome(state: RunState) -> Outcome {
+pub fn outcome(state: RunState) -> Outcome {
     Outcome {
         state,
         output: None,

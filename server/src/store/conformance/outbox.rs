@@ -6,7 +6,7 @@ use super::*;
 
 const HOOK: &str = "https://hooks.example/sundial";
 
-fn hooked(plan: RunPlan) -> RunPlan {
+pub fn hooked(plan: RunPlan) -> RunPlan {
     RunPlan {
         callback_url: Some(HOOK.to_owned()),
         ..plan
@@ -37,7 +37,7 @@ fn expected_body(run: &RunRecord) -> serde_json::Value {
 }
 
 /// A leased run of `job_id` planned at `planned`, RUNNING on its own node.
-async fn running(
+pub async fn running(
     store: &Arc<dyn Store>,
     job_id: &str,
     planned: Millis,

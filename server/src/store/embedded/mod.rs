@@ -249,8 +249,19 @@ pub struct EmbeddedStore {
     inbox_pushed: Notify,
     /// Round-robin counters by job: in memory, as only this process routes.
     route_counters: Mutex<HashMap<String, u64>>,
+    /// Webhook delivery claims: in memory, as only this process delivers (see
+    /// `outbox`); a claim need not outlive the process that would act on it.
+    claims: Mutex<Claims>,
     /// The writer thread every write goes through (group commit, see `commit`).
     writer: Writer,
+}
+
+/// The webhook deliveries in flight: schedule_id → (delivery token, lease end), and
+/// the last token handed out (tokens only grow).
+#[derive(Debug, Default)]
+struct Claims {
+    last_token: u64,
+    live: HashMap<String, (u64, Millis)>,
 }
 
 /// One instance's inbox: messages oldest first, forgotten once nobody pushed for
@@ -364,6 +375,7 @@ impl EmbeddedStore {
             inboxes: Mutex::new(HashMap::new()),
             inbox_pushed: Notify::new(),
             route_counters: Mutex::new(HashMap::new()),
+            claims: Mutex::new(Claims::default()),
         })
     }
 
@@ -836,6 +848,18 @@ fn due_in_partition(
     limit: usize,
     what: &str,
 ) -> Result<Vec<String>> {
+    due_in_partition_except(db, table, partition, limit, &HashSet::new(), what)
+}
+
+/// As `due_in_partition`, passing over the ids in `skip`.
+fn due_in_partition_except(
+    db: &Database,
+    table: TableDefinition<(u32, i64, &str), ()>,
+    partition: u32,
+    limit: usize,
+    skip: &HashSet<String>,
+    what: &str,
+) -> Result<Vec<String>> {
     let mut out = Vec::new();
     if limit == 0 {
         return Ok(out);
@@ -848,7 +872,11 @@ fn due_in_partition(
         .ctx(what)?
     {
         let (k, _) = item.ctx(what)?;
-        out.push(k.value().2.to_owned());
+        let id = k.value().2;
+        if skip.contains(id) {
+            continue;
+        }
+        out.push(id.to_owned());
         if out.len() >= limit {
             break;
         }

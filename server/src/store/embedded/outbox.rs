@@ -1,56 +1,90 @@
 //! The webhook outbox and the circuit breakers: due deliveries, their claims and
-//! outcomes (under the delivery token), and the per-destination breaker state.
+//! outcomes (under the delivery token), and the per-destination breaker state. A claim
+//! lives in memory (`Claims`): one process serves the file, and a claim that died with
+//! it would only have delayed the retry; outcomes are written through the writer.
 
+use super::run_tables::RunTables;
 use super::*;
 
 #[async_trait]
 impl Outbox for EmbeddedStore {
     async fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        let now = now_ms();
+        let claimed: HashSet<String> = self
+            .claims()
+            .live
+            .iter()
+            .filter(|(_, (_, until))| *until > now)
+            .map(|(sid, _)| sid.clone())
+            .collect();
         self.blocking(move |inner| {
-            due_in_partition(
+            due_in_partition_except(
                 &inner.db,
                 OUTBOX_DUE,
                 partition,
                 limit,
+                &claimed,
                 "scan webhook outbox",
             )
         })
         .await
     }
 
+    /// The claim is taken in memory first (no other claimer can take it meanwhile),
+    /// then the entry is read: a claim is the one thing about a delivery that needs
+    /// no commit, since only this process delivers and none outlives it.
     async fn claim_delivery(
         &self,
         schedule_id: &str,
         lease: Duration,
     ) -> Result<Option<WebhookDelivery>> {
-        let schedule_id = schedule_id.to_owned();
-        self.write(move |_, b| {
-            let schedule_id = schedule_id.as_str();
-            let t = b.runs()?;
-            let Some(mut entry) = t.load_outbox(schedule_id)? else {
-                return Ok(None);
-            };
-            if entry.due > t.now {
+        let now = now_ms();
+        let token = {
+            let mut claims = self.claims();
+            if claims
+                .live
+                .get(schedule_id)
+                .is_some_and(|(_, until)| *until > now)
+            {
                 return Ok(None);
             }
-            let old_due = entry.due;
-            // Tokens only grow: max(last + 1, store time in µs), as fencing tokens do.
-            entry.token = entry.token.saturating_add(1).max(t.now_us);
-            entry.in_flight = true;
-            entry.due = t.now.saturating_add(duration_ms(lease));
-            t.put_outbox(schedule_id, &entry, Some(old_due))?;
-            Ok(Some(WebhookDelivery {
-                schedule_id: schedule_id.to_owned(),
-                job_id: entry.job_id,
-                url: entry.url,
-                body: entry.body,
-                attempts: entry.attempts,
-                created_at: entry.created_at,
-                token: entry.token,
-                now: t.now,
-            }))
-        })
-        .await
+            // Tokens only grow: max(last + 1, the clock in µs), as fencing tokens do.
+            let token = claims.last_token.saturating_add(1).max(now_us());
+            claims.last_token = token;
+            claims.live.insert(
+                schedule_id.to_owned(),
+                (token, now.saturating_add(duration_ms(lease))),
+            );
+            token
+        };
+        let sid = schedule_id.to_owned();
+        let entry = self
+            .blocking(move |inner| {
+                let txn = read(&inner.db)?;
+                let outbox = txn.open_table(OUTBOX).ctx("open webhook outbox")?;
+                match outbox.get(sid.as_str()).ctx("read webhook outbox")? {
+                    Some(g) => decode::<OutboxEntry>("outbox entry", &sid, g.value()).map(Some),
+                    None => Ok(None),
+                }
+            })
+            .await;
+        let entry = match entry {
+            Ok(Some(entry)) if entry.due <= now => entry,
+            other => {
+                self.release_claim(schedule_id, token);
+                return other.map(|_| None);
+            }
+        };
+        Ok(Some(WebhookDelivery {
+            schedule_id: schedule_id.to_owned(),
+            job_id: entry.job_id,
+            url: entry.url,
+            body: entry.body,
+            attempts: entry.attempts,
+            created_at: entry.created_at,
+            token,
+            now,
+        }))
     }
 
     async fn finish_delivery(
@@ -59,63 +93,22 @@ impl Outbox for EmbeddedStore {
         token: u64,
         outcome: DeliveryOutcome,
     ) -> Result<Applied> {
-        let schedule_id = schedule_id.to_owned();
-        self.write(move |_, b| {
-            let schedule_id = schedule_id.as_str();
-            let t = b.runs()?;
-            let Some(mut entry) = t.load_outbox(schedule_id)? else {
-                return Ok(Applied::No("unknown delivery".to_owned()));
-            };
-            if entry.token != token || !entry.in_flight {
-                return Ok(Applied::No("stale delivery token".to_owned()));
-            }
-            let old_due = entry.due;
-            let now = t.now;
-            let (status, error) = match &outcome {
-                DeliveryOutcome::Defer { until } => {
-                    entry.in_flight = false;
-                    entry.due = now.max(*until);
-                    t.put_outbox(schedule_id, &entry, Some(old_due))?;
-                    return Ok(Applied::Yes);
-                }
-                DeliveryOutcome::Delivered { status } => (*status, String::new()),
-                DeliveryOutcome::Retry { status, error, .. }
-                | DeliveryOutcome::Failed { status, error } => (*status, error.clone()),
-                DeliveryOutcome::Gone => (410, crate::store::GONE_ERROR.to_owned()),
-                DeliveryOutcome::Abandon { error } => (0, error.clone()),
-            };
-            if !matches!(outcome, DeliveryOutcome::Abandon { .. }) {
-                entry.attempts = entry.attempts.saturating_add(1);
-            }
-            let mut run = t.load(schedule_id)?;
-            if let Some(run) = run.as_mut() {
-                run.callback_attempts = entry.attempts;
-                run.callback_status = status;
-                run.callback_error = error;
-            }
-            match outcome {
-                DeliveryOutcome::Retry { after, .. } => {
-                    entry.in_flight = false;
-                    entry.due = now.saturating_add(duration_ms(after));
-                    t.put_outbox(schedule_id, &entry, Some(old_due))?;
-                }
-                done => {
-                    t.remove_outbox(schedule_id, &entry)?;
-                    if let Some(run) = run.as_mut() {
-                        run.callback_state = if matches!(done, DeliveryOutcome::Delivered { .. }) {
-                            CallbackState::Done
-                        } else {
-                            CallbackState::Failed
-                        };
-                    }
-                }
-            }
-            if let Some(run) = run {
-                t.save(&run)?;
-            }
-            Ok(Applied::Yes)
-        })
-        .await
+        let held = self
+            .claims()
+            .live
+            .get(schedule_id)
+            .is_some_and(|(t, _)| *t == token);
+        if !held {
+            return Ok(Applied::No("stale delivery token".to_owned()));
+        }
+        let sid = schedule_id.to_owned();
+        let applied = self
+            .write(move |_, b| apply_delivery_outcome(b.runs()?, &sid, token, outcome))
+            .await;
+        // Committed (or not): the claim is over either way; an entry left due comes
+        // back through the next sweep.
+        self.release_claim(schedule_id, token);
+        applied
     }
 
     async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
@@ -233,4 +226,84 @@ impl EmbeddedStore {
         })
         .await
     }
+}
+
+impl EmbeddedStore {
+    fn claims(&self) -> std::sync::MutexGuard<'_, Claims> {
+        // Each statement leaves the map consistent, so a panic elsewhere cannot leave
+        // it half-updated.
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends the claim if it is still the one under `token`.
+    fn release_claim(&self, schedule_id: &str, token: u64) {
+        let mut claims = self.claims();
+        if claims
+            .live
+            .get(schedule_id)
+            .is_some_and(|(t, _)| *t == token)
+        {
+            claims.live.remove(schedule_id);
+        }
+    }
+}
+
+/// `finish_delivery`'s step, its claim checked by the caller: the attempt counted (but
+/// for `Defer` and `Abandon`), the run's delivery record updated, the entry due again
+/// or gone.
+fn apply_delivery_outcome(
+    t: &mut RunTables<'_>,
+    schedule_id: &str,
+    token: u64,
+    outcome: DeliveryOutcome,
+) -> Result<Applied> {
+    let Some(mut entry) = t.load_outbox(schedule_id)? else {
+        return Ok(Applied::No("unknown delivery".to_owned()));
+    };
+    let old_due = entry.due;
+    let now = t.now;
+    // The last token is kept with the entry; nothing is in flight once it is written.
+    entry.token = token;
+    entry.in_flight = false;
+    let (status, error) = match &outcome {
+        DeliveryOutcome::Defer { until } => {
+            entry.due = now.max(*until);
+            t.put_outbox(schedule_id, &entry, Some(old_due))?;
+            return Ok(Applied::Yes);
+        }
+        DeliveryOutcome::Delivered { status } => (*status, String::new()),
+        DeliveryOutcome::Retry { status, error, .. }
+        | DeliveryOutcome::Failed { status, error } => (*status, error.clone()),
+        DeliveryOutcome::Gone => (410, crate::store::GONE_ERROR.to_owned()),
+        DeliveryOutcome::Abandon { error } => (0, error.clone()),
+    };
+    if !matches!(outcome, DeliveryOutcome::Abandon { .. }) {
+        entry.attempts = entry.attempts.saturating_add(1);
+    }
+    let mut run = t.load(schedule_id)?;
+    if let Some(run) = run.as_mut() {
+        run.callback_attempts = entry.attempts;
+        run.callback_status = status;
+        run.callback_error = error;
+    }
+    match outcome {
+        DeliveryOutcome::Retry { after, .. } => {
+            entry.due = now.saturating_add(duration_ms(after));
+            t.put_outbox(schedule_id, &entry, Some(old_due))?;
+        }
+        done => {
+            t.remove_outbox(schedule_id, &entry)?;
+            if let Some(run) = run.as_mut() {
+                run.callback_state = if matches!(done, DeliveryOutcome::Delivered { .. }) {
+                    CallbackState::Done
+                } else {
+                    CallbackState::Failed
+                };
+            }
+        }
+    }
+    if let Some(run) = run {
+        t.save(&run)?;
+    }
+    Ok(Applied::Yes)
 }

@@ -712,3 +712,99 @@ async fn a_healthy_destination_costs_its_breaker_no_commit() {
     );
     assert_eq!(store.writer.commits(), settled, "closed again: read only");
 }
+
+/// A webhook claim is held in memory: it costs no commit, it is exclusive while its
+/// lease lasts (and the claimed entry is not listed due), only its token's outcome is
+/// written, and it does not outlive the process: reopened, the entry is due at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_claim_is_held_in_memory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    let store: Arc<dyn Store> = open(&path, conformance::options());
+    store.create_job(job("cl", None)).await.expect("create");
+    let g = conformance::running(
+        &store,
+        "cl",
+        1000,
+        conformance::hooked(conformance::plan(OverlapPolicy::Allow)),
+    )
+    .await;
+    store
+        .finish_run(
+            &g.schedule_id,
+            Finisher::Holder(Holder::of(&g)),
+            conformance::outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let sid = g.schedule_id.clone();
+    let partition = partition_of("cl", store.partitions());
+    let lease = Duration::from_secs(60);
+
+    let before = store.commits().expect("commits");
+    let d = store
+        .claim_delivery(&sid, lease)
+        .await
+        .expect("claim")
+        .expect("due");
+    assert_eq!(store.commits(), Some(before), "a claim is not committed");
+    assert_eq!(
+        store.claim_delivery(&sid, lease).await.expect("claim"),
+        None
+    );
+    assert!(
+        store
+            .due_deliveries(partition, 10)
+            .await
+            .expect("due")
+            .is_empty()
+    );
+    let stale = store
+        .finish_delivery(&sid, d.token - 1, DeliveryOutcome::Gone)
+        .await
+        .expect("finish");
+    assert!(matches!(stale, Applied::No(_)), "{stale:?}");
+    drop(store);
+
+    // Reopened: the claim died with the process; the entry is due and claimable, under
+    // a greater token.
+    let store: Arc<dyn Store> = open(&path, conformance::options());
+    assert_eq!(
+        store.due_deliveries(partition, 10).await.expect("due"),
+        std::slice::from_ref(&sid)
+    );
+    let again = store
+        .claim_delivery(&sid, lease)
+        .await
+        .expect("claim")
+        .expect("due");
+    assert!(again.token > d.token, "{} > {}", again.token, d.token);
+    let old = store
+        .finish_delivery(&sid, d.token, DeliveryOutcome::Delivered { status: 200 })
+        .await
+        .expect("finish");
+    assert!(
+        matches!(old, Applied::No(_)),
+        "the old claim's outcome: {old:?}"
+    );
+    assert_eq!(
+        store
+            .finish_delivery(
+                &sid,
+                again.token,
+                DeliveryOutcome::Delivered { status: 200 }
+            )
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    let run = store.get_run(&sid).await.expect("get").expect("run");
+    assert_eq!(
+        (run.callback_state, run.callback_attempts),
+        (CallbackState::Done, 1)
+    );
+    assert_eq!(
+        store.claim_delivery(&sid, lease).await.expect("claim"),
+        None
+    );
+}
