@@ -110,11 +110,17 @@ pub fn classify(node: &NodeRecord, policy: &HealthPolicy) -> Health {
 }
 
 /// A node's results over the health window, as the instance holding its stream saw
-/// them (started afresh when the node reconnects).
+/// them (started afresh when the node reconnects), with their running totals so that
+/// publishing them costs the same whatever the window holds.
 #[derive(Debug, Default)]
 pub struct ResultWindow {
     /// (finished at, succeeded, duration in ms if known), oldest first.
     recent: VecDeque<(Millis, bool, Option<u64>)>,
+    /// Failures among `recent`.
+    errors: u32,
+    /// Sum and count of the known durations among `recent`.
+    duration_sum: u64,
+    durations: u64,
 }
 
 impl ResultWindow {
@@ -123,9 +129,29 @@ impl ResultWindow {
 
     pub fn record(&mut self, now: Millis, ok: bool, duration_ms: Option<u64>) {
         if self.recent.len() == Self::CAP {
-            self.recent.pop_front();
+            self.forget_oldest();
         }
         self.recent.push_back((now, ok, duration_ms));
+        if !ok {
+            self.errors = self.errors.saturating_add(1);
+        }
+        if let Some(d) = duration_ms {
+            self.duration_sum = self.duration_sum.saturating_add(d);
+            self.durations += 1;
+        }
+    }
+
+    fn forget_oldest(&mut self) {
+        let Some((_, ok, d)) = self.recent.pop_front() else {
+            return;
+        };
+        if !ok {
+            self.errors = self.errors.saturating_sub(1);
+        }
+        if let Some(d) = d {
+            self.duration_sum = self.duration_sum.saturating_sub(d);
+            self.durations = self.durations.saturating_sub(1);
+        }
     }
 
     /// Forgets results older than the window, then writes what is left into the node
@@ -133,17 +159,11 @@ impl ResultWindow {
     pub fn apply(&mut self, node: &mut NodeRecord, now: Millis, window: Duration) {
         let cutoff = now.saturating_sub(crate::model::duration_ms(window));
         while self.recent.front().is_some_and(|(at, _, _)| *at < cutoff) {
-            self.recent.pop_front();
+            self.forget_oldest();
         }
-        let (sum, n) = self
-            .recent
-            .iter()
-            .filter_map(|(_, _, d)| *d)
-            .fold((0u64, 0u64), |(s, n), d| (s.saturating_add(d), n + 1));
-        node.mean_duration_ms = sum.checked_div(n).unwrap_or(0);
+        node.mean_duration_ms = self.duration_sum.checked_div(self.durations).unwrap_or(0);
         node.recent_results = u32::try_from(self.recent.len()).unwrap_or(u32::MAX);
-        node.recent_errors =
-            u32::try_from(self.recent.iter().filter(|(_, ok, _)| !ok).count()).unwrap_or(u32::MAX);
+        node.recent_errors = self.errors;
     }
 }
 
@@ -227,5 +247,31 @@ mod tests {
         w.apply(&mut n, 200_000, window);
         assert_eq!((n.recent_results, n.mean_duration_ms), (0, 0));
         assert!((success_rate(&n) - 1.0).abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn the_window_keeps_its_totals_past_its_cap() {
+        let mut w = ResultWindow::default();
+        let mut n = node(0, 0);
+        // A failure without a duration, then a full window of successes: the failure
+        // is pushed out, and the totals with it.
+        w.record(1_000, false, None);
+        w.record(1_000, false, Some(7_000));
+        for _ in 0..ResultWindow::CAP - 1 {
+            w.record(2_000, true, Some(10));
+        }
+        w.apply(&mut n, 3_000, Duration::from_secs(60));
+        let cap = u32::try_from(ResultWindow::CAP).expect("cap");
+        assert_eq!((n.recent_results, n.recent_errors), (cap, 1));
+        assert_eq!(
+            n.mean_duration_ms,
+            (7_000 + 10 * (ResultWindow::CAP as u64 - 1)) / ResultWindow::CAP as u64
+        );
+        w.record(2_000, true, Some(10));
+        w.apply(&mut n, 3_000, Duration::from_secs(60));
+        assert_eq!(
+            (n.recent_results, n.recent_errors, n.mean_duration_ms),
+            (cap, 0, 10)
+        );
     }
 }

@@ -252,6 +252,11 @@ pub struct EmbeddedStore {
     /// Webhook delivery claims: in memory, as only this process delivers (see
     /// `outbox`); a claim need not outlive the process that would act on it.
     claims: Mutex<Claims>,
+    /// Every destination that may have a breaker record: those with one when the store
+    /// opened and every one that failed since (added before the failure is written).
+    /// Any other has none, so its breaker is answered without reading the file. It
+    /// never shrinks: a handful of destinations.
+    tripped: Mutex<HashSet<String>>,
     /// The writer thread every write goes through (group commit, see `commit`).
     writer: Writer,
 }
@@ -353,6 +358,7 @@ impl EmbeddedStore {
         create_tables(&txn)?;
         forget_nodes(&txn)?;
         txn.commit().ctx("commit schema transaction")?;
+        let tripped = breaker_destinations(&db)?;
 
         let (changes, _) = watch::channel(0);
         let inner = Arc::new(Inner {
@@ -376,6 +382,7 @@ impl EmbeddedStore {
             inbox_pushed: Notify::new(),
             route_counters: Mutex::new(HashMap::new()),
             claims: Mutex::new(Claims::default()),
+            tripped: Mutex::new(tripped),
         })
     }
 
@@ -543,6 +550,18 @@ fn migrate_run_timers(txn: &WriteTransaction, partitions: u32) -> Result<()> {
     }
     txn.delete_table(TIMERS).ctx("delete run timers")?;
     Ok(())
+}
+
+/// The destinations that have a breaker record.
+fn breaker_destinations(db: &Database) -> Result<HashSet<String>> {
+    let txn = read(db)?;
+    let table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
+    let mut out = HashSet::new();
+    for item in table.iter().ctx("scan webhook breakers")? {
+        let (k, _) = item.ctx("scan webhook breakers")?;
+        out.insert(k.value().to_owned());
+    }
+    Ok(out)
 }
 
 /// The store serves one process, so every node registered in it had its stream on a

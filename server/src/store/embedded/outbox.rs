@@ -160,6 +160,10 @@ impl Outbox for EmbeddedStore {
                 changed: false,
             });
         }
+        if !success {
+            // Before the record can exist.
+            self.tripped_destinations().insert(destination.to_owned());
+        }
         let destination = destination.to_owned();
         self.write(move |_, b| {
             let txn = b.txn();
@@ -211,10 +215,14 @@ impl Outbox for EmbeddedStore {
 
 impl EmbeddedStore {
     /// Whether the destination has a breaker record (it failed since its last
-    /// success), by a read transaction. A record written after this read is a
-    /// decision taken after the caller's: answering as if it came first is what the
-    /// writer would have done had the caller's step been queued before it.
+    /// success): none if it never failed while this store was open and had none when
+    /// it opened (`tripped`), else by a read transaction. A record written after this
+    /// read is a decision taken after the caller's: answering as if it came first is
+    /// what the writer would have done had the caller's step been queued before it.
     async fn has_breaker(&self, destination: &str) -> Result<bool> {
+        if !self.tripped_destinations().contains(destination) {
+            return Ok(false);
+        }
         let destination = destination.to_owned();
         self.blocking(move |inner| {
             let txn = read(&inner.db)?;
@@ -233,6 +241,11 @@ impl EmbeddedStore {
         // Each statement leaves the map consistent, so a panic elsewhere cannot leave
         // it half-updated.
         self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tripped_destinations(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // Inserts only: a panic elsewhere cannot leave the set half-updated.
+        self.tripped.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Ends the claim if it is still the one under `token`.

@@ -808,3 +808,37 @@ async fn a_delivery_claim_is_held_in_memory() {
         None
     );
 }
+
+/// An open breaker stays open across a restart: a destination with a record when the
+/// store opens is read from the file, not taken for one that never failed.
+#[tokio::test]
+async fn an_open_breaker_is_open_after_a_reopen() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    let dest = "http://receiver:80";
+    let cool_down = Duration::from_secs(600);
+    {
+        let store = EmbeddedStore::open(&path, conformance::options()).expect("open");
+        for _ in 0..2 {
+            store
+                .record_breaker(dest, false, 2, cool_down)
+                .await
+                .expect("failure");
+        }
+    }
+    let store = EmbeddedStore::open(&path, conformance::options()).expect("reopen");
+    assert!(matches!(
+        store
+            .breaker_state(dest, Duration::from_secs(1))
+            .await
+            .expect("state"),
+        BreakerState::Open { .. }
+    ));
+    assert_eq!(
+        store
+            .breaker_state("http://other:80", Duration::from_secs(1))
+            .await
+            .expect("state"),
+        BreakerState::Closed
+    );
+}
