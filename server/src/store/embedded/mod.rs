@@ -185,7 +185,9 @@ struct QueuedTrigger {
     trigger: Trigger,
 }
 
-/// A webhook waiting in the outbox (the redis scripts keep the same JSON shape).
+/// A webhook waiting in the outbox: the redis scripts' JSON shape less the claim
+/// (`token`, `in_flight`), which this store holds in memory (`Claims`); entries
+/// written with those fields still read.
 #[derive(Debug, Serialize, Deserialize)]
 struct OutboxEntry {
     job_id: String,
@@ -193,10 +195,7 @@ struct OutboxEntry {
     body: String,
     created_at: Millis,
     attempts: u32,
-    /// The last claim's delivery token (0: never claimed).
-    token: u64,
-    in_flight: bool,
-    /// When it is due: the next attempt, or while in flight the end of the claim's lease.
+    /// When the next attempt is due.
     due: Millis,
 }
 
@@ -344,8 +343,8 @@ fn check_run_timers(txn: &ReadTransaction, partitions: u32) -> Result<()> {
 impl EmbeddedStore {
     /// Opens (creating if missing) the store file at `path`. A new file records
     /// `FILE_VERSION` and `opts.partitions`; an existing one keeps its partition count,
-    /// one of an older version is migrated,
-    /// and one written by a newer schema is refused with `Error::SchemaTooNew`.
+    /// one of an older version is migrated, and one written by a newer version is
+    /// refused with `Error::SchemaTooNew`.
     ///
     /// This is blocking I/O (it may fsync); call it at start-up or from a blocking task.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<EmbeddedStore> {
@@ -470,7 +469,8 @@ where
     }
 }
 
-/// Checks or writes the meta record; returns the store's partition count.
+/// Checks or writes the meta record, migrating a file of an older version; returns
+/// the store's partition count.
 fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
     let txn = db.begin_write().ctx("begin meta transaction")?;
     let (partitions, found) = {
@@ -729,6 +729,16 @@ fn load_run(
 ) -> Result<Option<RunRecord>> {
     match runs.get(schedule_id).ctx("read run")? {
         Some(g) => decode("run", schedule_id, g.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn load_outbox(
+    outbox: &impl ReadableTable<&'static str, &'static str>,
+    schedule_id: &str,
+) -> Result<Option<OutboxEntry>> {
+    match outbox.get(schedule_id).ctx("read outbox entry")? {
+        Some(g) => decode("outbox entry", schedule_id, g.value()).map(Some),
         None => Ok(None),
     }
 }

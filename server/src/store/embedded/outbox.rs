@@ -62,10 +62,7 @@ impl Outbox for EmbeddedStore {
             .blocking(move |inner| {
                 let txn = read(&inner.db)?;
                 let outbox = txn.open_table(OUTBOX).ctx("open webhook outbox")?;
-                match outbox.get(sid.as_str()).ctx("read webhook outbox")? {
-                    Some(g) => decode::<OutboxEntry>("outbox entry", &sid, g.value()).map(Some),
-                    None => Ok(None),
-                }
+                load_outbox(&outbox, &sid)
             })
             .await;
         let entry = match entry {
@@ -103,7 +100,7 @@ impl Outbox for EmbeddedStore {
         }
         let sid = schedule_id.to_owned();
         let applied = self
-            .write(move |_, b| apply_delivery_outcome(b.runs()?, &sid, token, outcome))
+            .write(move |_, b| apply_delivery_outcome(b.runs()?, &sid, outcome))
             .await;
         // Committed (or not): the claim is over either way; an entry left due comes
         // back through the next sweep.
@@ -267,7 +264,6 @@ impl EmbeddedStore {
 fn apply_delivery_outcome(
     t: &mut RunTables<'_>,
     schedule_id: &str,
-    token: u64,
     outcome: DeliveryOutcome,
 ) -> Result<Applied> {
     let Some(mut entry) = t.load_outbox(schedule_id)? else {
@@ -275,9 +271,6 @@ fn apply_delivery_outcome(
     };
     let old_due = entry.due;
     let now = t.now;
-    // The last token is kept with the entry; nothing is in flight once it is written.
-    entry.token = token;
-    entry.in_flight = false;
     let (status, error) = match &outcome {
         DeliveryOutcome::Defer { until } => {
             entry.due = now.max(*until);

@@ -398,8 +398,6 @@ impl<'t> RunTables<'t> {
             body,
             created_at: self.now,
             attempts: 0,
-            token: 0,
-            in_flight: false,
             due: self.now,
         };
         self.put_outbox(&run.schedule_id, &entry, None)?;
@@ -431,11 +429,7 @@ impl<'t> RunTables<'t> {
     }
 
     pub(super) fn load_outbox(&self, schedule_id: &str) -> Result<Option<OutboxEntry>> {
-        self.outbox
-            .get(schedule_id)
-            .ctx("read outbox entry")?
-            .map(|g| decode("outbox entry", schedule_id, g.value()))
-            .transpose()
+        load_outbox(&self.outbox, schedule_id)
     }
 
     pub(super) fn remove_outbox(&mut self, schedule_id: &str, entry: &OutboxEntry) -> Result<()> {

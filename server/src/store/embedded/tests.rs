@@ -842,3 +842,52 @@ async fn an_open_breaker_is_open_after_a_reopen() {
         BreakerState::Closed
     );
 }
+
+/// An outbox entry written before claims moved to memory (with `token` and
+/// `in_flight`) still reads: it is claimed and delivered as any other.
+#[tokio::test]
+async fn an_outbox_entry_of_the_old_shape_is_delivered() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    drop(EmbeddedStore::open(&path, conformance::options()).expect("open"));
+    let sid = "old@1";
+    let partition = partition_of("old", conformance::options().partitions);
+    {
+        let db = Database::create(&path).expect("raw open");
+        let txn = db.begin_write().expect("begin");
+        {
+            let json = r#"{"job_id":"old","url":"http://h:1/x","body":"{}","created_at":5,"attempts":1,"token":9,"in_flight":true,"due":5}"#;
+            let mut outbox = txn.open_table(OUTBOX).expect("outbox");
+            outbox.insert(sid, json).expect("write");
+            let mut due = txn.open_table(OUTBOX_DUE).expect("outbox due");
+            due.insert((partition, 5, sid), ()).expect("write");
+        }
+        txn.commit().expect("commit");
+    }
+    let store = EmbeddedStore::open(&path, conformance::options()).expect("reopen");
+    assert_eq!(
+        store.due_deliveries(partition, 10).await.expect("due"),
+        [sid]
+    );
+    let d = store
+        .claim_delivery(sid, Duration::from_secs(60))
+        .await
+        .expect("claim")
+        .expect("due");
+    assert_eq!((d.attempts, d.url.as_str()), (1, "http://h:1/x"));
+    assert!(d.token > 9);
+    assert_eq!(
+        store
+            .finish_delivery(sid, d.token, DeliveryOutcome::Delivered { status: 200 })
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    assert!(
+        store
+            .due_deliveries(partition, 10)
+            .await
+            .expect("due")
+            .is_empty()
+    );
+}
