@@ -6,7 +6,8 @@
 //!   and no schedule_id twice;
 //! - a paused job is never claimed between its pause and its resume;
 //! - a resumed job fires from "now", with no catch-up of the paused interval;
-//! - a deleted job is never claimed again.
+//! - a deleted job is never claimed again;
+//! - no chain dies of the races: each job fires after its last change.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -91,10 +92,37 @@ async fn act(
             }
         }
     }
+    // The races must leave the chain alive: a fire claimed after the last change, before
+    // the delete. (Whether a job fires during its rounds is chance: every change re-arms
+    // from now, so a fire due but not yet claimed when a change lands is replaced, and a
+    // third of the rounds are paused. Simulated, 0.06 % of jobs never fire in their rounds
+    // when claims are instant, 1.2 % when they trail their due time by 100 ms, as on a
+    // loaded CI machine; one job of twelve did in a CI run.)
+    let last_change = redis_now(redis).await?;
+    fired_since(redis, &id, last_change, Duration::from_secs(15)).await?;
     jobs.delete_job(pb::DeleteJobRequest { job_id: id.clone() })
         .await?;
     h.deleted_at = Some(redis_now(redis).await?);
     Ok(h)
+}
+
+/// Waits (at most `within`) for a fire of `id` claimed after `after` (store clock).
+async fn fired_since(redis: &RedisServer, id: &str, after: i64, within: Duration) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let triggers = queued_triggers(redis, "sundial").await?;
+        if triggers
+            .iter()
+            .any(|t| t.job_id == id && t.entry_ms > after)
+        {
+            return Ok(());
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{id}: no fire in {within:?} after its last change at {after}: the chain died"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +175,6 @@ async fn changes_racing_with_claims_never_fork_or_revive_a_chain() -> Result<()>
     }
     for (id, h) in &histories {
         let mine: Vec<_> = triggers.iter().filter(|t| &t.job_id == id).collect();
-        ensure!(!mine.is_empty(), "{id}: never fired");
         for w in mine.windows(2) {
             ensure!(
                 w[1].scheduled_at > w[0].scheduled_at,
