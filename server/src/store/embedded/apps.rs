@@ -24,9 +24,7 @@ impl AppStore for EmbeddedStore {
     }
 
     async fn get_app(&self, app_id: &str) -> Result<Option<AppRecord>> {
-        let app_id = app_id.to_owned();
-        self.blocking(move |inner| {
-            let app_id = app_id.as_str();
+        self.point_read(|inner| {
             let txn = read(&inner.db)?;
             let apps = txn.open_table(APPS).ctx("open apps")?;
             match apps.get(app_id).ctx("read app")? {
@@ -34,7 +32,6 @@ impl AppStore for EmbeddedStore {
                 None => Ok(None),
             }
         })
-        .await
     }
 
     async fn rotate_app_secret(

@@ -96,14 +96,11 @@ impl JobStore for EmbeddedStore {
     }
 
     async fn get_job(&self, job_id: &str) -> Result<Option<JobRecord>> {
-        let job_id = job_id.to_owned();
-        self.blocking(move |inner| {
-            let job_id = job_id.as_str();
+        self.point_read(|inner| {
             let txn = read(&inner.db)?;
             let jobs = txn.open_table(JOBS).ctx("open jobs")?;
             load_job(&jobs, job_id)
         })
-        .await
     }
 
     /// One read transaction for the lot, so the jobs are a consistent snapshot.

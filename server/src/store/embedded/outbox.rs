@@ -57,14 +57,11 @@ impl Outbox for EmbeddedStore {
             );
             token
         };
-        let sid = schedule_id.to_owned();
-        let entry = self
-            .blocking(move |inner| {
-                let txn = read(&inner.db)?;
-                let outbox = txn.open_table(OUTBOX).ctx("open webhook outbox")?;
-                load_outbox(&outbox, &sid)
-            })
-            .await;
+        let entry = self.point_read(|inner| {
+            let txn = read(&inner.db)?;
+            let outbox = txn.open_table(OUTBOX).ctx("open webhook outbox")?;
+            load_outbox(&outbox, schedule_id)
+        });
         let entry = match entry {
             Ok(Some(entry)) if entry.due <= now => entry,
             other => {

@@ -45,15 +45,12 @@ impl RunStore for EmbeddedStore {
     }
 
     async fn get_run(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
-        let schedule_id = schedule_id.to_owned();
-        self.blocking(move |inner| {
-            let schedule_id = schedule_id.as_str();
+        self.point_read(|inner| {
             let txn = read(&inner.db)?;
             let now = now_ms();
             let runs = txn.open_table(RUNS).ctx("open runs")?;
             Ok(load_run(&runs, schedule_id)?.filter(|r| !inner.expired_run(r, now)))
         })
-        .await
     }
 
     /// Newest scheduled_at first. The cursor is the index key of the last run returned,
