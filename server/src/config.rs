@@ -146,7 +146,8 @@ pub struct Settings {
     pub disconnect_grace: Option<HumanDuration>,
     /// How long a run may wait for an eligible executor to connect before it fails
     /// ("no_executor"); a run waiting for a connected executor's free capacity is
-    /// never failed for it.
+    /// never failed for it. A server that has just started gives its executors this
+    /// long to reconnect before it fails any run for want of one.
     #[arg(long, env = "SUNDIAL_DISPATCH_WAIT")]
     pub dispatch_wait: Option<HumanDuration>,
     /// How soon a run that found every executor busy is routed again.

@@ -189,6 +189,9 @@ pub struct Dispatcher {
     jobs: Mutex<HashMap<String, Arc<JobRecord>>>,
     /// Per-job routing state (round-robin position, weights, hash ring).
     routes: Mutex<HashMap<String, RouteState>>,
+    /// When this instance began to serve: no run fails "no_executor" before it has
+    /// served for `dispatch_wait` (see `no_node_yet`).
+    serving_since: tokio::time::Instant,
 }
 
 /// Jobs whose triggers one dispatcher begins at once.
@@ -228,6 +231,7 @@ impl Dispatcher {
             nodes: NodeCache::new(refresh),
             jobs: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
+            serving_since: tokio::time::Instant::now(),
         }
     }
 
@@ -868,7 +872,16 @@ impl Dispatcher {
     /// No routable node of the job's group serves its handler: the run waits for one
     /// to connect (or to become ready) until `wait_until` (`dispatch_wait` after it
     /// became WAITING), then fails "no_executor" (retried per its policy).
+    ///
+    /// Time no server was up does not count: no executor could connect then. So until
+    /// this instance has served for `dispatch_wait`, a run is not failed for want of an
+    /// executor; after a restart its executors are still reconnecting (a run begun
+    /// just before a `kill -9` would otherwise fail the moment the server is back).
     async fn no_node_yet(&self, run: &RunRecord, group: &str, handler: &str) {
+        if self.serving_since.elapsed() < self.opts.dispatch_wait {
+            debug!("no eligible node is connected yet; executors may be reconnecting");
+            return;
+        }
         let now = self.store.runs.now().await.unwrap_or(0);
         if run.deadlines.wait_until <= 0 || now >= run.deadlines.wait_until {
             self.fail_waiting(
