@@ -505,7 +505,7 @@ impl Config {
             });
         }
         let defaults = StoreOptions::default();
-        let store_opts = StoreOptions {
+        let mut store_opts = StoreOptions {
             partitions,
             run_retention: positive("run_retention", s.run_retention, defaults.run_retention)?,
             max_runs_per_job: s
@@ -515,6 +515,7 @@ impl Config {
             idempotency_ttl: defaults.idempotency_ttl,
             instance_id: instance_id.clone(),
             partition_lease: s.partition_lease.map_or(defaults.partition_lease, |d| d.0),
+            reopen_lease_grace: defaults.reopen_lease_grace,
         };
         let sd = SchedulerOptions::default();
         let scheduler = SchedulerOptions {
@@ -541,6 +542,8 @@ impl Config {
             s.lease_ttl,
             heartbeat_interval * missed_heartbeats,
         )?;
+        // A restart gives the leases that lapsed meanwhile one lease to be renewed.
+        store_opts.reopen_lease_grace = lease_ttl;
         if lease_ttl <= heartbeat_interval {
             return Err(Error::Invalid {
                 field: "lease_ttl",

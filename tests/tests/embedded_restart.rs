@@ -502,3 +502,73 @@ async fn a_run_waiting_across_a_restart_waits_for_the_executors_to_reconnect() -
     );
     Ok(())
 }
+
+/// Finished work whose lease lapses while no server is up is not thrown away: the
+/// restarted store gives the lease one more lease TTL, in which the executor
+/// reconnects and reports the result it held. The handler sleeps 1.5 s; the server is
+/// killed 0.5 s in and stays down 3 s, longer than the 2 s lease, so the handler ends
+/// while it is down (within its lease, so the executor keeps the result rather than
+/// cancelling the handler) and the lease lapses before the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_lapses_while_the_server_is_down_is_kept_for_its_executor() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let opts = SundialOptions {
+        port: Some(sundial_tests::free_port()?),
+        ..SundialOptions::embedded(&dir.path().join("data"))
+    }
+    .arg("heartbeat-interval", "500ms")
+    .arg("lease-ttl", "2s")
+    .arg("route-retry", "200ms");
+    let mut server = Sundial::start(opts.clone())?;
+    server
+        .create_job(pb::JobSpec {
+            payload: b"1500".to_vec(),
+            ..sundial_tests::manual_job("long", "sleep")
+        })
+        .await?;
+    let journal = dir.path().join("a.journal");
+    let _a = TestExecutor::start(
+        env!("CARGO_BIN_EXE_test_executor"),
+        &[server.grpc_url()],
+        "exec-a",
+        &journal,
+    )?;
+    let sid = server.trigger("long").await?;
+    let journals = [journal];
+    let journaled = |event: &'static str| {
+        let (journals, sid) = (&journals, &sid);
+        move || async move {
+            let entries = sundial_tests::read_journals(journals)?;
+            Ok(Some(
+                entries
+                    .iter()
+                    .filter(|e| e.event == event && &e.schedule_id == sid)
+                    .count(),
+            )
+            .filter(|n| *n > 0))
+        }
+    };
+    wait_for(
+        "the handler to start",
+        Duration::from_secs(20),
+        journaled("start"),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.kill()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        journaled("finish")().await?.is_some(),
+        "the handler had not finished while the server was down"
+    );
+
+    let server = Sundial::start(opts)?;
+    let run = server.finished(&sid).await?;
+    ensure!(
+        run.state == pb::RunState::Succeeded as i32 && run.attempt == 1,
+        "{run:?}"
+    );
+    let starts = journaled("start")().await?.unwrap_or(0);
+    ensure!(starts == 1, "the handler started {starts} times");
+    Ok(())
+}

@@ -111,6 +111,12 @@ pub struct StoreOptions {
     /// compare-and-set alone. An instance that dies delays its partitions by at most
     /// this long.
     pub partition_lease: Duration,
+    /// Leases that lapse while no server is up to renew them: when the embedded store
+    /// is opened, each held run's lease ends at least this long after the open, so its
+    /// executor can reconnect and renew it or report its result before the run is
+    /// lost (zero: no grace). The server passes its lease TTL. The Redis store does not
+    /// apply it yet.
+    pub reopen_lease_grace: Duration,
 }
 
 impl Default for StoreOptions {
@@ -122,6 +128,7 @@ impl Default for StoreOptions {
             idempotency_ttl: Duration::from_secs(7 * 24 * 3600),
             instance_id: String::from("sundial"),
             partition_lease: Duration::from_millis(300),
+            reopen_lease_grace: Duration::ZERO,
         }
     }
 }

@@ -370,6 +370,16 @@ impl EmbeddedStore {
             idempotency_ttl_ms: duration_ms(opts.idempotency_ttl),
             queue: Mutex::new(QueueState::default()),
         });
+        if !opts.reopen_lease_grace.is_zero() {
+            let extended = extend_lapsed_leases(&inner, opts.reopen_lease_grace)?;
+            if extended > 0 {
+                tracing::info!(
+                    leases = extended,
+                    grace = ?opts.reopen_lease_grace,
+                    "held runs whose lease lapsed while no server was up get a grace to be renewed"
+                );
+            }
+        }
         let writer = Writer::start(Arc::clone(&inner))
             .map_err(|e| Error::Unavailable(format!("start the embedded store's writer: {e}")))?;
         Ok(EmbeddedStore {
@@ -577,6 +587,38 @@ fn breaker_destinations(db: &Database) -> Result<HashSet<String>> {
 /// process that is gone: routing to those nodes would send dispatches nowhere (each
 /// then waits out the unresponsive window). Their executors register again when they
 /// reconnect; the runs they hold keep their leases until then (or their TTL).
+/// Leases that lapsed, or would lapse at once, while no server was up to renew them:
+/// each held run's lease ends `grace` after now at the earliest, so that its executor
+/// can reconnect and renew it (a hello lists the runs it holds) or report its result,
+/// instead of the first sweep declaring the run lost and throwing finished work away.
+/// Returns how many leases it extended.
+fn extend_lapsed_leases(inner: &Inner, grace: Duration) -> Result<usize> {
+    let txn = inner.db.begin_write().ctx("begin lease grace")?;
+    let extended = {
+        let mut t = run_tables::RunTables::open(&txn, inner)?;
+        let until = t.now.saturating_add(duration_ms(grace));
+        let mut held_ids = Vec::new();
+        for item in t.node_runs.iter().ctx("scan node runs")? {
+            let (k, _) = item.ctx("scan node runs")?;
+            held_ids.push(k.value().1.to_owned());
+        }
+        let mut extended = 0;
+        for sid in held_ids {
+            let Some(mut run) = t.load(&sid)? else {
+                continue;
+            };
+            if held(run.state) && run.deadlines.lease_expires < until {
+                run.deadlines.lease_expires = until;
+                t.save(&run)?;
+                extended += 1;
+            }
+        }
+        extended
+    };
+    txn.commit().ctx("commit lease grace")?;
+    Ok(extended)
+}
+
 fn forget_nodes(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(NODES)
         .ctx("open nodes")?
