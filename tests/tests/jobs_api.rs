@@ -84,6 +84,36 @@ fn invalid_cases() -> Vec<(&'static str, pb::JobSpec)> {
         ("spec.route_key", spec(|s| s.route_key = "k".repeat(257))),
         ("spec.timeout_ms", spec(|s| s.timeout_ms = Some(0))),
         ("spec.timeout_ms", spec(|s| s.timeout_ms = Some(-1000))),
+        // Numbers past the documented bounds (30 days; 7 days; the year 3000), i64::MAX
+        // among them: Lua's cjson would have written it back as a float.
+        ("spec.timeout_ms", spec(|s| s.timeout_ms = Some(i64::MAX))),
+        (
+            "spec.timeout_ms",
+            spec(|s| s.timeout_ms = Some(30 * 86_400_000 + 1)),
+        ),
+        (
+            "spec.retry.backoff_ms",
+            spec(|s| {
+                s.retry = Some(pb::RetryPolicy {
+                    backoff_ms: i64::MAX,
+                    ..Default::default()
+                })
+            }),
+        ),
+        (
+            "spec.retry.max_backoff_ms",
+            spec(|s| {
+                s.retry = Some(pb::RetryPolicy {
+                    max_backoff_ms: 7 * 86_400_000 + 1,
+                    ..Default::default()
+                })
+            }),
+        ),
+        ("spec.start_time_ms", spec(|s| s.start_time_ms = i64::MAX)),
+        (
+            "spec.end_time_ms",
+            spec(|s| s.end_time_ms = 99_999_999_999_999),
+        ),
         (
             "spec.retry.max_retries",
             spec(|s| {

@@ -22,6 +22,14 @@ const MAX_LABEL_VALUE_BYTES: usize = 256;
 const MAX_RETRIES: i32 = 100;
 const MAX_JITTER_MS: i64 = 24 * 3600 * 1000;
 const MAX_CATCH_UP: i32 = 1000;
+/// The longest a job's attempt may run: 30 days.
+pub const MAX_TIMEOUT_MS: i64 = 30 * 24 * 3600 * 1000;
+/// The longest delay before a retry, `backoff_ms` and `max_backoff_ms` alike: 7 days.
+const MAX_BACKOFF_MS: i64 = 7 * 24 * 3600 * 1000;
+/// The latest start or end time: 3000-01-01T00:00:00Z. Every time the stores handle
+/// stays below 10^14 ms, the largest integer Lua's cjson writes back exactly (it keeps
+/// 14 significant digits).
+const MAX_TIME_MS: i64 = 32_503_680_000_000;
 
 /// `s` quoted for an error message, cut to its first 100 characters ("…" marks a cut),
 /// so a huge input never makes a huge message.
@@ -140,6 +148,12 @@ pub fn job_spec(spec: Option<pb::JobSpec>) -> Result<(JobSpec, bool), Error> {
     let timeout_ms = match s.timeout_ms {
         None => DEFAULT_TIMEOUT_MS,
         Some(t) if t <= 0 => return Err(invalid("spec.timeout_ms", "must be > 0")),
+        Some(t) if t > MAX_TIMEOUT_MS => {
+            return Err(invalid(
+                "spec.timeout_ms",
+                format!("{t} is more than 30 days ({MAX_TIMEOUT_MS} ms)"),
+            ));
+        }
         Some(t) => t,
     };
     let retry = retry_policy(s.retry)?;
@@ -228,6 +242,10 @@ fn optional_time(field: &'static str, v: i64) -> Result<Option<model::Millis>, E
     match v {
         0 => Ok(None),
         v if v < 0 => Err(invalid(field, "must be ≥ 0 (epoch ms)")),
+        v if v >= MAX_TIME_MS => Err(invalid(
+            field,
+            format!("{v} is not before the year 3000 ({MAX_TIME_MS} epoch ms)"),
+        )),
         v => Ok(Some(v)),
     }
 }
@@ -274,8 +292,14 @@ fn retry_policy(r: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Error> {
     if r.max_retries > MAX_RETRIES {
         return Err(invalid("spec.retry.max_retries", "must be ≤ 100"));
     }
-    if r.backoff_ms < 0 {
-        return Err(invalid("spec.retry.backoff_ms", "must be ≥ 0"));
+    if !(0..=MAX_BACKOFF_MS).contains(&r.backoff_ms) {
+        return Err(invalid(
+            "spec.retry.backoff_ms",
+            format!(
+                "{} must be between 0 and 7 days ({MAX_BACKOFF_MS} ms)",
+                r.backoff_ms
+            ),
+        ));
     }
     if !r.backoff_multiplier.is_finite() || !(0.0..=100.0).contains(&r.backoff_multiplier) {
         return Err(invalid(
@@ -283,8 +307,14 @@ fn retry_policy(r: Option<pb::RetryPolicy>) -> Result<RetryPolicy, Error> {
             "must be a number between 0 and 100",
         ));
     }
-    if r.max_backoff_ms < 0 {
-        return Err(invalid("spec.retry.max_backoff_ms", "must be ≥ 0"));
+    if !(0..=MAX_BACKOFF_MS).contains(&r.max_backoff_ms) {
+        return Err(invalid(
+            "spec.retry.max_backoff_ms",
+            format!(
+                "{} must be between 0 and 7 days ({MAX_BACKOFF_MS} ms)",
+                r.max_backoff_ms
+            ),
+        ));
     }
     Ok(RetryPolicy {
         max_retries: r.max_retries as u32,
