@@ -448,7 +448,7 @@ async fn a_kill_under_a_burst_loses_no_run_and_starts_none_twice() -> Result<()>
 
 /// A run waiting for an executor when the server dies is not failed for the time the
 /// server was down: no executor could connect then. Its wait for one (`dispatch_wait`,
-/// 2 s here) passes during the downtime; after the restart an executor connects a
+/// 4 s here) passes during the downtime; after the restart an executor connects a
 /// second later, within the wait the restarted server gives its executors, and the run
 /// succeeds at its first attempt instead of failing "no_executor" on the first sweep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -458,7 +458,7 @@ async fn a_run_waiting_across_a_restart_waits_for_the_executors_to_reconnect() -
         port: Some(sundial_tests::free_port()?),
         ..SundialOptions::embedded(&dir.path().join("data"))
     }
-    .arg("dispatch-wait", "2s")
+    .arg("dispatch-wait", "4s")
     .arg("route-retry", "200ms");
     let mut server = Sundial::start(opts.clone())?;
     server
@@ -479,7 +479,7 @@ async fn a_run_waiting_across_a_restart_waits_for_the_executors_to_reconnect() -
     .await?;
     server.kill()?;
     // Down for longer than the run's wait for an executor.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(4500)).await;
 
     let server = Sundial::start(opts)?;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -506,9 +506,9 @@ async fn a_run_waiting_across_a_restart_waits_for_the_executors_to_reconnect() -
 /// Finished work whose lease lapses while no server is up is not thrown away: the
 /// restarted store gives the lease one more lease TTL, in which the executor
 /// reconnects and reports the result it held. The handler sleeps 1.5 s; the server is
-/// killed 0.5 s in and stays down 3 s, longer than the 2 s lease, so the handler ends
-/// while it is down (within its lease, so the executor keeps the result rather than
-/// cancelling the handler) and the lease lapses before the restart.
+/// killed 0.5 s in and stays down 4 s, longer than the 3 s lease, so the handler ends
+/// while it is down (well within its lease, so the executor keeps the result rather
+/// than cancelling the handler) and the lease lapses before the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_lapses_while_the_server_is_down_is_kept_for_its_executor() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -517,7 +517,7 @@ async fn a_lease_that_lapses_while_the_server_is_down_is_kept_for_its_executor()
         ..SundialOptions::embedded(&dir.path().join("data"))
     }
     .arg("heartbeat-interval", "500ms")
-    .arg("lease-ttl", "2s")
+    .arg("lease-ttl", "3s")
     .arg("route-retry", "200ms");
     let mut server = Sundial::start(opts.clone())?;
     server
@@ -556,7 +556,7 @@ async fn a_lease_that_lapses_while_the_server_is_down_is_kept_for_its_executor()
     .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     server.kill()?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
     ensure!(
         journaled("finish")().await?.is_some(),
         "the handler had not finished while the server was down"
