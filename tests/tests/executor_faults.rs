@@ -359,3 +359,88 @@ async fn a_thawed_executor_never_starts_the_dispatches_it_missed() -> Result<()>
     }
     Ok(())
 }
+
+/// Finished work whose lease lapses while no server is up is not thrown away: the
+/// restarted store gives the lease one more lease TTL, in which the executor
+/// reconnects and reports the result it held. The handler sleeps 1.5 s; the server is
+/// killed 0.5 s in and stays down 4 s, longer than the 3 s lease, so the handler ends
+/// while it is down (well within its lease, so the executor keeps the result rather
+/// than cancelling the handler) and the lease lapses before the restart.
+///
+/// `base` names the store; the server restarts on the same port.
+async fn a_lapsed_lease_is_kept_across_a_restart(base: SundialOptions) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let opts = SundialOptions {
+        port: Some(sundial_tests::free_port()?),
+        ..base
+    }
+    .arg("heartbeat-interval", "500ms")
+    .arg("lease-ttl", "3s")
+    .arg("route-retry", "200ms");
+    let mut server = Sundial::start(opts.clone())?;
+    server
+        .create_job(pb::JobSpec {
+            payload: b"1500".to_vec(),
+            ..sundial_tests::manual_job("long", "sleep")
+        })
+        .await?;
+    let journal = dir.path().join("a.journal");
+    let _a = TestExecutor::start(
+        env!("CARGO_BIN_EXE_test_executor"),
+        &[server.grpc_url()],
+        "exec-a",
+        &journal,
+    )?;
+    let sid = server.trigger("long").await?;
+    let journals = [journal];
+    let journaled = |event: &'static str| {
+        let (journals, sid) = (&journals, &sid);
+        move || async move {
+            let entries = sundial_tests::read_journals(journals)?;
+            Ok(Some(
+                entries
+                    .iter()
+                    .filter(|e| e.event == event && &e.schedule_id == sid)
+                    .count(),
+            )
+            .filter(|n| *n > 0))
+        }
+    };
+    wait_for(
+        "the handler to start",
+        Duration::from_secs(20),
+        journaled("start"),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.kill()?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    ensure!(
+        journaled("finish")().await?.is_some(),
+        "the handler had not finished while the server was down"
+    );
+
+    let server = Sundial::start(opts)?;
+    let run = server.finished(&sid).await?;
+    ensure!(
+        run.state == pb::RunState::Succeeded as i32 && run.attempt == 1,
+        "{run:?}"
+    );
+    let starts = journaled("start")().await?.unwrap_or(0);
+    ensure!(starts == 1, "the handler started {starts} times");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_lapses_while_the_server_is_down_is_kept_on_the_embedded_store() -> Result<()>
+{
+    let data = tempfile::tempdir()?;
+    a_lapsed_lease_is_kept_across_a_restart(SundialOptions::embedded(data.path())).await
+}
+
+/// On Redis the grace applies when no other instance was alive (here the only one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_lapses_while_every_instance_is_down_is_kept_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    a_lapsed_lease_is_kept_across_a_restart(SundialOptions::redis(&redis)).await
+}

@@ -112,10 +112,10 @@ pub struct StoreOptions {
     /// this long.
     pub partition_lease: Duration,
     /// Leases that lapse while no server is up to renew them: when the embedded store
-    /// is opened, each held run's lease ends at least this long after the open, so its
-    /// executor can reconnect and renew it or report its result before the run is
-    /// lost (zero: no grace). The server passes its lease TTL. The Redis store does not
-    /// apply it yet.
+    /// is opened, or the Redis store connected while no other instance is alive, each
+    /// held run's lease ends at least this long after that moment, so its executor can
+    /// reconnect and renew it or report its result before the run is lost (zero: no
+    /// grace). The server passes its lease TTL.
     pub reopen_lease_grace: Duration,
 }
 

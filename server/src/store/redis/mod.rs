@@ -140,6 +140,7 @@ struct Scripts {
     finish_delivery: Script,
     breaker_state: Script,
     record_breaker: Script,
+    grace_leases: Script,
 }
 
 impl Scripts {
@@ -176,6 +177,7 @@ impl Scripts {
             finish_delivery: run_script!("finish_delivery"),
             breaker_state: script!("breaker_state"),
             record_breaker: script!("record_breaker"),
+            grace_leases: run_script!("grace_leases"),
         }
     }
 }
@@ -288,7 +290,55 @@ impl RedisStore {
         for p in 0..partitions {
             store.ensure_group(p).await?;
         }
+        if !store.inner.opts.reopen_lease_grace.is_zero() {
+            store.grace_leases_if_alone().await?;
+        }
         Ok(store)
+    }
+
+    /// When no other instance is alive (every one was down, so nobody renewed or
+    /// expired leases meanwhile), gives each held run whose lease lapsed a lease ending
+    /// `reopen_lease_grace` from now, as the embedded store does when it is opened.
+    /// With another instance alive, leases were served all along and nothing changes.
+    async fn grace_leases_if_alone(&self) -> Result<()> {
+        let mut c = self.conn().await?;
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let now_ms = secs * 1000 + micros / 1000;
+        let alive: u64 = redis::cmd("ZCOUNT")
+            .arg(self.instances_key())
+            .arg(format!("({now_ms}"))
+            .arg("+inf")
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        if alive > 0 {
+            return Ok(());
+        }
+        let grace = ms(self.inner.opts.reopen_lease_grace);
+        let mut extended: u64 = 0;
+        for p in 0..self.inner.partitions {
+            let n: u64 = self
+                .inner
+                .scripts
+                .grace_leases
+                .arg(self.pfx(p))
+                .arg(grace)
+                .invoke_async(&mut c)
+                .await
+                .map_err(unavailable)?;
+            extended += n;
+        }
+        if extended > 0 {
+            tracing::info!(
+                leases = extended,
+                grace_ms = grace,
+                "held runs whose lease lapsed while no instance was up get a grace to be renewed"
+            );
+        }
+        Ok(())
     }
 
     /// Writes the schema record if absent; refuses a newer schema; returns the store's
