@@ -583,10 +583,6 @@ fn breaker_destinations(db: &Database) -> Result<HashSet<String>> {
     Ok(out)
 }
 
-/// The store serves one process, so every node registered in it had its stream on a
-/// process that is gone: routing to those nodes would send dispatches nowhere (each
-/// then waits out the unresponsive window). Their executors register again when they
-/// reconnect; the runs they hold keep their leases until then (or their TTL).
 /// Leases that lapsed, or would lapse at once, while no server was up to renew them:
 /// each held run's lease ends `grace` after now at the earliest, so that its executor
 /// can reconnect and renew it (a hello lists the runs it holds) or report its result,
@@ -619,6 +615,10 @@ fn extend_lapsed_leases(inner: &Inner, grace: Duration) -> Result<usize> {
     Ok(extended)
 }
 
+/// The store serves one process, so every node registered in it had its stream on a
+/// process that is gone: routing to those nodes would send dispatches nowhere (each
+/// then waits out the unresponsive window). Their executors register again when they
+/// reconnect; the runs they hold keep their leases until then (or their TTL).
 fn forget_nodes(txn: &WriteTransaction) -> Result<()> {
     txn.open_table(NODES)
         .ctx("open nodes")?
