@@ -502,3 +502,21 @@ async fn a_run_waiting_across_a_restart_waits_for_the_executors_to_reconnect() -
     );
     Ok(())
 }
+
+/// The data directory a server creates is its owner's only (0700), and so is the store
+/// file (0600): it holds app secrets and every job's payload.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_directory_and_store_file_are_private() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("fresh").join("data");
+    let _server = Sundial::start(SundialOptions::embedded(&data))?;
+    let mode = |p: &std::path::Path| -> Result<u32> {
+        Ok(std::fs::metadata(p)?.permissions().mode() & 0o777)
+    };
+    ensure!(mode(&data)? == 0o700, "data directory {:o}", mode(&data)?);
+    let file = data.join("sundial.redb");
+    ensure!(mode(&file)? == 0o600, "store file {:o}", mode(&file)?);
+    Ok(())
+}
