@@ -27,10 +27,7 @@ impl AppStore for EmbeddedStore {
         self.point_read(|inner| {
             let txn = read(&inner.db)?;
             let apps = txn.open_table(APPS).ctx("open apps")?;
-            match apps.get(app_id).ctx("read app")? {
-                Some(g) => decode("app", app_id, g.value()).map(Some),
-                None => Ok(None),
-            }
+            load(&apps, "app", app_id)
         })
     }
 
@@ -46,9 +43,8 @@ impl AppStore for EmbeddedStore {
             let app_id = app_id.as_str();
             let secret = secret.as_str();
             let mut apps = txn.open_table(APPS).ctx("open apps")?;
-            let mut app: AppRecord = match apps.get(app_id).ctx("read app")? {
-                Some(g) => decode("app", app_id, g.value())?,
-                None => return Err(Error::AppNotFound(app_id.to_owned())),
+            let Some(mut app) = load::<AppRecord>(&apps, "app", app_id)? else {
+                return Err(Error::AppNotFound(app_id.to_owned()));
             };
             let now = now_ms();
             let until = now.saturating_add(duration_ms(overlap));

@@ -757,14 +757,26 @@ fn read(db: &Database) -> Result<ReadTransaction> {
     db.begin_read().ctx("begin read transaction")
 }
 
+/// The JSON record at `key` of a table of them, decoded; `what` names it in errors.
+fn load<T: DeserializeOwned>(
+    table: &impl ReadableTable<&'static str, &'static str>,
+    what: &str,
+    key: &str,
+) -> Result<Option<T>> {
+    match table
+        .get(key)
+        .map_err(|e| map_redb(&format!("read {what}"), e.into()))?
+    {
+        Some(g) => decode(what, key, g.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
 fn load_job(
     jobs: &impl ReadableTable<&'static str, &'static str>,
     job_id: &str,
 ) -> Result<Option<JobRecord>> {
-    match jobs.get(job_id).ctx("read job")? {
-        Some(g) => decode("job", job_id, g.value()).map(Some),
-        None => Ok(None),
-    }
+    load(jobs, "job", job_id)
 }
 
 fn store_job(jobs: &mut Table<&'static str, &'static str>, job: &JobRecord) -> Result<()> {
@@ -778,20 +790,14 @@ fn load_run(
     runs: &impl ReadableTable<&'static str, &'static str>,
     schedule_id: &str,
 ) -> Result<Option<RunRecord>> {
-    match runs.get(schedule_id).ctx("read run")? {
-        Some(g) => decode("run", schedule_id, g.value()).map(Some),
-        None => Ok(None),
-    }
+    load(runs, "run", schedule_id)
 }
 
 fn load_outbox(
     outbox: &impl ReadableTable<&'static str, &'static str>,
     schedule_id: &str,
 ) -> Result<Option<OutboxEntry>> {
-    match outbox.get(schedule_id).ctx("read outbox entry")? {
-        Some(g) => decode("outbox entry", schedule_id, g.value()).map(Some),
-        None => Ok(None),
-    }
+    load(outbox, "outbox entry", schedule_id)
 }
 
 /// Rewrites a job's pending member: removes the old one (and its index key), then arms

@@ -108,7 +108,7 @@ impl Outbox for EmbeddedStore {
     async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
         // A destination that never failed (the common case) has no breaker record: the
         // answer is Closed, read without a turn of the writer.
-        if !self.has_breaker(destination).await? {
+        if !self.has_breaker(destination)? {
             return Ok(BreakerState::Closed);
         }
         let destination = destination.to_owned();
@@ -117,9 +117,8 @@ impl Outbox for EmbeddedStore {
             let destination = destination.as_str();
             let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-            let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
-                Some(g) => decode("breaker", destination, g.value())?,
-                None => return Ok(BreakerState::Closed),
+            let Some(mut b) = load::<Breaker>(&table, "breaker", destination)? else {
+                return Ok(BreakerState::Closed);
             };
             if b.state == "closed" {
                 return Ok(BreakerState::Closed);
@@ -148,7 +147,7 @@ impl Outbox for EmbeddedStore {
     ) -> Result<BreakerUpdate> {
         // A success on a closed breaker with no failures counted changes nothing: no
         // record, nothing to write.
-        if success && !self.has_breaker(destination).await? {
+        if success && !self.has_breaker(destination)? {
             return Ok(BreakerUpdate {
                 state: BreakerState::Closed,
                 changed: false,
@@ -164,13 +163,11 @@ impl Outbox for EmbeddedStore {
             let destination = destination.as_str();
             let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-            let mut b: Breaker = match table.get(destination).ctx("read breaker")? {
-                Some(g) => decode("breaker", destination, g.value())?,
-                None => Breaker {
+            let mut b =
+                load::<Breaker>(&table, "breaker", destination)?.unwrap_or_else(|| Breaker {
                     state: "closed".to_owned(),
                     ..Breaker::default()
-                },
-            };
+                });
             if success {
                 table.remove(destination).ctx("delete breaker")?;
                 return Ok(BreakerUpdate {
@@ -213,20 +210,15 @@ impl EmbeddedStore {
     /// it opened (`tripped`), else by a read transaction. A record written after this
     /// read is a decision taken after the caller's: answering as if it came first is
     /// what the writer would have done had the caller's step been queued before it.
-    async fn has_breaker(&self, destination: &str) -> Result<bool> {
+    fn has_breaker(&self, destination: &str) -> Result<bool> {
         if !self.tripped_destinations().contains(destination) {
             return Ok(false);
         }
-        let destination = destination.to_owned();
-        self.blocking(move |inner| {
+        self.point_read(|inner| {
             let txn = read(&inner.db)?;
             let table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-            Ok(table
-                .get(destination.as_str())
-                .ctx("read breaker")?
-                .is_some())
+            Ok(table.get(destination).ctx("read breaker")?.is_some())
         })
-        .await
     }
 }
 
