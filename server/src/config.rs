@@ -280,6 +280,16 @@ pub struct Settings {
     /// (default: the webhook timeout + 10s).
     #[arg(long, env = "SUNDIAL_WEBHOOK_CLAIM_LEASE")]
     pub webhook_claim_lease: Option<HumanDuration>,
+    /// Webhook deliveries one instance has in flight at once (default 512, at most
+    /// 10000).
+    #[arg(long, env = "SUNDIAL_WEBHOOK_CONCURRENCY")]
+    pub webhook_concurrency: Option<u32>,
+    /// Webhook deliveries one instance has in flight to one destination
+    /// (`scheme://host:port`) at once (default 256, at most the webhook concurrency); a
+    /// delivery past a bound waits for a slot while its claim lease allows, else it is
+    /// deferred a second, no attempt spent.
+    #[arg(long, env = "SUNDIAL_WEBHOOK_DESTINATION_CONCURRENCY")]
+    pub webhook_destination_concurrency: Option<u32>,
     /// Every alert (failed, lost runs, misfires, late fires, failed callbacks) is also
     /// POSTed here, signed like webhooks (best effort; the log line is the record).
     #[arg(long, env = "SUNDIAL_ALERT_WEBHOOK_URL")]
@@ -377,6 +387,8 @@ impl Settings {
             webhook_breaker_failures,
             webhook_breaker_cooldown,
             webhook_claim_lease,
+            webhook_concurrency,
+            webhook_destination_concurrency,
             alert_webhook_url,
         )
     }
@@ -787,6 +799,7 @@ fn split_pair(entry: &Secret) -> Option<(&str, &[u8])> {
 
 fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Error> {
     let wd = WebhookOptions::default();
+    let (max_in_flight, max_in_flight_per_destination) = webhook_concurrency(s, &wd)?;
     let secrets = s
         .webhook_secret
         .iter()
@@ -843,8 +856,41 @@ fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Erro
         )?,
         every,
         batch: wd.batch,
-        max_in_flight: wd.max_in_flight,
+        max_in_flight,
+        max_in_flight_per_destination,
     })
+}
+
+/// The two webhook concurrency bounds: each 1..=10000, the per-destination one at most
+/// the instance's.
+fn webhook_concurrency(s: &Settings, wd: &WebhookOptions) -> Result<(usize, usize), Error> {
+    const MAX: u32 = 10_000;
+    let count = |field, v: Option<u32>, default: usize| match v {
+        None => Ok(default),
+        Some(n) if (1..=MAX).contains(&n) => Ok(n as usize),
+        Some(n) => Err(Error::Invalid {
+            field,
+            reason: format!("{n} is not between 1 and {MAX}"),
+        }),
+    };
+    let instance = count(
+        "webhook_concurrency",
+        s.webhook_concurrency,
+        wd.max_in_flight,
+    )?;
+    let destination = match s.webhook_destination_concurrency {
+        None => wd.max_in_flight_per_destination.min(instance),
+        v => count("webhook_destination_concurrency", v, 0)?,
+    };
+    if destination > instance {
+        return Err(Error::Invalid {
+            field: "webhook_destination_concurrency",
+            reason: format!(
+                "{destination} is more than webhook_concurrency ({instance}): one destination can never have more in flight than the instance"
+            ),
+        });
+    }
+    Ok((instance, destination))
 }
 
 fn alert_webhook(v: Option<&str>) -> Result<Option<url::Url>, Error> {
@@ -932,6 +978,17 @@ mod tests {
             Duration::from_millis(900),
             "never past the lease"
         );
+        // Webhook concurrency: 512 per instance, 256 per destination unless set; a
+        // smaller instance bound caps the destination's default.
+        let cfg = Config::from_settings(Settings::default()).expect("valid");
+        assert_eq!(cfg.webhooks.max_in_flight, 512);
+        assert_eq!(cfg.webhooks.max_in_flight_per_destination, 256);
+        let small = Settings {
+            webhook_concurrency: Some(16),
+            ..Settings::default()
+        };
+        let cfg = Config::from_settings(small).expect("valid");
+        assert_eq!(cfg.webhooks.max_in_flight_per_destination, 16);
     }
 
     #[test]
@@ -1220,6 +1277,28 @@ mod tests {
                     ..Default::default()
                 },
                 "webhook_timeout",
+            ),
+            (
+                Settings {
+                    webhook_concurrency: Some(0),
+                    ..Default::default()
+                },
+                "webhook_concurrency",
+            ),
+            (
+                Settings {
+                    webhook_concurrency: Some(10_001),
+                    ..Default::default()
+                },
+                "webhook_concurrency",
+            ),
+            (
+                Settings {
+                    webhook_concurrency: Some(8),
+                    webhook_destination_concurrency: Some(9),
+                    ..Default::default()
+                },
+                "webhook_destination_concurrency",
             ),
             (
                 Settings {

@@ -302,8 +302,10 @@ impl Metrics {
         self.alerts.get_or_create(&label("kind", kind)).inc();
     }
 
-    /// One webhook delivery attempt ended with `outcome` (e.g. `delivered`,
-    /// `failed`, `timeout`, `circuit_open`). Recorded by the webhook worker.
+    /// One claimed webhook delivery ended with `outcome`: `delivered`, `retry`,
+    /// `failed`, `gone`, `abandoned`, or not attempted: `circuit_open` (its breaker is
+    /// open), `busy` (its destination or the instance had its bound in flight). Recorded by
+    /// the webhook worker.
     pub fn webhook_attempt(&self, outcome: &str) {
         self.webhook_attempts
             .get_or_create(&label("outcome", outcome))

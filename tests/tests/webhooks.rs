@@ -601,3 +601,145 @@ async fn a_job_naming_an_app_is_signed_with_its_secrets_through_a_rotation() -> 
     }
     Ok(())
 }
+
+/// What a [`HeldReceiver`] saw: the ids it got, how many it holds now and at most.
+#[derive(Clone)]
+struct Held {
+    ids: Arc<Mutex<Vec<String>>>,
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+    released: tokio::sync::watch::Receiver<bool>,
+}
+
+/// A receiver that holds every request until `release` is sent, counting how many it
+/// holds at once.
+struct HeldReceiver {
+    url: String,
+    held: Held,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+async fn held_hook(State(mut h): State<Held>, headers: HeaderMap) -> StatusCode {
+    use std::sync::atomic::Ordering;
+    let id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    h.ids
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(id);
+    let now = h.now.fetch_add(1, Ordering::SeqCst) + 1;
+    h.most.fetch_max(now, Ordering::SeqCst);
+    let _ = h.released.wait_for(|r| *r).await;
+    h.now.fetch_sub(1, Ordering::SeqCst);
+    StatusCode::OK
+}
+
+impl HeldReceiver {
+    async fn start() -> Result<Self> {
+        let (release, released) = tokio::sync::watch::channel(false);
+        let held = Held {
+            ids: Arc::default(),
+            now: Arc::default(),
+            most: Arc::default(),
+            released,
+        };
+        let app = Router::new()
+            .route("/hook", post(held_hook))
+            .with_state(held.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/hook", listener.local_addr()?);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self { url, held, release })
+    }
+
+    /// (requests held now, most held at once)
+    fn held(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering;
+        (
+            self.held.now.load(Ordering::SeqCst),
+            self.held.most.load(Ordering::SeqCst),
+        )
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.held
+            .ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// One destination that stops answering holds at most its bound of the instance's
+/// deliveries (`--webhook-destination-concurrency`), so another destination's webhooks
+/// still go out while it hangs; the ones past its bound wait, no attempt spent, and are
+/// each delivered once when it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_holds_only_its_bound_and_never_the_others() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let hanging = HeldReceiver::start().await?;
+    let fast = Receiver::start(&[], 200).await?;
+    let target = target().await?;
+    let server = Sundial::start(
+        options(&redis, &[Secret::generate()])
+            .arg("webhook-concurrency", "4")
+            .arg("webhook-destination-concurrency", "2")
+            .arg("webhook-timeout", "60s"),
+    )?;
+    let mut slow = Vec::new();
+    for i in 0..5 {
+        let id = format!("slow-{i}");
+        create_job(&server, &id, &target, &hanging.url).await?;
+        slow.push(server.trigger(&id).await?);
+    }
+    wait_for(
+        "the hanging receiver to hold two deliveries",
+        Duration::from_secs(20),
+        || async { Ok((hanging.held().0 >= 2).then_some(())) },
+    )
+    .await?;
+    // The instance has two slots left (4 - 2), whatever the three other slow
+    // deliveries do meanwhile.
+    for i in 0..3 {
+        let id = format!("fast-{i}");
+        create_job(&server, &id, &target, &fast.url()).await?;
+        let sid = server.trigger(&id).await?;
+        let run = callback_settled(&server, &sid, Duration::from_secs(20)).await?;
+        ensure!(
+            run.callback_state == pb::CallbackState::Done as i32,
+            "{run:?}"
+        );
+    }
+    ensure!(
+        hanging.held() == (2, 2),
+        "the hanging destination holds (now, at most) {:?}",
+        hanging.held()
+    );
+    let base = server.http.context("no http address")?;
+    let metrics = reqwest::get(format!("http://{base}/metrics"))
+        .await?
+        .text()
+        .await?;
+    ensure!(
+        metrics.contains(r#"sundial_webhook_attempts_total{outcome="busy"}"#),
+        "the deliveries past the bound were deferred:\n{metrics}"
+    );
+
+    hanging.release.send_replace(true);
+    for sid in &slow {
+        let run = callback_settled(&server, sid, Duration::from_secs(20)).await?;
+        ensure!(
+            run.callback_state == pb::CallbackState::Done as i32 && run.callback_attempts == 1,
+            "{run:?}"
+        );
+    }
+    let mut ids = hanging.ids();
+    ids.sort();
+    let mut expected = slow.clone();
+    expected.sort();
+    ensure!(ids == expected, "each slow webhook sent once: {ids:?}");
+    Ok(())
+}

@@ -32,6 +32,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::deliver::alerts::{AlertKind, Alerts};
+use crate::deliver::in_flight::InFlight;
 use crate::egress::{self, EgressPolicy};
 use crate::model::duration_ms;
 use crate::store::{
@@ -65,7 +66,17 @@ pub struct WebhookOptions {
     pub batch: usize,
     /// Deliveries one instance has in flight at once.
     pub max_in_flight: usize,
+    /// Deliveries one instance has in flight to one destination (`scheme://host:port`)
+    /// at once. A delivery past either bound waits for a slot (for its destination,
+    /// no longer than half of what its claim lease leaves beyond the attempt's timeout
+    /// and no more of them waiting than this bound; for the instance, the rest), else
+    /// it is deferred by [`BUSY_DEFER`], no attempt spent.
+    pub max_in_flight_per_destination: usize,
 }
+
+/// How long a delivery is deferred when its destination or the instance had its bound
+/// in flight for as long as it could wait.
+pub const BUSY_DEFER: Duration = Duration::from_secs(1);
 
 impl Default for WebhookOptions {
     fn default() -> Self {
@@ -83,7 +94,8 @@ impl Default for WebhookOptions {
             claim_lease: Duration::from_secs(25),
             every: Duration::from_millis(200),
             batch: 256,
-            max_in_flight: 64,
+            max_in_flight: 512,
+            max_in_flight_per_destination: 256,
         }
     }
 }
@@ -165,7 +177,13 @@ pub struct Deliveries {
     opts: WebhookOptions,
     egress: Arc<EgressPolicy>,
     client: reqwest::Client,
+    /// Deliveries in flight (`max_in_flight`).
     permits: Arc<Semaphore>,
+    /// Deliveries claimed and not finished: twice `max_in_flight`, so that the ones
+    /// waiting for a busy destination never stop the sweep claiming for the others.
+    claims: Arc<Semaphore>,
+    /// The per-destination bound.
+    in_flight: Arc<InFlight>,
     tasks: TaskTracker,
     /// Deliveries a task of this worker is claiming, so the next sweep does not start
     /// a second claim of the same one (the store would refuse it; this saves the call).
@@ -187,6 +205,8 @@ impl Deliveries {
             .build()?;
         Ok(Self {
             permits: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
+            claims: Arc::new(Semaphore::new(opts.max_in_flight.max(1) * 2)),
+            in_flight: InFlight::new(opts.max_in_flight_per_destination),
             store,
             alerts,
             opts,
@@ -237,9 +257,9 @@ impl Deliveries {
             }
         };
         for schedule_id in due {
-            let permit = tokio::select! {
+            let claim = tokio::select! {
                 () = shutdown.cancelled() => return,
-                p = self.permits.clone().acquire_owned() => match p {
+                p = self.claims.clone().acquire_owned() => match p {
                     Ok(p) => p,
                     Err(_) => return,
                 },
@@ -274,7 +294,7 @@ impl Deliveries {
                     attempt = claimed.attempts + 1
                 );
                 this.deliver(claimed, &shutdown).instrument(span).await;
-                drop(permit);
+                drop(claim);
             });
         }
     }
@@ -303,6 +323,15 @@ impl Deliveries {
             }
         };
         let dest = destination(&url);
+        let busy = DeliveryOutcome::Defer {
+            until: d.now.saturating_add(duration_ms(BUSY_DEFER)).min(deadline),
+        };
+        let wait = self.wait_budget(claimed_at) / 2;
+        let Some(slot) = self.in_flight.take(&dest, wait).await else {
+            debug!(destination = %dest, "destination at its in-flight bound: deferred");
+            self.finish_counted(&d, busy, "busy").await;
+            return;
+        };
         // A probe that never reports (its instance died) is presumed lost after this.
         let probe = self.opts.timeout + Duration::from_secs(5);
         match self.store.outbox.breaker_state(&dest, probe).await {
@@ -320,6 +349,20 @@ impl Deliveries {
                 warn!(destination = %dest, error = %e, "reading the circuit breaker failed; delivering anyway")
             }
         }
+        let in_flight = match tokio::time::timeout(
+            self.wait_budget(claimed_at),
+            self.permits.acquire(),
+        )
+        .await
+        {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return,
+            Err(_) => {
+                debug!("the instance had its bound in flight: deferred");
+                self.finish_counted(&d, busy, "busy").await;
+                return;
+            }
+        };
         let attempt = tokio::select! {
             () = shutdown.cancelled() => {
                 debug!("shutting down mid-delivery; the claim runs out and the delivery is retried");
@@ -327,6 +370,9 @@ impl Deliveries {
             }
             a = self.attempt(&d, &url) => a,
         };
+        // The receiver has answered (or not): its slot and the instance's are free
+        // while the outcome is recorded.
+        drop((in_flight, slot));
         let (status, error, reached) = match attempt {
             Attempt::Answered(status) if (200..300).contains(&status) => {
                 self.record_breaker(&dest, true).await;
@@ -383,6 +429,15 @@ impl Deliveries {
             }
         };
         self.finish(&d, outcome).await;
+    }
+
+    /// How much longer a delivery claimed at `claimed_at` may wait for a slot: its
+    /// claim lease keeps the attempt's timeout and a second for the outcome.
+    fn wait_budget(&self, claimed_at: Instant) -> Duration {
+        self.opts
+            .claim_lease
+            .saturating_sub(self.opts.timeout + Duration::from_secs(1))
+            .saturating_sub(claimed_at.elapsed())
     }
 
     /// POSTs the body once, signed afresh.
@@ -487,6 +542,24 @@ impl Deliveries {
 
     /// Records the outcome under the claim's token and says what became of it.
     async fn finish(&self, d: &WebhookDelivery, outcome: DeliveryOutcome) {
+        let counted = match &outcome {
+            DeliveryOutcome::Delivered { .. } => "delivered",
+            DeliveryOutcome::Retry { .. } => "retry",
+            DeliveryOutcome::Failed { .. } => "failed",
+            DeliveryOutcome::Gone => "gone",
+            DeliveryOutcome::Abandon { .. } => "abandoned",
+            DeliveryOutcome::Defer { .. } => "circuit_open",
+        };
+        self.finish_counted(d, outcome, counted).await;
+    }
+
+    /// `finish`, counted in `sundial_webhook_attempts_total` under `counted`.
+    async fn finish_counted(
+        &self,
+        d: &WebhookDelivery,
+        outcome: DeliveryOutcome,
+        counted: &'static str,
+    ) {
         let applied = match self
             .store
             .outbox
@@ -504,14 +577,7 @@ impl Deliveries {
             return;
         }
         let attempts = d.attempts + 1;
-        self.alerts.metrics().webhook_attempt(match &outcome {
-            DeliveryOutcome::Delivered { .. } => "delivered",
-            DeliveryOutcome::Retry { .. } => "retry",
-            DeliveryOutcome::Failed { .. } => "failed",
-            DeliveryOutcome::Gone => "gone",
-            DeliveryOutcome::Abandon { .. } => "abandoned",
-            DeliveryOutcome::Defer { .. } => "circuit_open",
-        });
+        self.alerts.metrics().webhook_attempt(counted);
         let alert = |detail: &str| {
             self.alerts
                 .raise(AlertKind::CallbackFailed, &d.job_id, &d.schedule_id, detail);
