@@ -257,10 +257,11 @@ pub trait RunStore: StoreMeta {
     /// `begin_run`, then, when that created the run WAITING to be routed now (not
     /// queued, skipped or found already recorded), `assign_run` of it at its attempt to
     /// `node`: the assignment's outcome is `Some` exactly when it was tried, and a
-    /// `NodeFull` leaves the run WAITING as `begin_run` left it. For a caller that knows
-    /// the node before the run exists: a backend may make both decisions in one step
-    /// (the embedded store does, one write instead of two); this default makes the two
-    /// calls, with the same outcomes.
+    /// `NodeFull` leaves the run WAITING as `begin_run` left it. `Begun::run` is the run
+    /// as the call left it: the granted record (DISPATCHED) after a grant. For a caller
+    /// that knows the node before the run exists: a backend may make both decisions in
+    /// one step (both backends do: one write and, on Redis, one script instead of two);
+    /// this default makes the two calls, with the same outcomes.
     async fn begin_and_assign(
         &self,
         run: RunRecord,
@@ -272,9 +273,13 @@ pub trait RunStore: StoreMeta {
         if !routable_now(&begun) {
             return Ok((begun, None));
         }
+        let mut begun = begun;
         let assigned = self
             .assign_run(&begun.run.schedule_id, begun.run.attempt, node, terms)
             .await?;
+        if let Assigned::Granted(leased) = &assigned {
+            begun.run = leased.clone();
+        }
         Ok((begun, Some(assigned)))
     }
 

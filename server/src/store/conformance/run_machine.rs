@@ -577,13 +577,11 @@ pub async fn begin_and_assign_in_one_decision(store: Arc<dyn Store>) {
         .begin_and_assign(first.clone(), GRACE, &n, LONG)
         .await
         .expect("begin and assign");
-    assert!(
-        begun.created && begun.run.state == RunState::Waiting,
-        "{begun:?}"
-    );
+    assert!(begun.created, "{begun:?}");
     let Some(Assigned::Granted(leased)) = assigned else {
         panic!("expected a grant: {assigned:?}");
     };
+    assert_eq!(begun.run, leased, "the run as the call left it");
     assert_eq!(
         (leased.state, leased.node_id.as_str(), leased.attempt),
         (RunState::Dispatched, "ba-n", 1)
@@ -600,6 +598,7 @@ pub async fn begin_and_assign_in_one_decision(store: Arc<dyn Store>) {
     assert!(begun.created, "{begun:?}");
     assert_eq!(assigned, Some(Assigned::NodeFull));
     let stored = get(&store, &second.schedule_id).await;
+    assert_eq!(stored, begun.run);
     assert_eq!(stored.state, RunState::Waiting);
     assert!(stored.deadlines.wake_at > 0, "{stored:?}");
 

@@ -139,11 +139,14 @@ impl RunStore for EmbeddedStore {
         self.write(move |_, b| {
             let job = load_job(b.jobs()?, &run.job_id)?;
             let t = b.runs()?;
-            let begun = begin(t, job.as_ref(), run, route_grace)?;
+            let mut begun = begin(t, job.as_ref(), run, route_grace)?;
             if !routable_now(&begun) {
                 return Ok((begun, None));
             }
             let assigned = assign(t, &begun.run.schedule_id, begun.run.attempt, &node, terms)?;
+            if let Assigned::Granted(leased) = &assigned {
+                begun.run = leased.clone();
+            }
             Ok((begun, Some(assigned)))
         })
         .await

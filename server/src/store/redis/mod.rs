@@ -108,6 +108,21 @@ macro_rules! run_script {
     };
 }
 
+/// A script that begins runs or leases them: the run helpers, then `beginlib.lua`.
+macro_rules! begin_script {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("lua/common.lua"),
+            "\n",
+            include_str!("lua/runlib.lua"),
+            "\n",
+            include_str!("lua/beginlib.lua"),
+            "\n",
+            include_str!(concat!("lua/", $name, ".lua"))
+        ))
+    };
+}
+
 struct Scripts {
     apply_jobs: Script,
     delete_job: Script,
@@ -123,6 +138,7 @@ struct Scripts {
     forget_instance: Script,
     begin_run: Script,
     assign_run: Script,
+    begin_and_assign: Script,
     mark_started: Script,
     renew_leases: Script,
     shorten_leases: Script,
@@ -158,8 +174,9 @@ impl Scripts {
             remove_node: script!("remove_node"),
             beat_instance: script!("beat_instance"),
             forget_instance: script!("forget_instance"),
-            begin_run: run_script!("begin_run"),
-            assign_run: run_script!("assign_run"),
+            begin_run: begin_script!("begin_run"),
+            assign_run: begin_script!("assign_run"),
+            begin_and_assign: begin_script!("begin_and_assign"),
             mark_started: run_script!("mark_started"),
             renew_leases: run_script!("renew_leases"),
             shorten_leases: run_script!("shorten_leases"),

@@ -141,6 +141,54 @@ impl RunStore for RedisStore {
         })
     }
 
+    async fn begin_and_assign(
+        &self,
+        run: RunRecord,
+        route_grace: Duration,
+        node: &NodeSlot,
+        terms: LeaseTerms,
+    ) -> Result<(Begun, Option<Assigned>)> {
+        let p = self.part(&run.job_id);
+        let json = serde_json::to_string(&run).map_err(corrupt)?;
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .begin_and_assign
+            .arg(self.pfx(p))
+            .arg(self.nodes_prefix())
+            .arg(&run.job_id)
+            .arg(&run.schedule_id)
+            .arg(json)
+            .arg(run.scheduled_at)
+            .arg(ms(self.inner.opts.run_retention))
+            .arg(self.inner.opts.max_runs_per_job)
+            .arg(ms(route_grace))
+            .arg(&node.node_id)
+            .arg(node.max_concurrency)
+            .arg(ms(terms.ttl))
+            .arg(ms(terms.confirm_within))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        let [created, json, leased, rest @ ..] = r.as_slice() else {
+            return Err(corrupt(format!("begin_and_assign answered {r:?}")));
+        };
+        let run: RunRecord = serde_json::from_str(json).map_err(corrupt)?;
+        let assigned = match leased.as_str() {
+            "" => None,
+            "ok" => Some(Assigned::Granted(run.clone())),
+            "full" => Some(Assigned::NodeFull),
+            other => return Err(corrupt(format!("begin_and_assign leased {other:?}"))),
+        };
+        let begun = Begun {
+            run,
+            created: created == "1",
+            revoked: revocations(rest)?,
+        };
+        Ok((begun, assigned))
+    }
+
     async fn assign_run(
         &self,
         schedule_id: &str,

@@ -26,12 +26,14 @@ local json = cjson.encode(run)
 redis.call('SET', runkey, json, 'PX', ARGV[6])
 local index = P .. 'runs:' .. id
 redis.call('ZADD', index, ARGV[5], sid)
--- Retention: records expire by themselves (PX); the index forgets them lazily, a few
--- of the oldest entries per call. Then the count bound.
+-- Retention: records expire by themselves (PX), about in index order; the index
+-- forgets them lazily, the oldest entries up to the first that still exists (at most 8
+-- per call: one EXISTS in the steady state). Then the count bound.
 for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
-  if redis.call('EXISTS', P .. 'run:' .. o) == 0 then
-    redis.call('ZREM', index, o)
+  if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
+    break
   end
+  redis.call('ZREM', index, o)
 end
 local excess = redis.call('ZCARD', index) - tonumber(ARGV[7])
 if excess > 0 then

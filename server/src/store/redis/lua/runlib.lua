@@ -324,7 +324,8 @@ local function reply(applied, reason, json, rv, nxt)
 end
 
 -- Stores a new run record with its retention and indexes it under its job, keeping
--- the index bounded (the oldest records fall out first).
+-- the index bounded (the oldest records fall out first; entries whose record expired
+-- are dropped from the oldest up to the first that still exists, at most 8 a call).
 local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
   local sid = run.schedule_id
   local json = cjson.encode(run)
@@ -332,9 +333,10 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
   local index = P .. 'runs:' .. run.job_id
   redis.call('ZADD', index, scheduled_at, sid)
   for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
-    if redis.call('EXISTS', P .. 'run:' .. o) == 0 then
-      redis.call('ZREM', index, o)
+    if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
+      break
     end
+    redis.call('ZREM', index, o)
   end
   local excess = redis.call('ZCARD', index) - tonumber(max_runs)
   if excess > 0 then

@@ -1,0 +1,110 @@
+-- Beginning a run and leasing a WAITING run to a node (prepended, after runlib.lua, to
+-- begin_run, assign_run and begin_and_assign, the scripts that make these decisions).
+
+-- Leases the WAITING `run` to `node` at `now`: 'full' when the node already holds
+-- `max` leased runs (0: no limit), else 'ok' with the run DISPATCHED under a new
+-- fencing token, its lease and confirmation deadlines set and the node's count taken.
+-- The caller saves the run.
+local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
+  local busy = N .. 'busy:' .. node
+  if max > 0 and redis.call('SCARD', busy) >= max then
+    return 'full'
+  end
+  run.fencing_token = new_token(P, run.job_id)
+  run.node_id = node
+  run.state = 'DISPATCHED'
+  run.reason = ''
+  clear_deadlines(run)
+  run.deadlines.lease_expires = now + ttl_ms
+  run.deadlines.confirm_by = now + confirm_ms
+  local timeout = tonumber(run.plan.timeout_ms) or 0
+  if timeout > 0 then
+    run.deadlines.timeout_at = now + timeout
+  end
+  redis.call('SADD', busy, run.schedule_id)
+  redis.call('PEXPIRE', busy, 86400000)
+  return 'ok'
+end
+
+-- begin_run's decision for the run `run_json` of job `id` (see begin_run.lua). When
+-- the run is created WAITING to be routed now and `lease` is given, `lease(run, now)`
+-- is asked before the run is written ('ok' when it leased it, 'full' when not).
+-- Returns the reply {created, run_json, then 5 fields per revoked lease} and what
+-- `lease` answered (nil when it was not asked).
+local function begin(P, N, id, sid, run_json, scheduled_at, retention_ms, max_runs, grace_ms, lease)
+  local existing = redis.call('GET', P .. 'run:' .. sid)
+  if existing then
+    return { '0', existing }, nil
+  end
+  local now = store_now_ms()
+  local run = cjson.decode(run_json)
+  clear_deadlines(run)
+  run.created_at = now
+  local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused')
+  if run.state ~= 'SKIPPED' then
+    if not job[1] then
+      run.state, run.reason = 'SKIPPED', 'deleted'
+    elseif job[2] == '1' then
+      run.state, run.reason = 'SKIPPED', 'paused'
+    end
+  end
+  local out = { '1', '' }
+  if run.state ~= 'SKIPPED' then
+    local akey = P .. 'active:' .. id
+    local live = {}
+    for _, a in ipairs(redis.call('SMEMBERS', akey)) do
+      local r = load_run(P, a)
+      if r and not FINAL[r.state] then
+        live[#live + 1] = r
+      else
+        redis.call('SREM', akey, a)
+      end
+    end
+    local policy = run.plan.overlap
+    local wait_ms = tonumber(run.plan.dispatch_wait_ms) or 0
+    if #live > 0 and policy == 'forbid' then
+      run.state, run.reason = 'SKIPPED', 'overlap'
+    elseif #live > 0 and policy == 'serial' then
+      local qkey = P .. 'serial:' .. id
+      if redis.call('LLEN', qkey) >= (tonumber(run.plan.serial_limit) or 0) then
+        run.state, run.reason = 'SKIPPED', 'serial queue full'
+      else
+        run.state, run.reason = 'WAITING', 'queued'
+        redis.call('RPUSH', qkey, sid)
+        redis.call('PEXPIRE', qkey, retention_ms)
+      end
+    else
+      if #live > 0 and policy == 'replace' then
+        for _, r in ipairs(live) do
+          local rvs = cancel_tree(P, N, r, 'replaced', now, false)
+          save_run(P, r)
+          for _, rv in ipairs(rvs) do
+            for _, f in ipairs(rv) do
+              out[#out + 1] = f
+            end
+          end
+        end
+      end
+      run.state, run.reason = 'WAITING', ''
+      run.deadlines.wake_at = now + grace_ms
+      run.deadlines.wait_until = now + wait_ms
+    end
+    if run.state == 'WAITING' then
+      redis.call('SADD', akey, sid)
+      redis.call('PEXPIRE', akey, retention_ms)
+    end
+  end
+  if run.state == 'SKIPPED' then
+    run.finished_at = now
+  end
+  local leased = nil
+  if lease and run.state == 'WAITING' and run.deadlines.wake_at > 0 then
+    leased = lease(run, now)
+  end
+  out[2] = index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
+  local t = earliest(run.deadlines)
+  if t > 0 and not FINAL[run.state] then
+    redis.call('ZADD', P .. 'timers', int(t), sid)
+  end
+  return out, leased
+end
