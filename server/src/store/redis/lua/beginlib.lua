@@ -51,16 +51,20 @@ local function begin(P, N, id, sid, run_json, scheduled_at, retention_ms, max_ru
   local out = { '1', '' }
   if run.state ~= 'SKIPPED' then
     local akey = P .. 'active:' .. id
+    local policy = run.plan.overlap
     local live = {}
-    for _, a in ipairs(redis.call('SMEMBERS', akey)) do
-      local r = load_run(P, a)
-      if r and not FINAL[r.state] then
-        live[#live + 1] = r
-      else
-        redis.call('SREM', akey, a)
+    -- Only a policy other than allow looks at the job's other runs (each one a
+    -- decode); allow adds this one to the set, which a serial queue consults.
+    if policy ~= 'allow' then
+      for _, a in ipairs(redis.call('SMEMBERS', akey)) do
+        local r = load_run(P, a)
+        if r and not FINAL[r.state] then
+          live[#live + 1] = r
+        else
+          redis.call('SREM', akey, a)
+        end
       end
     end
-    local policy = run.plan.overlap
     local wait_ms = tonumber(run.plan.dispatch_wait_ms) or 0
     if #live > 0 and policy == 'forbid' then
       run.state, run.reason = 'SKIPPED', 'overlap'

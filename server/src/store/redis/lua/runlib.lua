@@ -240,7 +240,12 @@ local function finalize(P, run, state, reason, now, pop)
   end
   write_outbox(P, run, now)
   redis.call('SREM', P .. 'active:' .. run.job_id, run.schedule_id)
-  redis.call('LREM', P .. 'serial:' .. run.job_id, 0, run.schedule_id)
+  -- The job's serial queue, when it has one (most jobs never do: one LLEN).
+  local queue = P .. 'serial:' .. run.job_id
+  if redis.call('LLEN', queue) == 0 then
+    return nil
+  end
+  redis.call('LREM', queue, 0, run.schedule_id)
   if pop and not has_unqueued_active(P, run.job_id) then
     return pop_serial(P, run.job_id, now)
   end
