@@ -103,7 +103,7 @@ fn defaults<T: clap::Args>() -> T {
 
 fn quick_burst(store: StoreKind, instances: usize) -> BurstArgs {
     BurstArgs {
-        jobs: 200,
+        jobs: 2000,
         executors: 2,
         instances,
         rounds: 2,

@@ -233,7 +233,7 @@ impl crate::Report for SustainedReport {
         self.costs.print();
     }
 
-    /// Every run started once, succeeded, and its webhook arrived and verified.
+    /// Every run started once, succeeded, and its webhook arrived once and verified.
     fn consistency(&self) -> Vec<String> {
         let mut bad = run_problems(
             "sustained: ",
@@ -252,6 +252,12 @@ impl crate::Report for SustainedReport {
             bad.push(format!(
                 "sustained: {} of {} delivered runs SUCCEEDED",
                 self.webhooks_succeeded, self.webhooks_verified
+            ));
+        }
+        if self.webhooks_redelivered > 0 {
+            bad.push(format!(
+                "sustained: {} webhooks arrived more than once (no claim should run out here)",
+                self.webhooks_redelivered
             ));
         }
         if self.webhooks_refused > 0 {
