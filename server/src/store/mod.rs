@@ -59,8 +59,11 @@ pub use runs::{
 };
 pub use triggers::{Delivery, TriggerQueue};
 
-/// Version of the persisted layout. A server refuses a store written by a newer schema.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version of the persisted layout in Redis (the embedded store versions its file
+/// apart). A server refuses a store written by a newer schema, and raises an older one
+/// to its own when it connects. 1: the first; 2: run records are MessagePack (a
+/// version-1 store's JSON records are still read, and rewritten at their next step).
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -358,8 +358,10 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Writes the schema record if absent; refuses a newer schema; returns the store's
-    /// partition count (which wins over the configured one for an existing store).
+    /// Writes the schema record if absent; refuses a newer schema and raises an older
+    /// one to this build's (so an older build started later refuses the records this
+    /// one writes); returns the store's partition count (which wins over the
+    /// configured one for an existing store).
     async fn init_meta(pool: &Pool, prefix: &str, partitions: u32) -> Result<u32> {
         let mut c = pool.get().await.map_err(unavailable)?;
         let key = format!("{prefix}:meta");
@@ -382,6 +384,17 @@ impl RedisStore {
                 found: schema,
                 supported: SCHEMA_VERSION,
             });
+        }
+        if schema < SCHEMA_VERSION {
+            let _: () = c
+                .hset(&key, "schema", SCHEMA_VERSION)
+                .await
+                .map_err(unavailable)?;
+            tracing::info!(
+                from = schema,
+                to = SCHEMA_VERSION,
+                "store schema raised: an instance of an older build can no longer read what this one writes"
+            );
         }
         parts.ok_or_else(|| corrupt("meta record without partitions"))
     }
@@ -475,7 +488,7 @@ impl RedisStore {
             inv.arg(a);
         }
         let mut c = self.conn().await?;
-        let r: Vec<String> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
         transition(&r)
     }
 
@@ -665,8 +678,24 @@ fn unknown_run() -> Transition {
     }
 }
 
+/// A run record as Redis holds it: MessagePack (what the run scripts write with
+/// `cmsgpack`), or JSON (a record written before they did: it starts with `{`, which
+/// no MessagePack map does).
+fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
+    if bytes.first() == Some(&b'{') {
+        serde_json::from_slice(bytes).map_err(corrupt)
+    } else {
+        rmp_serde::from_slice(bytes).map_err(corrupt)
+    }
+}
+
+/// A reply field that is text (a status, a reason, an id, a number).
+fn text(field: &[u8]) -> Result<&str> {
+    std::str::from_utf8(field).map_err(corrupt)
+}
+
 /// One revocation as the run scripts list it: sid, node, token, reason, attempt.
-fn revocation(f: &[String]) -> Result<Option<Revocation>> {
+fn revocation(f: &[Vec<u8>]) -> Result<Option<Revocation>> {
     let [sid, node, token, reason, attempt] = f else {
         return Err(corrupt(format!("a revocation of {} fields", f.len())));
     };
@@ -674,16 +703,16 @@ fn revocation(f: &[String]) -> Result<Option<Revocation>> {
         return Ok(None);
     }
     Ok(Some(Revocation {
-        schedule_id: sid.to_owned(),
-        node_id: node.to_owned(),
-        token: token.parse().map_err(corrupt)?,
-        attempt: attempt.parse().map_err(corrupt)?,
-        reason: reason.to_owned(),
+        schedule_id: text(sid)?.to_owned(),
+        node_id: text(node)?.to_owned(),
+        token: text(token)?.parse().map_err(corrupt)?,
+        attempt: text(attempt)?.parse().map_err(corrupt)?,
+        reason: text(reason)?.to_owned(),
     }))
 }
 
 /// Revocations as the run scripts list them: 5 fields each.
-fn revocations(fields: &[String]) -> Result<Vec<Revocation>> {
+fn revocations(fields: &[Vec<u8>]) -> Result<Vec<Revocation>> {
     fields
         .chunks(5)
         .map(revocation)
@@ -691,25 +720,29 @@ fn revocations(fields: &[String]) -> Result<Vec<Revocation>> {
         .map(|v| v.into_iter().flatten().collect())
 }
 
-/// Parses the reply every transition script gives: {applied, reason, run_json,
+/// Parses the reply every transition script gives: {applied, reason, run record,
 /// next_serial, then 5 fields per revoked lease}.
-fn transition(r: &[String]) -> Result<Transition> {
-    let [applied, reason, json, next, rest @ ..] = r else {
-        return Err(corrupt(format!("run script answered {r:?}")));
+fn transition(r: &[Vec<u8>]) -> Result<Transition> {
+    let [applied, reason, run, next, rest @ ..] = r else {
+        return Err(corrupt(format!("run script answered {} fields", r.len())));
     };
     Ok(Transition {
-        applied: match applied.as_str() {
+        applied: match text(applied)? {
             "yes" => Applied::Yes,
             "already" => Applied::Already,
-            _ => Applied::No(reason.clone()),
+            _ => Applied::No(text(reason)?.to_owned()),
         },
-        run: if json.is_empty() {
+        run: if run.is_empty() {
             None
         } else {
-            Some(serde_json::from_str(json).map_err(corrupt)?)
+            Some(decode_run(run)?)
         },
         revoked: revocations(rest)?,
-        next_serial: (!next.is_empty()).then(|| next.clone()),
+        next_serial: if next.is_empty() {
+            None
+        } else {
+            Some(text(next)?.to_owned())
+        },
     })
 }
 

@@ -8,7 +8,7 @@ impl RunStore for RedisStore {
     async fn record_run(&self, run: RunRecord) -> Result<Recorded> {
         let p = self.part(&run.job_id);
         let mut c = self.conn().await?;
-        let (created, json): (i64, String) = self
+        let (created, record): (i64, Vec<u8>) = self
             .inner
             .scripts
             .record_run
@@ -23,7 +23,7 @@ impl RunStore for RedisStore {
             .await
             .map_err(unavailable)?;
         Ok(Recorded {
-            run: serde_json::from_str(&json).map_err(corrupt)?,
+            run: decode_run(&record)?,
             created: created == 1,
         })
     }
@@ -34,12 +34,11 @@ impl RunStore for RedisStore {
         };
         let p = self.part(job_id);
         let mut c = self.conn().await?;
-        let json: Option<String> = c
+        let record: Option<Vec<u8>> = c
             .get(self.key(p, &format!("run:{schedule_id}")))
             .await
             .map_err(unavailable)?;
-        json.map(|j| serde_json::from_str(&j).map_err(corrupt))
-            .transpose()
+        record.as_deref().map(decode_run).transpose()
     }
 
     async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>> {
@@ -95,17 +94,17 @@ impl RunStore for RedisStore {
             .iter()
             .map(|(id, _)| self.key(p, &format!("run:{id}")))
             .collect();
-        let jsons: Vec<Option<String>> = redis::cmd("MGET")
+        let records: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
             .arg(&keys)
             .query_async(&mut c)
             .await
             .map_err(unavailable)?;
         // Records past their retention are gone while their index entry lingers
         // until record_run sweeps it: skip them.
-        let items = jsons
-            .into_iter()
+        let items = records
+            .iter()
             .flatten()
-            .map(|j| serde_json::from_str(&j).map_err(corrupt))
+            .map(|r| decode_run(r))
             .collect::<Result<Vec<RunRecord>>>()?;
         Ok(Page { items, next_cursor })
     }
@@ -114,7 +113,7 @@ impl RunStore for RedisStore {
         let p = self.part(&run.job_id);
         let json = serde_json::to_string(&run).map_err(corrupt)?;
         let mut c = self.conn().await?;
-        let r: Vec<String> = self
+        let r: Vec<Vec<u8>> = self
             .inner
             .scripts
             .begin_run
@@ -130,13 +129,13 @@ impl RunStore for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        let [created, json, rest @ ..] = r.as_slice() else {
-            return Err(corrupt(format!("begin_run answered {r:?}")));
+        let [created, record, rest @ ..] = r.as_slice() else {
+            return Err(corrupt(format!("begin_run answered {} fields", r.len())));
         };
         let revoked = revocations(rest)?;
         Ok(Begun {
-            run: serde_json::from_str(json).map_err(corrupt)?,
-            created: created == "1",
+            run: decode_run(record)?,
+            created: created.as_slice() == b"1",
             revoked,
         })
     }
@@ -151,7 +150,7 @@ impl RunStore for RedisStore {
         let p = self.part(&run.job_id);
         let json = serde_json::to_string(&run).map_err(corrupt)?;
         let mut c = self.conn().await?;
-        let r: Vec<String> = self
+        let r: Vec<Vec<u8>> = self
             .inner
             .scripts
             .begin_and_assign
@@ -171,11 +170,14 @@ impl RunStore for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        let [created, json, leased, rest @ ..] = r.as_slice() else {
-            return Err(corrupt(format!("begin_and_assign answered {r:?}")));
+        let [created, record, leased, rest @ ..] = r.as_slice() else {
+            return Err(corrupt(format!(
+                "begin_and_assign answered {} fields",
+                r.len()
+            )));
         };
-        let run: RunRecord = serde_json::from_str(json).map_err(corrupt)?;
-        let assigned = match leased.as_str() {
+        let run = decode_run(record)?;
+        let assigned = match text(leased)? {
             "" => None,
             "ok" => Some(Assigned::Granted(run.clone())),
             "full" => Some(Assigned::NodeFull),
@@ -183,7 +185,7 @@ impl RunStore for RedisStore {
         };
         let begun = Begun {
             run,
-            created: created == "1",
+            created: created.as_slice() == b"1",
             revoked: revocations(rest)?,
         };
         Ok((begun, assigned))
@@ -201,7 +203,7 @@ impl RunStore for RedisStore {
         };
         let p = self.part(job_id);
         let mut c = self.conn().await?;
-        let r: Vec<String> = self
+        let r: Vec<Vec<u8>> = self
             .inner
             .scripts
             .assign_run
@@ -217,16 +219,16 @@ impl RunStore for RedisStore {
             .await
             .map_err(unavailable)?;
         match r.as_slice() {
-            [ok, json] if ok == "ok" => Ok(Assigned::Granted(
-                serde_json::from_str(json).map_err(corrupt)?,
-            )),
-            [full] if full == "full" => Ok(Assigned::NodeFull),
-            [nw, json] if nw == "not_waiting" => Ok(Assigned::NotWaiting(if json.is_empty() {
-                None
-            } else {
-                Some(serde_json::from_str(json).map_err(corrupt)?)
-            })),
-            other => Err(corrupt(format!("assign_run answered {other:?}"))),
+            [ok, record] if ok.as_slice() == b"ok" => Ok(Assigned::Granted(decode_run(record)?)),
+            [full] if full.as_slice() == b"full" => Ok(Assigned::NodeFull),
+            [nw, record] if nw.as_slice() == b"not_waiting" => {
+                Ok(Assigned::NotWaiting(if record.is_empty() {
+                    None
+                } else {
+                    Some(decode_run(record)?)
+                }))
+            }
+            _ => Err(corrupt(format!("assign_run answered {} fields", r.len()))),
         }
     }
 
@@ -242,7 +244,7 @@ impl RunStore for RedisStore {
         };
         let p = self.part(job_id);
         let mut c = self.conn().await?;
-        let r: Vec<String> = self
+        let r: Vec<Vec<u8>> = self
             .inner
             .scripts
             .fan_out
@@ -256,18 +258,20 @@ impl RunStore for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        let decode = |j: &String| serde_json::from_str::<RunRecord>(j).map_err(corrupt);
         match r.as_slice() {
-            [yes, _, parent, shards @ ..] if yes == "yes" => Ok(FannedOut::Shards {
-                parent: decode(parent)?,
-                shards: shards.iter().map(decode).collect::<Result<_>>()?,
+            [yes, _, parent, shards @ ..] if yes.as_slice() == b"yes" => Ok(FannedOut::Shards {
+                parent: decode_run(parent)?,
+                shards: shards
+                    .iter()
+                    .map(|s| decode_run(s))
+                    .collect::<Result<_>>()?,
             }),
-            [_, _, json] => Ok(FannedOut::NotWaiting(if json.is_empty() {
+            [_, _, record] => Ok(FannedOut::NotWaiting(if record.is_empty() {
                 None
             } else {
-                Some(decode(json)?)
+                Some(decode_run(record)?)
             })),
-            other => Err(corrupt(format!("fan_out answered {other:?}"))),
+            _ => Err(corrupt(format!("fan_out answered {} fields", r.len()))),
         }
     }
 

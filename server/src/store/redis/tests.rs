@@ -33,6 +33,19 @@ async fn newer_schema_is_refused_and_partitions_stick() {
         .expect("connect");
     assert_eq!(second.partitions(), 3);
     let mut c = raw_connection().await;
+    // An older schema is raised to this build's.
+    let _: () = c
+        .hset(format!("{prefix}:meta"), "schema", SCHEMA_VERSION - 1)
+        .await
+        .expect("hset");
+    RedisStore::connect(&url, &prefix, opts.clone())
+        .await
+        .expect("connect to an older schema");
+    let raised: u32 = c
+        .hget(format!("{prefix}:meta"), "schema")
+        .await
+        .expect("hget");
+    assert_eq!(raised, SCHEMA_VERSION);
     let _: () = c
         .hset(format!("{prefix}:meta"), "schema", SCHEMA_VERSION + 1)
         .await
@@ -390,5 +403,58 @@ async fn a_dead_instances_triggers_are_taken_over_at_once() {
         store.beat_instance("live", long).await.expect("beat"),
         ["stalled"],
         "still known: it beat after the takeover"
+    );
+}
+
+/// Run records are MessagePack; one written as JSON (before they were) is still read,
+/// moves through the run machine, and is written back as MessagePack.
+#[tokio::test]
+async fn a_run_record_written_as_json_is_read_and_rewritten() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{job, plan, planned_run};
+    let (store, _) = store("json-run", one_partition()).await;
+    store.create_job(job("legacy", None)).await.expect("create");
+    let run = planned_run("legacy", 1000, plan(OverlapPolicy::Allow));
+    let begun = store
+        .begin_run(run, Duration::from_secs(30))
+        .await
+        .expect("begin");
+    let key = store.key(0, &format!("run:{}", begun.run.schedule_id));
+    let mut c = raw_connection().await;
+    let stored: Vec<u8> = c.get(&key).await.expect("get");
+    assert_ne!(stored.first(), Some(&b'{'), "written as MessagePack");
+    let json = serde_json::to_string(&begun.run).expect("json");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&json)
+        .arg("KEEPTTL")
+        .query_async(&mut c)
+        .await
+        .expect("set");
+    assert_eq!(
+        store.get_run(&begun.run.schedule_id).await.expect("read"),
+        Some(begun.run.clone())
+    );
+    let node = NodeSlot {
+        node_id: "n".into(),
+        max_concurrency: 0,
+    };
+    let terms = LeaseTerms {
+        ttl: Duration::from_secs(30),
+        confirm_within: Duration::from_secs(30),
+    };
+    let Assigned::Granted(leased) = store
+        .assign_run(&begun.run.schedule_id, begun.run.attempt, &node, terms)
+        .await
+        .expect("assign")
+    else {
+        panic!("the JSON record was not assigned");
+    };
+    assert_eq!(leased.state, RunState::Dispatched);
+    let stored: Vec<u8> = c.get(&key).await.expect("get");
+    assert_ne!(stored.first(), Some(&b'{'), "rewritten as MessagePack");
+    assert_eq!(
+        store.get_run(&begun.run.schedule_id).await.expect("read"),
+        Some(leased)
     );
 }

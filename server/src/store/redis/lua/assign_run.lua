@@ -1,12 +1,13 @@
 -- ARGV: P, N, schedule_id, attempt, node_id, max_concurrency, ttl_ms, confirm_ms
--- Returns {'ok', run_json} | {'full'} | {'not_waiting', run_json or ''}.
+-- Returns {'ok', run} | {'full'} | {'not_waiting', run or ''}; a run is its record
+-- (MessagePack, see runlib.lua).
 local P, N, sid = ARGV[1], ARGV[2], ARGV[3]
 local run = load_run(P, sid)
 if not run then
   return { 'not_waiting', '' }
 end
 if run.state ~= 'WAITING' or run.attempt ~= tonumber(ARGV[4]) or run.deadlines.wake_at == 0 then
-  return { 'not_waiting', cjson.encode(run) }
+  return { 'not_waiting', encode_run(run) }
 end
 local leased = lease_to(P, N, run, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), store_now_ms())
 if leased == 'full' then

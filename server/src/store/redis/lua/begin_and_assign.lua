@@ -3,7 +3,7 @@
 -- confirm_ms (assign_run's).
 -- begin_run, and when it creates the run WAITING to be routed now, assign_run of it to
 -- the node, in one step: the run is written once, leased or not.
--- Returns {created, run_json, leased ('ok' | 'full' | '' when not tried), then 5 fields
+-- Returns {created, run record, leased ('ok' | 'full' | '' when not tried), then 5 fields
 -- per revoked lease}.
 local P, N = ARGV[1], ARGV[2]
 local node, max, ttl, confirm = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])

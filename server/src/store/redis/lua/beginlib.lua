@@ -29,7 +29,7 @@ end
 -- begin_run's decision for the run `run_json` of job `id` (see begin_run.lua). When
 -- the run is created WAITING to be routed now and `lease` is given, `lease(run, now)`
 -- is asked before the run is written ('ok' when it leased it, 'full' when not).
--- Returns the reply {created, run_json, then 5 fields per revoked lease} and what
+-- Returns the reply {created, run record, then 5 fields per revoked lease} and what
 -- `lease` answered (nil when it was not asked).
 local function begin(P, N, id, sid, run_json, scheduled_at, retention_ms, max_runs, grace_ms, lease)
   local existing = redis.call('GET', P .. 'run:' .. sid)

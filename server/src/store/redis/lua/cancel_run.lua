@@ -5,7 +5,7 @@ if not run then
   return reply('no', 'unknown run')
 end
 if FINAL[run.state] then
-  return reply('no', 'run is already ' .. run.state, cjson.encode(run))
+  return reply('no', 'run is already ' .. run.state, encode_run(run))
 end
 local now = store_now_ms()
 local rvs, nxt = cancel_tree(P, N, run, reason, now, true)

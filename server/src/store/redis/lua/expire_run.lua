@@ -7,7 +7,7 @@ if not run then
 end
 if FINAL[run.state] then
   redis.call('ZREM', P .. 'timers', sid)
-  return reply('no', 'run is final', cjson.encode(run))
+  return reply('no', 'run is final', encode_run(run))
 end
 local now = store_now_ms()
 local d = run.deadlines

@@ -1,19 +1,19 @@
 -- ARGV: P, N (unused), schedule_id, attempt, shards, route_grace_ms, retention_ms.
--- Returns {applied, reason, parent_json, then one JSON per shard}.
+-- Returns {applied, reason, parent record, then one record per shard}.
 local P, sid, attempt, n = ARGV[1], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local run = load_run(P, sid)
 if not run then
   return { 'no', 'unknown run', '' }
 end
 if run.state ~= 'WAITING' or run.attempt ~= attempt or run.deadlines.wake_at == 0 then
-  return { 'no', 'run is no longer waiting', cjson.encode(run) }
+  return { 'no', 'run is no longer waiting', encode_run(run) }
 end
 local now = store_now_ms()
 local wait_ms = tonumber(run.plan.dispatch_wait_ms) or 0
-local template = cjson.encode(run)
+local template = encode_run(run)
 local shards = {}
 for i = 0, n - 1 do
-  local s = cjson.decode(template)
+  local s = decode_run(template)
   s.schedule_id = sid .. '#' .. i
   s.parent, s.shard_index, s.shard_total = sid, i, n
   s.shards_done, s.shards_succeeded = 0, 0

@@ -13,25 +13,25 @@ end
 if by == 'holder' then
   local refused = holder_refusal(run, ARGV[7], value)
   if refused then
-    return reply('no', refused, cjson.encode(run))
+    return reply('no', refused, encode_run(run))
   end
   if FINAL[run.state] then
-    return reply('already', '', cjson.encode(run))
+    return reply('already', '', encode_run(run))
   end
   if not HELD[run.state] then
-    return reply('no', 'run is ' .. run.state, cjson.encode(run))
+    return reply('no', 'run is ' .. run.state, encode_run(run))
   end
 elseif run.state ~= 'WAITING' or run.attempt ~= tonumber(value) then
-  return reply('no', 'run is no longer waiting', cjson.encode(run))
+  return reply('no', 'run is no longer waiting', encode_run(run))
 elseif run.deadlines.wake_at == 0 then
-  return reply('no', 'run is queued', cjson.encode(run))
+  return reply('no', 'run is queued', encode_run(run))
 end
 local o = cjson.decode(ARGV[6])
 local now = store_now_ms()
 if o.state == 'WAITING' then
   -- The executor rejected the dispatch: route it elsewhere, same attempt.
   if by ~= 'holder' then
-    return reply('no', 'only a lease holder can reject', cjson.encode(run))
+    return reply('no', 'only a lease holder can reject', encode_run(run))
   end
   leave_node(N, run)
   run.last_node = run.node_id

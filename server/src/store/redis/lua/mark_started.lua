@@ -5,13 +5,13 @@ if not run then
   return reply('no', refused)
 end
 if refused then
-  return reply('no', refused, cjson.encode(run))
+  return reply('no', refused, encode_run(run))
 end
 if run.state == 'RUNNING' then
-  return reply('already', '', cjson.encode(run))
+  return reply('already', '', encode_run(run))
 end
 if run.state ~= 'DISPATCHED' then
-  return reply('no', 'run is ' .. run.state, cjson.encode(run))
+  return reply('no', 'run is ' .. run.state, encode_run(run))
 end
 run.state = 'RUNNING'
 run.started_at = store_now_ms()

@@ -22,7 +22,8 @@ end
 if run.state == 'SKIPPED' and (run.finished_at == nil or run.finished_at == cjson.null) then
   run.finished_at = now
 end
-local json = cjson.encode(run)
+-- MessagePack, as the run scripts write records (see runlib.lua); nulls become nil.
+local json = cmsgpack.pack(run)
 redis.call('SET', runkey, json, 'PX', ARGV[6])
 local index = P .. 'runs:' .. id
 redis.call('ZADD', index, ARGV[5], sid)
