@@ -689,6 +689,11 @@ fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
     }
 }
 
+/// A run record for a script (as the scripts write them: MessagePack, fields by name).
+fn encode_run(run: &RunRecord) -> Result<Vec<u8>> {
+    rmp_serde::to_vec_named(run).map_err(corrupt)
+}
+
 /// A reply field that is text (a status, a reason, an id, a number).
 fn text(field: &[u8]) -> Result<&str> {
     std::str::from_utf8(field).map_err(corrupt)

@@ -111,7 +111,7 @@ impl RunStore for RedisStore {
 
     async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
         let p = self.part(&run.job_id);
-        let json = serde_json::to_string(&run).map_err(corrupt)?;
+        let record = encode_run(&run)?;
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = self
             .inner
@@ -121,7 +121,7 @@ impl RunStore for RedisStore {
             .arg(self.nodes_prefix())
             .arg(&run.job_id)
             .arg(&run.schedule_id)
-            .arg(json)
+            .arg(record)
             .arg(run.scheduled_at)
             .arg(ms(self.inner.opts.run_retention))
             .arg(self.inner.opts.max_runs_per_job)
@@ -148,7 +148,7 @@ impl RunStore for RedisStore {
         terms: LeaseTerms,
     ) -> Result<(Begun, Option<Assigned>)> {
         let p = self.part(&run.job_id);
-        let json = serde_json::to_string(&run).map_err(corrupt)?;
+        let record = encode_run(&run)?;
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = self
             .inner
@@ -158,7 +158,7 @@ impl RunStore for RedisStore {
             .arg(self.nodes_prefix())
             .arg(&run.job_id)
             .arg(&run.schedule_id)
-            .arg(json)
+            .arg(record)
             .arg(run.scheduled_at)
             .arg(ms(self.inner.opts.run_retention))
             .arg(self.inner.opts.max_runs_per_job)

@@ -1,4 +1,4 @@
--- ARGV: P, N, job_id, schedule_id, run_json, scheduled_at, retention_ms,
+-- ARGV: P, N, job_id, schedule_id, run record (MessagePack), scheduled_at, retention_ms,
 -- max_runs_per_job, route_grace_ms (begin_run's), node_id, max_concurrency, ttl_ms,
 -- confirm_ms (assign_run's).
 -- begin_run, and when it creates the run WAITING to be routed now, assign_run of it to

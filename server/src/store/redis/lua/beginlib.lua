@@ -26,18 +26,18 @@ local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   return 'ok'
 end
 
--- begin_run's decision for the run `run_json` of job `id` (see begin_run.lua). When
--- the run is created WAITING to be routed now and `lease` is given, `lease(run, now)`
--- is asked before the run is written ('ok' when it leased it, 'full' when not).
--- Returns the reply {created, run record, then 5 fields per revoked lease} and what
--- `lease` answered (nil when it was not asked).
-local function begin(P, N, id, sid, run_json, scheduled_at, retention_ms, max_runs, grace_ms, lease)
+-- begin_run's decision for the run `run_record` (MessagePack) of job `id` (see
+-- begin_run.lua). When the run is created WAITING to be routed now and `lease` is
+-- given, `lease(run, now)` is asked before the run is written ('ok' when it leased
+-- it, 'full' when not). Returns the reply {created, run record, then 5 fields per
+-- revoked lease} and what `lease` answered (nil when it was not asked).
+local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
   local existing = redis.call('GET', P .. 'run:' .. sid)
   if existing then
     return { '0', existing }, nil
   end
   local now = store_now_ms()
-  local run = cjson.decode(run_json)
+  local run = decode_run(run_record)
   clear_deadlines(run)
   run.created_at = now
   local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused')
