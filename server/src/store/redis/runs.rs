@@ -110,33 +110,16 @@ impl RunStore for RedisStore {
     }
 
     async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
-        let p = self.part(&run.job_id);
-        let record = encode_run(&run)?;
+        let inv = self.begin_invocation(&self.inner.scripts.begin_run, &run, route_grace)?;
         let mut c = self.conn().await?;
-        let r: Vec<Vec<u8>> = self
-            .inner
-            .scripts
-            .begin_run
-            .arg(self.pfx(p))
-            .arg(self.nodes_prefix())
-            .arg(&run.job_id)
-            .arg(&run.schedule_id)
-            .arg(record)
-            .arg(run.scheduled_at)
-            .arg(ms(self.inner.opts.run_retention))
-            .arg(self.inner.opts.max_runs_per_job)
-            .arg(ms(route_grace))
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
+        let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
         let [created, record, rest @ ..] = r.as_slice() else {
             return Err(corrupt(format!("begin_run answered {} fields", r.len())));
         };
-        let revoked = revocations(rest)?;
         Ok(Begun {
             run: decode_run(record)?,
             created: created.as_slice() == b"1",
-            revoked,
+            revoked: revocations(rest)?,
         })
     }
 
@@ -147,29 +130,14 @@ impl RunStore for RedisStore {
         node: &NodeSlot,
         terms: LeaseTerms,
     ) -> Result<(Begun, Option<Assigned>)> {
-        let p = self.part(&run.job_id);
-        let record = encode_run(&run)?;
-        let mut c = self.conn().await?;
-        let r: Vec<Vec<u8>> = self
-            .inner
-            .scripts
-            .begin_and_assign
-            .arg(self.pfx(p))
-            .arg(self.nodes_prefix())
-            .arg(&run.job_id)
-            .arg(&run.schedule_id)
-            .arg(record)
-            .arg(run.scheduled_at)
-            .arg(ms(self.inner.opts.run_retention))
-            .arg(self.inner.opts.max_runs_per_job)
-            .arg(ms(route_grace))
-            .arg(&node.node_id)
+        let mut inv =
+            self.begin_invocation(&self.inner.scripts.begin_and_assign, &run, route_grace)?;
+        inv.arg(&node.node_id)
             .arg(node.max_concurrency)
             .arg(ms(terms.ttl))
-            .arg(ms(terms.confirm_within))
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
+            .arg(ms(terms.confirm_within));
+        let mut c = self.conn().await?;
+        let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
         let [created, record, leased, rest @ ..] = r.as_slice() else {
             return Err(corrupt(format!(
                 "begin_and_assign answered {} fields",
@@ -438,5 +406,28 @@ fn applied_unless(refused: String) -> Applied {
         Applied::Yes
     } else {
         Applied::No(refused)
+    }
+}
+
+impl RedisStore {
+    /// begin_run's arguments (see `lua/begin_run.lua`), which begin_and_assign's start
+    /// with.
+    fn begin_invocation<'a>(
+        &self,
+        script: &'a Script,
+        run: &RunRecord,
+        route_grace: Duration,
+    ) -> Result<redis::ScriptInvocation<'a>> {
+        let mut inv = script.prepare_invoke();
+        inv.arg(self.pfx(self.part(&run.job_id)))
+            .arg(self.nodes_prefix())
+            .arg(&run.job_id)
+            .arg(&run.schedule_id)
+            .arg(encode_run(run)?)
+            .arg(run.scheduled_at)
+            .arg(ms(self.inner.opts.run_retention))
+            .arg(self.inner.opts.max_runs_per_job)
+            .arg(ms(route_grace));
+        Ok(inv)
     }
 }
