@@ -3,7 +3,7 @@
 //! stalled server cannot stall the executor loop) and remembers when each heartbeat
 //! went out, so that a lease renewal counts from then. The [`Dialer`] walks the
 //! endpoints in turn, tries a go-away's suggested endpoints first, and backs off with
-//! jitter after failures. Nothing here knows about runs.
+//! jitter after failures and go-aways. Nothing here knows about runs.
 //!
 //! An `https://` endpoint is dialled over TLS (rustls), trusting the webpki roots
 //! plus any CA the builder was given; an `http://` one in plaintext.
@@ -197,11 +197,15 @@ impl Dialer {
         e
     }
 
-    /// The server at `from` sent go-away: reconnect at once, to one it suggested if
-    /// any (a bare `host:port` takes the scheme of `from`, `http` or `https`), else
-    /// to the next one.
-    pub fn went_away(&mut self, from: &str, suggested: Vec<String>) {
+    /// The server at `from` sent go-away: reconnect to one it suggested if any (a bare
+    /// `host:port` takes the scheme of `from`, `http` or `https`), else to the next
+    /// one, after the returned wait: the backoff starts over (the session was
+    /// welcomed), jittered, so executors leaving a draining server neither storm it
+    /// nor all arrive at the next one at once.
+    pub fn went_away(&mut self, from: &str, suggested: Vec<String>) -> Duration {
         self.backoff = self.min;
+        let wait = jitter(self.backoff);
+        self.backoff = (self.backoff * 2).min(self.max);
         let scheme = if from.starts_with("https://") {
             "https"
         } else {
@@ -219,6 +223,7 @@ impl Dialer {
             })
             .filter(|e| e != from)
             .collect();
+        wait
     }
 
     /// A connection failed or broke: how long to wait before the next attempt. A
@@ -286,7 +291,11 @@ mod tests {
         }
         assert!(d.lost(true) <= 100 * MS);
         d.lost(false);
-        d.went_away("http://a", Vec::new());
-        assert!(d.lost(false) <= 100 * MS);
+        // A go-away starts the backoff over and waits too; a refused reconnect after
+        // it waits twice as long.
+        let wait = d.went_away("http://a", Vec::new());
+        assert!(wait >= 50 * MS && wait <= 100 * MS, "{wait:?}");
+        let wait = d.lost(false);
+        assert!(wait >= 100 * MS && wait <= 200 * MS, "{wait:?}");
     }
 }

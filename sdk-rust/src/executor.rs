@@ -130,7 +130,8 @@ impl Executor {
     }
 
     /// Serves until `shutdown` is cancelled, reconnecting after every loss (to the
-    /// next endpoint, with jittered exponential backoff; at once after a go-away).
+    /// next endpoint, with jittered exponential backoff, started over after a
+    /// go-away).
     ///
     /// On shutdown it drains: new dispatches are refused (`"draining"`), heartbeats go
     /// on, and it returns once every running handler has finished and the server has
@@ -183,8 +184,15 @@ impl Executor {
             match ended {
                 Ended::Shutdown => break,
                 Ended::GoAway { suggested } => {
-                    info!(%endpoint, ?suggested, "server sent go-away; reconnecting elsewhere");
-                    dialer.went_away(&endpoint, suggested);
+                    let wait = dialer.went_away(&endpoint, suggested.clone());
+                    info!(%endpoint, ?suggested, ?wait, "server sent go-away; reconnecting elsewhere");
+                    if core
+                        .tend(&shutdown, tokio::time::sleep(wait))
+                        .await
+                        .is_none()
+                    {
+                        break;
+                    }
                 }
                 Ended::Lost { welcomed, reason } => {
                     let wait = dialer.lost(welcomed);

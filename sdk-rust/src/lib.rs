@@ -25,8 +25,8 @@
 //!   cancelled: self-fencing;
 //! - a result is kept until the server acknowledges it and is sent again after a
 //!   reconnect; a run's log lines are batched and always sent before its result;
-//! - it reconnects with jittered backoff, and at once to another endpoint after a
-//!   go-away;
+//! - it reconnects with jittered backoff, started over (from its minimum) and to an
+//!   endpoint the server suggested, if any, after a go-away;
 //! - on `Drain`, or when shut down, it takes no new work and finishes what runs
 //!   (shutdown waits at most a grace period).
 //!

@@ -87,3 +87,83 @@ async fn the_sdk_stays_connected_follows_go_away_and_reconnects() -> Result<()> 
     wait_holder(&a, "sdk-node", None).await?;
     Ok(())
 }
+
+/// Ctrl-C of a server while it drains (an HTTP target's request keeps it draining for
+/// 1.5 s): its executor is told to go away, every hello it sends meanwhile is refused
+/// (none is welcomed only to be told to go away again: the reconnect storm), and the
+/// SDK backs off between them (its default, 100 ms doubling): a few attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_server_refuses_hellos_and_the_sdk_backs_off() -> Result<()> {
+    let (got, mut requests) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let app = axum::Router::new().route(
+        "/slow",
+        axum::routing::post(move || {
+            let got = got.clone();
+            async move {
+                let _ = got.send(());
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let target = format!("http://{}/slow", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir()?;
+    let port = free_port()?;
+    let mut opts = SundialOptions::embedded(dir.path()).arg("http-target-allow", "127.0.0.1/32");
+    opts.port = Some(port);
+    let mut server = Sundial::start(opts)?;
+
+    let executor = Executor::builder()
+        .endpoint(format!("http://127.0.0.1:{port}"))
+        .group("g")
+        .node_id("drained")
+        .handler("noop", |_ctx| async { Ok(Vec::new()) })
+        .build()?;
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(executor.run(shutdown.clone()));
+    wait_for(
+        "the executor to register",
+        Duration::from_secs(20),
+        || async { Ok(holder(&server, "drained").await?.map(|_| ())) },
+    )
+    .await?;
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(pb::JobSpec {
+                id: "slow".into(),
+                cron: sundial_tests::MANUAL_ONLY.into(),
+                target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
+                    url: target,
+                    method: "POST".into(),
+                })),
+                ..Default::default()
+            }),
+        })
+        .await?;
+    server.trigger("slow").await?;
+    tokio::time::timeout(Duration::from_secs(20), requests.recv())
+        .await
+        .context("the target was never called")?;
+
+    let status = server.stop()?;
+    ensure!(status.success(), "the server exited with {status}");
+    let log = server.stderr();
+    let drain = &log[log
+        .find("shutting down")
+        .context("no shutdown line in the server's log")?..];
+    let welcomed = drain.matches("executor connected").count();
+    let refused = drain.matches("hello refused").count();
+    ensure!(
+        welcomed == 0 && (1..5).contains(&refused),
+        "during the drain {welcomed} hellos were welcomed and {refused} refused:\n{drain}"
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .context("executor did not stop")???;
+    Ok(())
+}

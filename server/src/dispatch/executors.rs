@@ -231,6 +231,14 @@ impl ExecutorService for Executors {
         &self,
         req: Request<Streaming<pb::ExecutorMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        // A server shutting down has told its executors to go away: a new stream now
+        // would only be told the same (a reconnect storm while it drains).
+        if self.shutdown.is_cancelled() {
+            info!("hello refused: this server is shutting down");
+            return Err(Status::unavailable(
+                "this server is shutting down: connect to another endpoint, with backoff",
+            ));
+        }
         let mut inbound = req.into_inner();
         let first = tokio::time::timeout(self.opts.hello_timeout, inbound.message())
             .await
