@@ -349,6 +349,13 @@ async fn every_failure_is_one_json_error_shape() -> Result<()> {
             "page_token:",
         ),
         (
+            "bad jobs page token",
+            http.get(format!("{base}/api/v1/jobs?page_token=x:y")),
+            400,
+            "INVALID_ARGUMENT",
+            "page_token:",
+        ),
+        (
             "a long bad id is quoted short",
             http.get(format!("{base}/api/v1/tasks/{long}")),
             400,

@@ -33,6 +33,7 @@ pub fn status(e: Error) -> Status {
                 store::Error::JobExists(_) | store::Error::AppExists(_) => Code::AlreadyExists,
                 store::Error::JobNotFound(_) | store::Error::AppNotFound(_) => Code::NotFound,
                 store::Error::VersionConflict { .. } => Code::Aborted,
+                store::Error::BadCursor(_) => Code::InvalidArgument,
                 store::Error::LeaseHeld { .. } | store::Error::StaleToken { .. } => {
                     Code::FailedPrecondition
                 }

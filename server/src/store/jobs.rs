@@ -144,7 +144,9 @@ pub trait JobStore: StoreMeta {
         Ok(out)
     }
 
-    /// Jobs in a stable order, `limit` at a time.
+    /// Jobs in a stable order, `limit` at a time, from after `cursor` (a page's
+    /// `next_cursor`); a cursor no listing of this store could have returned is
+    /// refused with [`Error::BadCursor`](super::Error::BadCursor).
     async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>>;
 
     // ---- fires

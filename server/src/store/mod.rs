@@ -87,6 +87,9 @@ pub enum Error {
     AppNotFound(String),
     #[error("store schema {found} is newer than this server understands ({supported})")]
     SchemaTooNew { found: u32, supported: u32 },
+    /// A listing's cursor that no listing of this store returned.
+    #[error("page_token: {0:?} is not a page token a listing returned")]
+    BadCursor(String),
     #[error("store is unavailable: {0}")]
     Unavailable(String),
     #[error("store data is corrupt: {0}")]

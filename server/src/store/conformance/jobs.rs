@@ -116,6 +116,14 @@ pub async fn job_list_paging(store: Arc<dyn Store>) {
     // `limit` at a time: full pages, then the rest (a trailing empty page is tolerated).
     assert_eq!(&sizes[..3], &[10, 10, 5], "page sizes {sizes:?}");
     assert!(sizes[3..].iter().all(|s| *s == 0), "page sizes {sizes:?}");
+    // A cursor no listing returned is refused, not read as "from the start" (or as
+    // corrupt data): garbage, a partition that is not a number or does not exist.
+    for bad in ["not a cursor!", "x:y", "-1:a", "99999:", "1:not an id"] {
+        match store.list_jobs(Some(bad), 10).await {
+            Err(Error::BadCursor(c)) => assert_eq!(c, bad),
+            other => panic!("cursor {bad:?}: {other:?}"),
+        }
+    }
 }
 
 // ---- fires

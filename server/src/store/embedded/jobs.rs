@@ -123,6 +123,9 @@ impl JobStore for EmbeddedStore {
 
     /// Jobs in job id order; the cursor is the last job id of the previous page.
     async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
+        if let Some(c) = cursor.filter(|c| !crate::model::valid_job_id(c)) {
+            return Err(Error::BadCursor(c.to_owned()));
+        }
         let cursor = cursor.map(str::to_owned);
         self.blocking(move |inner| {
             let limit = page_limit(limit);

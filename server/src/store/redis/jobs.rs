@@ -138,9 +138,17 @@ impl JobStore for RedisStore {
     async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
         // Cursor: "<partition>:<last job id>" — jobs are listed partition by partition,
         // by id within one.
-        let (mut p, mut after) = match cursor.and_then(|c| c.split_once(':')) {
-            Some((p, id)) => (p.parse::<u32>().map_err(corrupt)?, id.to_owned()),
+        let (mut p, mut after) = match cursor {
             None => (0, String::new()),
+            Some(c) => match c.split_once(':') {
+                Some((p, id))
+                    if p.parse::<u32>().is_ok_and(|p| p < self.inner.partitions)
+                        && (id.is_empty() || crate::model::valid_job_id(id)) =>
+                {
+                    (p.parse::<u32>().map_err(corrupt)?, id.to_owned())
+                }
+                _ => return Err(Error::BadCursor(c.to_owned())),
+            },
         };
         let limit = limit.max(1);
         let mut items = Vec::new();
