@@ -204,8 +204,7 @@ impl Dialer {
     /// nor all arrive at the next one at once.
     pub fn went_away(&mut self, from: &str, suggested: Vec<String>) -> Duration {
         self.backoff = self.min;
-        let wait = jitter(self.backoff);
-        self.backoff = (self.backoff * 2).min(self.max);
+        let wait = self.step();
         let scheme = if from.starts_with("https://") {
             "https"
         } else {
@@ -232,6 +231,11 @@ impl Dialer {
         if welcomed {
             self.backoff = self.min;
         }
+        self.step()
+    }
+
+    /// The current backoff, jittered; the next one doubles it up to the cap.
+    fn step(&mut self) -> Duration {
         let wait = jitter(self.backoff);
         self.backoff = (self.backoff * 2).min(self.max);
         wait

@@ -83,7 +83,8 @@ impl InFlight {
     }
 
     /// Deliveries in flight to `destination` now.
-    pub fn count(&self, destination: &str) -> usize {
+    #[cfg(test)]
+    fn count(&self, destination: &str) -> usize {
         self.destinations()
             .get(destination)
             .map_or(0, |d| self.limit - d.permits.available_permits())

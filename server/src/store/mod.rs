@@ -55,7 +55,7 @@ pub use outbox::{
 pub use runs::{
     Assigned, Begun, FannedOut, Finisher, Held, Holder, LeaseTerms, LogLine, NOT_THE_HOLDER,
     NodeSlot, Outcome, Recorded, Revocation, RunQuery, RunStore, STALE_TOKEN, Transition,
-    UNKNOWN_RUN, routable_now,
+    UNKNOWN_RUN, assigned_after, routable_now,
 };
 pub use triggers::{Delivery, TriggerQueue};
 

@@ -121,6 +121,15 @@ pub fn routable_now(begun: &Begun) -> bool {
     begun.created && begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0
 }
 
+/// `begin_and_assign`'s outcome once the assignment was tried: after a grant the begun
+/// run is the granted record, as the call left it.
+pub fn assigned_after(mut begun: Begun, assigned: Assigned) -> (Begun, Option<Assigned>) {
+    if let Assigned::Granted(leased) = &assigned {
+        begun.run = leased.clone();
+    }
+    (begun, Some(assigned))
+}
+
 /// Outcome of `assign_run`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Assigned {
@@ -273,14 +282,10 @@ pub trait RunStore: StoreMeta {
         if !routable_now(&begun) {
             return Ok((begun, None));
         }
-        let mut begun = begun;
         let assigned = self
             .assign_run(&begun.run.schedule_id, begun.run.attempt, node, terms)
             .await?;
-        if let Assigned::Granted(leased) = &assigned {
-            begun.run = leased.clone();
-        }
-        Ok((begun, Some(assigned)))
+        Ok(assigned_after(begun, assigned))
     }
 
     /// The executor confirmed the dispatch: DISPATCHED → RUNNING with `started_at` (the

@@ -6,7 +6,7 @@
 
 use super::run_tables::RunTables;
 use super::*;
-use crate::store::routable_now;
+use crate::store::{assigned_after, routable_now};
 
 #[async_trait]
 impl RunStore for EmbeddedStore {
@@ -139,15 +139,12 @@ impl RunStore for EmbeddedStore {
         self.write(move |_, b| {
             let job = load_job(b.jobs()?, &run.job_id)?;
             let t = b.runs()?;
-            let mut begun = begin(t, job.as_ref(), run, route_grace)?;
+            let begun = begin(t, job.as_ref(), run, route_grace)?;
             if !routable_now(&begun) {
                 return Ok((begun, None));
             }
             let assigned = assign(t, &begun.run.schedule_id, begun.run.attempt, &node, terms)?;
-            if let Assigned::Granted(leased) = &assigned {
-                begun.run = leased.clone();
-            }
-            Ok((begun, Some(assigned)))
+            Ok(assigned_after(begun, assigned))
         })
         .await
     }

@@ -140,12 +140,15 @@ impl JobStore for RedisStore {
         // by id within one.
         let (mut p, mut after) = match cursor {
             None => (0, String::new()),
-            Some(c) => match c.split_once(':') {
+            Some(c) => match c
+                .split_once(':')
+                .and_then(|(p, id)| Some((p.parse::<u32>().ok()?, id)))
+            {
                 Some((p, id))
-                    if p.parse::<u32>().is_ok_and(|p| p < self.inner.partitions)
+                    if p < self.inner.partitions
                         && (id.is_empty() || crate::model::valid_job_id(id)) =>
                 {
-                    (p.parse::<u32>().map_err(corrupt)?, id.to_owned())
+                    (p, id.to_owned())
                 }
                 _ => return Err(Error::BadCursor(c.to_owned())),
             },

@@ -95,29 +95,17 @@ macro_rules! script {
     };
 }
 
-/// A run-machine script: the common prelude, then the run helpers, then its body.
+/// A run-machine script: the common prelude, the run helpers, then its body; with a
+/// second name, that library between them (`beginlib` for the scripts that begin runs
+/// or lease them).
 macro_rules! run_script {
-    ($name:literal) => {
+    ($name:literal $(, $lib:literal)?) => {
         Script::new(concat!(
             include_str!("lua/common.lua"),
             "\n",
             include_str!("lua/runlib.lua"),
             "\n",
-            include_str!(concat!("lua/", $name, ".lua"))
-        ))
-    };
-}
-
-/// A script that begins runs or leases them: the run helpers, then `beginlib.lua`.
-macro_rules! begin_script {
-    ($name:literal) => {
-        Script::new(concat!(
-            include_str!("lua/common.lua"),
-            "\n",
-            include_str!("lua/runlib.lua"),
-            "\n",
-            include_str!("lua/beginlib.lua"),
-            "\n",
+            $(include_str!(concat!("lua/", $lib, ".lua")), "\n",)?
             include_str!(concat!("lua/", $name, ".lua"))
         ))
     };
@@ -174,9 +162,9 @@ impl Scripts {
             remove_node: script!("remove_node"),
             beat_instance: script!("beat_instance"),
             forget_instance: script!("forget_instance"),
-            begin_run: begin_script!("begin_run"),
-            assign_run: begin_script!("assign_run"),
-            begin_and_assign: begin_script!("begin_and_assign"),
+            begin_run: run_script!("begin_run", "beginlib"),
+            assign_run: run_script!("assign_run", "beginlib"),
+            begin_and_assign: run_script!("begin_and_assign", "beginlib"),
             mark_started: run_script!("mark_started"),
             renew_leases: run_script!("renew_leases"),
             shorten_leases: run_script!("shorten_leases"),
