@@ -463,6 +463,20 @@ pub fn manual_job(id: &str, handler: &str) -> pb::JobSpec {
     }
 }
 
+/// A job that runs only when triggered, through the server's HTTP executor: a POST to
+/// `url`.
+pub fn manual_http_job(id: &str, url: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        id: id.to_owned(),
+        cron: MANUAL_ONLY.to_owned(),
+        target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
+            url: url.to_owned(),
+            method: "POST".into(),
+        })),
+        ..Default::default()
+    }
+}
+
 /// Unix ms now.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

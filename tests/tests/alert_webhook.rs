@@ -62,15 +62,10 @@ async fn a_failed_run_raises_a_signed_alert_webhook() -> Result<()> {
         .jobs()
         .await?
         .create_job(pb::CreateJobRequest {
-            spec: Some(pb::JobSpec {
-                id: "doomed".into(),
-                cron: sundial_tests::MANUAL_ONLY.into(),
-                target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
-                    url: format!("{base}/target"),
-                    method: "POST".into(),
-                })),
-                ..Default::default()
-            }),
+            spec: Some(sundial_tests::manual_http_job(
+                "doomed",
+                &format!("{base}/target"),
+            )),
         })
         .await?;
     let sid = server.trigger("doomed").await?;

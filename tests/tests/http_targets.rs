@@ -13,7 +13,7 @@ use axum::Router;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use sundial_proto::v1 as pb;
-use sundial_tests::{RedisServer, Sundial, SundialOptions};
+use sundial_tests::{RedisServer, Sundial, SundialOptions, manual_http_job};
 
 /// A receiver on a free port: `/ok` answers 200 with the schedule id it was called
 /// for, `/flaky` answers 500 to its first call and 200 after, `/slow` takes 3 s.
@@ -58,18 +58,6 @@ async fn receiver() -> Result<(String, Arc<AtomicUsize>)> {
     Ok((format!("http://{addr}"), calls))
 }
 
-fn http_job(id: &str, url: String) -> pb::JobSpec {
-    pb::JobSpec {
-        id: id.into(),
-        cron: sundial_tests::MANUAL_ONLY.into(),
-        target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
-            url,
-            method: "POST".into(),
-        })),
-        ..Default::default()
-    }
-}
-
 async fn run_until_final(server: &Sundial, job_id: &str) -> Result<pb::Run> {
     let sid = server.trigger(job_id).await?;
     server.finished(&sid).await
@@ -87,10 +75,10 @@ async fn http_targets_run_under_the_state_machine() -> Result<()> {
     )?;
     let mut jobs = server.jobs().await?;
     jobs.create_job(pb::CreateJobRequest {
-        spec: Some(http_job("ok", format!("{base}/ok"))),
+        spec: Some(manual_http_job("ok", &format!("{base}/ok"))),
     })
     .await?;
-    let mut flaky = http_job("flaky", format!("{base}/flaky"));
+    let mut flaky = manual_http_job("flaky", &format!("{base}/flaky"));
     flaky.retry = Some(pb::RetryPolicy {
         max_retries: 1,
         backoff_ms: 100,
@@ -98,7 +86,7 @@ async fn http_targets_run_under_the_state_machine() -> Result<()> {
     });
     jobs.create_job(pb::CreateJobRequest { spec: Some(flaky) })
         .await?;
-    let mut slow = http_job("slow", format!("{base}/slow"));
+    let mut slow = manual_http_job("slow", &format!("{base}/slow"));
     slow.timeout_ms = Some(500);
     jobs.create_job(pb::CreateJobRequest { spec: Some(slow) })
         .await?;
@@ -150,7 +138,7 @@ async fn loopback_targets_are_refused_without_the_allow_list() -> Result<()> {
     let mut jobs = server.jobs().await?;
     // An IP literal (checked before the request) and a host name (checked by the
     // resolver); the first retries once, as its retry policy says, and is refused again.
-    let mut literal = http_job("literal", format!("http://127.0.0.1:{port}/ok"));
+    let mut literal = manual_http_job("literal", &format!("http://127.0.0.1:{port}/ok"));
     literal.retry = Some(pb::RetryPolicy {
         max_retries: 1,
         backoff_ms: 100,
@@ -161,7 +149,10 @@ async fn loopback_targets_are_refused_without_the_allow_list() -> Result<()> {
     })
     .await?;
     jobs.create_job(pb::CreateJobRequest {
-        spec: Some(http_job("named", format!("http://localhost:{port}/ok"))),
+        spec: Some(manual_http_job(
+            "named",
+            &format!("http://localhost:{port}/ok"),
+        )),
     })
     .await?;
 

@@ -130,19 +130,7 @@ async fn a_draining_server_refuses_hellos_and_the_sdk_backs_off() -> Result<()> 
     )
     .await?;
     server
-        .jobs()
-        .await?
-        .create_job(pb::CreateJobRequest {
-            spec: Some(pb::JobSpec {
-                id: "slow".into(),
-                cron: sundial_tests::MANUAL_ONLY.into(),
-                target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
-                    url: target,
-                    method: "POST".into(),
-                })),
-                ..Default::default()
-            }),
-        })
+        .create_job(sundial_tests::manual_http_job("slow", &target))
         .await?;
     server.trigger("slow").await?;
     tokio::time::timeout(Duration::from_secs(20), requests.recv())

@@ -164,14 +164,8 @@ async fn create_job(server: &Sundial, id: &str, target: &str, callback: &str) ->
         .await?
         .create_job(pb::CreateJobRequest {
             spec: Some(pb::JobSpec {
-                id: id.into(),
-                cron: sundial_tests::MANUAL_ONLY.into(),
-                target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
-                    url: target.into(),
-                    method: "POST".into(),
-                })),
                 callback_url: callback.into(),
-                ..Default::default()
+                ..sundial_tests::manual_http_job(id, target)
             }),
         })
         .await?;
@@ -543,15 +537,9 @@ async fn a_job_naming_an_app_is_signed_with_its_secrets_through_a_rotation() -> 
         .await?
         .create_job(pb::CreateJobRequest {
             spec: Some(pb::JobSpec {
-                id: "billed".into(),
-                cron: sundial_tests::MANUAL_ONLY.into(),
-                target: Some(pb::job_spec::Target::Http(pb::HttpTarget {
-                    url: target.clone(),
-                    method: "POST".into(),
-                })),
                 callback_url: receiver.url(),
                 app_id: "billing".into(),
-                ..Default::default()
+                ..sundial_tests::manual_http_job("billed", &target)
             }),
         })
         .await?;
