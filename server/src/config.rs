@@ -136,6 +136,14 @@ pub struct Settings {
     /// heartbeat intervals; at most the lease.
     #[arg(long, env = "SUNDIAL_CONFIRM_WITHIN")]
     pub confirm_within: Option<HumanDuration>,
+    /// An executor that leaves a dispatch unanswered and sends nothing at all for this
+    /// long (frozen, cut off) is silent: the server takes its unanswered dispatches
+    /// back and routes them elsewhere (same attempt), and gives it no new work until
+    /// it is heard from again (ListNodes: UNRESPONSIVE). Runs it started keep their
+    /// leases. A live executor answers a dispatch at once. Default 1s (or
+    /// confirm_within if shorter); 0 = off; at most confirm_within.
+    #[arg(long, env = "SUNDIAL_SILENT_AFTER")]
+    pub silent_after: Option<HumanDuration>,
     /// When an executor's stream ends from its side (the process died, or it closed
     /// the stream) while it holds runs, their leases end this much later unless it
     /// reconnects and lists them in its hello first: a dead executor's runs fail over
@@ -357,6 +365,7 @@ impl Settings {
             missed_heartbeats,
             lease_ttl,
             confirm_within,
+            silent_after,
             disconnect_grace,
             dispatch_wait,
             route_retry,
@@ -575,6 +584,17 @@ impl Config {
                 reason: format!("{confirm_within:?} must be at most the lease ({lease_ttl:?})"),
             });
         }
+        let silent_after = s
+            .silent_after
+            .map_or(ed.silent_after.min(confirm_within), |d| d.0);
+        if silent_after > confirm_within {
+            return Err(Error::Invalid {
+                field: "silent_after",
+                reason: format!(
+                    "{silent_after:?} must be at most confirm_within ({confirm_within:?})"
+                ),
+            });
+        }
         let disconnect_grace = s
             .disconnect_grace
             .map_or(ed.disconnect_grace.min(lease_ttl), |d| d.0);
@@ -616,6 +636,7 @@ impl Config {
             hello_timeout: ed.hello_timeout,
             lease_ttl,
             disconnect_grace,
+            silent_after,
             max_log_bytes: s.max_log_bytes.unwrap_or(ed.max_log_bytes).max(1024),
         };
         let dd = DispatchOptions::default();
@@ -961,6 +982,17 @@ mod tests {
             cfg.dispatch.lease.confirm_within,
             Duration::from_millis(800)
         );
+        assert_eq!(
+            cfg.executors.silent_after,
+            Duration::from_millis(800),
+            "never past confirm_within"
+        );
+        // Silence: 1 s unless set; 0 turns it off.
+        let cfg = Config::from_settings(Settings::default()).expect("valid");
+        assert_eq!(cfg.executors.silent_after, Duration::from_secs(1));
+        let file: Settings = toml::from_str(r#"silent_after = "0s""#).expect("valid toml");
+        let cfg = Config::from_settings(file).expect("valid");
+        assert_eq!(cfg.executors.silent_after, Duration::ZERO);
         // A disconnected executor's leases: 1 s unless set; 0 (at once) is allowed.
         let cfg = Config::from_settings(Settings::default()).expect("valid");
         assert_eq!(cfg.executors.disconnect_grace, Duration::from_secs(1));
@@ -1320,6 +1352,13 @@ mod tests {
                     ..Default::default()
                 },
                 "disconnect_grace",
+            ),
+            (
+                Settings {
+                    silent_after: Some(HumanDuration(Duration::from_secs(11))),
+                    ..Default::default()
+                },
+                "silent_after",
             ),
             (
                 Settings {

@@ -444,3 +444,113 @@ async fn a_lease_that_lapses_while_every_instance_is_down_is_kept_on_redis() -> 
     let redis = RedisServer::start()?;
     a_lapsed_lease_is_kept_across_a_restart(SundialOptions::redis(&redis)).await
 }
+
+async fn node_health(server: &Sundial, id: &str) -> Result<Option<i32>> {
+    Ok(
+        pb::node_service_client::NodeServiceClient::new(server.channel().await?)
+            .list_nodes(pb::ListNodesRequest::default())
+            .await?
+            .into_inner()
+            .nodes
+            .into_iter()
+            .find(|n| n.node_id == id)
+            .map(|n| n.health),
+    )
+}
+
+/// A frozen executor (SIGSTOP) among two under a stream of runs: the dispatches it
+/// leaves unanswered are taken back once it has been silent for about a second
+/// (`--silent-after`) and it gets no new work (UNRESPONSIVE) until it answers again,
+/// so every run starts on the live node. The windows that would otherwise move them
+/// are set to the lease (15 s: `--confirm-within`, and the node's eviction after three
+/// 5 s heartbeat intervals), so a run that waited for the frozen node starts a lease
+/// or more after its trigger; the test asserts no tighter bound than that and prints
+/// the delays. After SIGCONT no run starts twice: the thawed node's late `Started`s get
+/// no go-ahead.
+async fn a_frozen_executor_is_bypassed(base: SundialOptions) -> Result<()> {
+    const RUNS: usize = 20;
+    const LEASE: Duration = Duration::from_secs(15);
+    let server = Sundial::start(
+        base.arg("heartbeat-interval", "5s")
+            .arg("lease-ttl", "15s")
+            .arg("confirm-within", "15s")
+            .arg("sweep-every", "50ms")
+            .arg("route-retry", "200ms"),
+    )?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![server.grpc_url()];
+    let journals = vec![dir.path().join("x.log"), dir.path().join("y.log")];
+    let x = TestExecutor::start(EXECUTOR, &endpoints, "x", &journals[0])?;
+    let _y = TestExecutor::start(EXECUTOR, &endpoints, "y", &journals[1])?;
+    server.create_job(sleep_job("stream", 10, 0)).await?;
+    for id in ["x", "y"] {
+        wait_for(
+            &format!("{id} to register"),
+            Duration::from_secs(20),
+            || async { node_health(&server, id).await },
+        )
+        .await?;
+    }
+    x.signal("STOP")?;
+    let mut triggered = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        triggered.push((server.trigger("stream").await?, now_ms()));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let unresponsive = node_health(&server, "x").await?;
+    let mut delays = Vec::with_capacity(RUNS);
+    for (sid, at) in &triggered {
+        let run = wait_for("the run to succeed", 3 * LEASE, || async {
+            let r = server.run(sid).await?;
+            Ok((r.state == pb::RunState::Succeeded as i32).then_some(r))
+        })
+        .await?;
+        ensure!(run.node_id == "y" && run.attempt == 1, "{run:?}");
+        delays.push(run.started_at_ms - at);
+    }
+    let worst = delays.iter().copied().max().unwrap_or(0);
+    println!("trigger -> start (ms) with one executor frozen: {delays:?}; worst {worst}");
+    ensure!(
+        u128::try_from(worst)? < LEASE.as_millis(),
+        "a run waited {worst} ms for the frozen executor: {delays:?}"
+    );
+    ensure!(
+        unresponsive == Some(pb::NodeHealth::Unresponsive as i32),
+        "the frozen node was listed {unresponsive:?}"
+    );
+    x.signal("CONT")?;
+    wait_for(
+        "the thawed node to answer again",
+        Duration::from_secs(20),
+        || async {
+            let h = node_health(&server, "x").await?;
+            Ok((h == Some(pb::NodeHealth::Healthy as i32)).then_some(()))
+        },
+    )
+    .await?;
+    let entries = read_journals(&journals)?;
+    ensure!(
+        !entries.iter().any(|e| e.node_id == "x"),
+        "the thawed node started a handler it was not given: {entries:?}"
+    );
+    for (sid, _) in &triggered {
+        let starts = journal_of(&entries, sid)
+            .iter()
+            .filter(|e| e.event == "start")
+            .count();
+        ensure!(starts == 1, "{sid} started {starts} times: {entries:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_executor_is_bypassed_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    a_frozen_executor_is_bypassed(SundialOptions::redis(&redis)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_executor_is_bypassed_on_the_embedded_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    a_frozen_executor_is_bypassed(SundialOptions::embedded(dir.path())).await
+}

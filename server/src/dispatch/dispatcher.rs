@@ -138,6 +138,11 @@ impl NodeCache {
         s.1.clone()
     }
 
+    /// Forgets the snapshot: the next routing decision reads the registry again.
+    async fn invalidate(&self) {
+        self.snapshot.lock().await.0 = None;
+    }
+
     /// One more (`delta` 1: a lease granted here) or one fewer (-1: a run's end
     /// reported here) active run on `node_id` than the snapshot says.
     fn moved(&self, node_id: &str, delta: i64) {
@@ -248,6 +253,12 @@ impl Dispatcher {
     /// A stream attached here reported about a run its node does not hold.
     pub fn foreign_report(&self) {
         self.alerts.metrics().foreign_report();
+    }
+
+    /// A node attached here changed in a way routing must see at once (it went silent
+    /// or answers again): the next routing decision re-reads the registry.
+    pub async fn nodes_changed(&self) {
+        self.nodes.invalidate().await;
     }
 
     /// A stream attached here reported the end of a run on `node_id`: routing counts
@@ -1033,6 +1044,7 @@ mod tests {
             session: String::new(),
             ready: true,
             draining: false,
+            silent_since: 0,
             // The executor's own figure, seconds old: never counted.
             active: 1_000,
             leased,

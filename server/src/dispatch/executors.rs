@@ -25,7 +25,7 @@
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt as _};
 use sundial_proto::v1 as pb;
@@ -42,6 +42,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::auth::Authenticator;
 use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::Links;
+use crate::dispatch::silence::Liveness;
 use crate::dispatch::{Dispatcher, lock};
 use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
 use crate::store::{
@@ -65,6 +66,13 @@ pub struct ExecutorOptions {
     /// holds runs, their leases end this much later unless it reconnects and lists
     /// them first, so they fail over in about this long rather than a lease TTL.
     pub disconnect_grace: Duration,
+    /// A node that leaves a dispatch unanswered and sends nothing for this long is
+    /// silent: its unanswered dispatches are taken back and routed again (same
+    /// attempt), and it gets no new work until it is heard from ([`silence`]). Zero
+    /// turns the rule off (the store's `confirm_by` still takes them back).
+    ///
+    /// [`silence`]: crate::dispatch::silence
+    pub silent_after: Duration,
     /// Log text kept per run; the oldest lines fall out first.
     pub max_log_bytes: usize,
     /// The health window and thresholds `ListNodes` reports by.
@@ -80,6 +88,7 @@ impl Default for ExecutorOptions {
             hello_timeout: Duration::from_secs(10),
             lease_ttl: Duration::from_secs(15),
             disconnect_grace: Duration::from_secs(1),
+            silent_after: Duration::from_secs(1),
             max_log_bytes: 1 << 20,
             health: HealthPolicy::default(),
         }
@@ -206,6 +215,7 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
         session: uuid::Uuid::now_v7().simple().to_string(),
         ready: true,
         draining: false,
+        silent_since: 0,
         active: 0,
         leased: 0,
         load: 0.0,
@@ -295,11 +305,14 @@ impl ExecutorService for Executors {
         tx.send(out(Out::Welcome(welcome)))
             .await
             .map_err(|_| Status::cancelled("executor left"))?;
-        let conn = self.links.attach(&node.node_id, tx.clone());
+        let liveness = Arc::new(Liveness::new(Instant::now()));
+        let conn = self
+            .links
+            .attach(&node.node_id, tx.clone(), liveness.clone());
         let span = info_span!("executor", node_id = %node.node_id);
         tokio::spawn(
             self.clone()
-                .session(node, conn, inbound, tx)
+                .session(node, (conn, liveness), inbound, tx)
                 .instrument(span),
         );
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -317,7 +330,7 @@ impl Executors {
     async fn session(
         self,
         node: NodeRecord,
-        conn: u64,
+        (conn, liveness): (u64, Arc<Liveness>),
         inbound: Streaming<pb::ExecutorMessage>,
         tx: mpsc::Sender<Result<pb::ServerMessage, Status>>,
     ) {
@@ -332,7 +345,17 @@ impl Executors {
         let stop_reading = CancellationToken::new();
         tokio::spawn(
             self.clone()
-                .read_stream(inbound, read_tx.clone(), beats_tx, stop_reading.clone())
+                .read_stream(
+                    inbound,
+                    (read_tx.clone(), beats_tx),
+                    liveness.clone(),
+                    stop_reading.clone(),
+                )
+                .in_current_span(),
+        );
+        tokio::spawn(
+            self.clone()
+                .watch_silence(state.clone(), liveness, stop_reading.clone())
                 .in_current_span(),
         );
         tokio::spawn(
@@ -413,12 +436,13 @@ impl Executors {
     /// silent for the node's TTL, or the session stops reading (`stop`) or listening.
     /// It never waits for the store: heartbeats go to their own task (they keep the
     /// node's registry entry and leases alive, so they never wait behind other
-    /// messages' store calls), everything else to the session, in order.
+    /// messages' store calls), everything else to the session, in order. Each message
+    /// is noted in `liveness` as it arrives, with the runs it answers for.
     async fn read_stream(
         self,
         mut inbound: Streaming<pb::ExecutorMessage>,
-        to_session: mpsc::Sender<Read>,
-        beats: mpsc::Sender<pb::Heartbeat>,
+        (to_session, beats): (mpsc::Sender<Read>, mpsc::Sender<pb::Heartbeat>),
+        liveness: Arc<Liveness>,
         stop: CancellationToken,
     ) {
         let silence = self.opts.node_ttl();
@@ -427,6 +451,9 @@ impl Executors {
                 () = stop.cancelled() => return,
                 m = tokio::time::timeout(silence, inbound.message()) => m,
             };
+            if let Ok(Ok(Some(m))) = &next {
+                note_answers(&liveness, m);
+            }
             let item = match next {
                 Err(_) => {
                     warn!(?silence, "executor silent; closing its stream");
@@ -454,6 +481,104 @@ impl Executors {
             let last = matches!(item, Read::Ended(_));
             if to_session.send(item).await.is_err() || last {
                 return;
+            }
+        }
+    }
+
+    /// Checks, four times per `silent_after`, whether the node went silent
+    /// ([`Liveness::check`]) until the session stops (`stop`). When it does, it is
+    /// marked so in the registry (no instance routes to it) and every dispatch it left
+    /// unanswered is taken back and routed again; heard from again, it is marked
+    /// answering.
+    async fn watch_silence(
+        self,
+        state: Arc<Mutex<NodeState>>,
+        liveness: Arc<Liveness>,
+        stop: CancellationToken,
+    ) {
+        let after = self.opts.silent_after;
+        if after.is_zero() {
+            return;
+        }
+        let mut tick = tokio::time::interval((after / 4).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let verdict = liveness.check(Instant::now(), after);
+            if let Some(silent) = verdict.turned {
+                self.mark_silent(&state, silent).await;
+            }
+            let runs = verdict.take_back.len();
+            let taken: usize = futures::stream::iter(verdict.take_back)
+                .map(|run| self.take_back(&state, run))
+                .buffer_unordered(REPORT_CONCURRENCY)
+                .map(usize::from)
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .sum();
+            if runs > 0 {
+                info!(
+                    unanswered = runs,
+                    taken_back = taken,
+                    "dispatches of a silent executor taken back; routing them elsewhere"
+                );
+            }
+        }
+    }
+
+    /// Publishes that the node turned silent (or answers again), so that routing on
+    /// every instance leaves it out (or takes it back in); this instance's routing
+    /// re-reads the registry at once.
+    async fn mark_silent(&self, state: &Mutex<NodeState>, silent: bool) {
+        let node = {
+            let mut st = lock(state);
+            st.node.silent_since = if silent { now_ms().max(1) } else { 0 };
+            st.node.clone()
+        };
+        if silent {
+            warn!(after = ?self.opts.silent_after, "executor silent: a dispatch unanswered and nothing heard from it; no new work for it until it answers");
+        } else {
+            info!("executor answers again; it gets work again");
+        }
+        match self
+            .store
+            .nodes
+            .refresh_node(node, self.opts.node_ttl())
+            .await
+        {
+            // Superseded meanwhile: the newer stream's record stands; this stream's next
+            // heartbeat ends it.
+            Ok(_) => self.dispatcher.nodes_changed().await,
+            Err(e) => {
+                warn!(error = %e, "could not publish the executor's silence; its dispatches are still taken back")
+            }
+        }
+    }
+
+    /// Takes back one dispatch the silent node left unanswered, if it is still
+    /// unconfirmed (a `Started` applied first keeps it), and routes the run again.
+    /// Whether it was taken back.
+    async fn take_back(&self, state: &Mutex<NodeState>, run: pb::RunRef) -> bool {
+        let taken = self
+            .store
+            .runs
+            .take_back_unconfirmed(&stored_id(&run), &holder(state, &run))
+            .await;
+        match taken {
+            Ok(t) if t.applied == Applied::Yes => {
+                debug!(schedule_id = %run.schedule_id, token = run.fencing_token, "dispatch taken back from a silent executor");
+                self.spawn_follow_up(t);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                // Its confirm deadline takes it back instead.
+                warn!(schedule_id = %run.schedule_id, error = %e, "could not take back a silent executor's dispatch");
+                false
             }
         }
     }
@@ -909,10 +1034,10 @@ impl Executors {
     /// Routes what a finished or rejected attempt left behind, off the stream's task.
     fn spawn_follow_up(&self, t: crate::store::Transition) {
         let dispatcher = self.dispatcher.clone();
-        let route = t
-            .run
-            .clone()
-            .filter(|r| r.state == RunState::Waiting && r.reason.starts_with("rejected"));
+        let route = t.run.clone().filter(|r| {
+            r.state == RunState::Waiting
+                && (r.reason.starts_with("rejected") || r.reason == "unconfirmed")
+        });
         tokio::spawn(
             async move {
                 dispatcher.follow_up(t).await;
@@ -922,6 +1047,19 @@ impl Executors {
             }
             .in_current_span(),
         );
+    }
+}
+
+/// Notes a message that just arrived in the stream's liveness: the node was heard from,
+/// and each run the message is about (a heartbeat: each it lists) is answered.
+fn note_answers(liveness: &Liveness, m: &pb::ExecutorMessage) {
+    liveness.heard(Instant::now());
+    match &m.msg {
+        Some(Msg::Started(pb::Started { run: Some(run) }))
+        | Some(Msg::Reject(pb::Reject { run: Some(run), .. }))
+        | Some(Msg::Result(pb::Result { run: Some(run), .. })) => liveness.answered(run),
+        Some(Msg::Heartbeat(hb)) => hb.in_flight.iter().for_each(|r| liveness.answered(r)),
+        _ => {}
     }
 }
 
@@ -1039,6 +1177,7 @@ fn node_view(n: NodeRecord, policy: &HealthPolicy) -> pb::Node {
         Health::Failing => pb::NodeHealth::Failing,
         Health::NotReady => pb::NodeHealth::NotReady,
         Health::Draining => pb::NodeHealth::Draining,
+        Health::Unresponsive => pb::NodeHealth::Unresponsive,
     };
     pb::Node {
         health: health as i32,

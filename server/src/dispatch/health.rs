@@ -48,16 +48,20 @@ pub enum Health {
     NotReady,
     /// Asked to drain: finishes what it holds, takes nothing new.
     Draining,
+    /// Left a dispatch unanswered and sent nothing for `--silent-after` (frozen, cut
+    /// off): no new work until it is heard from again.
+    Unresponsive,
 }
 
 impl Health {
     /// Every health, in the order metrics list them.
-    pub const ALL: [Health; 5] = [
+    pub const ALL: [Health; 6] = [
         Health::Healthy,
         Health::Slow,
         Health::Failing,
         Health::NotReady,
         Health::Draining,
+        Health::Unresponsive,
     ];
 
     /// The stable name (the `health` label of `sundial_executor_nodes`).
@@ -68,6 +72,7 @@ impl Health {
             Health::Failing => "FAILING",
             Health::NotReady => "NOT_READY",
             Health::Draining => "DRAINING",
+            Health::Unresponsive => "UNRESPONSIVE",
         }
     }
 
@@ -92,6 +97,9 @@ pub fn success_rate(node: &NodeRecord) -> f64 {
 pub fn classify(node: &NodeRecord, policy: &HealthPolicy) -> Health {
     if node.draining {
         return Health::Draining;
+    }
+    if node.silent_since > 0 {
+        return Health::Unresponsive;
     }
     if !node.ready {
         return Health::NotReady;
@@ -183,6 +191,7 @@ mod tests {
             session: String::new(),
             ready: true,
             draining: false,
+            silent_since: 0,
             active: 0,
             leased: 0,
             load: 0.0,

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::dispatch::silence::Liveness;
 use crate::store::Inboxes;
 
 /// The sending half of an executor's stream.
@@ -28,6 +29,8 @@ struct Link {
     tx: StreamSender,
     /// A `Drain` went down this stream: the node reports draining from now on.
     draining: bool,
+    /// The dispatches sent down it are noted here, for the silence rule.
+    liveness: Arc<Liveness>,
 }
 
 pub struct Links {
@@ -51,9 +54,10 @@ impl Links {
         &self.instance
     }
 
-    /// Attaches a node's stream here (replacing an older stream of the same node);
-    /// returns the connection number to detach with.
-    pub fn attach(&self, node_id: &str, tx: StreamSender) -> u64 {
+    /// Attaches a node's stream here (replacing an older stream of the same node),
+    /// noting each dispatch sent down it in `liveness`; returns the connection number
+    /// to detach with.
+    pub fn attach(&self, node_id: &str, tx: StreamSender, liveness: Arc<Liveness>) -> u64 {
         let conn = self
             .next_conn
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -63,6 +67,7 @@ impl Links {
                 conn,
                 tx,
                 draining: false,
+                liveness,
             },
         );
         conn
@@ -102,8 +107,12 @@ impl Links {
             let Some(link) = map.get_mut(node_id) else {
                 return Some(msg);
             };
-            if matches!(msg, pb::server_message::Msg::Drain(_)) {
-                link.draining = true;
+            match &msg {
+                pb::server_message::Msg::Drain(_) => link.draining = true,
+                pb::server_message::Msg::Dispatch(pb::Dispatch { run: Some(run), .. }) => {
+                    link.liveness.sent(run, std::time::Instant::now());
+                }
+                _ => {}
             }
             link.tx.clone()
         };

@@ -35,6 +35,11 @@ pub struct NodeRecord {
     /// Asked to drain (`DrainNode`): it finishes what it holds and gets no new work.
     #[serde(default)]
     pub draining: bool,
+    /// When (ms, the holding instance's clock) the node went silent: a dispatch it
+    /// left unanswered and nothing heard from it for `--silent-after`; 0 while it
+    /// answers. A silent node gets no new work (see `dispatch::silence`).
+    #[serde(default)]
+    pub silent_since: Millis,
     /// Runs the executor reports holding (at its last heartbeat).
     pub active: u32,
     /// Runs leased to the node right now, as the store counts them (filled in by

@@ -294,6 +294,20 @@ pub trait RunStore: StoreMeta {
     /// the reason ([`Holder::refusal`], [`UNKNOWN_RUN`], or the state).
     async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition>;
 
+    /// Takes back a dispatch its node never answered, because the node went silent
+    /// (the instance holding its stream heard nothing from it for about a second after
+    /// the dispatch): if `holder` holds the run's lease under its token and the run is
+    /// DISPATCHED and not confirmed (no `Started` applied, no heartbeat listed it), it
+    /// is revoked and goes back to WAITING at the same attempt, exactly as its
+    /// `confirm_by` deadline passing would take it (`expire_run`: reason
+    /// "unconfirmed", `last_node` = the node, `wake_at` = now, `wait_until` = now +
+    /// dispatch_wait_ms), for the caller to route again. A confirmed dispatch, a
+    /// RUNNING or final run, another lease → `No` with the reason: a `Started` the
+    /// store applied first always wins, so a handler that got its go-ahead is never
+    /// run a second time.
+    async fn take_back_unconfirmed(&self, schedule_id: &str, holder: &Holder)
+    -> Result<Transition>;
+
     /// Renews exactly the listed leases held by `node_id` (a heartbeat's in-flight
     /// list), each only if its token is current and the lease has not expired; a
     /// DISPATCHED run listed here counts as confirmed (`confirm_by` cleared). Returns,

@@ -101,6 +101,7 @@ macro_rules! store_conformance_tests {
                 finish_run_rejected: options,
                 expire_run_timeout: options,
                 expire_run_unconfirmed_and_lost: options,
+                take_back_unconfirmed_only_before_a_start: options,
                 expire_run_wakes_waiting: options,
                 due_runs_per_partition: options,
                 cancel_run_transitions: options,
@@ -293,6 +294,7 @@ pub fn node(id: &str, group: &str, instance: &str) -> NodeRecord {
         session: format!("{id}@{instance}"),
         ready: true,
         draining: false,
+        silent_since: 0,
         active: 0,
         leased: 0,
         // Exact in binary, so no backend's number formatting can round it.

@@ -1,5 +1,6 @@
 //! `RunStore` checks of how a run ends or moves on: `finish_run` (outcomes, retries, rejects),
-//! `expire_run` (timeouts, unconfirmed dispatches, lost leases, waits), run timers by
+//! `expire_run` (timeouts, unconfirmed dispatches, lost leases, waits),
+//! `take_back_unconfirmed` (a silent node's dispatches), run timers by
 //! partition, `cancel_run`, sharding broadcast, progress and logs.
 
 use super::*;
@@ -460,6 +461,119 @@ pub async fn expire_run_timeout(store: Arc<dyn Store>) {
     );
     // The node's slot was freed by the timeout.
     grant(&store, &schedule_id("tmo", "2000"), 1, &n, LONG).await;
+}
+
+/// A silent node's dispatch is taken back at once, as its confirm deadline would take
+/// it: only from the holder under its token, only while DISPATCHED and unconfirmed. A
+/// `Started` or a heartbeat that got there first keeps the run where it is.
+pub async fn take_back_unconfirmed_only_before_a_start(store: Arc<dyn Store>) {
+    store.create_job(job("mute", None)).await.expect("create");
+    let sid = |planned: i64| schedule_id("mute", &planned.to_string());
+    for planned in [1000, 2000, 3000] {
+        begin(
+            &store,
+            planned_run("mute", planned, plan(OverlapPolicy::Allow)),
+        )
+        .await;
+    }
+    let t = store
+        .take_back_unconfirmed(&sid(1000), &holder("mute-n", 1))
+        .await
+        .expect("take back");
+    assert!(matches!(t.applied, Applied::No(_)), "WAITING: {t:?}");
+    let n = slot("mute-n", 0);
+    let a = grant(&store, &sid(1000), 1, &n, LONG).await;
+    let b = grant(&store, &sid(2000), 1, &n, LONG).await;
+    let c = grant(&store, &sid(3000), 1, &n, LONG).await;
+
+    // Only the holder, under its token.
+    let thief = Holder {
+        node_id: "thief".into(),
+        ..Holder::of(&a)
+    };
+    let stale = Holder {
+        token: a.fencing_token + 1,
+        ..Holder::of(&a)
+    };
+    for (h, why) in [(&thief, NOT_THE_HOLDER), (&stale, STALE_TOKEN)] {
+        let t = store
+            .take_back_unconfirmed(&sid(1000), h)
+            .await
+            .expect("take back");
+        assert_eq!(t.applied, Applied::No(why.to_owned()), "{h:?}");
+    }
+    assert_eq!(get(&store, &sid(1000)).await, a);
+
+    let before = now(&store).await;
+    let t = store
+        .take_back_unconfirmed(&sid(1000), &Holder::of(&a))
+        .await
+        .expect("take back");
+    let after = now(&store).await;
+    assert_eq!(t.applied, Applied::Yes, "{t:?}");
+    assert_eq!(
+        t.revoked,
+        vec![Revocation {
+            schedule_id: a.schedule_id.clone(),
+            node_id: "mute-n".to_owned(),
+            token: a.fencing_token,
+            attempt: 1,
+            reason: "unconfirmed".to_owned(),
+        }]
+    );
+    let w = t.run.expect("run");
+    assert_eq!(
+        (w.state, w.attempt, w.reason.as_str()),
+        (RunState::Waiting, 1, "unconfirmed")
+    );
+    assert!(w.fencing_token > a.fencing_token);
+    assert_eq!(w.last_node, "mute-n");
+    assert_near(w.deadlines.wake_at, before, after, 0, "wake_at");
+    assert_near(w.deadlines.wait_until, before, after, 5_000, "wait_until");
+    assert_eq!(get(&store, &sid(1000)).await, w);
+    // Routed again: a second take-back of the old lease is refused.
+    let t = store
+        .take_back_unconfirmed(&sid(1000), &Holder::of(&a))
+        .await
+        .expect("take back");
+    assert!(matches!(t.applied, Applied::No(_)), "twice: {t:?}");
+
+    // Started first: RUNNING stays.
+    let started = store
+        .mark_started(&sid(2000), &Holder::of(&b))
+        .await
+        .expect("start");
+    assert_eq!(started.applied, Applied::Yes);
+    let t = store
+        .take_back_unconfirmed(&sid(2000), &Holder::of(&b))
+        .await
+        .expect("take back");
+    assert_eq!(t.applied, Applied::No("run is RUNNING".to_owned()));
+    assert_eq!(get(&store, &sid(2000)).await.state, RunState::Running);
+
+    // Listed by a heartbeat first: confirmed, stays DISPATCHED.
+    let renewed = store
+        .renew_leases(
+            "mute-n",
+            &[Held {
+                schedule_id: c.schedule_id.clone(),
+                token: c.fencing_token,
+            }],
+            LONG.ttl,
+        )
+        .await
+        .expect("renew");
+    assert!(renewed[0].is_some());
+    let t = store
+        .take_back_unconfirmed(&sid(3000), &Holder::of(&c))
+        .await
+        .expect("take back");
+    assert!(matches!(t.applied, Applied::No(_)), "confirmed: {t:?}");
+    let kept = get(&store, &sid(3000)).await;
+    assert_eq!(
+        (kept.state, kept.fencing_token),
+        (RunState::Dispatched, c.fencing_token)
+    );
 }
 
 pub async fn expire_run_unconfirmed_and_lost(store: Arc<dyn Store>) {

@@ -364,17 +364,7 @@ impl RunStore for EmbeddedStore {
                     return Ok(applied(run, rv, next));
                 }
                 if !confirmed && (passed(d.confirm_by) || d.lease_expires <= now) {
-                    // Never confirmed: the dispatch may not have arrived at all, so the
-                    // attempt is not spent.
-                    let rv = t.revoke(&mut run, "unconfirmed")?;
-                    run.last_node = run.node_id.clone();
-                    run.state = RunState::Waiting;
-                    run.reason = "unconfirmed".to_owned();
-                    run.deadlines = Deadlines {
-                        wake_at: now,
-                        wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
-                        ..Deadlines::default()
-                    };
+                    let rv = unconfirmed(t, &mut run)?;
                     t.save(&run)?;
                     return Ok(applied(run, rv, None));
                 }
@@ -394,6 +384,33 @@ impl RunStore for EmbeddedStore {
             // Nothing due (the timer was early, e.g. after a renewal): re-score it.
             t.save(&run)?;
             Ok(refused("nothing due", Some(run)))
+        })
+        .await
+    }
+
+    async fn take_back_unconfirmed(
+        &self,
+        schedule_id: &str,
+        holder: &Holder,
+    ) -> Result<Transition> {
+        let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
+        self.write(move |_, b| {
+            let t = b.runs()?;
+            let Some(mut run) = t.load_held(&schedule_id)? else {
+                return Ok(refused(UNKNOWN_RUN, None));
+            };
+            if let Some(why) = holder.refusal(&run) {
+                return Ok(refused(why, Some(run)));
+            }
+            if run.state != RunState::Dispatched {
+                return Ok(refused(&format!("run is {}", run.state), Some(run)));
+            }
+            if run.deadlines.confirm_by == 0 {
+                return Ok(refused("the dispatch is confirmed", Some(run)));
+            }
+            let rv = unconfirmed(t, &mut run)?;
+            t.save(&run)?;
+            Ok(applied(run, rv, None))
         })
         .await
     }
@@ -768,6 +785,23 @@ enum Start {
 }
 
 /// A transition that was refused.
+/// A dispatch nothing confirmed goes back to WAITING at the same attempt (reason
+/// "unconfirmed"): it may never have reached its node, so the attempt is not spent.
+/// The caller saves the run.
+fn unconfirmed(t: &mut RunTables<'_>, run: &mut RunRecord) -> Result<Option<Revocation>> {
+    let rv = t.revoke(run, "unconfirmed")?;
+    let now = t.now;
+    run.last_node = run.node_id.clone();
+    run.state = RunState::Waiting;
+    run.reason = "unconfirmed".to_owned();
+    run.deadlines = Deadlines {
+        wake_at: now,
+        wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
+        ..Deadlines::default()
+    };
+    Ok(rv)
+}
+
 fn refused(reason: &str, run: Option<RunRecord>) -> Transition {
     Transition {
         applied: Applied::No(reason.to_owned()),

@@ -249,6 +249,16 @@ impl RunStore for RedisStore {
         self.run_transition(script, schedule_id, &args).await
     }
 
+    async fn take_back_unconfirmed(
+        &self,
+        schedule_id: &str,
+        holder: &Holder,
+    ) -> Result<Transition> {
+        let script = &self.inner.scripts.take_back_unconfirmed;
+        let args = [holder.node_id.clone(), holder.token.to_string()];
+        self.run_transition(script, schedule_id, &args).await
+    }
+
     async fn renew_leases(
         &self,
         node_id: &str,

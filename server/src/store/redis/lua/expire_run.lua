@@ -20,13 +20,7 @@ if HELD[run.state] then
     return reply('yes', '', save_run(P, run), rv, nxt)
   end
   if (not confirmed) and ((d.confirm_by > 0 and d.confirm_by <= now) or d.lease_expires <= now) then
-    local rv = revoke(P, N, run, 'unconfirmed')
-    run.last_node = run.node_id
-    run.state, run.reason = 'WAITING', 'unconfirmed'
-    local wait_ms = tonumber(run.plan.dispatch_wait_ms) or 0
-    clear_deadlines(run)
-    d = run.deadlines
-    d.wake_at, d.wait_until = now, now + wait_ms
+    local rv = unconfirmed(P, N, run, now)
     return reply('yes', '', save_run(P, run), rv)
   end
   if d.lease_expires > 0 and d.lease_expires <= now then

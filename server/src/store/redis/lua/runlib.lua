@@ -126,6 +126,19 @@ local function revoke(P, N, run, reason)
   return rv
 end
 
+-- A dispatch nothing confirmed goes back to WAITING at the same attempt (reason
+-- 'unconfirmed'): it may never have reached its node, so the attempt is not spent.
+-- Returns the revocation; the caller saves the run.
+local function unconfirmed(P, N, run, now)
+  local rv = revoke(P, N, run, 'unconfirmed')
+  run.last_node = run.node_id
+  run.state, run.reason = 'WAITING', 'unconfirmed'
+  local wait_ms = tonumber(run.plan.dispatch_wait_ms) or 0
+  clear_deadlines(run)
+  run.deadlines.wake_at, run.deadlines.wait_until = now, now + wait_ms
+  return rv
+end
+
 -- The next queued serial run becomes due to route; returns its sid.
 local function pop_serial(P, job_id, now)
   while true do
