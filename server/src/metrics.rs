@@ -65,6 +65,7 @@ pub struct Metrics {
     runs_retried: Counter,
     runs_lost: Counter,
     starts_refused: Counter,
+    taken_back: Counter,
     foreign_reports: Counter,
     misfires: Family<Label, Counter>,
     late_fires: Counter,
@@ -117,6 +118,12 @@ impl Metrics {
             "sundial_starts_refused",
             "Started reports for dispatches whose lease was already gone: not started",
             starts_refused.clone(),
+        );
+        let taken_back = Counter::default();
+        registry.register(
+            "sundial_dispatches_taken_back",
+            "Dispatches a silent executor left unanswered, taken back and routed again (same attempt)",
+            taken_back.clone(),
         );
         let foreign_reports = Counter::default();
         registry.register(
@@ -198,6 +205,7 @@ impl Metrics {
             runs_retried,
             runs_lost,
             starts_refused,
+            taken_back,
             foreign_reports,
             misfires,
             late_fires,
@@ -243,6 +251,11 @@ impl Metrics {
         if let Some(run) = &t.run {
             self.record_run(run);
         }
+    }
+
+    /// A silent executor's unanswered dispatch was taken back.
+    pub fn taken_back(&self) {
+        self.taken_back.inc();
     }
 
     /// A `Started` was answered "do not start": its lease was gone.

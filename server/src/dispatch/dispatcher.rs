@@ -250,6 +250,12 @@ impl Dispatcher {
         self.alerts.metrics().start_refused();
     }
 
+    /// A silent executor's unanswered dispatch was taken back (counted in
+    /// `sundial_dispatches_taken_back_total`).
+    pub fn taken_back(&self) {
+        self.alerts.metrics().taken_back();
+    }
+
     /// A stream attached here reported about a run its node does not hold.
     pub fn foreign_report(&self) {
         self.alerts.metrics().foreign_report();

@@ -571,6 +571,7 @@ impl Executors {
         match taken {
             Ok(t) if t.applied == Applied::Yes => {
                 debug!(schedule_id = %run.schedule_id, token = run.fencing_token, "dispatch taken back from a silent executor");
+                self.dispatcher.taken_back();
                 self.spawn_follow_up(t);
                 true
             }

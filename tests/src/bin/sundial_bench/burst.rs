@@ -68,6 +68,9 @@ pub struct BurstReport {
     pub cancelled: f64,
     pub skipped: f64,
     pub lost: f64,
+    /// Dispatches taken back from executors taken for silent (none should be: every
+    /// executor here answers).
+    pub taken_back: f64,
     /// Handler start lines beyond the first for a schedule_id, over all executors.
     pub duplicate_starts: usize,
     pub runs_started_twice: usize,
@@ -129,8 +132,8 @@ impl crate::Report for BurstReport {
             self.lost
         );
         println!(
-            "  duplicate starts: {} ({} runs started twice or more)",
-            self.duplicate_starts, self.runs_started_twice
+            "  duplicate starts: {} ({} runs started twice or more); dispatches taken back from silent executors: {}",
+            self.duplicate_starts, self.runs_started_twice, self.taken_back
         );
         println!(
             "  runs per executor: min {} / max {}",
@@ -193,13 +196,17 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
         + Duration::from_millis(u64::try_from(last - now_ms()).unwrap_or(0))
         + Duration::from_secs(args.timeout_s);
     // Polls until every run is final; the last scrape gives the final states.
-    let (states, lost) = loop {
+    let (states, lost, taken_back) = loop {
         let scraped = rig.scrape(&client).await?;
         let states = FINAL
             .map(|state| scraped.sum(&format!("sundial_runs_finished_total{{state=\"{state}\"}}")));
         let done: f64 = states.iter().sum();
         if done as usize >= expected {
-            break (states, scraped.sum("sundial_runs_lost_total"));
+            break (
+                states,
+                scraped.sum("sundial_runs_lost_total"),
+                scraped.sum("sundial_dispatches_taken_back_total"),
+            );
         }
         if Instant::now() >= deadline {
             bail!("only {done} of {expected} runs ended within the timeout");
@@ -243,6 +250,7 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
         cancelled: states[3],
         skipped: states[4],
         lost,
+        taken_back,
         duplicate_starts: starts.duplicates,
         runs_started_twice: starts.runs_started_twice,
         runs_per_executor_min: per.values().copied().min().unwrap_or(0),

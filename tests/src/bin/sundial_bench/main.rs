@@ -70,7 +70,8 @@ enum Scenario {
     Registered(RegisteredArgs),
     /// The server's memory per idle executor stream (in-process SDK executors).
     Executors(StreamsArgs),
-    /// An executor SIGKILLed mid-run: kill → its runs' attempt 2 starting elsewhere.
+    /// An executor SIGKILLed mid-run: kill → its runs' attempt 2 starting elsewhere;
+    /// `--freeze`: one SIGSTOPped before a stream of runs: trigger → start.
     Failover(FailoverArgs),
     /// Every scenario, on every store it supports.
     All,
@@ -141,6 +142,8 @@ fn quick_failover(store: StoreKind) -> FailoverArgs {
         sleep_ms: 1000,
         store,
         disconnect_grace: None,
+        freeze: false,
+        silent_after: None,
         timeout_s: 60,
     }
 }
@@ -199,11 +202,20 @@ async fn main() -> Result<()> {
         }
         Scenario::Failover(args) => {
             let args = if quick {
-                quick_failover(args.store)
+                FailoverArgs {
+                    freeze: args.freeze,
+                    silent_after: args.silent_after.clone(),
+                    disconnect_grace: args.disconnect_grace.clone(),
+                    ..quick_failover(args.store)
+                }
             } else {
                 args.clone()
             };
-            problems.extend(finish(&failover::run(&bins, &args).await?)?);
+            if args.freeze {
+                problems.extend(finish(&failover::freeze(&bins, &args).await?)?);
+            } else {
+                problems.extend(finish(&failover::run(&bins, &args).await?)?);
+            }
         }
         Scenario::All => {
             for (store, instances) in [
@@ -265,6 +277,11 @@ async fn main() -> Result<()> {
                     }
                 };
                 problems.extend(finish(&failover::run(&bins, &args).await?)?);
+                let freeze = FailoverArgs {
+                    freeze: true,
+                    ..args
+                };
+                problems.extend(finish(&failover::freeze(&bins, &freeze).await?)?);
             }
         }
     }
