@@ -179,13 +179,16 @@ pub struct Settings {
     /// A node's results older than this no longer count toward its health (default 1h).
     #[arg(long, env = "SUNDIAL_HEALTH_WINDOW")]
     pub health_window: Option<HumanDuration>,
-    /// Results a node needs in the window before its success rate is judged (default 5).
+    /// Results a node needs in the window before it is judged (default 5); a handler's
+    /// errors are judged against its peers only when they have this many results of it.
     #[arg(long, env = "SUNDIAL_HEALTH_MIN_RESULTS")]
     pub health_min_results: Option<u32>,
-    /// Success rate under which a node is SLOW: work goes to other nodes first (default 0.9).
+    /// Share of a node's recent results that are not its own failures (its lost leases,
+    /// and the errors beyond what its peers have on the same handlers) under which it is
+    /// SLOW: work goes to other nodes first (default 0.9).
     #[arg(long, env = "SUNDIAL_SLOW_BELOW")]
     pub slow_below: Option<f64>,
-    /// Success rate under which a node is FAILING: it gets no work (default 0.5).
+    /// The same share under which a node is FAILING: it gets no work (default 0.5).
     #[arg(long, env = "SUNDIAL_DROP_BELOW")]
     pub drop_below: Option<f64>,
     /// Addresses HTTP targets may reach beyond public and private ones, comma-separated

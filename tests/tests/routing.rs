@@ -673,3 +673,78 @@ async fn a_burst_spreads_over_every_executor_on_redis() -> Result<()> {
 async fn a_burst_spreads_over_every_executor_on_the_embedded_store() -> Result<()> {
     a_burst_spreads_over_every_executor("embedded").await
 }
+
+/// A job that fails its first attempt everywhere (and succeeds its second) makes no
+/// node sick: its failures are the job's, judged against the node's peers on the same
+/// handler. 100 runs over three executors, ten at a time: all three stay HEALTHY, each
+/// executes at least a fifth of the 200 attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_failing_everywhere_makes_no_node_sick() -> Result<()> {
+    const RUNS: usize = 100;
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(opts(&redis, "a"))?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![server.grpc_url()];
+    let ids = ["n1", "n2", "n3"];
+    let _execs = start_executors(&endpoints, dir.path(), &ids)?;
+    server
+        .create_job(pb::JobSpec {
+            retry: Some(pb::RetryPolicy {
+                max_retries: 1,
+                backoff_ms: 50,
+                ..Default::default()
+            }),
+            ..job("flaky", "flaky", pb::RouteStrategy::RoundRobin, "")
+        })
+        .await?;
+    for id in ids {
+        wait_for(&format!("{id} listed"), Duration::from_secs(20), || async {
+            node(&server, id).await
+        })
+        .await?;
+    }
+    for _ in 0..RUNS / 10 {
+        let mut sids = Vec::new();
+        for _ in 0..10 {
+            sids.push(server.trigger("flaky").await?);
+        }
+        for sid in &sids {
+            let run = server.finished(sid).await?;
+            ensure!(
+                run.state == pb::RunState::Succeeded as i32 && run.attempt == 2,
+                "{run:?}"
+            );
+        }
+    }
+    let journals: Vec<_> = ids
+        .iter()
+        .map(|id| dir.path().join(format!("{id}.log")))
+        .collect();
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for e in sundial_tests::read_journals(&journals)? {
+        if e.event == "start" {
+            *per_node.entry(e.node_id).or_default() += 1;
+        }
+    }
+    let listed = nodes(&server).await?;
+    let health: BTreeMap<&str, (i32, &str)> = listed
+        .iter()
+        .map(|n| (n.node_id.as_str(), (n.health, n.health_reason.as_str())))
+        .collect();
+    println!("attempts per node: {per_node:?}; health: {health:?}");
+    for id in ids {
+        let n = per_node.get(id).copied().unwrap_or(0);
+        ensure!(
+            n * 5 >= 2 * RUNS,
+            "{id} ran {n} of {} attempts: {per_node:?}",
+            2 * RUNS
+        );
+    }
+    ensure!(
+        listed
+            .iter()
+            .all(|n| n.health == pb::NodeHealth::Healthy as i32),
+        "{health:?}"
+    );
+    Ok(())
+}

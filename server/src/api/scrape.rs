@@ -30,7 +30,7 @@ impl Scrape {
             Ok(nodes) => {
                 let health: Vec<Health> = nodes
                     .iter()
-                    .map(|n| health::classify(n, &self.health))
+                    .map(|n| health::classify(n, &nodes, &self.health))
                     .collect();
                 let by_health: Vec<(&str, usize)> = Health::ALL
                     .iter()

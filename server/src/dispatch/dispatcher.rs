@@ -107,27 +107,43 @@ impl Default for DispatchOptions {
 /// the runs whose end a stream attached here reported. The snapshot's counts do not
 /// show those yet; without them every run of a burst would see the same node as the
 /// least busy one.
+/// A registry snapshot and the health of each of its nodes, by index.
+type Judged = (Arc<Vec<NodeRecord>>, Arc<Vec<Health>>);
+
 struct NodeCache {
     refresh: Duration,
-    snapshot: tokio::sync::Mutex<(Option<Instant>, Arc<Vec<NodeRecord>>)>,
+    /// When it was read, the registry, and each node's health judged against its
+    /// peers in it (once per read, not per routing decision).
+    snapshot: tokio::sync::Mutex<(Option<Instant>, Judged)>,
     since_read: Mutex<HashMap<String, i64>>,
+    policy: HealthPolicy,
 }
 
 impl NodeCache {
-    fn new(refresh: Duration) -> Self {
+    fn new(refresh: Duration, policy: HealthPolicy) -> Self {
         Self {
             refresh,
-            snapshot: tokio::sync::Mutex::new((None, Arc::new(Vec::new()))),
+            snapshot: tokio::sync::Mutex::new((None, (Arc::default(), Arc::default()))),
             since_read: Mutex::new(HashMap::new()),
+            policy,
         }
     }
 
     async fn get(&self, store: &dyn NodeRegistry) -> Arc<Vec<NodeRecord>> {
+        self.judged(store).await.0
+    }
+
+    /// The snapshot and the health of each of its nodes, by index.
+    async fn judged(&self, store: &dyn NodeRegistry) -> Judged {
         let mut s = self.snapshot.lock().await;
         if s.0.is_none_or(|t| t.elapsed() >= self.refresh) {
             match store.list_nodes(None).await {
                 Ok(nodes) => {
-                    *s = (Some(Instant::now()), Arc::new(nodes));
+                    let health = nodes
+                        .iter()
+                        .map(|n| health::classify(n, &nodes, &self.policy))
+                        .collect();
+                    *s = (Some(Instant::now()), (Arc::new(nodes), Arc::new(health)));
                     lock(&self.since_read).clear();
                 }
                 Err(e) => {
@@ -226,14 +242,14 @@ impl Dispatcher {
         http: Arc<HttpTargets>,
         alerts: Arc<Alerts>,
     ) -> Self {
-        let refresh = opts.node_refresh;
+        let (refresh, policy) = (opts.node_refresh, opts.health);
         Self {
             store,
             opts,
             links,
             http,
             alerts,
-            nodes: NodeCache::new(refresh),
+            nodes: NodeCache::new(refresh, policy),
             jobs: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
             serving_since: tokio::time::Instant::now(),
@@ -658,15 +674,12 @@ impl Dispatcher {
     /// one of them for a sharding broadcast. Takes a turn of the job's round-robin
     /// counter where the strategy draws one.
     async fn pick(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) -> Pick {
-        let snapshot = self.nodes.get(self.store.nodes.as_ref()).await;
-        let policy = &self.opts.health;
+        let (snapshot, health) = self.nodes.judged(self.store.nodes.as_ref()).await;
         // Nodes by their index in the snapshot.
         let eligible: Vec<usize> = (0..snapshot.len())
             .filter(|&i| {
                 let n = &snapshot[i];
-                n.group == group
-                    && n.handlers.iter().any(|h| h == handler)
-                    && health::classify(n, policy).routable()
+                n.group == group && n.handlers.iter().any(|h| h == handler) && health[i].routable()
             })
             .collect();
         if eligible.is_empty() {
@@ -701,15 +714,15 @@ impl Dispatcher {
         };
         let views: Vec<NodeView> = candidates
             .iter()
-            .map(|&i| &snapshot[i])
-            .map(|n| NodeView {
+            .map(|&i| (&snapshot[i], health[i]))
+            .map(|(n, h)| NodeView {
                 node_id: n.node_id.clone(),
                 weight: n.weight,
                 max_concurrency: n.max_concurrency,
                 active: self.nodes.busy(n),
                 mean_duration_ms: n.mean_duration_ms,
                 recent_errors: n.recent_errors,
-                slow: health::classify(n, policy) == Health::Slow,
+                slow: h == Health::Slow,
             })
             .collect();
         // Turn-taking strategies draw their position from the job's shared counter,
@@ -758,7 +771,7 @@ impl Dispatcher {
             .collect();
         order.sort_by_key(|&i| {
             let n = &snapshot[i];
-            let slow = health::classify(n, policy) == Health::Slow;
+            let slow = health[i] == Health::Slow;
             (
                 n.node_id != first,
                 slow,
@@ -1035,7 +1048,7 @@ mod tests {
     use super::*;
 
     fn cache() -> NodeCache {
-        NodeCache::new(Duration::from_secs(60))
+        NodeCache::new(Duration::from_secs(60), HealthPolicy::default())
     }
 
     fn node(id: &str, window: u32, leased: u32) -> NodeRecord {
@@ -1058,6 +1071,8 @@ mod tests {
             mean_duration_ms: 0,
             recent_errors: 0,
             recent_results: 0,
+            recent_faults: 0,
+            by_handler: Vec::new(),
             connected_at: 0,
             last_heartbeat: 0,
         }

@@ -126,6 +126,10 @@ const MAX_LOG_LINE_BYTES: usize = 8 * 1024;
 /// between two of its reports; a stream guessing other nodes' runs is cut off.
 pub const MAX_FOREIGN_REPORTS: u32 = 32;
 
+/// A node's health figures are written to the registry at most this often besides its
+/// heartbeats.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+
 /// The store traits the executor streams use.
 #[derive(Clone)]
 pub struct ExecutorStore {
@@ -222,6 +226,8 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
         mean_duration_ms: 0,
         recent_errors: 0,
         recent_results: 0,
+        recent_faults: 0,
+        by_handler: Vec::new(),
         connected_at: now_ms(),
         last_heartbeat: 0,
     })
@@ -338,6 +344,8 @@ impl Executors {
         let state = Arc::new(Mutex::new(NodeState {
             node,
             window: ResultWindow::default(),
+            liveness: liveness.clone(),
+            published: Instant::now(),
             foreign_reports: 0,
         }));
         let (read_tx, mut read_rx) = mpsc::channel(READ_AHEAD);
@@ -507,6 +515,7 @@ impl Executors {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
+            self.note_ends(&state).await;
             let verdict = liveness.check(Instant::now(), after);
             if let Some(silent) = verdict.turned {
                 self.mark_silent(&state, silent).await;
@@ -527,6 +536,26 @@ impl Executors {
                     "dispatches of a silent executor taken back; routing them elsewhere"
                 );
             }
+        }
+    }
+
+    /// Puts the ends of runs seen on the way out (leases lost, attempts timed out) into
+    /// the node's health window.
+    async fn note_ends(&self, state: &Mutex<NodeState>) {
+        let noted = {
+            let mut st = lock(state);
+            let noted = st.liveness.take_noted();
+            let now = now_ms();
+            for (handler, kind) in &noted {
+                st.window
+                    .record(now, handler.as_ref().map(|h| h.to_string()), *kind, None);
+            }
+            noted.len()
+        };
+        if noted > 0
+            && let Err(e) = self.publish_figures(state).await
+        {
+            debug!(error = %e, "could not publish the node's figures; its next heartbeat does");
         }
     }
 
@@ -627,6 +656,7 @@ impl Executors {
         }
         let node = {
             let mut st = lock(state);
+            st.published = Instant::now();
             let NodeState { node, window, .. } = &mut *st;
             node.ready = !hb.not_ready;
             node.draining = self.links.draining(&node.node_id);
@@ -962,27 +992,19 @@ impl Executors {
             self.count_foreign(state, &reason)?;
         }
         if t.applied == Applied::Yes {
-            let now = now_ms();
-            let (node_id, changed) = {
+            let node_id = {
                 let mut st = lock(state);
-                let NodeState { node, window, .. } = &mut *st;
-                let before = health::classify(node, &self.opts.health);
-                window.record(now, ended_as == RunState::Succeeded, duration);
-                window.apply(node, now, self.opts.health.window);
-                let changed = health::classify(node, &self.opts.health) != before;
-                (node.node_id.clone(), changed.then(|| node.clone()))
+                let handler = st.liveness.finished(&run).map(|h| h.to_string());
+                let kind = if ended_as == RunState::Succeeded {
+                    health::Kind::Ok
+                } else {
+                    health::Kind::Error
+                };
+                st.window.record(now_ms(), handler, kind, duration);
+                st.node.node_id.clone()
             };
             self.dispatcher.run_ended_on(&node_id);
-            // A change of health is published at once, not at the next heartbeat, so
-            // routing stops (or resumes) sending work sooner.
-            if let Some(node) = changed {
-                // A stream superseded meanwhile publishes nothing; its next heartbeat
-                // ends it.
-                self.store
-                    .nodes
-                    .refresh_node(node, self.opts.node_ttl())
-                    .await?;
-            }
+            self.publish_figures(state).await?;
             self.spawn_follow_up(*t);
         }
         Ok(vec![Out::ResultAck(pb::ResultAck {
@@ -990,6 +1012,28 @@ impl Executors {
             accepted,
             reason,
         })])
+    }
+
+    /// Publishes the node's health figures in the registry, at most once per
+    /// [`PUBLISH_EVERY`] besides the heartbeats, so routing on every instance judges
+    /// by recent figures sooner than the next heartbeat.
+    async fn publish_figures(&self, state: &Mutex<NodeState>) -> Result<(), Status> {
+        let node = {
+            let mut st = lock(state);
+            if st.published.elapsed() < PUBLISH_EVERY {
+                return Ok(());
+            }
+            st.published = Instant::now();
+            let NodeState { node, window, .. } = &mut *st;
+            window.apply(node, now_ms(), self.opts.health.window);
+            node.clone()
+        };
+        // A stream superseded meanwhile publishes nothing; its next heartbeat ends it.
+        self.store
+            .nodes
+            .refresh_node(node, self.opts.node_ttl())
+            .await?;
+        Ok(())
     }
 
     /// Counts a report the store refused, if it was refused as foreign.
@@ -1059,7 +1103,7 @@ fn note_answers(liveness: &Liveness, m: &pb::ExecutorMessage) {
         Some(Msg::Started(pb::Started { run: Some(run) }))
         | Some(Msg::Reject(pb::Reject { run: Some(run), .. }))
         | Some(Msg::Result(pb::Result { run: Some(run), .. })) => liveness.answered(run),
-        Some(Msg::Heartbeat(hb)) => hb.in_flight.iter().for_each(|r| liveness.answered(r)),
+        Some(Msg::Heartbeat(hb)) => liveness.listed(&hb.in_flight),
         _ => {}
     }
 }
@@ -1147,6 +1191,10 @@ enum Reported {
 struct NodeState {
     node: NodeRecord,
     window: ResultWindow,
+    /// The stream's ledger: which handler each dispatch was for, the leases lost.
+    liveness: Arc<Liveness>,
+    /// When the node's figures were last written to the registry.
+    published: Instant,
     /// Reports the store refused because this node does not hold the run.
     foreign_reports: u32,
 }
@@ -1171,8 +1219,9 @@ fn stored_id(r: &pb::RunRef) -> String {
 }
 
 /// A registry record as `ListNodes` shows it.
-fn node_view(n: NodeRecord, policy: &HealthPolicy) -> pb::Node {
-    let health = match health::classify(&n, policy) {
+fn node_view(n: NodeRecord, nodes: &[NodeRecord], policy: &HealthPolicy) -> pb::Node {
+    let judged = health::judge(&n, nodes, policy);
+    let health = match judged.health {
         Health::Healthy => pb::NodeHealth::Healthy,
         Health::Slow => pb::NodeHealth::Slow,
         Health::Failing => pb::NodeHealth::Failing,
@@ -1193,6 +1242,7 @@ fn node_view(n: NodeRecord, policy: &HealthPolicy) -> pb::Node {
         server_instance: n.instance,
         last_heartbeat_ms: n.last_heartbeat,
         labels: n.labels.into_iter().collect(),
+        health_reason: judged.reason,
     }
 }
 
@@ -1226,8 +1276,8 @@ impl NodeService for Executors {
             .await?;
         Ok(Response::new(pb::ListNodesResponse {
             nodes: nodes
-                .into_iter()
-                .map(|n| node_view(n, &self.opts.health))
+                .iter()
+                .map(|n| node_view(n.clone(), &nodes, &self.opts.health))
                 .collect(),
         }))
     }
@@ -1245,7 +1295,7 @@ impl NodeService for Executors {
         let mut reason = req.reason;
         truncate_utf8(&mut reason, 256);
         let nodes = self.store.nodes.list_nodes(None).await?;
-        let Some(mut node) = nodes.into_iter().find(|n| n.node_id == req.node_id) else {
+        let Some(mut node) = nodes.iter().find(|n| n.node_id == req.node_id).cloned() else {
             return Err(Status::not_found(format!(
                 "node_id: no connected node {:?}",
                 req.node_id
@@ -1261,7 +1311,7 @@ impl NodeService for Executors {
             .await;
         node.draining = true;
         Ok(Response::new(pb::DrainNodeResponse {
-            node: Some(node_view(node, &self.opts.health)),
+            node: Some(node_view(node, &nodes, &self.opts.health)),
         }))
     }
 }

@@ -29,7 +29,8 @@ struct Link {
     tx: StreamSender,
     /// A `Drain` went down this stream: the node reports draining from now on.
     draining: bool,
-    /// The dispatches sent down it are noted here, for the silence rule.
+    /// The dispatches and cancels sent down it are noted here, for the silence rule
+    /// and the node's health window.
     liveness: Arc<Liveness>,
 }
 
@@ -109,9 +110,15 @@ impl Links {
             };
             match &msg {
                 pb::server_message::Msg::Drain(_) => link.draining = true,
-                pb::server_message::Msg::Dispatch(pb::Dispatch { run: Some(run), .. }) => {
-                    link.liveness.sent(run, std::time::Instant::now());
-                }
+                pb::server_message::Msg::Dispatch(pb::Dispatch {
+                    run: Some(run),
+                    handler,
+                    ..
+                }) => link.liveness.sent(run, handler, std::time::Instant::now()),
+                pb::server_message::Msg::Cancel(pb::Cancel {
+                    run: Some(run),
+                    reason,
+                }) => link.liveness.cancelled(run, reason),
                 _ => {}
             }
             link.tx.clone()

@@ -10,19 +10,24 @@
 //! wins) and it gets no new work until it is heard from again. Runs it had started
 //! keep their leases: a frozen process that thaws carries on under its tokens.
 //!
+//! The same ledger tells the node's health window which handler each result was for,
+//! and which leases the node lost or let time out (the `Cancel`s sent down the stream).
+//!
 //! Pure bookkeeping over `Instant`s: the session feeds it what it reads and sends, and
 //! acts on [`Liveness::check`]'s verdict.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sundial_proto::v1 as pb;
 
+use crate::dispatch::health::Kind;
 use crate::dispatch::lock;
 
-/// One attached stream's answers. Shared by the link that sends dispatches, the reader
-/// that sees answers and the watch that checks them.
+/// One attached stream's ledger. Shared by the link that sends dispatches and cancels,
+/// the reader that sees answers, and the session that checks them and keeps the
+/// node's health window.
 #[derive(Debug)]
 pub struct Liveness {
     inner: Mutex<Inner>,
@@ -31,11 +36,23 @@ pub struct Liveness {
 #[derive(Debug)]
 struct Inner {
     last_heard: Instant,
-    /// Dispatches sent and not answered, by (schedule_id, shard): the lease they were
-    /// sent under and when.
-    unanswered: HashMap<(String, u32), (pb::RunRef, Instant)>,
+    /// Dispatches sent down the stream and not yet settled, by (schedule_id, shard).
+    sent: HashMap<(String, u32), Sent>,
     /// Since when the node has been silent, if it is.
     silent_since: Option<Instant>,
+    /// Ends of runs seen on the way out (a lease lost, an attempt timed out) for the
+    /// node's health window, with the handler when known.
+    noted: Vec<(Option<Arc<str>>, Kind)>,
+}
+
+#[derive(Debug)]
+struct Sent {
+    /// The lease it was sent under.
+    run: pb::RunRef,
+    handler: Arc<str>,
+    at: Instant,
+    /// The node said something about it (`Started`, `Reject`, a heartbeat listing it).
+    answered: bool,
 }
 
 /// What a check found.
@@ -52,17 +69,24 @@ impl Liveness {
         Self {
             inner: Mutex::new(Inner {
                 last_heard: now,
-                unanswered: HashMap::new(),
+                sent: HashMap::new(),
                 silent_since: None,
+                noted: Vec::new(),
             }),
         }
     }
 
-    /// A dispatch went down the stream.
-    pub fn sent(&self, run: &pb::RunRef, now: Instant) {
-        lock(&self.inner)
-            .unanswered
-            .insert(key(run), (run.clone(), now));
+    /// A dispatch for `handler` went down the stream.
+    pub fn sent(&self, run: &pb::RunRef, handler: &str, now: Instant) {
+        lock(&self.inner).sent.insert(
+            key(run),
+            Sent {
+                run: run.clone(),
+                handler: Arc::from(handler),
+                at: now,
+                answered: false,
+            },
+        );
     }
 
     /// A message came from the node.
@@ -70,15 +94,53 @@ impl Liveness {
         lock(&self.inner).last_heard = now;
     }
 
-    /// The node answered about this run (`Started`, `Reject`, a `Result`, or a
-    /// heartbeat listing it): whatever lease of it was sent is answered.
+    /// The node answered about this run (`Started`, `Reject`): whatever lease of it
+    /// was sent is answered.
     pub fn answered(&self, run: &pb::RunRef) {
-        let mut inner = lock(&self.inner);
-        if let Some((sent, _)) = inner.unanswered.get(&key(run))
-            && sent.fencing_token <= run.fencing_token
+        if let Some(s) = lock(&self.inner).sent.get_mut(&key(run))
+            && s.run.fencing_token <= run.fencing_token
         {
-            inner.unanswered.remove(&key(run));
+            s.answered = true;
         }
+    }
+
+    /// A heartbeat listed exactly these runs as held: each is answered, and an answered
+    /// dispatch it no longer lists is settled (the executor let it go).
+    pub fn listed(&self, in_flight: &[pb::RunRef]) {
+        let mut inner = lock(&self.inner);
+        let listed: std::collections::HashSet<(String, u32)> = in_flight.iter().map(key).collect();
+        inner.sent.retain(|k, s| {
+            if listed.contains(k) {
+                s.answered = true;
+                true
+            } else {
+                !s.answered
+            }
+        });
+    }
+
+    /// The node reported the run's result: the handler it was dispatched for.
+    pub fn finished(&self, run: &pb::RunRef) -> Option<Arc<str>> {
+        lock(&self.inner).sent.remove(&key(run)).map(|s| s.handler)
+    }
+
+    /// A `Cancel` went down the stream: the run is settled here, and a lease lost
+    /// ("lost", "unconfirmed") or an attempt timed out ("timeout") is noted for the
+    /// node's health window.
+    pub fn cancelled(&self, run: &pb::RunRef, reason: &str) {
+        let mut inner = lock(&self.inner);
+        let handler = inner.sent.remove(&key(run)).map(|s| s.handler);
+        let kind = match reason {
+            "lost" | "unconfirmed" => Kind::Fault,
+            "timeout" => Kind::Error,
+            _ => return,
+        };
+        inner.noted.push((handler, kind));
+    }
+
+    /// What was noted since the last call.
+    pub fn take_noted(&self) -> Vec<(Option<Arc<str>>, Kind)> {
+        std::mem::take(&mut lock(&self.inner).noted)
     }
 
     /// Whether the node is silent now.
@@ -103,9 +165,9 @@ impl Liveness {
             None => {
                 let quiet = now.saturating_duration_since(inner.last_heard) >= after;
                 let overdue = inner
-                    .unanswered
+                    .sent
                     .values()
-                    .any(|(_, at)| now.saturating_duration_since(*at) >= after);
+                    .any(|s| !s.answered && now.saturating_duration_since(s.at) >= after);
                 if !(quiet && overdue) {
                     return verdict;
                 }
@@ -113,7 +175,16 @@ impl Liveness {
                 verdict.turned = Some(true);
             }
         }
-        verdict.take_back = inner.unanswered.drain().map(|(_, (run, _))| run).collect();
+        let unanswered: Vec<(String, u32)> = inner
+            .sent
+            .iter()
+            .filter(|(_, s)| !s.answered)
+            .map(|(k, _)| k.clone())
+            .collect();
+        verdict.take_back = unanswered
+            .into_iter()
+            .filter_map(|k| inner.sent.remove(&k).map(|s| s.run))
+            .collect();
         verdict
     }
 }
@@ -147,7 +218,7 @@ mod tests {
     fn a_node_that_answers_is_never_silent() {
         let t0 = Instant::now();
         let l = Liveness::new(t0);
-        l.sent(&run("j@1", 5), t0);
+        l.sent(&run("j@1", 5), "h", t0);
         l.heard(t0 + Duration::from_millis(5));
         l.answered(&run("j@1", 5));
         assert_eq!(
@@ -162,8 +233,8 @@ mod tests {
     fn an_unanswered_dispatch_and_a_quiet_node_make_it_silent() {
         let t0 = Instant::now();
         let l = Liveness::new(t0);
-        l.sent(&run("j@1", 5), t0);
-        l.sent(&run("j@2", 6), t0 + Duration::from_millis(900));
+        l.sent(&run("j@1", 5), "h", t0);
+        l.sent(&run("j@2", 6), "h", t0 + Duration::from_millis(900));
         // Not yet: overdue needs the whole window.
         assert_eq!(
             l.check(t0 + Duration::from_millis(999), AFTER),
@@ -174,7 +245,7 @@ mod tests {
         assert_eq!(sids(&v), ["j@1", "j@2"], "every unanswered one goes");
         assert!(l.is_silent());
         // While silent, a new dispatch goes back at the next check; nothing turns.
-        l.sent(&run("j@3", 7), t0 + Duration::from_millis(1100));
+        l.sent(&run("j@3", 7), "h", t0 + Duration::from_millis(1100));
         let v = l.check(t0 + Duration::from_millis(1200), AFTER);
         assert_eq!((v.turned, sids(&v)), (None, vec!["j@3".to_owned()]));
         // Heard from again: answering.
@@ -194,7 +265,7 @@ mod tests {
     fn a_node_heard_from_lately_is_not_silent_yet() {
         let t0 = Instant::now();
         let l = Liveness::new(t0);
-        l.sent(&run("j@1", 5), t0);
+        l.sent(&run("j@1", 5), "h", t0);
         // A heartbeat 0.5 s later (not listing it): the node talks, so it waits.
         l.heard(t0 + Duration::from_millis(500));
         assert_eq!(
@@ -209,13 +280,49 @@ mod tests {
     fn an_answer_settles_only_its_own_lease_or_a_later_one() {
         let t0 = Instant::now();
         let l = Liveness::new(t0);
-        l.sent(&run("j@1", 9), t0);
+        l.sent(&run("j@1", 9), "h", t0);
         // A late answer about an older lease of the run does not answer this one.
         l.answered(&run("j@1", 8));
         assert_eq!(l.check(t0 + AFTER, AFTER).take_back.len(), 1);
         let l = Liveness::new(t0);
-        l.sent(&run("j@1", 9), t0);
+        l.sent(&run("j@1", 9), "h", t0);
         l.answered(&run("j@1", 9));
         assert_eq!(l.check(t0 + AFTER, AFTER), Verdict::default());
+    }
+
+    #[test]
+    fn the_ledger_names_each_results_handler_and_the_leases_lost() {
+        let t0 = Instant::now();
+        let l = Liveness::new(t0);
+        l.sent(&run("j@1", 5), "noop", t0);
+        l.sent(&run("j@2", 6), "slow", t0);
+        l.sent(&run("j@3", 7), "slow", t0);
+        l.sent(&run("j@4", 8), "noop", t0);
+        assert_eq!(l.finished(&run("j@1", 5)).as_deref(), Some("noop"));
+        assert_eq!(l.finished(&run("j@1", 5)), None, "settled once");
+        l.cancelled(&run("j@2", 6), "lost");
+        l.cancelled(&run("j@3", 7), "timeout");
+        l.cancelled(&run("j@4", 8), "cancelled by an operator");
+        let noted: Vec<(Option<String>, Kind)> = l
+            .take_noted()
+            .into_iter()
+            .map(|(h, k)| (h.map(|h| h.to_string()), k))
+            .collect();
+        assert_eq!(
+            noted,
+            [
+                (Some("slow".to_owned()), Kind::Fault),
+                (Some("slow".to_owned()), Kind::Error)
+            ]
+        );
+        assert!(l.take_noted().is_empty());
+        // A heartbeat settles the answered dispatches it no longer lists, and keeps the
+        // ones not answered yet (still on their way).
+        l.sent(&run("j@5", 9), "noop", t0);
+        l.sent(&run("j@6", 10), "noop", t0);
+        l.answered(&run("j@5", 9));
+        l.listed(&[]);
+        assert_eq!(l.finished(&run("j@5", 9)), None);
+        assert_eq!(l.finished(&run("j@6", 10)).as_deref(), Some("noop"));
     }
 }

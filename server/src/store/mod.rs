@@ -48,7 +48,7 @@ pub use apps::AppStore;
 pub use jobs::{
     ClaimOutcome, ClaimResult, DueBatch, DueFire, Enqueued, FireClaim, JobStore, JobWrite,
 };
-pub use nodes::{Inboxes, NodeRecord, NodeRegistry, NodeRemoved, Registered};
+pub use nodes::{HandlerFigures, Inboxes, NodeRecord, NodeRegistry, NodeRemoved, Registered};
 pub use outbox::{
     BreakerState, BreakerUpdate, DeliveryOutcome, GONE_ERROR, Outbox, WebhookDelivery,
 };

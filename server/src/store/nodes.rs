@@ -56,9 +56,29 @@ pub struct NodeRecord {
     pub recent_errors: u32,
     #[serde(default)]
     pub recent_results: u32,
+    /// Of those recent results, the leases the node lost (they ran out, or its
+    /// dispatches went unconfirmed): failures that are the node's whatever the job.
+    #[serde(default)]
+    pub recent_faults: u32,
+    /// The recent results of each handler (those whose handler the instance knew), so
+    /// that a node is judged against its peers on the same work.
+    #[serde(default)]
+    pub by_handler: Vec<HandlerFigures>,
     pub connected_at: Millis,
     /// Written by the store from its clock.
     pub last_heartbeat: Millis,
+}
+
+/// One handler's recent results on a node (part of its [`NodeRecord`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HandlerFigures {
+    pub handler: String,
+    /// Results the executor reported (and attempts that timed out).
+    pub results: u32,
+    /// Of those, the ones that did not succeed.
+    pub errors: u32,
+    /// Mean duration (ms) of those with a known duration; 0 when none.
+    pub mean_duration_ms: u64,
 }
 
 /// What [`NodeRegistry::remove_node`] did.

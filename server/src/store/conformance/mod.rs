@@ -302,6 +302,8 @@ pub fn node(id: &str, group: &str, instance: &str) -> NodeRecord {
         mean_duration_ms: 0,
         recent_errors: 0,
         recent_results: 0,
+        recent_faults: 0,
+        by_handler: Vec::new(),
         connected_at: 1_000,
         last_heartbeat: 1,
     }
