@@ -188,9 +188,14 @@ pub struct Settings {
     /// SLOW: work goes to other nodes first (default 0.9).
     #[arg(long, env = "SUNDIAL_SLOW_BELOW")]
     pub slow_below: Option<f64>,
-    /// The same share under which a node is FAILING: it gets no work (default 0.5).
+    /// The same share under which a node is FAILING: it gets no work (default 0.5) but
+    /// a probe run every --health-probe-every.
     #[arg(long, env = "SUNDIAL_DROP_BELOW")]
     pub drop_below: Option<f64>,
+    /// A FAILING node gets one run this often from each instance (a probe); three
+    /// successes in a row and its failures are forgiven (default 5s).
+    #[arg(long, env = "SUNDIAL_HEALTH_PROBE_EVERY")]
+    pub health_probe_every: Option<HumanDuration>,
     /// Addresses HTTP targets may reach beyond public and private ones, comma-separated
     /// CIDRs or addresses (e.g. `127.0.0.1/32,fd00:ec2::254`). Loopback, link-local and
     /// metadata addresses are reached only when listed here.
@@ -381,6 +386,7 @@ impl Settings {
             health_min_results,
             slow_below,
             drop_below,
+            health_probe_every,
             http_target_allow,
             webhook_allow,
             bearer_token,
@@ -621,6 +627,7 @@ impl Config {
             min_results: s.health_min_results.unwrap_or(hd.min_results).max(1),
             slow_below: rate("slow_below", s.slow_below, hd.slow_below)?,
             drop_below: rate("drop_below", s.drop_below, hd.drop_below)?,
+            probe_every: positive("health_probe_every", s.health_probe_every, hd.probe_every)?,
         };
         if health.drop_below > health.slow_below {
             return Err(Error::Invalid {

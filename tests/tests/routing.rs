@@ -205,7 +205,9 @@ async fn failing_node_stops_getting_work() -> Result<()> {
             .arg("health-window", "1m")
             .arg("health-min-results", "3")
             .arg("slow-below", "0.9")
-            .arg("drop-below", "0.5"),
+            .arg("drop-below", "0.5")
+            // No probe run within the test (a_dropped_node_is_probed_back_* has them).
+            .arg("health-probe-every", "1h"),
     )?;
     let dir = tempfile::tempdir()?;
     let endpoints = vec![format!("http://{}", server.grpc)];
@@ -746,5 +748,125 @@ async fn a_job_failing_everywhere_makes_no_node_sick() -> Result<()> {
             .all(|n| n.health == pb::NodeHealth::Healthy as i32),
         "{health:?}"
     );
+    Ok(())
+}
+
+/// A node that fails every run its peers run fine is dropped (FAILING); then it gets
+/// only probe runs, one per `--health-probe-every` (a failed probe is retried
+/// elsewhere), and once it recovers, three successful probes in a row bring it back
+/// HEALTHY with a clean record, taking its turns again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_node_is_probed_back_after_it_recovers() -> Result<()> {
+    const PROBE_EVERY: Duration = Duration::from_secs(1);
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(
+        opts(&redis, "a")
+            .arg("health-min-results", "3")
+            .arg("health-probe-every", "1s"),
+    )?;
+    let dir = tempfile::tempdir()?;
+    let endpoints = vec![server.grpc_url()];
+    let sick_file = dir.path().join("sick");
+    std::fs::write(&sick_file, b"")?;
+    let journals = [dir.path().join("a-sick.log")];
+    let _sick = TestExecutor::start_with(
+        EXECUTOR,
+        &endpoints,
+        "a-sick",
+        &journals[0],
+        &["--failing-while", &sick_file.to_string_lossy()],
+    )?;
+    let _well = start_executors(&endpoints, dir.path(), &["b-well", "c-well"])?;
+    server
+        .create_job(pb::JobSpec {
+            retry: Some(pb::RetryPolicy {
+                max_retries: 1,
+                backoff_ms: 50,
+                ..Default::default()
+            }),
+            ..job("rr", "noop", pb::RouteStrategy::RoundRobin, "")
+        })
+        .await?;
+    for id in ["a-sick", "b-well", "c-well"] {
+        wait_for(&format!("{id} listed"), Duration::from_secs(20), || async {
+            node(&server, id).await
+        })
+        .await?;
+    }
+    let health = |id: &'static str| {
+        let server = &server;
+        async move {
+            let n = node(server, id).await?.context("listed")?;
+            Ok::<_, anyhow::Error>((n.health, n.health_reason))
+        }
+    };
+    let run_one = || async {
+        let sid = server.trigger("rr").await?;
+        let run = server.finished(&sid).await?;
+        ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
+        Ok::<_, anyhow::Error>(run)
+    };
+    let attempts_on_sick = || -> Result<usize> {
+        Ok(sundial_tests::read_journals(&journals)?
+            .iter()
+            .filter(|e| e.event == "start")
+            .count())
+    };
+
+    // Dropped.
+    let mut runs = 0;
+    while health("a-sick").await?.0 != pb::NodeHealth::Failing as i32 {
+        ensure!(runs < 60, "not FAILING after {runs} runs");
+        run_one().await?;
+        runs += 1;
+    }
+    println!(
+        "a-sick FAILING after {runs} runs: {:?}",
+        health("a-sick").await?
+    );
+
+    // Still sick: probes only, at most one per PROBE_EVERY (plus the one due at once),
+    // each failing and retried elsewhere; the node stays FAILING.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (before, since) = (attempts_on_sick()?, std::time::Instant::now());
+    for _ in 0..20 {
+        run_one().await?;
+    }
+    let probes = attempts_on_sick()? - before;
+    let bound = since.elapsed().as_millis() / PROBE_EVERY.as_millis() + 1;
+    println!(
+        "while sick: {probes} probes in 20 runs over {:?}",
+        since.elapsed()
+    );
+    ensure!(
+        u128::try_from(probes)? <= bound,
+        "{probes} runs on the dropped node in {:?}",
+        since.elapsed()
+    );
+    ensure!(health("a-sick").await?.0 == pb::NodeHealth::Failing as i32);
+
+    // Recovered: its probes succeed, and three in a row bring it back.
+    std::fs::remove_file(&sick_file)?;
+    let recovered = std::time::Instant::now();
+    let mut runs = 0;
+    while health("a-sick").await?.0 != pb::NodeHealth::Healthy as i32 {
+        ensure!(runs < 200, "not back after {runs} runs");
+        run_one().await?;
+        runs += 1;
+    }
+    println!(
+        "a-sick back after {runs} runs, {:?}: {:?}",
+        recovered.elapsed(),
+        health("a-sick").await?
+    );
+    // Taking its turns again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut on_sick = 0;
+    for _ in 0..9 {
+        if run_one().await?.node_id == "a-sick" {
+            on_sick += 1;
+        }
+    }
+    ensure!(on_sick >= 2, "the recovered node ran {on_sick} of 9");
     Ok(())
 }

@@ -210,6 +210,8 @@ pub struct Dispatcher {
     jobs: Mutex<HashMap<String, Arc<JobRecord>>>,
     /// Per-job routing state (round-robin position, weights, hash ring).
     routes: Mutex<HashMap<String, RouteState>>,
+    /// When this instance last sent each FAILING node a probe run.
+    probes: Mutex<HashMap<String, Instant>>,
     /// When this instance began to serve: no run fails "no_executor" before it has
     /// served for `dispatch_wait` (see `no_node_yet`).
     serving_since: tokio::time::Instant,
@@ -252,6 +254,7 @@ impl Dispatcher {
             nodes: NodeCache::new(refresh, policy),
             jobs: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
+            probes: Mutex::new(HashMap::new()),
             serving_since: tokio::time::Instant::now(),
         }
     }
@@ -675,15 +678,28 @@ impl Dispatcher {
     /// counter where the strategy draws one.
     async fn pick(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) -> Pick {
         let (snapshot, health) = self.nodes.judged(self.store.nodes.as_ref()).await;
+        let serves = |n: &NodeRecord| n.group == group && n.handlers.iter().any(|h| h == handler);
         // Nodes by their index in the snapshot.
         let eligible: Vec<usize> = (0..snapshot.len())
-            .filter(|&i| {
-                let n = &snapshot[i];
-                n.group == group && n.handlers.iter().any(|h| h == handler) && health[i].routable()
-            })
+            .filter(|&i| serves(&snapshot[i]) && health[i].routable())
             .collect();
+        let is_broadcast =
+            job.spec.route_strategy == RouteStrategy::ShardingBroadcast && run.parent.is_empty();
+        let probe = (!is_broadcast)
+            .then(|| self.probe(&snapshot, &health, serves, &run.last_node))
+            .flatten();
         if eligible.is_empty() {
-            return Pick::NoNode;
+            return match probe {
+                Some(i) => Pick::Order {
+                    order: vec![i],
+                    nodes: snapshot,
+                    route_key: run
+                        .route_key_override
+                        .clone()
+                        .unwrap_or_else(|| job.spec.route_key.clone()),
+                },
+                None => Pick::NoNode,
+            };
         }
         // A retry prefers another node than the one that just failed it.
         let mut candidates: Vec<usize> = eligible
@@ -779,11 +795,63 @@ impl Dispatcher {
                 n.node_id.clone(),
             )
         });
+        if let Some(i) = probe {
+            order.insert(0, i);
+        }
         Pick::Order {
             order,
             nodes: snapshot,
             route_key,
         }
+    }
+
+    /// A FAILING node that serves the run and is due a probe (this instance has seen
+    /// it FAILING, and sent it no probe, for `probe_every`), taking its turn now: a
+    /// dropped node gets one run per `probe_every`, so it can show it recovered (see
+    /// `ResultWindow::forgive`). Not the node the run just failed on.
+    fn probe(
+        &self,
+        snapshot: &[NodeRecord],
+        health: &[Health],
+        serves: impl Fn(&NodeRecord) -> bool,
+        last_node: &str,
+    ) -> Option<usize> {
+        let now = Instant::now();
+        let every = self.opts.health.probe_every;
+        let failing: Vec<usize> = (0..snapshot.len())
+            .filter(|&i| health[i] == Health::Failing)
+            .collect();
+        let mut probes = lock(&self.probes);
+        if failing.is_empty() {
+            probes.clear();
+            return None;
+        }
+        // Since when each failing node waits for its next probe; a node no longer
+        // failing is forgotten, so a node dropped again waits a whole period.
+        probes.retain(|id, _| failing.iter().any(|&i| snapshot[i].node_id == *id));
+        for &i in &failing {
+            probes.entry(snapshot[i].node_id.clone()).or_insert(now);
+        }
+        let i = failing.into_iter().find(|&i| {
+            let n = &snapshot[i];
+            n.node_id != last_node
+                && serves(n)
+                && probes
+                    .get(&n.node_id)
+                    .is_some_and(|at| now.duration_since(*at) >= every)
+        })?;
+        probes.insert(snapshot[i].node_id.clone(), now);
+        debug!(node_id = %snapshot[i].node_id, "probing a failing node with this run");
+        Some(i)
+    }
+
+    /// The node's health as this instance's routing last judged it.
+    pub async fn judged_health(&self, node_id: &str) -> Option<Health> {
+        let (nodes, health) = self.nodes.judged(self.store.nodes.as_ref()).await;
+        nodes
+            .iter()
+            .position(|n| n.node_id == node_id)
+            .map(|i| health[i])
     }
 
     /// Sharding broadcast: one shard per node (in node-id order, shard i to the i-th

@@ -553,7 +553,7 @@ impl Executors {
             noted.len()
         };
         if noted > 0
-            && let Err(e) = self.publish_figures(state).await
+            && let Err(e) = self.publish_figures(state, false).await
         {
             debug!(error = %e, "could not publish the node's figures; its next heartbeat does");
         }
@@ -992,7 +992,7 @@ impl Executors {
             self.count_foreign(state, &reason)?;
         }
         if t.applied == Applied::Yes {
-            let node_id = {
+            let (node_id, recovered) = {
                 let mut st = lock(state);
                 let handler = st.liveness.finished(&run).map(|h| h.to_string());
                 let kind = if ended_as == RunState::Succeeded {
@@ -1001,10 +1001,14 @@ impl Executors {
                     health::Kind::Error
                 };
                 st.window.record(now_ms(), handler, kind, duration);
-                st.node.node_id.clone()
+                (st.node.node_id.clone(), st.window.recovered())
             };
             self.dispatcher.run_ended_on(&node_id);
-            self.publish_figures(state).await?;
+            let forgiven = recovered && self.forgive(state, &node_id).await;
+            self.publish_figures(state, forgiven).await?;
+            if forgiven {
+                self.dispatcher.nodes_changed().await;
+            }
             self.spawn_follow_up(*t);
         }
         Ok(vec![Out::ResultAck(pb::ResultAck {
@@ -1017,10 +1021,10 @@ impl Executors {
     /// Publishes the node's health figures in the registry, at most once per
     /// [`PUBLISH_EVERY`] besides the heartbeats, so routing on every instance judges
     /// by recent figures sooner than the next heartbeat.
-    async fn publish_figures(&self, state: &Mutex<NodeState>) -> Result<(), Status> {
+    async fn publish_figures(&self, state: &Mutex<NodeState>, now: bool) -> Result<(), Status> {
         let node = {
             let mut st = lock(state);
-            if st.published.elapsed() < PUBLISH_EVERY {
+            if !now && st.published.elapsed() < PUBLISH_EVERY {
                 return Ok(());
             }
             st.published = Instant::now();
@@ -1034,6 +1038,20 @@ impl Executors {
             .refresh_node(node, self.opts.node_ttl())
             .await?;
         Ok(())
+    }
+
+    /// A FAILING node whose last results (its probes) all succeeded passed its
+    /// probation: its window forgets its failures. Whether it did.
+    async fn forgive(&self, state: &Mutex<NodeState>, node_id: &str) -> bool {
+        if self.dispatcher.judged_health(node_id).await != Some(Health::Failing) {
+            return false;
+        }
+        lock(state).window.forgive();
+        info!(
+            probes = health::PROBATION,
+            "a failing executor's probes succeeded; its failures are forgiven"
+        );
+        true
     }
 
     /// Counts a report the store refused, if it was refused as foreign.

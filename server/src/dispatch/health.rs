@@ -21,8 +21,11 @@ pub struct HealthPolicy {
     /// node can take it.
     pub slow_below: f64,
     /// Success rate under which a node is FAILING: it gets no work until its failures
-    /// age out of the window.
+    /// age out of the window, but a probe run every `probe_every`.
     pub drop_below: f64,
+    /// A FAILING node gets one run this often from each instance (a probe); after
+    /// [`PROBATION`] successes in a row its failures are forgiven.
+    pub probe_every: Duration,
 }
 
 impl Default for HealthPolicy {
@@ -32,6 +35,7 @@ impl Default for HealthPolicy {
             min_results: 5,
             slow_below: 0.9,
             drop_below: 0.5,
+            probe_every: Duration::from_secs(5),
         }
     }
 }
@@ -105,6 +109,9 @@ fn judged(health: Health, reason: impl Into<String>) -> Judgement {
         reason: reason.into(),
     }
 }
+
+/// Successes in a row that bring a FAILING node back: its window forgets its failures.
+pub const PROBATION: usize = 3;
 
 /// Mean durations under this far apart are never called slow, whatever the ratio.
 const SLOW_MARGIN_MS: u64 = 50;
@@ -307,6 +314,33 @@ impl ResultWindow {
             if t.results == 0 {
                 self.by_handler.remove(h);
             }
+        }
+    }
+
+    /// Whether the window holds failures and yet its last [`PROBATION`] results all
+    /// succeeded.
+    pub fn recovered(&self) -> bool {
+        self.all.errors > 0
+            && self.recent.len() >= PROBATION
+            && self
+                .recent
+                .iter()
+                .rev()
+                .take(PROBATION)
+                .all(|(_, _, kind, _)| *kind == Kind::Ok)
+    }
+
+    /// Forgets every failure in the window, keeping its successes: a dropped node that
+    /// passed its probation starts with a clean record.
+    pub fn forgive(&mut self) {
+        let kept: Vec<_> = self
+            .recent
+            .drain(..)
+            .filter(|(_, _, kind, _)| *kind == Kind::Ok)
+            .collect();
+        *self = Self::default();
+        for (at, handler, kind, d) in kept {
+            self.record(at, handler, kind, d);
         }
     }
 
@@ -549,5 +583,31 @@ mod tests {
             (n.recent_results, n.recent_errors, n.mean_duration_ms),
             (cap, 0, 10)
         );
+    }
+
+    #[test]
+    fn probation_forgives_the_failures_and_keeps_the_successes() {
+        let mut w = ResultWindow::default();
+        let mut n = node("n", 0, 0);
+        let h = || Some("h".to_owned());
+        w.record(1, h(), Kind::Ok, Some(10));
+        for i in 0..5 {
+            w.record(2 + i, h(), Kind::Error, Some(10));
+        }
+        w.record(8, None, Kind::Fault, None);
+        for i in 0..PROBATION as i64 - 1 {
+            w.record(10 + i, h(), Kind::Ok, Some(10));
+            assert!(!w.recovered(), "{i} successes");
+        }
+        w.record(20, h(), Kind::Ok, Some(10));
+        assert!(w.recovered());
+        w.forgive();
+        assert!(!w.recovered(), "nothing left to forgive");
+        w.apply(&mut n, 30, Duration::from_secs(60));
+        assert_eq!(
+            (n.recent_results, n.recent_errors, n.recent_faults),
+            (1 + PROBATION as u32, 0, 0)
+        );
+        assert_eq!(n.by_handler[0].errors, 0);
     }
 }

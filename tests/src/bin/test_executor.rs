@@ -3,7 +3,8 @@
 //! Handlers: `noop` (empty output), `echo` (the payload), `sleep` (payload = ASCII
 //! milliseconds; stops early when cancelled, answering CANCELLED), `fail` (always
 //! FAILED, code `boom`), `flaky` (FAILED on attempt 1, then succeeds), `shard`
-//! (output `<shard_index>/<shard_total>`). With `--failing`, every handler fails.
+//! (output `<shard_index>/<shard_total>`). With `--failing`, every handler fails; with
+//! `--failing-while FILE`, every handler fails while FILE exists.
 //!
 //! With `--journal <path>` every handler start and return is appended as one line,
 //! written and flushed at once, so that a SIGKILLed process leaves only whole lines:
@@ -49,6 +50,9 @@ struct Args {
     /// Every handler fails (code `boom`): a sick node.
     #[arg(long)]
     failing: bool,
+    /// Every handler fails while this file exists: a node that falls sick and recovers.
+    #[arg(long)]
+    failing_while: Option<PathBuf>,
     /// How long a shutdown waits for running handlers and acknowledgements.
     #[arg(long, default_value_t = 30_000)]
     shutdown_grace_ms: u64,
@@ -145,12 +149,15 @@ fn register(
     name: &str,
     behaviour: Behaviour,
     journal: &Journal,
+    failing_while: Option<PathBuf>,
 ) -> ExecutorBuilder {
     let journal = journal.clone();
     builder.handler(name, move |ctx: RunContext| {
         let journal = journal.clone();
+        let sick = failing_while.as_ref().is_some_and(|f| f.exists());
         async move {
             journal.record("start", &ctx, None);
+            let behaviour = if sick { Behaviour::Fail } else { behaviour };
             let result = behave(&ctx, behaviour).await;
             let status = match &result {
                 Ok(_) => "SUCCEEDED",
@@ -198,7 +205,13 @@ async fn main() -> Result<()> {
         } else {
             behaviour
         };
-        builder = register(builder, name, behaviour, &journal);
+        builder = register(
+            builder,
+            name,
+            behaviour,
+            &journal,
+            args.failing_while.clone(),
+        );
     }
     let executor = builder.build()?;
 
