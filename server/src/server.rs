@@ -21,6 +21,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::api::destinations::Destinations;
 use crate::api::grpc_auth::AdminAuthLayer;
 use crate::api::queries::StatusSource;
 use crate::api::scrape::Scrape;
@@ -309,7 +310,14 @@ pub async fn run(
     // One instance of each service for both edges: the REST routes call the gRPC
     // implementations.
     let services = crate::api::rest::Services {
-        jobs: Arc::new(JobApi::new(jobs.clone())),
+        jobs: Arc::new(JobApi::new(
+            jobs.clone(),
+            Destinations {
+                webhooks: Arc::new(EgressPolicy::webhooks(config.webhook_allow.clone())),
+                targets: Arc::new(EgressPolicy::http_targets(config.http_target_allow.clone())),
+                apps: store.clone(),
+            },
+        )),
         runs: Arc::new(RunApi::new(
             jobs.clone(),
             store.clone(),

@@ -156,6 +156,29 @@ fn invalid_cases() -> Vec<(&'static str, pb::JobSpec)> {
             spec(|s| s.callback_url = "not a url".into()),
         ),
         ("spec.app_id", spec(|s| s.app_id = "bad app".into())),
+        // Destinations that can never be reached, and an app that does not exist.
+        (
+            "spec.callback_url",
+            spec(|s| s.callback_url = "http://169.254.169.254/latest/meta-data".into()),
+        ),
+        (
+            "spec.callback_url",
+            spec(|s| s.callback_url = "http://10.0.0.1/hook".into()),
+        ),
+        (
+            "spec.callback_url",
+            spec(|s| s.callback_url = "http://[::1]:8080/hook".into()),
+        ),
+        (
+            "spec.http.url",
+            spec(|s| {
+                s.target = Some(Target::Http(pb::HttpTarget {
+                    url: "http://169.254.169.254/latest/meta-data".into(),
+                    ..Default::default()
+                }))
+            }),
+        ),
+        ("spec.app_id", spec(|s| s.app_id = "no-such-app".into())),
         (
             "spec.payload",
             spec(|s| s.payload = vec![0u8; 64 * 1024 + 1]),
@@ -647,13 +670,28 @@ async fn apply_jobs_on(opts: SundialOptions) -> Result<()> {
     paused.paused = true;
     let mut bad = noon("apply-c");
     bad.cron = "61 * * * *".into();
-    let list = vec![noon("apply-a"), paused.clone(), bad, noon("apply-a")];
+    let mut unreachable = noon("apply-d");
+    unreachable.callback_url = "http://169.254.169.254/latest/meta-data".into();
+    let list = vec![
+        noon("apply-a"),
+        paused.clone(),
+        bad,
+        noon("apply-a"),
+        unreachable,
+    ];
 
     let first = jobs.apply_jobs(apply(list.clone())).await?.into_inner();
     use pb::ApplyOutcome::{Created, Invalid, Unchanged, Updated};
     ensure!(
-        outcomes(&first) == [Created, Created, Invalid, Invalid],
+        outcomes(&first) == [Created, Created, Invalid, Invalid, Invalid],
         "{first:?}"
+    );
+    ensure!(
+        first.results[4]
+            .error
+            .starts_with("specs[4].callback_url: egress to 169.254.169.254 refused"),
+        "{:?}",
+        first.results[4].error
     );
     ensure!(
         first.results[2].error.starts_with("specs[2].cron: "),
@@ -680,7 +718,7 @@ async fn apply_jobs_on(opts: SundialOptions) -> Result<()> {
     // The same list again: nothing changes.
     let again = jobs.apply_jobs(apply(list)).await?.into_inner();
     ensure!(
-        outcomes(&again) == [Unchanged, Unchanged, Invalid, Invalid],
+        outcomes(&again) == [Unchanged, Unchanged, Invalid, Invalid, Invalid],
         "{again:?}"
     );
     ensure!(

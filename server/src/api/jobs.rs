@@ -4,6 +4,7 @@ use sundial_proto::v1 as pb;
 use sundial_proto::v1::job_service_server::JobService;
 use tonic::{Request, Response, Status};
 
+use super::destinations::Destinations;
 use super::{convert, status};
 use crate::model::MAX_PAYLOAD_BYTES;
 use std::collections::HashMap;
@@ -15,11 +16,14 @@ const MAX_SCAN_PAGES: usize = 50;
 
 pub struct JobApi {
     jobs: Jobs,
+    /// What a spec names outside itself (callback URL, HTTP target, app), checked
+    /// before it is saved.
+    destinations: Destinations,
 }
 
 impl JobApi {
-    pub fn new(jobs: Jobs) -> Self {
-        Self { jobs }
+    pub fn new(jobs: Jobs, destinations: Destinations) -> Self {
+        Self { jobs, destinations }
     }
 }
 
@@ -30,6 +34,7 @@ impl JobService for JobApi {
         req: Request<pb::CreateJobRequest>,
     ) -> Result<Response<pb::CreateJobResponse>, Status> {
         let (spec, paused) = convert::job_spec(req.into_inner().spec).map_err(status)?;
+        self.destinations.check(&spec).await.map_err(status)?;
         let job = self.jobs.create(spec, paused).await.map_err(status)?;
         tracing::info!(job_id = %job.spec.id, "job created");
         Ok(Response::new(pb::CreateJobResponse {
@@ -48,6 +53,7 @@ impl JobService for JobApi {
             ));
         }
         let (spec, _paused) = convert::job_spec(req.spec).map_err(status)?;
+        self.destinations.check(&spec).await.map_err(status)?;
         let job = self
             .jobs
             .update(spec, req.expected_version)
@@ -96,7 +102,13 @@ impl JobService for JobApi {
                 }
                 Ok((spec, paused)) => {
                     first_at.insert(spec.id.clone(), i);
-                    valid.push((i, spec, paused));
+                    match self.destinations.check(&spec).await {
+                        Ok(()) => valid.push((i, spec, paused)),
+                        Err(e @ jobs::Error::Invalid { .. }) => {
+                            invalid_item(&mut results[i], i, &e);
+                        }
+                        Err(e) => return Err(status(e)),
+                    }
                 }
             }
         }

@@ -8,6 +8,7 @@
 
 mod apps;
 pub mod convert;
+pub mod destinations;
 pub mod grpc_auth;
 mod jobs;
 pub mod queries;

@@ -10,8 +10,10 @@
 //!
 //! Each attempt is signed afresh (`sundial_sdk::webhook::headers`: both header schemes,
 //! a new timestamp and nonce, `webhook-id` = the schedule_id, the same body bytes).
-//! 2xx is delivered; 410 Gone stops at once (CALLBACK_FAILED); anything else, a
-//! redirect (never followed), a timeout or an egress refusal is a failed attempt,
+//! 2xx is delivered; 410 Gone stops at once (CALLBACK_FAILED), and so does an egress
+//! refusal (the host now resolves only to refused addresses: no retry gets past the
+//! policy; an address literal the policy refuses is refused when the job is saved);
+//! anything else, a redirect (never followed) or a timeout is a failed attempt,
 //! retried on the retry schedule with ±20% jitter until the schedule is spent or the
 //! delivery is older than its max age: then CALLBACK_FAILED and an alert (an error log
 //! line `alert="callback_failed"`). The run's result is never touched.
@@ -394,10 +396,16 @@ impl Deliveries {
                 (0, format!("{code}: {message}"), code != "egress_refused")
             }
         };
-        // An egress refusal says nothing about the destination's health.
-        if reached {
-            self.record_breaker(&dest, false).await;
+        // An egress refusal says nothing about the destination's health, and no retry
+        // would get past it: the delivery fails at once (the address its host resolves
+        // to now is one the policy refuses).
+        if !reached {
+            let error = format!("{error} (the egress policy refuses it: not retried)");
+            self.finish(&d, DeliveryOutcome::Failed { status, error })
+                .await;
+            return;
         }
+        self.record_breaker(&dest, false).await;
         let made = d.attempts + 1;
         let outcome = match self
             .opts
@@ -868,10 +876,13 @@ mod tests {
         let r = one_attempt(&store, &w, &sid).await;
         assert_eq!((r.callback_attempts, r.callback_status), (1, 0));
         assert!(
-            r.callback_error.starts_with("egress_refused"),
+            r.callback_error.starts_with("egress_refused")
+                && r.callback_error.ends_with("not retried)"),
             "{}",
             r.callback_error
         );
+        // No retry gets past the policy: failed at once, not after the schedule.
+        assert_eq!(r.callback_state, CallbackState::Failed);
         // A refusal says nothing about the destination: its breaker (one failure opens
         // it here) stays closed.
         assert_eq!(
