@@ -150,6 +150,7 @@ const STORE_TRAITS: &[(&str, &[&str])] = &[
     ),
     ("auth.rs", &["AppStore"]),
     ("api/apps.rs", &["AppStore"]),
+    ("api/destinations.rs", &["AppStore"]),
     ("api/queries.rs", &["RunStore"]),
     ("api/runs.rs", &["RunStore"]),
     ("api/scrape.rs", &["NodeRegistry"]),
