@@ -870,3 +870,46 @@ async fn a_dropped_node_is_probed_back_after_it_recovers() -> Result<()> {
     ensure!(on_sick >= 2, "the recovered node ran {on_sick} of 9");
     Ok(())
 }
+
+/// The largest weights an executor may announce still take turns: two nodes of weight
+/// u32::MAX under weighted round robin get two of four runs each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_weights_dispatch() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(opts(&redis, "a"))?;
+    let channel = server.channel().await?;
+    let mut execs = Vec::new();
+    for id in ["a", "b"] {
+        let (exec, _) = sundial_tests::raw::Exec::hello(
+            channel.clone(),
+            pb::Hello {
+                node_id: id.into(),
+                group: "g".into(),
+                handlers: vec!["work".into()],
+                weight: u32::MAX,
+                ..Default::default()
+            },
+        )
+        .await?;
+        execs.push(exec);
+    }
+    server
+        .create_job(job(
+            "heavy",
+            "work",
+            pb::RouteStrategy::WeightedRoundRobin,
+            "",
+        ))
+        .await?;
+    for _ in 0..4 {
+        server.trigger("heavy").await?;
+    }
+    for exec in &mut execs {
+        for _ in 0..2 {
+            let d = exec.dispatch().await?;
+            ensure!(d.job_id == "heavy" && d.run.as_ref().is_some_and(|r| r.attempt == 1));
+        }
+    }
+    drop(execs);
+    Ok(())
+}

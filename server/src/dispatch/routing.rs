@@ -430,6 +430,25 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_weights_still_take_turns() {
+        let nodes = [
+            NodeView {
+                weight: u32::MAX,
+                ..node("a")
+            },
+            NodeView {
+                weight: u32::MAX,
+                ..node("b")
+            },
+        ];
+        let mut st = RouteState::default();
+        let got: Vec<String> = (0..4)
+            .map(|_| pick(RouteStrategy::WeightedRoundRobin, &nodes, &mut st))
+            .collect();
+        assert_eq!(got, ["a", "b", "a", "b"]);
+    }
+
+    #[test]
     fn random_maps_the_unit_interval_onto_the_nodes() {
         let nodes = [node("b"), node("a")];
         let mut st = RouteState::default();
