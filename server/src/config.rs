@@ -61,9 +61,19 @@ pub struct Settings {
     /// gRPC address (JobService, RunService, executors, health, reflection).
     #[arg(long, env = "SUNDIAL_LISTEN")]
     pub listen: Option<String>,
-    /// HTTP address (`/healthz`; the REST status API comes with the webhooks issue).
+    /// HTTP address (REST API, `/healthz`, `/metrics`).
     #[arg(long, env = "SUNDIAL_HTTP_LISTEN")]
     pub http_listen: Option<String>,
+    /// Serve on a non-loopback address with admin authentication off (no
+    /// --bearer-token, --read-token or --app-secret). Without it such a start is
+    /// refused: every admin call would be accepted from the network.
+    #[arg(
+        long,
+        env = "SUNDIAL_INSECURE_LISTEN_ANY",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub insecure_listen_any: Option<bool>,
     /// Redis URL. When absent, the embedded single-node store in --data-dir is used.
     #[arg(long, env = "SUNDIAL_REDIS_URL")]
     pub redis_url: Option<String>,
@@ -351,6 +361,7 @@ impl Settings {
             lower,
             listen,
             http_listen,
+            insecure_listen_any,
             redis_url,
             redis_prefix,
             data_dir,
@@ -684,6 +695,28 @@ impl Config {
             every: sweep_every,
             ..SweepOptions::default()
         };
+        let auth = auth_options(
+            s.bearer_token,
+            s.read_token,
+            s.app_secret,
+            s.executor_token,
+            s.executor_tokens_file,
+        )?;
+        let open = auth.bearer_tokens.is_empty()
+            && auth.read_tokens.is_empty()
+            && auth.app_secrets.is_empty();
+        if open && !s.insecure_listen_any.unwrap_or(false) {
+            for (field, addr) in [("listen", Some(listen)), ("http_listen", http_listen)] {
+                if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+                    return Err(Error::Invalid {
+                        field,
+                        reason: format!(
+                            "{addr} is not a loopback address and admin authentication is off (no --bearer-token, --read-token or --app-secret): every admin call would be accepted from the network; configure credentials, or pass --insecure-listen-any to serve it anyway"
+                        ),
+                    });
+                }
+            }
+        }
         Ok(Config {
             executors,
             sweep,
@@ -698,13 +731,7 @@ impl Config {
             shutdown_grace: positive("shutdown_grace", s.shutdown_grace, Duration::from_secs(10))?,
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
-            auth: auth_options(
-                s.bearer_token,
-                s.read_token,
-                s.app_secret,
-                s.executor_token,
-                s.executor_tokens_file,
-            )?,
+            auth,
             tls: tls_options(s.tls_cert, s.tls_key, s.tls_client_ca)?,
             webhooks,
             alert_webhook: alert_webhook(s.alert_webhook_url.as_deref())?,
@@ -1031,6 +1058,40 @@ mod tests {
         };
         let cfg = Config::from_settings(small).expect("valid");
         assert_eq!(cfg.webhooks.max_in_flight_per_destination, 16);
+    }
+
+    #[test]
+    fn a_non_loopback_listener_needs_credentials_or_the_loud_flag() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        use clap::Parser as _;
+        let parse = |args: &[&str]| {
+            let mut all = vec!["sundial"];
+            all.extend_from_slice(args);
+            Config::from_settings(Cli::try_parse_from(all).expect("parses").settings)
+        };
+        for (args, field) in [
+            (&["--listen", "0.0.0.0:50051"][..], "listen"),
+            (&["--http-listen", "[::]:8080"][..], "http_listen"),
+        ] {
+            let err = parse(args).expect_err("open on the network").to_string();
+            assert!(
+                err.starts_with(&format!("{field}: ")) && err.contains("--insecure-listen-any"),
+                "{err}"
+            );
+        }
+        parse(&["--listen", "0.0.0.0:50051", "--insecure-listen-any"]).expect("said so");
+        parse(&["--listen", "0.0.0.0:50051", "--bearer-token", "tok"]).expect("credentials");
+        parse(&["--listen", "[::1]:50051"]).expect("loopback");
+        let file: Settings = toml::from_str(
+            r#"listen = "0.0.0.0:1"
+            insecure_listen_any = true"#,
+        )
+        .expect("valid toml");
+        Config::from_settings(file).expect("said so in the file");
     }
 
     #[test]
