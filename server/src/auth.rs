@@ -144,7 +144,7 @@ pub fn parse_executor_token(entry: &[u8]) -> Result<(String, Secret), String> {
         .map_err(|_| "expected GROUP=TOKEN")?
         .trim();
     if group != ANY_GROUP && !valid_job_id(group) {
-        return Err("the group must be * or match [A-Za-z0-9._-]{1,128}".to_owned());
+        return Err("the group must be * or match [A-Za-z0-9._-]{1,128}, not . or ..".to_owned());
     }
     let token = &entry[at + 1..];
     if token.is_empty() || token.iter().any(|b| !b.is_ascii_graphic()) {
@@ -533,7 +533,7 @@ impl Authenticator {
         if !valid_job_id(app_id) {
             return Err(Error::Header {
                 header: "X-Sundial-App-Id",
-                reason: "must match [A-Za-z0-9._-]{1,128}",
+                reason: "must match [A-Za-z0-9._-]{1,128}, not . or ..",
             });
         }
         if keys.is_empty() {

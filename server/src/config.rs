@@ -512,7 +512,7 @@ impl Config {
             Some(id) if !crate::model::valid_job_id(&id) => {
                 return Err(Error::Invalid {
                     field: "instance_id",
-                    reason: "must match [A-Za-z0-9._-]{1,128}".into(),
+                    reason: "must match [A-Za-z0-9._-]{1,128}, not . or ..".into(),
                 });
             }
             Some(id) => id,

@@ -185,6 +185,9 @@ pub fn split_schedule_id(schedule_id: &str) -> Option<(&str, &str)> {
 
 pub fn valid_job_id(id: &str) -> bool {
     !id.is_empty()
+        // Path segments in the REST API, which path-normalising clients would rewrite.
+        && id != "."
+        && id != ".."
         && id.len() <= MAX_JOB_ID_LEN
         && id
             .bytes()
@@ -659,6 +662,9 @@ mod tests {
         assert!(!valid_job_id("a b"));
         assert!(!valid_job_id("a@b"));
         assert!(!valid_job_id("ä"));
+        // Path segments a REST client would rewrite.
+        assert!(!valid_job_id(".") && !valid_job_id(".."));
+        assert!(valid_job_id("...") && valid_job_id(".a"));
     }
 
     #[test]

@@ -24,6 +24,8 @@ fn invalid_cases() -> Vec<(&'static str, pb::JobSpec)> {
         ("spec.id", spec(|s| s.id = "has space".into())),
         ("spec.id", spec(|s| s.id = "a@b".into())),
         ("spec.id", spec(|s| s.id = "x".repeat(129))),
+        ("spec.id", spec(|s| s.id = ".".into())),
+        ("spec.id", spec(|s| s.id = "..".into())),
         ("spec.name", spec(|s| s.name = "n".repeat(257))),
         ("spec.cron", spec(|s| s.cron = String::new())),
         ("spec.cron", spec(|s| s.cron = "not a cron".into())),
@@ -247,6 +249,32 @@ async fn invalid_jobs_are_rejected_naming_the_field_and_change_nothing() -> Resu
         .await
         .expect_err("no spec");
     ensure!(err.code() == Code::InvalidArgument && err.message().starts_with("spec:"));
+    // A huge zone is quoted cut, and no message says its field twice.
+    let err = jobs
+        .create_job(pb::CreateJobRequest {
+            spec: Some(spec(|s| s.time_zone = "Z".repeat(10_000))),
+        })
+        .await
+        .expect_err("10 KB zone");
+    ensure!(
+        err.message()
+            .starts_with("spec.time_zone: unknown IANA time zone \"ZZZ")
+            && err.message().len() < 300,
+        "{} bytes: {}",
+        err.message().len(),
+        &err.message()[..err.message().len().min(200)]
+    );
+    let err = jobs
+        .create_job(pb::CreateJobRequest {
+            spec: Some(spec(|s| s.cron = "nope".into())),
+        })
+        .await
+        .expect_err("bad cron");
+    ensure!(
+        err.message().starts_with("spec.cron: ") && !err.message().contains("cron: cron"),
+        "{}",
+        err.message()
+    );
 
     // Nothing was written: no job listed, and not one key more in Redis.
     let list = jobs

@@ -39,7 +39,7 @@ fn app_id(raw: &str) -> Result<&str, Status> {
     } else {
         Err(invalid(
             "app_id",
-            "required, must match [A-Za-z0-9._-]{1,128}",
+            "required, must match [A-Za-z0-9._-]{1,128}, not . or ..",
         ))
     }
 }

@@ -111,7 +111,7 @@ pub fn job_spec(spec: Option<pb::JobSpec>) -> Result<(JobSpec, bool), Error> {
             if !name_like(&e.group) {
                 return Err(invalid(
                     "spec.executor.group",
-                    "required, must match [A-Za-z0-9._-]{1,128}",
+                    "required, must match [A-Za-z0-9._-]{1,128}, not . or ..",
                 ));
             }
             if e.handler.is_empty() || e.handler.len() > 128 {
@@ -193,7 +193,10 @@ pub fn job_spec(spec: Option<pb::JobSpec>) -> Result<(JobSpec, bool), Error> {
         Some(s.callback_url)
     };
     if !s.app_id.is_empty() && !name_like(&s.app_id) {
-        return Err(invalid("spec.app_id", "must match [A-Za-z0-9._-]{1,128}"));
+        return Err(invalid(
+            "spec.app_id",
+            "must match [A-Za-z0-9._-]{1,128}, not . or ..",
+        ));
     }
     if s.payload.len() > MAX_PAYLOAD_BYTES {
         return Err(invalid(

@@ -178,13 +178,13 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
     if !valid_job_id(&h.node_id) {
         return Err(invalid(
             "node_id",
-            "required, must match [A-Za-z0-9._-]{1,128}",
+            "required, must match [A-Za-z0-9._-]{1,128}, not . or ..",
         ));
     }
     if !valid_job_id(&h.group) {
         return Err(invalid(
             "group",
-            "required, must match [A-Za-z0-9._-]{1,128}",
+            "required, must match [A-Za-z0-9._-]{1,128}, not . or ..",
         ));
     }
     if h.max_concurrency > MAX_WINDOW {
@@ -1284,7 +1284,7 @@ impl NodeService for Executors {
         let group = req.into_inner().group;
         if !group.is_empty() && !valid_job_id(&group) {
             return Err(Status::invalid_argument(
-                "group: must match [A-Za-z0-9._-]{1,128}",
+                "group: must match [A-Za-z0-9._-]{1,128}, not . or ..",
             ));
         }
         let nodes = self

@@ -86,6 +86,15 @@ pub enum CronError {
 }
 
 impl CronError {
+    /// Why, without the field's name (an API puts its own field path in front).
+    pub fn reason(&self) -> String {
+        match self {
+            CronError::Syntax(why) => why.clone(),
+            CronError::UnknownTimeZone(zone) => format!("unknown IANA time zone {zone:?}"),
+            CronError::NeverFires => "expression never fires".to_owned(),
+        }
+    }
+
     /// The request field the error belongs to, so an API can point at it.
     pub fn field(&self) -> &'static str {
         match self {
@@ -388,9 +397,15 @@ fn parse_time_zone(time_zone: &str) -> Result<Tz, CronError> {
     if time_zone.is_empty() {
         return Ok(Tz::UTC);
     }
-    time_zone
-        .parse::<Tz>()
-        .map_err(|_| CronError::UnknownTimeZone(time_zone.to_string()))
+    time_zone.parse::<Tz>().map_err(|_| {
+        // Named in the error, so at most 100 characters of it: a huge one must not
+        // make a huge message (past a gRPC client's metadata limit).
+        let cut = match time_zone.char_indices().nth(100) {
+            Some((end, _)) => format!("{}…", &time_zone[..end]),
+            None => time_zone.to_string(),
+        };
+        CronError::UnknownTimeZone(cut)
+    })
 }
 
 /// Checks the expression against Sundial's rules, then has croner parse it.

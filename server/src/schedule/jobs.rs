@@ -28,7 +28,7 @@ impl From<CronError> for Error {
     fn from(e: CronError) -> Self {
         Error::Invalid {
             field: e.field(),
-            reason: e.to_string(),
+            reason: e.reason(),
         }
     }
 }
@@ -333,7 +333,7 @@ impl Jobs {
         {
             return Err(Error::Invalid {
                 field: "idempotency_key",
-                reason: "must match [A-Za-z0-9._-]{1,128}".into(),
+                reason: "must match [A-Za-z0-9._-]{1,128}, not . or ..".into(),
             });
         }
         let job = self.require(job_id).await?;

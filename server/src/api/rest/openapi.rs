@@ -150,7 +150,7 @@ fn error_response(description: &str) -> Value {
 fn path_parameter(name: &str) -> Value {
     let description = match name {
         "schedule_id" => "<job_id>@<schedule_no>; a shard is <schedule_id>#<index> (%23 in a URL)",
-        _ => "[A-Za-z0-9._-]{1,128}",
+        _ => "[A-Za-z0-9._-]{1,128}, not . or ..",
     };
     json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}, "description": description})
 }
