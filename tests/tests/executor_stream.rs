@@ -255,6 +255,39 @@ async fn protocol_abuse_gets_a_precise_error_and_hurts_nobody_else() -> Result<(
             {
                 let mut h = hello("x");
                 if let Some(Msg::Hello(h)) = &mut h.msg {
+                    h.labels = (0..65).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+                }
+                h
+            },
+            Code::InvalidArgument,
+            "hello.labels: more than 64",
+        ),
+        (
+            {
+                let mut h = hello("x");
+                if let Some(Msg::Hello(h)) = &mut h.msg {
+                    h.labels = [("big".to_owned(), "v".repeat(1_900_000))].into();
+                }
+                h
+            },
+            Code::InvalidArgument,
+            "hello.labels: each key",
+        ),
+        (
+            {
+                let mut h = hello("x");
+                if let Some(Msg::Hello(h)) = &mut h.msg {
+                    h.node_id = "..".into();
+                }
+                h
+            },
+            Code::InvalidArgument,
+            "hello.node_id:",
+        ),
+        (
+            {
+                let mut h = hello("x");
+                if let Some(Msg::Hello(h)) = &mut h.msg {
                     h.handlers.clear();
                 }
                 h

@@ -697,3 +697,62 @@ async fn a_dead_executors_runs_fail_over_within_the_grace_on_the_embedded_store(
     let dir = tempfile::tempdir()?;
     a_dead_executors_runs_fail_over_within_the_grace(SundialOptions::embedded(dir.path())).await
 }
+
+/// What an executor reports is bounded: an output past 1 MiB is not stored (the
+/// attempt fails "output_too_large", so no read of the run swells), and a result's
+/// error message and code are cut to 8 KiB and 128 bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_results_sizes_are_bounded() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
+    let channel = server.channel().await?;
+    server.create_job(manual_job("big", "work")).await?;
+    let mut exec = Exec::connect(channel, "n", &["work"]).await?;
+    let run = || async {
+        let sid = server.trigger("big").await?;
+        Ok::<_, anyhow::Error>(sid)
+    };
+    let sid = run().await?;
+    let r = exec.dispatch().await?.run.context("run ref")?;
+    exec.send(Msg::Started(pb::Started {
+        run: Some(r.clone()),
+    }))
+    .await?;
+    let ack = exec
+        .result(&r, pb::ResultStatus::Succeeded, &vec![7u8; 1_500_000])
+        .await?;
+    ensure!(ack.accepted, "{ack:?}");
+    let got = wait_state(&server, &sid, pb::RunState::Failed).await?;
+    ensure!(
+        got.error_code == "output_too_large"
+            && got.output.is_empty()
+            && got.error_message.contains("1500000 bytes"),
+        "{} {} {} bytes of output",
+        got.error_code,
+        got.error_message,
+        got.output.len()
+    );
+
+    let sid = run().await?;
+    let r = exec.dispatch().await?.run.context("run ref")?;
+    exec.send(Msg::Started(pb::Started {
+        run: Some(r.clone()),
+    }))
+    .await?;
+    exec.send(Msg::Result(pb::Result {
+        run: Some(r.clone()),
+        status: pb::ResultStatus::Failed as i32,
+        error_code: "c".repeat(300),
+        error_message: "é".repeat(10_000),
+        ..Default::default()
+    }))
+    .await?;
+    let got = wait_state(&server, &sid, pb::RunState::Failed).await?;
+    ensure!(
+        got.error_code.len() == 128 && got.error_message.len() == 8 * 1024,
+        "{} / {} bytes",
+        got.error_code.len(),
+        got.error_message.len()
+    );
+    Ok(())
+}

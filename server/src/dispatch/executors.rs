@@ -121,6 +121,15 @@ const MAX_IN_FLIGHT: usize = 10_000;
 /// Lines in one `LogLines` message, and bytes in one line (longer ones are cut).
 const MAX_LOG_LINES: usize = 1_000;
 const MAX_LOG_LINE_BYTES: usize = 8 * 1024;
+/// A result's output past this is not stored: the attempt fails "output_too_large".
+pub const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+/// A result's `error_message` and `error_code` are cut to these.
+const MAX_ERROR_MESSAGE_BYTES: usize = 8 * 1024;
+const MAX_ERROR_CODE_BYTES: usize = 128;
+/// A hello's labels: at most this many, keys and values at most this long.
+const MAX_LABELS: usize = 64;
+const MAX_LABEL_KEY_BYTES: usize = 128;
+const MAX_LABEL_VALUE_BYTES: usize = 1024;
 /// Reports about runs the stream's node does not hold (or unknown runs) one stream may
 /// make before it is closed: a live executor makes none, short of a run moved twice
 /// between two of its reports; a stream guessing other nodes' runs is cut off.
@@ -203,6 +212,17 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
         return Err(invalid(
             "handlers",
             "each handler name must be 1 to 128 bytes",
+        ));
+    }
+    if h.labels.len() > MAX_LABELS {
+        return Err(invalid("labels", "more than 64 labels"));
+    }
+    if h.labels.iter().any(|(k, v)| {
+        k.is_empty() || k.len() > MAX_LABEL_KEY_BYTES || v.len() > MAX_LABEL_VALUE_BYTES
+    }) {
+        return Err(invalid(
+            "labels",
+            "each key must be 1 to 128 bytes and each value at most 1024",
         ));
     }
     Ok(NodeRecord {
@@ -938,11 +958,35 @@ impl Executors {
                 };
                 let duration = (r.started_at_ms > 0 && r.finished_at_ms >= r.started_at_ms)
                     .then(|| u64::try_from(r.finished_at_ms - r.started_at_ms).unwrap_or(0));
+                let (state, output, mut error_code, mut error_message) = if r.output.len()
+                    > MAX_OUTPUT_BYTES
+                {
+                    // Stored whole it would swell every read of the run (and make
+                    // a listing pass the transport's limit): the attempt fails.
+                    (
+                        RunState::Failed,
+                        None,
+                        "output_too_large".to_owned(),
+                        format!(
+                            "the handler's output was {} bytes, more than {MAX_OUTPUT_BYTES}; it was not kept",
+                            r.output.len()
+                        ),
+                    )
+                } else {
+                    (
+                        state,
+                        (!r.output.is_empty()).then_some(r.output),
+                        r.error_code,
+                        r.error_message,
+                    )
+                };
+                truncate_utf8(&mut error_code, MAX_ERROR_CODE_BYTES);
+                truncate_utf8(&mut error_message, MAX_ERROR_MESSAGE_BYTES);
                 let outcome = Outcome {
                     state,
-                    output: (!r.output.is_empty()).then_some(r.output),
-                    error_code: r.error_code,
-                    error_message: r.error_message,
+                    output,
+                    error_code,
+                    error_message,
                     started_at: (r.started_at_ms > 0).then_some(r.started_at_ms),
                     finished_at: (r.finished_at_ms > 0).then_some(r.finished_at_ms),
                 };
