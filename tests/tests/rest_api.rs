@@ -198,7 +198,7 @@ async fn bad_requests_name_the_parameter_and_openapi_describes_the_api() -> Resu
         (
             trigger("known").json(&serde_json::json!({"payload": "!!!"})),
             400,
-            "body:",
+            "body.payload: ",
         ),
         (
             trigger("known")
@@ -209,7 +209,7 @@ async fn bad_requests_name_the_parameter_and_openapi_describes_the_api() -> Resu
         (
             trigger("known").json(&serde_json::json!({"surprise": 1})),
             400,
-            "body:",
+            "body.surprise: unknown field",
         ),
         (trigger("ghost"), 404, "not found"),
     ];
@@ -354,6 +354,31 @@ async fn every_failure_is_one_json_error_shape() -> Result<()> {
             400,
             "INVALID_ARGUMENT",
             "page_token:",
+        ),
+        (
+            "a number past its field's range names the field",
+            http.post(format!("{base}/api/v1/jobs"))
+                .header("content-type", "application/json")
+                .body(r#"{"spec": {"id": "n", "cron": "0 0 12 * * ?", "retry": {"maxRetries": 4e9}}}"#),
+            400,
+            "INVALID_ARGUMENT",
+            "body.spec.retry.maxRetries: not a number this field can hold",
+        ),
+        (
+            "a query number past its range names the parameter",
+            http.get(format!("{base}/api/v1/jobs/shape/runs?page_size=99999999999")),
+            400,
+            "INVALID_ARGUMENT",
+            "query.",
+        ),
+        (
+            "a wrong type names the field",
+            http.post(format!("{base}/api/v1/jobs"))
+                .header("content-type", "application/json")
+                .body(r#"{"spec": {"id": "n", "cron": 5}}"#),
+            400,
+            "INVALID_ARGUMENT",
+            "body.spec.cron: ",
         ),
         (
             "a long bad id is quoted short",

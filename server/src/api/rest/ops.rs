@@ -546,8 +546,28 @@ fn decode<Req: DeserializeOwned>(
         bind(&input, &mut fields, param, target, value)?;
     }
     let source = if op.body { "body" } else { "query" };
-    serde_json::from_value(Value::Object(fields))
-        .map_err(|e| ApiError::invalid(source, clip(&e.to_string())))
+    serde_path_to_error::deserialize(Value::Object(fields)).map_err(|e| decode_error(source, &e))
+}
+
+/// A request that did not decode, named by its field path (`body.retry.maxRetries`)
+/// and said in words: a number out of its field's range otherwise reads "data did not
+/// match any variant of untagged enum Content" (how the JSON mapping takes a number or
+/// a string holding one).
+fn decode_error(source: &str, e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let field = if path.is_empty() || path == "." {
+        source.to_owned()
+    } else {
+        format!("{source}.{path}")
+    };
+    let inner = e.inner().to_string();
+    let reason = if inner.contains("untagged enum") {
+        "not a number this field can hold (a JSON number in its range, or a string holding one)"
+            .to_owned()
+    } else {
+        inner
+    };
+    ApiError::invalid(&field, clip(&reason))
 }
 
 /// Sets the request field `target` (dotted proto names) to the path parameter's value;
