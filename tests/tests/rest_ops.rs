@@ -340,7 +340,10 @@ async fn every_operation(server: &Sundial, journal: &std::path::Path) -> Result<
             Some(json!({"payload": "!!!"})),
         )
         .await?;
-    ensure!(error(&v, "INVALID_ARGUMENT")?.starts_with("body:"), "{v}");
+    ensure!(
+        error(&v, "INVALID_ARGUMENT")?.starts_with("body.payload: "),
+        "{v}"
+    );
     let run = wait_for("the run to start", Duration::from_secs(20), || {
         let api = &api;
         let path = format!("/api/v1/runs/{sid}");
