@@ -101,20 +101,26 @@ impl crate::Report for FreezeReport {
                 self.started_on_frozen
             ));
         }
-        if self.duplicate_starts > 0 {
-            bad.push(format!(
-                "failover --freeze: {} duplicate handler starts",
-                self.duplicate_starts
-            ));
-        }
-        if self.succeeded != self.runs {
-            bad.push(format!(
-                "failover --freeze: {} of {} runs succeeded",
-                self.succeeded, self.runs
-            ));
-        }
+        bad.extend(every_run_once(
+            "failover --freeze",
+            self.duplicate_starts,
+            self.succeeded,
+            self.runs,
+        ));
         bad
     }
+}
+
+/// What both modes must show: no handler started twice, every run succeeded.
+fn every_run_once(scenario: &str, duplicates: usize, succeeded: usize, runs: usize) -> Vec<String> {
+    let mut bad = Vec::new();
+    if duplicates > 0 {
+        bad.push(format!("{scenario}: {duplicates} duplicate handler starts"));
+    }
+    if succeeded != runs {
+        bad.push(format!("{scenario}: {succeeded} of {runs} runs succeeded"));
+    }
+    bad
 }
 
 fn server_args(args: &FailoverArgs) -> Vec<(String, String)> {
@@ -271,18 +277,12 @@ impl crate::Report for FailoverReport {
                 self.not_retried
             ));
         }
-        if self.duplicate_starts > 0 {
-            bad.push(format!(
-                "failover: {} duplicate handler starts",
-                self.duplicate_starts
-            ));
-        }
-        if self.succeeded != self.runs {
-            bad.push(format!(
-                "failover: {} of {} runs succeeded",
-                self.succeeded, self.runs
-            ));
-        }
+        bad.extend(every_run_once(
+            "failover",
+            self.duplicate_starts,
+            self.succeeded,
+            self.runs,
+        ));
         bad
     }
 }
