@@ -513,10 +513,11 @@ impl Executors {
         }
     }
 
-    /// Checks, four times per `silent_after`, whether the node went silent
-    /// ([`Liveness::check`]) until the session stops (`stop`). When it does, it is
-    /// marked so in the registry (no instance routes to it) and every dispatch it left
-    /// unanswered is taken back and routed again; heard from again, it is marked
+    /// Until the session stops (`stop`): puts the ends of runs the ledger saw into the
+    /// health window, and checks, four times per `silent_after` (unless it is zero: the
+    /// rule is off), whether the node went silent ([`Liveness::check`]). When it does,
+    /// it is marked so in the registry (no instance routes to it) and every dispatch it
+    /// left unanswered is taken back and routed again; heard from again, it is marked
     /// answering.
     async fn watch_silence(
         self,
@@ -525,10 +526,12 @@ impl Executors {
         stop: CancellationToken,
     ) {
         let after = self.opts.silent_after;
-        if after.is_zero() {
-            return;
-        }
-        let mut tick = tokio::time::interval((after / 4).max(Duration::from_millis(10)));
+        let period = if after.is_zero() {
+            Duration::from_millis(250)
+        } else {
+            (after / 4).max(Duration::from_millis(10))
+        };
+        let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -536,6 +539,9 @@ impl Executors {
                 _ = tick.tick() => {}
             }
             self.note_ends(&state).await;
+            if after.is_zero() {
+                continue;
+            }
             let verdict = liveness.check(Instant::now(), after);
             if let Some(silent) = verdict.turned {
                 self.mark_silent(&state, silent).await;
