@@ -62,6 +62,29 @@ async fn node(server: &Sundial, id: &str) -> Result<Option<pb::Node>> {
     Ok(nodes(server).await?.into_iter().find(|n| n.node_id == id))
 }
 
+/// `spec` with one retry after 50 ms: a failed attempt runs again elsewhere.
+fn retried_once(spec: pb::JobSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        retry: Some(pb::RetryPolicy {
+            max_retries: 1,
+            backoff_ms: 50,
+            ..Default::default()
+        }),
+        ..spec
+    }
+}
+
+/// Waits until every node of `ids` is in the registry.
+async fn wait_listed(server: &Sundial, ids: &[&str]) -> Result<()> {
+    for &id in ids {
+        wait_for(&format!("{id} listed"), Duration::from_secs(20), || async {
+            node(server, id).await
+        })
+        .await?;
+    }
+    Ok(())
+}
+
 fn start_executors(
     endpoints: &[String],
     dir: &std::path::Path,
@@ -690,21 +713,14 @@ async fn a_job_failing_everywhere_makes_no_node_sick() -> Result<()> {
     let ids = ["n1", "n2", "n3"];
     let _execs = start_executors(&endpoints, dir.path(), &ids)?;
     server
-        .create_job(pb::JobSpec {
-            retry: Some(pb::RetryPolicy {
-                max_retries: 1,
-                backoff_ms: 50,
-                ..Default::default()
-            }),
-            ..job("flaky", "flaky", pb::RouteStrategy::RoundRobin, "")
-        })
+        .create_job(retried_once(job(
+            "flaky",
+            "flaky",
+            pb::RouteStrategy::RoundRobin,
+            "",
+        )))
         .await?;
-    for id in ids {
-        wait_for(&format!("{id} listed"), Duration::from_secs(20), || async {
-            node(&server, id).await
-        })
-        .await?;
-    }
+    wait_listed(&server, &ids).await?;
     for _ in 0..RUNS / 10 {
         let mut sids = Vec::new();
         for _ in 0..10 {
@@ -778,21 +794,14 @@ async fn a_dropped_node_is_probed_back_after_it_recovers() -> Result<()> {
     )?;
     let _well = start_executors(&endpoints, dir.path(), &["b-well", "c-well"])?;
     server
-        .create_job(pb::JobSpec {
-            retry: Some(pb::RetryPolicy {
-                max_retries: 1,
-                backoff_ms: 50,
-                ..Default::default()
-            }),
-            ..job("rr", "noop", pb::RouteStrategy::RoundRobin, "")
-        })
+        .create_job(retried_once(job(
+            "rr",
+            "noop",
+            pb::RouteStrategy::RoundRobin,
+            "",
+        )))
         .await?;
-    for id in ["a-sick", "b-well", "c-well"] {
-        wait_for(&format!("{id} listed"), Duration::from_secs(20), || async {
-            node(&server, id).await
-        })
-        .await?;
-    }
+    wait_listed(&server, &["a-sick", "b-well", "c-well"]).await?;
     let health = |id: &'static str| {
         let server = &server;
         async move {

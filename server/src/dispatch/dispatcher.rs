@@ -102,14 +102,14 @@ impl Default for DispatchOptions {
     }
 }
 
+/// A registry snapshot and the health of each of its nodes, by index.
+type Judged = (Arc<Vec<NodeRecord>>, Arc<Vec<Health>>);
+
 /// The node registry as routing sees it, re-read at most every `node_refresh`, and
 /// what this instance saw happen on each node since that read: leases it granted, less
 /// the runs whose end a stream attached here reported. The snapshot's counts do not
 /// show those yet; without them every run of a burst would see the same node as the
 /// least busy one.
-/// A registry snapshot and the health of each of its nodes, by index.
-type Judged = (Arc<Vec<NodeRecord>>, Arc<Vec<Health>>);
-
 struct NodeCache {
     refresh: Duration,
     /// When it was read, the registry, and each node's health judged against its
@@ -688,15 +688,16 @@ impl Dispatcher {
         let probe = (!is_broadcast)
             .then(|| self.probe(&snapshot, &health, serves, &run.last_node))
             .flatten();
+        let route_key = run
+            .route_key_override
+            .clone()
+            .unwrap_or_else(|| job.spec.route_key.clone());
         if eligible.is_empty() {
             return match probe {
                 Some(i) => Pick::Order {
                     order: vec![i],
                     nodes: snapshot,
-                    route_key: run
-                        .route_key_override
-                        .clone()
-                        .unwrap_or_else(|| job.spec.route_key.clone()),
+                    route_key,
                 },
                 None => Pick::NoNode,
             };
@@ -710,10 +711,6 @@ impl Dispatcher {
         if candidates.is_empty() {
             candidates = eligible;
         }
-        let route_key = run
-            .route_key_override
-            .clone()
-            .unwrap_or_else(|| job.spec.route_key.clone());
         let strategy = match job.spec.route_strategy {
             // A shard (a broadcast sub-run being routed again) goes to one node.
             RouteStrategy::ShardingBroadcast if !run.parent.is_empty() => {

@@ -383,7 +383,7 @@ impl Executors {
         );
         tokio::spawn(
             self.clone()
-                .watch_silence(state.clone(), liveness, stop_reading.clone())
+                .watch_silence(state.clone(), stop_reading.clone())
                 .in_current_span(),
         );
         tokio::spawn(
@@ -519,12 +519,8 @@ impl Executors {
     /// it is marked so in the registry (no instance routes to it) and every dispatch it
     /// left unanswered is taken back and routed again; heard from again, it is marked
     /// answering.
-    async fn watch_silence(
-        self,
-        state: Arc<Mutex<NodeState>>,
-        liveness: Arc<Liveness>,
-        stop: CancellationToken,
-    ) {
+    async fn watch_silence(self, state: Arc<Mutex<NodeState>>, stop: CancellationToken) {
+        let liveness = lock(&state).liveness.clone();
         let after = self.opts.silent_after;
         let period = if after.is_zero() {
             Duration::from_millis(250)

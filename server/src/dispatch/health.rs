@@ -158,12 +158,9 @@ pub fn judge(node: &NodeRecord, nodes: &[NodeRecord], policy: &HealthPolicy) -> 
         .collect();
     let mut beyond_peers = 0.0;
     for h in &node.by_handler {
-        let (results, errors) = peers
-            .iter()
-            .filter_map(|p| p.by_handler.iter().find(|x| x.handler == h.handler))
-            .fold((0u64, 0u64), |(r, e), x| {
-                (r + u64::from(x.results), e + u64::from(x.errors))
-            });
+        let (results, errors) = on_handler(&peers, &h.handler).fold((0u64, 0u64), |(r, e), x| {
+            (r + u64::from(x.results), e + u64::from(x.errors))
+        });
         if results < u64::from(min) {
             continue;
         }
@@ -185,9 +182,7 @@ pub fn judge(node: &NodeRecord, nodes: &[NodeRecord], policy: &HealthPolicy) -> 
         return judged(Health::Slow, why());
     }
     for h in node.by_handler.iter().filter(|h| h.results >= min) {
-        let mut means: Vec<u64> = peers
-            .iter()
-            .filter_map(|p| p.by_handler.iter().find(|x| x.handler == h.handler))
+        let mut means: Vec<u64> = on_handler(&peers, &h.handler)
             .filter(|x| x.results >= min)
             .map(|x| x.mean_duration_ms)
             .collect();
@@ -210,6 +205,16 @@ pub fn judge(node: &NodeRecord, nodes: &[NodeRecord], policy: &HealthPolicy) -> 
         Health::Healthy,
         format!("{own:.0} of its {count} recent results are its own failures"),
     )
+}
+
+/// The peers' figures on `handler` (those that ran it in their window).
+fn on_handler<'a>(
+    peers: &'a [&'a NodeRecord],
+    handler: &'a str,
+) -> impl Iterator<Item = &'a HandlerFigures> {
+    peers
+        .iter()
+        .filter_map(move |p| p.by_handler.iter().find(|x| x.handler == handler))
 }
 
 /// [`judge`]'s health alone.
