@@ -310,10 +310,11 @@ pub struct Settings {
     /// 10000).
     #[arg(long, env = "SUNDIAL_WEBHOOK_CONCURRENCY")]
     pub webhook_concurrency: Option<u32>,
-    /// Webhook deliveries one instance has in flight to one destination
-    /// (`scheme://host:port`) at once (default 256, at most the webhook concurrency); a
-    /// delivery past a bound waits for a slot while its claim lease allows, else it is
-    /// deferred a second, no attempt spent.
+    /// Webhook deliveries in flight to one destination (`scheme://host:port`) at once,
+    /// counted across every instance (default 32, at most the webhook concurrency); a
+    /// delivery past it waits for a slot while its claim lease allows, else it is
+    /// deferred a second, no attempt spent. After a destination's circuit breaker
+    /// closes, its window starts at one and grows by one with each answered attempt.
     #[arg(long, env = "SUNDIAL_WEBHOOK_DESTINATION_CONCURRENCY")]
     pub webhook_destination_concurrency: Option<u32>,
     /// Every alert (failed, lost runs, misfires, late fires, failed callbacks) is also
@@ -921,7 +922,7 @@ fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Erro
 
 /// The two webhook concurrency bounds: each 1..=10000, the per-destination one at most
 /// the instance's.
-fn webhook_concurrency(s: &Settings, wd: &WebhookOptions) -> Result<(usize, usize), Error> {
+fn webhook_concurrency(s: &Settings, wd: &WebhookOptions) -> Result<(usize, u32), Error> {
     const MAX: u32 = 10_000;
     let count = |field, v: Option<u32>, default: usize| match v {
         None => Ok(default),
@@ -937,7 +938,7 @@ fn webhook_concurrency(s: &Settings, wd: &WebhookOptions) -> Result<(usize, usiz
         wd.max_in_flight,
     )?;
     let destination = match s.webhook_destination_concurrency {
-        None => wd.max_in_flight_per_destination.min(instance),
+        None => (wd.max_in_flight_per_destination as usize).min(instance),
         v => count("webhook_destination_concurrency", v, 0)?,
     };
     if destination > instance {
@@ -948,7 +949,8 @@ fn webhook_concurrency(s: &Settings, wd: &WebhookOptions) -> Result<(usize, usiz
             ),
         });
     }
-    Ok((instance, destination))
+    // Both at most MAX.
+    Ok((instance, destination as u32))
 }
 
 fn alert_webhook(v: Option<&str>) -> Result<Option<url::Url>, Error> {
@@ -1047,11 +1049,11 @@ mod tests {
             Duration::from_millis(900),
             "never past the lease"
         );
-        // Webhook concurrency: 512 per instance, 256 per destination unless set; a
+        // Webhook concurrency: 512 per instance, 32 per destination unless set; a
         // smaller instance bound caps the destination's default.
         let cfg = Config::from_settings(Settings::default()).expect("valid");
         assert_eq!(cfg.webhooks.max_in_flight, 512);
-        assert_eq!(cfg.webhooks.max_in_flight_per_destination, 256);
+        assert_eq!(cfg.webhooks.max_in_flight_per_destination, 32);
         let small = Settings {
             webhook_concurrency: Some(16),
             ..Settings::default()

@@ -22,6 +22,13 @@
 //! by every instance: while it is open a due delivery is deferred to the end of the
 //! cool-down without spending an attempt (never past its max age); once the cool-down
 //! is over one claimer sends a probe, whose outcome closes or re-opens it.
+//!
+//! Deliveries are paced per destination, across every instance: each holds one of its
+//! destination's slots in the store while it is sent (`admit_delivery` to
+//! `settle_delivery`), at most `max_in_flight_per_destination` of them, fewer while
+//! the destination ramps up after its breaker closed (from one slot, one more per
+//! answer). One that finds no slot asks again while its claim lease leaves time, then
+//! is deferred; waiting spends no attempt.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -38,7 +45,8 @@ use crate::deliver::in_flight::InFlight;
 use crate::egress::{self, EgressPolicy};
 use crate::model::duration_ms;
 use crate::store::{
-    AppStore, Applied, BreakerState, DeliveryOutcome, JobStore, Outbox, WebhookDelivery,
+    Admission, AppStore, Applied, BreakerState, DeliveryOutcome, DeliveryTerms, JobStore, Outbox,
+    WebhookDelivery,
 };
 
 /// How the worker delivers. Every interval is configurable, so tests run the same code
@@ -68,17 +76,23 @@ pub struct WebhookOptions {
     pub batch: usize,
     /// Deliveries one instance has in flight at once.
     pub max_in_flight: usize,
-    /// Deliveries one instance has in flight to one destination (`scheme://host:port`)
-    /// at once. A delivery past either bound waits for a slot (for its destination,
-    /// no longer than half of what its claim lease leaves beyond the attempt's timeout
-    /// and no more of them waiting than this bound; for the instance, the rest), else
-    /// it is deferred by [`BUSY_DEFER`], no attempt spent.
-    pub max_in_flight_per_destination: usize,
+    /// Deliveries in flight to one destination (`scheme://host:port`) at once, counted
+    /// across every instance through the store (`Outbox::admit_delivery`; after the
+    /// destination's breaker closes, its window ramps up from one to this). A delivery
+    /// past it, or past `max_in_flight`, waits for a slot (no longer than what its
+    /// claim lease leaves beyond the attempt's timeout, and no more of this instance's
+    /// waiting for one destination than this bound), else it is deferred by
+    /// [`BUSY_DEFER`], no attempt spent.
+    pub max_in_flight_per_destination: u32,
 }
 
 /// How long a delivery is deferred when its destination or the instance had its bound
 /// in flight for as long as it could wait.
 pub const BUSY_DEFER: Duration = Duration::from_secs(1);
+
+/// The longest pause between two asks for a slot of a destination whose window is
+/// full (the first is 20 ms, each next one twice as long).
+const ADMIT_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 impl Default for WebhookOptions {
     fn default() -> Self {
@@ -97,7 +111,7 @@ impl Default for WebhookOptions {
             every: Duration::from_millis(200),
             batch: 256,
             max_in_flight: 512,
-            max_in_flight_per_destination: 256,
+            max_in_flight_per_destination: 32,
         }
     }
 }
@@ -208,7 +222,7 @@ impl Deliveries {
         Ok(Self {
             permits: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
             claims: Arc::new(Semaphore::new(opts.max_in_flight.max(1) * 2)),
-            in_flight: InFlight::new(opts.max_in_flight_per_destination),
+            in_flight: InFlight::new(),
             store,
             alerts,
             opts,
@@ -325,32 +339,39 @@ impl Deliveries {
             }
         };
         let dest = destination(&url);
+        let limit = self.opts.max_in_flight_per_destination;
+        let holder = format!("{}#{}", d.schedule_id, d.token);
         let busy = DeliveryOutcome::Defer {
             until: d.now.saturating_add(duration_ms(BUSY_DEFER)).min(deadline),
         };
+        // This instance's own bound first, so at most `limit` of its deliveries ask
+        // the store for one of the destination's slots at a time.
         let wait = self.wait_budget(claimed_at) / 2;
-        let Some(slot) = self.in_flight.take(&dest, wait).await else {
+        let Some(local) = self.in_flight.take(&dest, limit, wait).await else {
             debug!(destination = %dest, "destination at its in-flight bound: deferred");
             self.finish_counted(&d, busy, "busy").await;
             return;
         };
-        // A probe that never reports (its instance died) is presumed lost after this.
-        let probe = self.opts.timeout + Duration::from_secs(5);
-        match self.store.outbox.breaker_state(&dest, probe).await {
-            Ok(BreakerState::Closed) => {}
-            Ok(BreakerState::HalfOpen) => {
+        match self.admit(&dest, &holder, limit, claimed_at).await {
+            Some(Admission::Go) => {}
+            Some(Admission::Probe) => {
                 info!(destination = %dest, "webhook circuit breaker half-open: this delivery is the probe");
             }
-            Ok(BreakerState::Open { until }) => {
+            Some(Admission::Open { until }) => {
                 debug!(destination = %dest, until, "webhook circuit breaker open: deferred");
                 let until = until.min(deadline);
                 self.finish(&d, DeliveryOutcome::Defer { until }).await;
                 return;
             }
-            Err(e) => {
-                warn!(destination = %dest, error = %e, "reading the circuit breaker failed; delivering anyway")
+            Some(Admission::Full { window }) => {
+                debug!(destination = %dest, window, "destination's window in flight: deferred");
+                self.finish_counted(&d, busy, "busy").await;
+                return;
             }
+            // Logged; the claim runs out and the delivery is retried, no attempt spent.
+            None => return,
         }
+        let terms = self.terms(limit, claimed_at);
         let in_flight = match tokio::time::timeout(
             self.wait_budget(claimed_at),
             self.permits.acquire(),
@@ -361,82 +382,126 @@ impl Deliveries {
             Ok(Err(_)) => return,
             Err(_) => {
                 debug!("the instance had its bound in flight: deferred");
+                self.settle(&dest, &holder, None, &terms).await;
                 self.finish_counted(&d, busy, "busy").await;
                 return;
             }
         };
         let attempt = tokio::select! {
             () = shutdown.cancelled() => {
-                debug!("shutting down mid-delivery; the claim runs out and the delivery is retried");
+                debug!("shutting down mid-delivery; the claim and the slot run out and the delivery is retried");
                 return;
             }
             a = self.attempt(&d, &url) => a,
         };
-        // The receiver has answered (or not): its slot and the instance's are free
-        // while the outcome is recorded.
-        drop((in_flight, slot));
-        let (status, error, reached) = match attempt {
+        // The receiver has answered (or not): this instance's slots are free while the
+        // outcome is recorded; the destination's is given back with the breaker's count.
+        drop((in_flight, local));
+        let answered = match &attempt {
+            Attempt::Answered(status) => Some((200..300).contains(status) || *status == 410),
+            // An egress refusal says nothing about the destination's health.
+            Attempt::NoAnswer(code, _) => (*code != "egress_refused").then_some(false),
+        };
+        self.settle(&dest, &holder, answered, &terms).await;
+        let outcome = self.outcome(&d, attempt, claimed_at, deadline);
+        self.finish(&d, outcome).await;
+    }
+
+    /// What an attempt comes to: delivered, gone, retried or failed.
+    fn outcome(
+        &self,
+        d: &WebhookDelivery,
+        attempt: Attempt,
+        claimed_at: Instant,
+        deadline: crate::model::Millis,
+    ) -> DeliveryOutcome {
+        let (status, error) = match attempt {
             Attempt::Answered(status) if (200..300).contains(&status) => {
-                self.record_breaker(&dest, true).await;
-                self.finish(&d, DeliveryOutcome::Delivered { status }).await;
-                return;
+                return DeliveryOutcome::Delivered { status };
             }
-            Attempt::Answered(410) => {
-                // The receiver asked us to stop: it is reachable, and done with us.
-                self.record_breaker(&dest, true).await;
-                self.finish(&d, DeliveryOutcome::Gone).await;
-                return;
-            }
+            // The receiver asked us to stop: it is reachable, and done with us.
+            Attempt::Answered(410) => return DeliveryOutcome::Gone,
             Attempt::Answered(status) => (
                 status,
                 format!("http_{status}: the receiver answered {status}"),
-                true,
             ),
-            Attempt::NoAnswer(code, message) => {
-                (0, format!("{code}: {message}"), code != "egress_refused")
+            // No retry would get past the policy: the delivery fails at once (the
+            // address its host resolves to now is one the policy refuses).
+            Attempt::NoAnswer("egress_refused", message) => {
+                let error = format!(
+                    "egress_refused: {message} (the egress policy refuses it: not retried)"
+                );
+                return DeliveryOutcome::Failed { status: 0, error };
             }
+            Attempt::NoAnswer(code, message) => (0, format!("{code}: {message}")),
         };
-        // An egress refusal says nothing about the destination's health, and no retry
-        // would get past it: the delivery fails at once (the address its host resolves
-        // to now is one the policy refuses).
-        if !reached {
-            let error = format!("{error} (the egress policy refuses it: not retried)");
-            self.finish(&d, DeliveryOutcome::Failed { status, error })
-                .await;
-            return;
-        }
-        self.record_breaker(&dest, false).await;
         let made = d.attempts + 1;
-        let outcome = match self
+        let Some(&delay) = self
             .opts
             .retry_schedule
             .get(usize::try_from(d.attempts).unwrap_or(usize::MAX))
-        {
-            None => DeliveryOutcome::Failed {
+        else {
+            return DeliveryOutcome::Failed {
                 status,
                 error: format!("{error} (attempt {made}; retries spent)"),
-            },
-            Some(&delay) => {
-                let after = jittered(delay);
-                let store_now = d.now.saturating_add(duration_ms(claimed_at.elapsed()));
-                if store_now.saturating_add(duration_ms(after)) >= deadline {
-                    DeliveryOutcome::Failed {
-                        status,
-                        error: format!(
-                            "{error} (attempt {made}; the next would pass the max age of {:?})",
-                            self.opts.max_age
-                        ),
-                    }
-                } else {
-                    DeliveryOutcome::Retry {
-                        after,
-                        status,
-                        error,
-                    }
+            };
+        };
+        let after = jittered(delay);
+        let store_now = d.now.saturating_add(duration_ms(claimed_at.elapsed()));
+        if store_now.saturating_add(duration_ms(after)) >= deadline {
+            return DeliveryOutcome::Failed {
+                status,
+                error: format!(
+                    "{error} (attempt {made}; the next would pass the max age of {:?})",
+                    self.opts.max_age
+                ),
+            };
+        }
+        DeliveryOutcome::Retry {
+            after,
+            status,
+            error,
+        }
+    }
+
+    /// The destination's admission for `holder`, asked again (with a growing pause)
+    /// while its window is full and the claim leaves time to wait. None when the store
+    /// could not be asked (logged).
+    async fn admit(
+        &self,
+        dest: &str,
+        holder: &str,
+        limit: u32,
+        claimed_at: Instant,
+    ) -> Option<Admission> {
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let terms = self.terms(limit, claimed_at);
+            match self.store.outbox.admit_delivery(dest, holder, &terms).await {
+                Ok(Admission::Full { .. }) if self.wait_budget(claimed_at) > pause => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(ADMIT_PAUSE_MAX);
+                }
+                Ok(admission) => return Some(admission),
+                Err(e) => {
+                    warn!(destination = %dest, error = %e, "admitting the webhook to its destination failed; the claim runs out and it is retried");
+                    return None;
                 }
             }
-        };
-        self.finish(&d, outcome).await;
+        }
+    }
+
+    /// The terms of a delivery claimed at `claimed_at`: its destination's slot lasts
+    /// as long as the claim.
+    fn terms(&self, limit: u32, claimed_at: Instant) -> DeliveryTerms {
+        DeliveryTerms {
+            limit,
+            lease: self.opts.claim_lease.saturating_sub(claimed_at.elapsed()),
+            // A probe that never reports (its instance died) is presumed lost after this.
+            probe: self.opts.timeout + Duration::from_secs(5),
+            threshold: self.opts.breaker_failures,
+            cool_down: self.opts.breaker_cooldown,
+        }
     }
 
     /// How much longer a delivery claimed at `claimed_at` may wait for a slot: its
@@ -514,19 +579,21 @@ impl Deliveries {
         (self.opts.app_id.clone(), self.opts.secrets.clone())
     }
 
-    async fn record_breaker(&self, dest: &str, success: bool) {
+    /// Gives back the destination's slot and counts the attempt on its breaker.
+    async fn settle(
+        &self,
+        dest: &str,
+        holder: &str,
+        answered: Option<bool>,
+        terms: &DeliveryTerms,
+    ) {
         match self
             .store
             .outbox
-            .record_breaker(
-                dest,
-                success,
-                self.opts.breaker_failures,
-                self.opts.breaker_cooldown,
-            )
+            .settle_delivery(dest, holder, answered, terms)
             .await
         {
-            Ok(u) if u.changed => match u.state {
+            Ok(Some(u)) if u.changed => match u.state {
                 BreakerState::Open { until } => {
                     self.alerts.metrics().set_circuit(dest, true);
                     warn!(
@@ -543,7 +610,7 @@ impl Deliveries {
             },
             Ok(_) => {}
             Err(e) => {
-                warn!(destination = %dest, error = %e, "recording on the circuit breaker failed")
+                warn!(destination = %dest, error = %e, "recording on the circuit breaker failed; the slot runs out with its lease")
             }
         }
     }
@@ -830,12 +897,13 @@ mod tests {
         let r = one_attempt(&store, &w, &sid).await;
         assert_eq!((r.callback_attempts, r.callback_status), (1, 503));
         let dest = format!("http://{addr}");
+        let terms = w.terms(1, Instant::now());
         assert!(matches!(
             store
-                .breaker_state(&dest, Duration::from_secs(1))
+                .admit_delivery(&dest, "check", &terms)
                 .await
                 .expect("breaker"),
-            BreakerState::Open { .. }
+            Admission::Open { .. }
         ));
         // The retry finds it open: deferred, no attempt spent, and only until the max
         // age (not the minute), when it is given up.
@@ -885,12 +953,13 @@ mod tests {
         assert_eq!(r.callback_state, CallbackState::Failed);
         // A refusal says nothing about the destination: its breaker (one failure opens
         // it here) stays closed.
+        let terms = w.terms(1, Instant::now());
         assert_eq!(
             store
-                .breaker_state("http://127.0.0.1:9", Duration::from_secs(1))
+                .admit_delivery("http://127.0.0.1:9", "check", &terms)
                 .await
                 .expect("breaker"),
-            BreakerState::Closed
+            Admission::Go
         );
     }
 

@@ -50,7 +50,8 @@ pub use jobs::{
 };
 pub use nodes::{HandlerFigures, Inboxes, NodeRecord, NodeRegistry, NodeRemoved, Registered};
 pub use outbox::{
-    BreakerState, BreakerUpdate, DeliveryOutcome, GONE_ERROR, Outbox, WebhookDelivery,
+    Admission, BreakerState, BreakerUpdate, DeliveryOutcome, DeliveryTerms, GONE_ERROR, Outbox,
+    WebhookDelivery,
 };
 pub use runs::{
     Assigned, Begun, FannedOut, Finisher, Held, Holder, LeaseTerms, LogLine, NOT_THE_HOLDER,

@@ -1,5 +1,6 @@
-//! `Outbox`: the webhook outbox (deliveries, their claims and outcomes) and the
-//! per-destination circuit breakers shared by every instance.
+//! `Outbox`: the webhook outbox (deliveries, their claims and outcomes) and, per
+//! destination, the circuit breaker and the slots that pace deliveries, shared by
+//! every instance.
 //!
 //! The step that makes a run final (never a broadcast shard's: its parent's) writes,
 //! when the run's plan has a callback URL, an outbox entry keyed by the schedule_id
@@ -9,6 +10,12 @@
 //! lease; the outcome (`finish_delivery`) is applied only with that token, so a slow
 //! worker whose lease ran out can never overwrite a later outcome, and a worker that
 //! dies leaves an entry that comes due again when its lease ends.
+//!
+//! Before it sends, a claimed delivery is admitted to its destination
+//! (`admit_delivery`): a closed breaker and a free slot among the destination's window
+//! (its limit, counted across every instance; smaller while the destination ramps up
+//! after its breaker closed). The slot is given back, with the attempt's result
+//! counted on the breaker, by `settle_delivery`, or runs out with its lease.
 
 use std::time::Duration;
 
@@ -64,18 +71,17 @@ pub enum DeliveryOutcome {
 /// The delivery record's error after a 410 Gone.
 pub const GONE_ERROR: &str = "gone: the receiver answered 410 Gone; no more retries";
 
-/// A destination's circuit breaker (shared by every instance).
+/// A destination's circuit breaker (shared by every instance), as a settled attempt
+/// left it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
-    /// Deliveries go out.
+    /// Deliveries go out (within the destination's window).
     Closed,
-    /// Deliveries wait until then (an open breaker, or another caller's probe).
+    /// Deliveries wait until then.
     Open { until: Millis },
-    /// The cool-down is over and this caller may send one probe.
-    HalfOpen,
 }
 
-/// What `record_breaker` made of the breaker.
+/// What `settle_delivery` made of the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerUpdate {
     pub state: BreakerState,
@@ -83,6 +89,40 @@ pub struct BreakerUpdate {
     pub changed: bool,
 }
 
+/// What a delivery may do about its destination now (`admit_delivery`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Send: the breaker is closed and the caller holds one of the destination's slots.
+    Go,
+    /// Send, as the breaker's probe (its cool-down is over): the caller holds the
+    /// destination's only slot.
+    Probe,
+    /// The breaker is open, or another caller's probe is under way, until then: no
+    /// slot.
+    Open { until: Millis },
+    /// The destination has `window` deliveries in flight (its limit, or less while it
+    /// ramps up after its breaker closed): no slot; ask again when one may be free.
+    Full { window: u32 },
+}
+
+/// The terms of one delivery's dealings with its destination: its slots (pacing) and
+/// its breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryTerms {
+    /// At most this many deliveries (at least one) in flight to the destination at
+    /// once, counted across every instance.
+    pub limit: u32,
+    /// A slot not given back (its holder died) is free again after this.
+    pub lease: Duration,
+    /// A probe that never reports is presumed lost after this.
+    pub probe: Duration,
+    /// Consecutive failed attempts that open the breaker.
+    pub threshold: u32,
+    /// How long an opened breaker stays open before a probe.
+    pub cool_down: Duration,
+}
+
+/// The webhook outbox and the circuit breakers. See the module docs.
 /// The webhook outbox and the circuit breakers. See the module docs.
 #[async_trait]
 pub trait Outbox: StoreMeta {
@@ -111,21 +151,35 @@ pub trait Outbox: StoreMeta {
         outcome: DeliveryOutcome,
     ) -> Result<Applied>;
 
-    /// The breaker of a destination (`scheme://host:port`). Closed → `Closed`; open
-    /// until a time still ahead → `Open`; once that time has passed, the first caller
-    /// gets `HalfOpen` (it may send one probe) and the breaker holds further callers
-    /// `Open` for `probe` (until the probe's outcome is recorded, or it is presumed lost).
-    async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState>;
-
-    /// Counts an attempt's result on the destination's breaker: a success closes it;
-    /// `threshold` consecutive failures open it for `cool_down`; a failure while half
-    /// open (the probe) re-opens it for `cool_down`. A failure while open changes
-    /// nothing (an attempt that started before it opened).
-    async fn record_breaker(
+    /// Admits one delivery to its destination (`scheme://host:port`) for `holder` (one
+    /// per claim: the schedule_id and delivery token): the breaker first (open →
+    /// `Open`; once its cool-down is over the first caller gets `Probe`, the only slot,
+    /// and the breaker holds the others `Open` for `terms.probe`), then the slots:
+    /// `Go` with a slot held until `terms.lease` from now if fewer than the window are
+    /// held by live holders, else `Full`. The window is `terms.limit`, or the ramp
+    /// while it is smaller: after a breaker closes it starts at one and grows by one
+    /// with each answered attempt (see `settle_delivery`). Asking again for a holder
+    /// that has a slot keeps it (its lease renewed).
+    async fn admit_delivery(
         &self,
         destination: &str,
-        success: bool,
-        threshold: u32,
-        cool_down: Duration,
-    ) -> Result<BreakerUpdate>;
+        holder: &str,
+        terms: &DeliveryTerms,
+    ) -> Result<Admission>;
+
+    /// Gives back `holder`'s slot and counts the attempt's result on the breaker:
+    /// `answered` Some(true) (the receiver answered, 2xx or 410) closes it (a breaker
+    /// that was not closed starts its ramp at one slot) and grows a ramp under way by
+    /// one, ending it at `terms.limit`; Some(false) counts a failure: `threshold` in a
+    /// row open it for `cool_down`, so does a failed probe, a ramp under way halves (at
+    /// least one), and a failure while open changes nothing (an attempt that started
+    /// before it opened). None (no attempt made, or one the egress policy refused)
+    /// only gives the slot back and answers None.
+    async fn settle_delivery(
+        &self,
+        destination: &str,
+        holder: &str,
+        answered: Option<bool>,
+        terms: &DeliveryTerms,
+    ) -> Result<Option<BreakerUpdate>>;
 }

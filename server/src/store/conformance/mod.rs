@@ -28,11 +28,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    Applied, Assigned, Begun, BreakerState, ClaimResult, Delivery, DeliveryOutcome, DueFire,
-    Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite,
-    LeaseTerms, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered,
-    Revocation, RunQuery, STALE_TOKEN, Store, StoreOptions, Transition, UNKNOWN_RUN,
-    WebhookDelivery, partition_of,
+    Admission, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimResult, Delivery,
+    DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
+    GONE_ERROR, Held, Holder, JobWrite, LeaseTerms, LogLine, NOT_THE_HOLDER, NodeRecord,
+    NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery, STALE_TOKEN, Store,
+    StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
@@ -125,6 +125,8 @@ macro_rules! store_conformance_tests {
                 delivery_claims_and_outcomes: options,
                 outbox_due_per_partition: options,
                 breaker_transitions: options,
+                delivery_slots_pace_a_destination: options,
+                a_closed_breaker_ramps_up: options,
             }
             app_store {
                 apps_and_rotation: options,

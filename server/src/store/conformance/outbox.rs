@@ -1,6 +1,7 @@
 //! `Outbox` checks: the webhook outbox and the circuit breakers: the entry written in the
 //! step that makes a run final, delivery claims and outcomes under their token, due
-//! deliveries by partition, breaker transitions.
+//! deliveries by partition, breaker transitions, the slots that pace a destination and
+//! their ramp after its breaker closes.
 
 use super::*;
 
@@ -527,39 +528,76 @@ pub async fn outbox_due_per_partition(store: Arc<dyn Store>) {
     );
 }
 
+fn terms(limit: u32) -> DeliveryTerms {
+    DeliveryTerms {
+        limit,
+        lease: Duration::from_secs(30),
+        probe: Duration::from_millis(100),
+        threshold: 3,
+        cool_down: Duration::from_millis(200),
+    }
+}
+
+async fn admit(store: &Arc<dyn Store>, dest: &str, holder: &str, t: &DeliveryTerms) -> Admission {
+    store
+        .admit_delivery(dest, holder, t)
+        .await
+        .expect("admit delivery")
+}
+
+async fn settle(
+    store: &Arc<dyn Store>,
+    dest: &str,
+    holder: &str,
+    answered: Option<bool>,
+    t: &DeliveryTerms,
+) -> Option<BreakerUpdate> {
+    store
+        .settle_delivery(dest, holder, answered, t)
+        .await
+        .expect("settle delivery")
+}
+
+/// An admitted attempt and its result: what the breaker became.
+async fn attempt(
+    store: &Arc<dyn Store>,
+    dest: &str,
+    holder: &str,
+    ok: bool,
+    t: &DeliveryTerms,
+) -> BreakerUpdate {
+    let a = admit(store, dest, holder, t).await;
+    assert!(
+        matches!(a, Admission::Go | Admission::Probe),
+        "{holder}: {a:?}"
+    );
+    settle(store, dest, holder, Some(ok), t)
+        .await
+        .expect("an answered attempt is counted")
+}
+
 pub async fn breaker_transitions(store: Arc<dyn Store>) {
     let dest = "https://hooks.example:443";
     let other = "http://10.0.0.1:8080";
-    let probe = Duration::from_millis(100);
-    let cool = Duration::from_millis(200);
-    assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::Closed
-    );
+    // One slot: no ramp outlives its first answer.
+    let t = terms(1);
+    let closed = |changed| BreakerUpdate {
+        state: BreakerState::Closed,
+        changed,
+    };
     // Closed until `threshold` failures in a row; a success resets the count.
-    for _ in 0..2 {
-        let u = store
-            .record_breaker(dest, false, 3, cool)
-            .await
-            .expect("record");
-        assert_eq!((u.state, u.changed), (BreakerState::Closed, false));
+    for holder in ["a", "b"] {
+        assert_eq!(
+            attempt(&store, dest, holder, false, &t).await,
+            closed(false)
+        );
     }
-    let u = store
-        .record_breaker(dest, true, 3, cool)
-        .await
-        .expect("record");
-    assert_eq!((u.state, u.changed), (BreakerState::Closed, false));
-    for _ in 0..2 {
-        store
-            .record_breaker(dest, false, 3, cool)
-            .await
-            .expect("record");
+    assert_eq!(attempt(&store, dest, "c", true, &t).await, closed(false));
+    for holder in ["d", "e"] {
+        attempt(&store, dest, holder, false, &t).await;
     }
     let before = now(&store).await;
-    let u = store
-        .record_breaker(dest, false, 3, cool)
-        .await
-        .expect("record");
+    let u = attempt(&store, dest, "f", false, &t).await;
     let after = now(&store).await;
     let BreakerState::Open { until } = u.state else {
         panic!("three failures open the breaker: {u:?}");
@@ -567,66 +605,148 @@ pub async fn breaker_transitions(store: Arc<dyn Store>) {
     assert!(u.changed);
     assert_near(until, before, after, 200, "open until");
     assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::Open { until }
+        admit(&store, dest, "g", &t).await,
+        Admission::Open { until }
     );
     assert_eq!(
-        store.breaker_state(other, probe).await.expect("state"),
-        BreakerState::Closed,
+        admit(&store, other, "g", &t).await,
+        Admission::Go,
         "breakers are per destination"
     );
+    assert_eq!(settle(&store, other, "g", None, &t).await, None);
     // A failure while open (an attempt that started earlier) changes nothing.
-    let u = store
-        .record_breaker(dest, false, 3, cool)
-        .await
-        .expect("record");
-    assert_eq!((u.state, u.changed), (BreakerState::Open { until }, false));
+    assert_eq!(
+        settle(&store, dest, "h", Some(false), &t).await,
+        Some(BreakerUpdate {
+            state: BreakerState::Open { until },
+            changed: false
+        })
+    );
 
     // After the cool-down one caller gets the probe; the others wait for it.
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::HalfOpen
-    );
-    let held = store.breaker_state(dest, probe).await.expect("state");
+    assert_eq!(admit(&store, dest, "p1", &t).await, Admission::Probe);
+    let held = admit(&store, dest, "p2", &t).await;
     assert!(
-        matches!(held, BreakerState::Open { until: u } if u > until),
+        matches!(held, Admission::Open { until: u } if u > until),
         "{held:?}"
     );
     // The probe fails: open again for a cool-down.
-    let u = store
-        .record_breaker(dest, false, 3, cool)
+    let u = settle(&store, dest, "p1", Some(false), &t)
         .await
-        .expect("record");
+        .expect("counted");
     assert!(
         matches!(u.state, BreakerState::Open { .. }) && u.changed,
         "{u:?}"
     );
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::HalfOpen
-    );
-    // A probe that never reports is presumed lost after `probe`: another one goes.
+    // A probe that never reports is presumed lost after `probe`, and its slot is free
+    // when its lease ends: another one goes.
+    let short = DeliveryTerms {
+        lease: Duration::from_millis(100),
+        ..t
+    };
+    assert_eq!(admit(&store, dest, "p3", &short).await, Admission::Probe);
     tokio::time::sleep(Duration::from_millis(150)).await;
-    assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::HalfOpen
-    );
+    assert_eq!(admit(&store, dest, "p4", &t).await, Admission::Probe);
     // The probe succeeds: closed.
-    let u = store
-        .record_breaker(dest, true, 3, cool)
-        .await
-        .expect("record");
-    assert_eq!((u.state, u.changed), (BreakerState::Closed, true));
     assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::Closed
+        settle(&store, dest, "p4", Some(true), &t).await,
+        Some(closed(true))
     );
     // And it takes `threshold` failures again to open it.
-    let u = store
-        .record_breaker(dest, false, 3, cool)
-        .await
-        .expect("record");
+    assert_eq!(attempt(&store, dest, "i", false, &t).await, closed(false));
+}
+
+/// A destination's slots: at most `limit` held by live holders, across callers; a
+/// holder asking again keeps its slot; a slot given back or whose lease ran out is
+/// free; destinations count apart.
+pub async fn delivery_slots_pace_a_destination(store: Arc<dyn Store>) {
+    let dest = "http://receiver.example:80";
+    let t = terms(2);
+    assert_eq!(admit(&store, dest, "a", &t).await, Admission::Go);
+    assert_eq!(admit(&store, dest, "b", &t).await, Admission::Go);
+    assert_eq!(
+        admit(&store, dest, "c", &t).await,
+        Admission::Full { window: 2 }
+    );
+    assert_eq!(admit(&store, dest, "a", &t).await, Admission::Go, "held");
+    assert_eq!(
+        admit(&store, "http://other.example:80", "c", &t).await,
+        Admission::Go
+    );
+    // A higher limit (another job's) sees the same slots held.
+    assert_eq!(admit(&store, dest, "c", &terms(3)).await, Admission::Go);
+    assert_eq!(
+        admit(&store, dest, "d", &terms(3)).await,
+        Admission::Full { window: 3 }
+    );
+    // Given back without an attempt: nothing counted, the slot free.
+    assert_eq!(settle(&store, dest, "a", None, &t).await, None);
+    assert_eq!(settle(&store, dest, "c", None, &t).await, None);
+    assert_eq!(admit(&store, dest, "d", &t).await, Admission::Go);
+    // A holder that died: its slot is free once its lease ends.
+    let one = DeliveryTerms {
+        lease: Duration::from_millis(100),
+        ..terms(1)
+    };
+    let lone = "http://lone.example:80";
+    assert_eq!(admit(&store, lone, "x", &one).await, Admission::Go);
+    assert_eq!(
+        admit(&store, lone, "y", &one).await,
+        Admission::Full { window: 1 }
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(admit(&store, lone, "y", &one).await, Admission::Go);
+}
+
+/// After its breaker closes a destination's window starts at one slot, grows by one
+/// with each answered attempt, halves with a failure, and ends at the limit.
+pub async fn a_closed_breaker_ramps_up(store: Arc<dyn Store>) {
+    let dest = "http://recovering.example:80";
+    let t = terms(6);
+    for holder in ["a", "b", "c"] {
+        attempt(&store, dest, holder, false, &t).await;
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(admit(&store, dest, "probe", &t).await, Admission::Probe);
+    let u = settle(&store, dest, "probe", Some(true), &t).await;
+    assert_eq!(
+        u.map(|u| (u.state, u.changed)),
+        Some((BreakerState::Closed, true))
+    );
+    // The window, found by admitting holders until one is refused, then freed.
+    let window = |n: usize| {
+        let store = store.clone();
+        async move {
+            let mut held = Vec::new();
+            let full = loop {
+                let holder = format!("w{}", held.len());
+                match admit(&store, dest, &holder, &t).await {
+                    Admission::Go => held.push(holder),
+                    other => break other,
+                }
+                assert!(held.len() <= n, "more than {n} admitted");
+            };
+            for holder in &held {
+                settle(&store, dest, holder, None, &t).await;
+            }
+            (held.len(), full)
+        }
+    };
+    assert_eq!(window(1).await, (1, Admission::Full { window: 1 }));
+    attempt(&store, dest, "s1", true, &t).await;
+    assert_eq!(window(2).await, (2, Admission::Full { window: 2 }));
+    attempt(&store, dest, "s2", true, &t).await;
+    attempt(&store, dest, "s3", true, &t).await;
+    assert_eq!(window(4).await, (4, Admission::Full { window: 4 }));
+    // A failure halves it (the breaker stays closed: one failure of three).
+    let u = attempt(&store, dest, "f", false, &t).await;
     assert_eq!((u.state, u.changed), (BreakerState::Closed, false));
+    assert_eq!(window(2).await, (2, Admission::Full { window: 2 }));
+    for holder in ["s4", "s5", "s6", "s7"] {
+        attempt(&store, dest, holder, true, &t).await;
+    }
+    // 2 + 4 = 6: the ramp is over, the window is the limit.
+    assert_eq!(window(6).await, (6, Admission::Full { window: 6 }));
 }

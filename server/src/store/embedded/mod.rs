@@ -114,12 +114,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use super::{
-    AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult,
-    Delivery, DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    Held, Holder, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord, NodeRegistry,
-    NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Registered, Result, Revocation,
-    RunQuery, RunStore, StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN,
-    WebhookDelivery, partition_of,
+    Admission, AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome,
+    ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch, DueFire, Enqueued, Error,
+    FannedOut, Finisher, FireClaim, Held, Holder, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine,
+    NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Registered,
+    Result, Revocation, RunQuery, RunStore, StoreMeta, StoreOptions, Transition, TriggerQueue,
+    UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,
@@ -208,6 +208,9 @@ struct Breaker {
     until: Millis,
     /// Consecutive failures while closed.
     failures: u32,
+    /// Closed and ramping up: the destination's window until it reaches the limit.
+    #[serde(default)]
+    ramp: Option<u32>,
 }
 
 /// Delivery bookkeeping of the trigger queue. It lives in memory on purpose: "delivered
@@ -256,6 +259,9 @@ pub struct EmbeddedStore {
     /// Any other has none, so its breaker is answered without reading the file. It
     /// never shrinks: a handful of destinations.
     tripped: Mutex<HashSet<String>>,
+    /// The pacing slots held, per destination: in memory, as only this process
+    /// delivers (see `outbox`).
+    paces: Arc<Mutex<Paces>>,
     /// The writer thread every write goes through (group commit, see `commit`).
     writer: Writer,
 }
@@ -267,6 +273,9 @@ struct Claims {
     last_token: u64,
     live: HashMap<String, (u64, Millis)>,
 }
+
+/// Pacing slots held per destination: holder → the end of its slot's lease.
+type Paces = HashMap<String, HashMap<String, Millis>>;
 
 /// One instance's inbox: messages oldest first, forgotten once nobody pushed for
 /// [`INBOX_TTL`] (as the redis key expires).
@@ -392,6 +401,7 @@ impl EmbeddedStore {
             route_counters: Mutex::new(HashMap::new()),
             claims: Mutex::new(Claims::default()),
             tripped: Mutex::new(tripped),
+            paces: Arc::default(),
         })
     }
 

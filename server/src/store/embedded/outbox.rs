@@ -1,7 +1,8 @@
 //! The webhook outbox and the circuit breakers: due deliveries, their claims and
-//! outcomes (under the delivery token), and the per-destination breaker state. A claim
-//! lives in memory (`Claims`): one process serves the file, and a claim that died with
-//! it would only have delayed the retry; outcomes are written through the writer.
+//! outcomes (under the delivery token), and per destination the breaker state and the
+//! slots that pace deliveries. A claim lives in memory (`Claims`), and so do the slots
+//! (`Paces`): one process serves the file, and a claim or slot that died with it would
+//! only have delayed the retry; outcomes and breakers are written through the writer.
 
 use super::run_tables::RunTables;
 use super::*;
@@ -105,103 +106,195 @@ impl Outbox for EmbeddedStore {
         applied
     }
 
-    async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
-        // A destination that never failed (the common case) has no breaker record: the
-        // answer is Closed, read without a turn of the writer.
+    async fn admit_delivery(
+        &self,
+        destination: &str,
+        holder: &str,
+        terms: &DeliveryTerms,
+    ) -> Result<Admission> {
+        let limit = terms.limit.max(1);
+        let lease_end = now_ms().saturating_add(duration_ms(terms.lease));
+        // A destination that never failed (the common case) has no breaker record:
+        // its slots are all there is to it, held in memory, without a turn of the
+        // writer.
         if !self.has_breaker(destination)? {
-            return Ok(BreakerState::Closed);
+            return Ok(take_slot(
+                &self.paces,
+                destination,
+                holder,
+                limit,
+                lease_end,
+            ));
         }
-        let destination = destination.to_owned();
+        let (destination, holder, probe) = (destination.to_owned(), holder.to_owned(), terms.probe);
+        let paces = self.paces.clone();
         self.write(move |_, b| {
             let txn = b.txn();
-            let destination = destination.as_str();
             let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-            let Some(mut b) = load::<Breaker>(&table, "breaker", destination)? else {
-                return Ok(BreakerState::Closed);
-            };
-            if b.state == "closed" {
-                return Ok(BreakerState::Closed);
+            let b = load::<Breaker>(&table, "breaker", &destination)?.unwrap_or_default();
+            if b.state == "closed" || b.state.is_empty() {
+                let window = b.ramp.map_or(limit, |r| r.clamp(1, limit));
+                return Ok(take_slot(&paces, &destination, &holder, window, lease_end));
             }
             if b.until > now {
                 // Open, or half open with another caller's probe under way.
-                return Ok(BreakerState::Open { until: b.until });
+                return Ok(Admission::Open { until: b.until });
             }
-            b.state = "half_open".to_owned();
-            b.until = now.saturating_add(duration_ms(probe));
+            // The cool-down is over: the probe goes alone.
+            if let full @ Admission::Full { .. } =
+                take_slot(&paces, &destination, &holder, 1, lease_end)
+            {
+                return Ok(full);
+            }
+            let b = Breaker {
+                state: "half_open".to_owned(),
+                until: now.saturating_add(duration_ms(probe)),
+                ..b
+            };
             let json = encode("breaker", &b)?;
             table
-                .insert(destination, json.as_str())
+                .insert(destination.as_str(), json.as_str())
                 .ctx("write breaker")?;
-            Ok(BreakerState::HalfOpen)
+            Ok(Admission::Probe)
         })
         .await
     }
 
-    async fn record_breaker(
+    async fn settle_delivery(
         &self,
         destination: &str,
-        success: bool,
-        threshold: u32,
-        cool_down: Duration,
-    ) -> Result<BreakerUpdate> {
-        // A success on a closed breaker with no failures counted changes nothing: no
-        // record, nothing to write.
+        holder: &str,
+        answered: Option<bool>,
+        terms: &DeliveryTerms,
+    ) -> Result<Option<BreakerUpdate>> {
+        give_back_slot(&self.paces, destination, holder);
+        let Some(success) = answered else {
+            return Ok(None);
+        };
+        // A success on a closed breaker with no failures counted and no ramp changes
+        // nothing: no record, nothing to write.
         if success && !self.has_breaker(destination)? {
-            return Ok(BreakerUpdate {
+            return Ok(Some(BreakerUpdate {
                 state: BreakerState::Closed,
                 changed: false,
-            });
+            }));
         }
         if !success {
             // Before the record can exist.
             self.tripped_destinations().insert(destination.to_owned());
         }
         let destination = destination.to_owned();
+        let terms = *terms;
         self.write(move |_, b| {
             let txn = b.txn();
-            let destination = destination.as_str();
-            let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-            let mut b =
-                load::<Breaker>(&table, "breaker", destination)?.unwrap_or_else(|| Breaker {
+            let old =
+                load::<Breaker>(&table, "breaker", &destination)?.unwrap_or_else(|| Breaker {
                     state: "closed".to_owned(),
                     ..Breaker::default()
                 });
-            if success {
-                table.remove(destination).ctx("delete breaker")?;
-                return Ok(BreakerUpdate {
-                    state: BreakerState::Closed,
-                    changed: b.state != "closed",
-                });
+            let (new, update) = settled(old, success, &terms, now_ms());
+            match new {
+                Some(b) => {
+                    let json = encode("breaker", &b)?;
+                    table
+                        .insert(destination.as_str(), json.as_str())
+                        .ctx("write breaker")?;
+                }
+                None => {
+                    table.remove(destination.as_str()).ctx("delete breaker")?;
+                }
             }
-            if b.state == "open" {
-                return Ok(BreakerUpdate {
-                    state: BreakerState::Open { until: b.until },
-                    changed: false,
-                });
-            }
-            b.failures = b.failures.saturating_add(1);
-            let opens = b.state == "half_open" || b.failures >= threshold;
-            if opens {
-                b.state = "open".to_owned();
-                b.until = now.saturating_add(duration_ms(cool_down));
-            }
-            let json = encode("breaker", &b)?;
-            table
-                .insert(destination, json.as_str())
-                .ctx("write breaker")?;
-            Ok(BreakerUpdate {
-                state: if opens {
-                    BreakerState::Open { until: b.until }
-                } else {
-                    BreakerState::Closed
-                },
-                changed: opens,
-            })
+            Ok(Some(update))
         })
         .await
     }
+}
+
+/// A slot of `destination` for `holder` until `lease_end`, if fewer than `window` are
+/// held by live holders (or `holder` has one already: its lease is renewed).
+fn take_slot(
+    paces: &Mutex<Paces>,
+    destination: &str,
+    holder: &str,
+    window: u32,
+    lease_end: Millis,
+) -> Admission {
+    let now = now_ms();
+    let mut paces = paces.lock().unwrap_or_else(|e| e.into_inner());
+    let slots = paces.entry(destination.to_owned()).or_default();
+    slots.retain(|_, end| *end > now);
+    let held = slots.contains_key(holder);
+    if !held && slots.len() >= usize::try_from(window).unwrap_or(usize::MAX) {
+        return Admission::Full { window };
+    }
+    slots.insert(holder.to_owned(), lease_end);
+    Admission::Go
+}
+
+fn give_back_slot(paces: &Mutex<Paces>, destination: &str, holder: &str) {
+    let mut paces = paces.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(slots) = paces.get_mut(destination) {
+        slots.remove(holder);
+        if slots.is_empty() {
+            paces.remove(destination);
+        }
+    }
+}
+
+/// The breaker after an attempt's result (None: no record, closed with nothing
+/// counted) and what became of it. See `Outbox::settle_delivery`.
+fn settled(
+    mut b: Breaker,
+    success: bool,
+    terms: &DeliveryTerms,
+    now: Millis,
+) -> (Option<Breaker>, BreakerUpdate) {
+    let was_closed = b.state == "closed" || b.state.is_empty();
+    if success {
+        let ramp = if was_closed {
+            b.ramp.map(|r| r.saturating_add(1))
+        } else {
+            // Closed again: the window starts at one slot.
+            Some(1)
+        };
+        let update = BreakerUpdate {
+            state: BreakerState::Closed,
+            changed: !was_closed,
+        };
+        let record = ramp.filter(|r| *r < terms.limit.max(1)).map(|r| Breaker {
+            state: "closed".to_owned(),
+            until: 0,
+            failures: 0,
+            ramp: Some(r),
+        });
+        return (record, update);
+    }
+    if b.state == "open" {
+        let update = BreakerUpdate {
+            state: BreakerState::Open { until: b.until },
+            changed: false,
+        };
+        return (Some(b), update);
+    }
+    b.failures = b.failures.saturating_add(1);
+    if b.state == "half_open" || b.failures >= terms.threshold.max(1) {
+        b.state = "open".to_owned();
+        b.until = now.saturating_add(duration_ms(terms.cool_down));
+        b.ramp = None;
+        let update = BreakerUpdate {
+            state: BreakerState::Open { until: b.until },
+            changed: true,
+        };
+        return (Some(b), update);
+    }
+    b.ramp = b.ramp.map(|r| (r / 2).max(1));
+    let update = BreakerUpdate {
+        state: BreakerState::Closed,
+        changed: false,
+    };
+    (Some(b), update)
 }
 
 impl EmbeddedStore {

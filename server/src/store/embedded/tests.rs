@@ -647,24 +647,33 @@ async fn steps_of_a_batch_share_their_tables() {
 }
 
 /// A destination with no breaker record (it never failed, or its last attempt
-/// succeeded) is answered Closed, and its successes counted, without a turn of the
-/// writer; a failure still goes through it, after which the breaker is read there.
+/// succeeded and no ramp is under way) is admitted, its slot held in memory and its
+/// successes counted, without a turn of the writer; a failure still goes through it,
+/// after which the breaker is read there.
 #[tokio::test]
 async fn a_healthy_destination_costs_its_breaker_no_commit() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store =
         EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open");
     let dest = "http://receiver:80";
-    let probe = Duration::from_secs(1);
+    let terms = DeliveryTerms {
+        limit: 1,
+        lease: Duration::from_secs(30),
+        probe: Duration::from_secs(1),
+        threshold: 2,
+        cool_down: Duration::from_secs(60),
+    };
+    let admit = |holder: &'static str| store.admit_delivery(dest, holder, &terms);
+    let settle =
+        |holder: &'static str, ok: bool| store.settle_delivery(dest, holder, Some(ok), &terms);
     let before = store.writer.commits();
+    assert_eq!(admit("a").await.expect("admit"), Admission::Go);
     assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::Closed
+        admit("b").await.expect("admit"),
+        Admission::Full { window: 1 },
+        "the slot is held in memory"
     );
-    let closed = store
-        .record_breaker(dest, true, 2, Duration::from_secs(60))
-        .await
-        .expect("success");
+    let closed = settle("a", true).await.expect("success").expect("counted");
     assert_eq!(
         (closed.state, closed.changed),
         (BreakerState::Closed, false)
@@ -675,41 +684,28 @@ async fn a_healthy_destination_costs_its_breaker_no_commit() {
         "no commit for a healthy destination"
     );
 
-    // One failure of two: a record, still closed; the next state read is the writer's.
-    let failed = store
-        .record_breaker(dest, false, 2, Duration::from_secs(60))
-        .await
-        .expect("failure");
+    // One failure of two: a record, still closed; the next admission is the writer's.
+    admit("b").await.expect("admit");
+    let failed = settle("b", false).await.expect("failure").expect("counted");
     assert_eq!(
         (failed.state, failed.changed),
         (BreakerState::Closed, false)
     );
     let after_failure = store.writer.commits();
     assert!(after_failure > before, "a failure is written");
-    assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::Closed
-    );
-    // The second failure opens it; a success closes it and removes the record.
-    let opened = store
-        .record_breaker(dest, false, 2, Duration::from_secs(60))
-        .await
-        .expect("failure");
+    assert_eq!(admit("c").await.expect("admit"), Admission::Go);
+    // The second failure opens it; a success closes it and (its ramp over at a limit
+    // of one) removes the record.
+    let opened = settle("c", false).await.expect("failure").expect("counted");
     assert!(matches!(opened.state, BreakerState::Open { .. }) && opened.changed);
     assert!(matches!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::Open { .. }
+        admit("d").await.expect("admit"),
+        Admission::Open { .. }
     ));
-    let closed = store
-        .record_breaker(dest, true, 2, Duration::from_secs(60))
-        .await
-        .expect("success");
+    let closed = settle("e", true).await.expect("success").expect("counted");
     assert_eq!((closed.state, closed.changed), (BreakerState::Closed, true));
     let settled = store.writer.commits();
-    assert_eq!(
-        store.breaker_state(dest, probe).await.expect("state"),
-        BreakerState::Closed
-    );
+    assert_eq!(admit("f").await.expect("admit"), Admission::Go);
     assert_eq!(store.writer.commits(), settled, "closed again: read only");
 }
 
@@ -816,12 +812,18 @@ async fn an_open_breaker_is_open_after_a_reopen() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("store.redb");
     let dest = "http://receiver:80";
-    let cool_down = Duration::from_secs(600);
+    let terms = DeliveryTerms {
+        limit: 4,
+        lease: Duration::from_secs(30),
+        probe: Duration::from_secs(1),
+        threshold: 2,
+        cool_down: Duration::from_secs(600),
+    };
     {
         let store = EmbeddedStore::open(&path, conformance::options()).expect("open");
         for _ in 0..2 {
             store
-                .record_breaker(dest, false, 2, cool_down)
+                .settle_delivery(dest, "h", Some(false), &terms)
                 .await
                 .expect("failure");
         }
@@ -829,17 +831,17 @@ async fn an_open_breaker_is_open_after_a_reopen() {
     let store = EmbeddedStore::open(&path, conformance::options()).expect("reopen");
     assert!(matches!(
         store
-            .breaker_state(dest, Duration::from_secs(1))
+            .admit_delivery(dest, "a", &terms)
             .await
-            .expect("state"),
-        BreakerState::Open { .. }
+            .expect("admit"),
+        Admission::Open { .. }
     ));
     assert_eq!(
         store
-            .breaker_state("http://other:80", Duration::from_secs(1))
+            .admit_delivery("http://other:80", "a", &terms)
             .await
-            .expect("state"),
-        BreakerState::Closed
+            .expect("admit"),
+        Admission::Go
     );
 }
 

@@ -63,12 +63,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult,
-    Delivery, DeliveryOutcome, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite, LeaseTerms, LogLine, NodeRecord,
-    NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Registered, Result,
-    Revocation, RunQuery, RunStore, SCHEMA_VERSION, StoreMeta, StoreOptions, Transition,
-    TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
+    Admission, AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome,
+    ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch, DueFire, Enqueued, Error,
+    FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite,
+    LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page,
+    Recorded, Registered, Result, Revocation, RunQuery, RunStore, SCHEMA_VERSION, StoreMeta,
+    StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
@@ -143,8 +143,8 @@ struct Scripts {
     due_deliveries: Script,
     claim_delivery: Script,
     finish_delivery: Script,
-    breaker_state: Script,
-    record_breaker: Script,
+    admit_delivery: Script,
+    settle_delivery: Script,
     grace_leases: Script,
 }
 
@@ -182,8 +182,8 @@ impl Scripts {
             due_deliveries: script!("due_deliveries"),
             claim_delivery: script!("claim_delivery"),
             finish_delivery: run_script!("finish_delivery"),
-            breaker_state: script!("breaker_state"),
-            record_breaker: script!("record_breaker"),
+            admit_delivery: script!("admit_delivery"),
+            settle_delivery: script!("settle_delivery"),
             grace_leases: run_script!("grace_leases"),
         }
     }
@@ -453,7 +453,8 @@ impl RedisStore {
         format!("{}instances", self.nodes_prefix())
     }
 
-    /// Breakers are per destination, not per partition: all of them share one slot.
+    /// Breakers and pacing slots are per destination, not per partition: all of them
+    /// share one slot.
     fn breakers_prefix(&self) -> String {
         format!("{}:{{webhooks}}:", self.inner.prefix)
     }
@@ -741,14 +742,13 @@ fn transition(r: &[Vec<u8>]) -> Result<Transition> {
     })
 }
 
-/// A breaker as the breaker scripts answer it: (state, until).
+/// A breaker as `settle_delivery` answers it: (state, until).
 fn breaker(state: &str, until: &str) -> Result<BreakerState> {
     match state {
         "closed" => Ok(BreakerState::Closed),
         "open" => Ok(BreakerState::Open {
             until: parse_i64(until)?,
         }),
-        "half_open" => Ok(BreakerState::HalfOpen),
         other => Err(corrupt(format!("breaker state {other:?}"))),
     }
 }

@@ -98,44 +98,74 @@ impl Outbox for RedisStore {
         }
     }
 
-    async fn breaker_state(&self, destination: &str, probe: Duration) -> Result<BreakerState> {
-        let mut c = self.conn().await?;
-        let (state, until): (String, String) = self
-            .inner
-            .scripts
-            .breaker_state
-            .arg(self.breakers_prefix())
-            .arg(destination)
-            .arg(ms(probe))
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        breaker(&state, &until)
-    }
-
-    async fn record_breaker(
+    async fn admit_delivery(
         &self,
         destination: &str,
-        success: bool,
-        threshold: u32,
-        cool_down: Duration,
-    ) -> Result<BreakerUpdate> {
+        holder: &str,
+        terms: &DeliveryTerms,
+    ) -> Result<Admission> {
         let mut c = self.conn().await?;
-        let (state, until, changed): (String, String, String) = self
+        let (verdict, n): (String, String) = self
             .inner
             .scripts
-            .record_breaker
+            .admit_delivery
             .arg(self.breakers_prefix())
             .arg(destination)
-            .arg(if success { "1" } else { "0" })
-            .arg(threshold.max(1))
-            .arg(ms(cool_down))
+            .arg(holder)
+            .arg(terms.limit.max(1))
+            .arg(ms(terms.lease).max(1))
+            .arg(ms(terms.probe))
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        Ok(BreakerUpdate {
-            state: breaker(&state, &until)?,
-            changed: changed == "1",
-        })
+        match verdict.as_str() {
+            "go" => Ok(Admission::Go),
+            "probe" => Ok(Admission::Probe),
+            "open" => Ok(Admission::Open {
+                until: parse_i64(&n)?,
+            }),
+            "full" => Ok(Admission::Full {
+                window: n
+                    .parse()
+                    .map_err(|e| corrupt(format!("window {n:?}: {e}")))?,
+            }),
+            other => Err(corrupt(format!("admit_delivery answered {other:?}"))),
+        }
+    }
+
+    async fn settle_delivery(
+        &self,
+        destination: &str,
+        holder: &str,
+        answered: Option<bool>,
+        terms: &DeliveryTerms,
+    ) -> Result<Option<BreakerUpdate>> {
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .settle_delivery
+            .arg(self.breakers_prefix())
+            .arg(destination)
+            .arg(holder)
+            .arg(match answered {
+                Some(true) => "1",
+                Some(false) => "0",
+                None => "",
+            })
+            .arg(terms.threshold.max(1))
+            .arg(ms(terms.cool_down))
+            .arg(terms.limit.max(1))
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.as_slice() {
+            [] => Ok(None),
+            [state, until, changed] => Ok(Some(BreakerUpdate {
+                state: breaker(state, until)?,
+                changed: changed == "1",
+            })),
+            other => Err(corrupt(format!("settle_delivery answered {other:?}"))),
+        }
     }
 }
