@@ -101,6 +101,10 @@ pub struct JobSpec {
     pub misfire_catch_up_limit: u32,
     pub overlap_policy: OverlapPolicy,
     pub callback_url: Option<String>,
+    /// At most this many webhooks in flight to the callback's destination while this
+    /// job's are sent; 0 = the server's default.
+    #[serde(default)]
+    pub callback_max_in_flight: u32,
     pub app_id: String,
     #[serde(with = "b64")]
     pub payload: Vec<u8>,

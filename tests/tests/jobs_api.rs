@@ -158,6 +158,14 @@ fn invalid_cases() -> Vec<(&'static str, pb::JobSpec)> {
             spec(|s| s.callback_url = "not a url".into()),
         ),
         ("spec.app_id", spec(|s| s.app_id = "bad app".into())),
+        (
+            "spec.callback_max_in_flight",
+            spec(|s| s.callback_max_in_flight = -1),
+        ),
+        (
+            "spec.callback_max_in_flight",
+            spec(|s| s.callback_max_in_flight = 10_001),
+        ),
         // Destinations that can never be reached, and an app that does not exist.
         (
             "spec.callback_url",

@@ -38,7 +38,15 @@ struct Script {
     replies: VecDeque<(Duration, u16)>,
     /// The answer once `replies` is used up.
     then: u16,
+    /// How long that answer takes.
+    then_delay: Duration,
     hits: Vec<Hit>,
+    /// The ids of the requests being answered now (one entry per request).
+    in_flight: Vec<String>,
+    /// The most requests answered at once.
+    most_in_flight: usize,
+    /// Requests that came while another copy of the same webhook was in flight.
+    overlaps: usize,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -56,16 +64,21 @@ struct Receiver {
 }
 
 async fn hook(State(script): State<Shared>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let (delay, status) = {
         let mut s = lock(&script);
-        let (delay, status) = s.replies.pop_front().unwrap_or((Duration::ZERO, s.then));
-        let id = headers
-            .get("webhook-id")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let (delay, status) = s.replies.pop_front().unwrap_or((s.then_delay, s.then));
+        if s.in_flight.contains(&id) {
+            s.overlaps += 1;
+        }
+        s.in_flight.push(id.clone());
+        s.most_in_flight = s.most_in_flight.max(s.in_flight.len());
         s.hits.push(Hit {
-            id,
+            id: id.clone(),
             body: body.to_vec(),
             headers,
             answered: status,
@@ -73,6 +86,10 @@ async fn hook(State(script): State<Shared>, headers: HeaderMap, body: Bytes) -> 
         (delay, status)
     };
     tokio::time::sleep(delay).await;
+    let mut s = lock(&script);
+    if let Some(i) = s.in_flight.iter().position(|x| *x == id) {
+        s.in_flight.swap_remove(i);
+    }
     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
@@ -84,7 +101,7 @@ impl Receiver {
         let script = Arc::new(Mutex::new(Script {
             replies: replies.iter().copied().collect(),
             then,
-            hits: Vec::new(),
+            ..Script::default()
         }));
         let mut r = Receiver {
             addr,
@@ -729,5 +746,92 @@ async fn a_hanging_receiver_holds_only_its_bound_and_never_the_others() -> Resul
     let mut expected = slow.clone();
     expected.sort();
     ensure!(ids == expected, "each slow webhook sent once: {ids:?}");
+    Ok(())
+}
+
+/// A receiver down for 30 s while 500 webhooks queue up, then back: with the job's
+/// limit of 10 shared by two instances it never has more than 10 requests at once and
+/// never a second copy of one while the first is in flight; its breaker closes on a
+/// probe, the window ramps up to the limit, and each of the 500 arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_back_from_an_outage_is_drained_at_its_limit() -> Result<()> {
+    const RUNS: usize = 500;
+    const LIMIT: usize = 10;
+    const OUTAGE: Duration = Duration::from_secs(30);
+    let redis = RedisServer::start()?;
+    let mut receiver = Receiver::start(&[], 200).await?;
+    lock(&receiver.script).then_delay = Duration::from_millis(50);
+    receiver.stop().await?;
+    let down = tokio::time::Instant::now();
+    let target = target().await?;
+    let secret = Secret::generate();
+    // Enough retries that no webhook runs out of them while probes fail.
+    let schedule = vec!["500ms"; 20].join(",");
+    let opts = |name: &str| {
+        options(&redis, std::slice::from_ref(&secret))
+            .arg("instance-id", name)
+            .arg("webhook-breaker-cooldown", "2s")
+            .arg("webhook-retry-schedule", &schedule)
+    };
+    let a = Sundial::start(opts("a"))?;
+    let _b = Sundial::start(opts("b"))?;
+    let mut jobs = a.jobs().await?;
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(pb::JobSpec {
+            callback_url: receiver.url(),
+            callback_max_in_flight: LIMIT as i32,
+            ..sundial_tests::manual_http_job("outage", &target)
+        }),
+    })
+    .await?;
+    let mut sids = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let t = jobs
+            .trigger_job(pb::TriggerJobRequest {
+                job_id: "outage".into(),
+                ..Default::default()
+            })
+            .await?;
+        sids.push(t.into_inner().schedule_id);
+    }
+    tokio::time::sleep_until(down + OUTAGE).await;
+    ensure!(receiver.hits().is_empty(), "the receiver was down");
+    receiver.restart().await?;
+    let back = std::time::Instant::now();
+    let delivered = || {
+        let s = lock(&receiver.script);
+        s.hits.iter().filter(|h| h.answered == 200).count()
+    };
+    wait_for(
+        "every webhook delivered",
+        Duration::from_secs(120),
+        || async { Ok((delivered() >= RUNS).then_some(())) },
+    )
+    .await?;
+    let drained = back.elapsed();
+    for sid in &sids {
+        let run = callback_settled(&a, sid, Duration::from_secs(20)).await?;
+        ensure!(
+            run.callback_state == pb::CallbackState::Done as i32,
+            "{run:?}"
+        );
+    }
+    let s = lock(&receiver.script);
+    let mut ids: Vec<&str> = s.hits.iter().map(|h| h.id.as_str()).collect();
+    ids.sort_unstable();
+    let mut expected: Vec<&str> = sids.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    eprintln!(
+        "outage of {OUTAGE:?}: {RUNS} webhooks drained in {drained:?} after the receiver came back, at most {} in flight, {} requests",
+        s.most_in_flight,
+        s.hits.len()
+    );
+    ensure!(ids == expected, "each webhook arrived once");
+    ensure!(s.overlaps == 0, "{} sent again while in flight", s.overlaps);
+    ensure!(
+        s.most_in_flight == LIMIT,
+        "at most {LIMIT} at once, and the window ramped up to it: {}",
+        s.most_in_flight
+    );
     Ok(())
 }

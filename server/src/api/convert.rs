@@ -22,6 +22,9 @@ const MAX_LABEL_VALUE_BYTES: usize = 256;
 const MAX_RETRIES: i32 = 100;
 const MAX_JITTER_MS: i64 = 24 * 3600 * 1000;
 const MAX_CATCH_UP: i32 = 1000;
+/// The most webhooks a job may have in flight to its destination (as the server's
+/// `--webhook-destination-concurrency`).
+const MAX_CALLBACK_IN_FLIGHT: i32 = 10_000;
 /// The longest a job's attempt may run: 30 days.
 pub const MAX_TIMEOUT_MS: i64 = 30 * 24 * 3600 * 1000;
 /// The longest delay before a retry, `backoff_ms` and `max_backoff_ms` alike: 7 days.
@@ -192,6 +195,15 @@ pub fn job_spec(spec: Option<pb::JobSpec>) -> Result<(JobSpec, bool), Error> {
         http_url("spec.callback_url", &s.callback_url)?;
         Some(s.callback_url)
     };
+    if !(0..=MAX_CALLBACK_IN_FLIGHT).contains(&s.callback_max_in_flight) {
+        return Err(invalid(
+            "spec.callback_max_in_flight",
+            format!(
+                "{} is not between 0 (the server's default) and {MAX_CALLBACK_IN_FLIGHT}",
+                s.callback_max_in_flight
+            ),
+        ));
+    }
     if !s.app_id.is_empty() && !name_like(&s.app_id) {
         return Err(invalid(
             "spec.app_id",
@@ -222,6 +234,7 @@ pub fn job_spec(spec: Option<pb::JobSpec>) -> Result<(JobSpec, bool), Error> {
         misfire_catch_up_limit: s.misfire_catch_up_limit as u32,
         overlap_policy,
         callback_url,
+        callback_max_in_flight: s.callback_max_in_flight as u32,
         app_id: s.app_id,
         payload: s.payload,
         labels,
@@ -432,6 +445,7 @@ pub fn job_to_pb(job: JobRecord) -> pb::Job {
             misfire_catch_up_limit: s.misfire_catch_up_limit as i32,
             overlap_policy: overlap_policy as i32,
             callback_url: s.callback_url.unwrap_or_default(),
+            callback_max_in_flight: i32::try_from(s.callback_max_in_flight).unwrap_or(i32::MAX),
             app_id: s.app_id,
             payload: s.payload,
             labels: s.labels.into_iter().collect(),
@@ -608,6 +622,7 @@ mod tests {
                     misfire_catch_up_limit: catch_up,
                     overlap_policy: overlap,
                     callback_url: url,
+                    callback_max_in_flight: catch_up,
                     payload: vec![0; payload_len],
                     ..Default::default()
                 },

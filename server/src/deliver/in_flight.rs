@@ -6,8 +6,10 @@
 //!
 //! A delivery takes a [`Slot`] of its destination before it is sent and gives it back
 //! when the slot drops. One that finds the destination at its bound waits for a slot
-//! for a while (a busy receiver is not a reason to delay by a whole retry), but no more
-//! deliveries wait for one destination than it may have in flight: past that, and past
+//! for a while (a busy receiver is not a reason to delay by a whole retry, and a
+//! delivery told no is deferred, which costs the store a write and the delivery a
+//! second), in arrival order, but no more than `waiting` of them per destination, so
+//! a hanging receiver holds only so many of the instance's claims: past that, and past
 //! the wait, the caller is told no and defers the delivery. The bound is the caller's
 //! (a job's limit), so deliveries under different bounds count apart. A destination
 //! with nothing in flight or waiting has no entry, so the map is as large as the set
@@ -20,8 +22,10 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Deliveries in flight per destination and bound.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct InFlight {
+    /// Deliveries that may wait for one destination (at least its bound).
+    waiting: usize,
     /// By (destination, bound).
     destinations: Mutex<HashMap<(String, u32), Destination>>,
 }
@@ -43,13 +47,18 @@ pub struct Slot {
 }
 
 impl InFlight {
-    pub fn new() -> Arc<Self> {
-        Arc::default()
+    /// At most `waiting` (at least the bound) deliveries wait for one destination.
+    pub fn new(waiting: usize) -> Arc<Self> {
+        Arc::new(Self {
+            waiting,
+            destinations: Mutex::default(),
+        })
     }
 
     /// A slot for one delivery to `destination` under `limit` (at least one): at once
     /// if fewer than `limit` under it are in flight; else after waiting up to `wait`
-    /// for one, unless `limit` callers already wait for it. None when there is none.
+    /// for one, unless `waiting` (or `limit`, if more) callers already wait for it.
+    /// None when there is none.
     pub async fn take(
         self: &Arc<Self>,
         destination: &str,
@@ -66,7 +75,8 @@ impl InFlight {
                     permits: Arc::new(Semaphore::new(usize::try_from(limit).unwrap_or(1))),
                     users: 0,
                 });
-            if d.users >= 2 * usize::try_from(limit).unwrap_or(1) {
+            let limit = usize::try_from(limit).unwrap_or(1);
+            if d.users >= limit + self.waiting.max(limit) {
                 return None;
             }
             d.users += 1;
@@ -125,7 +135,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_destination_gets_at_most_its_limit_and_others_are_not_held_by_it() {
-        let slots = InFlight::new();
+        let slots = InFlight::new(0);
         let none = Duration::ZERO;
         let a1 = slots.take(A, 2, none).await.expect("first slot");
         let _a2 = slots.take(A, 2, none).await.expect("second slot");
@@ -143,25 +153,34 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_caller_waits_for_a_slot_given_back_but_only_limit_of_them_wait() {
-        let slots = InFlight::new();
+    async fn a_caller_waits_for_a_slot_given_back_but_only_so_many_wait() {
+        let slots = InFlight::new(2);
         let held = slots.take(A, 1, Duration::ZERO).await.expect("first slot");
-        let waiter = {
-            let slots = slots.clone();
-            tokio::spawn(async move { slots.take(A, 1, Duration::from_secs(30)).await.is_some() })
-        };
-        // Wait until the waiter is counted, then a second waiter is refused at once.
-        while slots.destinations()[&(A.to_owned(), 1)].users < 2 {
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let slots = slots.clone();
+                tokio::spawn(
+                    async move { slots.take(A, 1, Duration::from_secs(30)).await.is_some() },
+                )
+            })
+            .collect();
+        // Wait until both waiters are counted, then a third is refused at once.
+        while slots.destinations()[&(A.to_owned(), 1)].users < 3 {
             tokio::task::yield_now().await;
         }
         assert!(slots.take(A, 1, Duration::from_secs(30)).await.is_none());
         drop(held);
-        assert!(waiter.await.expect("waiter"), "the waiter got the slot");
+        for waiter in waiters {
+            assert!(
+                waiter.await.expect("waiter"),
+                "each waiter got the slot in turn"
+            );
+        }
     }
 
     #[tokio::test]
     async fn a_wait_that_runs_out_is_refused_and_leaves_no_entry() {
-        let slots = InFlight::new();
+        let slots = InFlight::new(0);
         let held = slots.take(A, 1, Duration::ZERO).await.expect("first slot");
         assert!(slots.take(A, 1, Duration::from_millis(20)).await.is_none());
         drop(held);

@@ -81,8 +81,8 @@ pub struct WebhookOptions {
     /// destination's breaker closes, its window ramps up from one to this). A delivery
     /// past it, or past `max_in_flight`, waits for a slot (no longer than what its
     /// claim lease leaves beyond the attempt's timeout, and no more of this instance's
-    /// waiting for one destination than this bound), else it is deferred by
-    /// [`BUSY_DEFER`], no attempt spent.
+    /// waiting for one destination than half of `max_in_flight`), else it is deferred
+    /// by [`BUSY_DEFER`], no attempt spent.
     pub max_in_flight_per_destination: u32,
 }
 
@@ -175,6 +175,16 @@ enum Attempt {
     NoAnswer(&'static str, String),
 }
 
+/// How one job's webhooks go out (`Deliveries::sender`).
+struct Sender {
+    /// At most this many in flight to the destination.
+    limit: u32,
+    /// The `X-Sundial-App-Id` header.
+    app_id: String,
+    /// Every attempt is signed with each.
+    secrets: Vec<Secret>,
+}
+
 /// The store traits the delivery worker uses.
 #[derive(Clone)]
 pub struct WebhookStore {
@@ -222,7 +232,8 @@ impl Deliveries {
         Ok(Self {
             permits: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
             claims: Arc::new(Semaphore::new(opts.max_in_flight.max(1) * 2)),
-            in_flight: InFlight::new(),
+            // A hanging destination holds at most a quarter of the claims waiting.
+            in_flight: InFlight::new(opts.max_in_flight.max(1) / 2),
             store,
             alerts,
             opts,
@@ -339,7 +350,9 @@ impl Deliveries {
             }
         };
         let dest = destination(&url);
-        let limit = self.opts.max_in_flight_per_destination;
+        // Read before a slot is held, which then lasts only for the POST.
+        let sender = self.sender(&d.job_id).await;
+        let limit = sender.limit;
         let holder = format!("{}#{}", d.schedule_id, d.token);
         let busy = DeliveryOutcome::Defer {
             until: d.now.saturating_add(duration_ms(BUSY_DEFER)).min(deadline),
@@ -392,17 +405,20 @@ impl Deliveries {
                 debug!("shutting down mid-delivery; the claim and the slot run out and the delivery is retried");
                 return;
             }
-            a = self.attempt(&d, &url) => a,
+            a = self.attempt(&d, &url, &sender) => a,
         };
-        // The receiver has answered (or not): this instance's slots are free while the
-        // outcome is recorded; the destination's is given back with the breaker's count.
-        drop((in_flight, local));
+        // The receiver has answered (or not): the instance's slot is free while the
+        // outcome is recorded; the destination's is given back with the breaker's
+        // count, and only then this instance's own (so the next of its deliveries
+        // waiting for the destination never finds the store's count not yet lowered).
+        drop(in_flight);
         let answered = match &attempt {
             Attempt::Answered(status) => Some((200..300).contains(status) || *status == 410),
             // An egress refusal says nothing about the destination's health.
             Attempt::NoAnswer(code, _) => (*code != "egress_refused").then_some(false),
         };
         self.settle(&dest, &holder, answered, &terms).await;
+        drop(local);
         let outcome = self.outcome(&d, attempt, claimed_at, deadline);
         self.finish(&d, outcome).await;
     }
@@ -514,20 +530,19 @@ impl Deliveries {
     }
 
     /// POSTs the body once, signed afresh.
-    async fn attempt(&self, d: &WebhookDelivery, url: &url::Url) -> Attempt {
+    async fn attempt(&self, d: &WebhookDelivery, url: &url::Url, sender: &Sender) -> Attempt {
         if let Err(e) = self.egress.check_url(url) {
             return Attempt::NoAnswer("egress_refused", e.to_string());
         }
         let timestamp = crate::auth::unix_now();
         let nonce = format!("{:032x}", rand::random::<u128>());
-        let (app_id, secrets) = self.signer(&d.job_id).await;
         let mut req = self
             .client
             .post(url.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json");
         for (name, value) in webhook::headers(
-            &app_id,
-            &secrets,
+            &sender.app_id,
+            &sender.secrets,
             &d.schedule_id,
             timestamp,
             &nonce,
@@ -545,16 +560,32 @@ impl Deliveries {
         }
     }
 
-    /// Who signs the job's webhooks: the app the job names (its secrets that sign now,
-    /// two while a rotation overlaps), else the server-wide `--webhook-app-id` and
-    /// `--webhook-secret`.
-    async fn signer(&self, job_id: &str) -> (String, Vec<Secret>) {
-        let app_id = match self.store.jobs.get_job(job_id).await {
-            Ok(Some(job)) if !job.spec.app_id.is_empty() => job.spec.app_id,
-            Ok(_) => return (self.opts.app_id.clone(), self.opts.secrets.clone()),
+    /// How the job's webhooks go out: at most its `callback_max_in_flight` (else the
+    /// server's bound) to their destination, signed by the app the job names (its
+    /// secrets that sign now, two while a rotation overlaps), else by the server-wide
+    /// `--webhook-app-id` and `--webhook-secret`.
+    async fn sender(&self, job_id: &str) -> Sender {
+        let server = |limit| Sender {
+            limit,
+            app_id: self.opts.app_id.clone(),
+            secrets: self.opts.secrets.clone(),
+        };
+        let default = self.opts.max_in_flight_per_destination;
+        let (app_id, limit) = match self.store.jobs.get_job(job_id).await {
+            Ok(Some(job)) => {
+                let limit = match job.spec.callback_max_in_flight {
+                    0 => default,
+                    n => n,
+                };
+                if job.spec.app_id.is_empty() {
+                    return server(limit);
+                }
+                (job.spec.app_id, limit)
+            }
+            Ok(None) => return server(default),
             Err(e) => {
-                warn!(error = %e, "reading the job for its app failed; signing with the server's secrets");
-                return (self.opts.app_id.clone(), self.opts.secrets.clone());
+                warn!(error = %e, "reading the job failed; signing with the server's secrets, at the server's bound");
+                return server(default);
             }
         };
         match self.store.apps.get_app(&app_id).await {
@@ -565,7 +596,11 @@ impl Deliveries {
                     .filter_map(|s| s.parse().ok())
                     .collect();
                 if !secrets.is_empty() {
-                    return (app.app_id, secrets);
+                    return Sender {
+                        limit,
+                        app_id: app.app_id,
+                        secrets,
+                    };
                 }
                 warn!(%app_id, "the job's app has no usable secret; signing with the server's secrets");
             }
@@ -576,7 +611,7 @@ impl Deliveries {
                 warn!(%app_id, error = %e, "reading the job's app failed; signing with the server's secrets");
             }
         }
-        (self.opts.app_id.clone(), self.opts.secrets.clone())
+        server(limit)
     }
 
     /// Gives back the destination's slot and counts the attempt on its breaker.

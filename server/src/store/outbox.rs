@@ -97,11 +97,11 @@ pub enum Admission {
     /// Send, as the breaker's probe (its cool-down is over): the caller holds the
     /// destination's only slot.
     Probe,
-    /// The breaker is open, or another caller's probe is under way, until then: no
-    /// slot.
+    /// The breaker is open until then: no slot.
     Open { until: Millis },
     /// The destination has `window` deliveries in flight (its limit, or less while it
-    /// ramps up after its breaker closed): no slot; ask again when one may be free.
+    /// ramps up after its breaker closed; 1 while another caller's probe is under
+    /// way): no slot; ask again when one may be free.
     Full { window: u32 },
 }
 
@@ -154,7 +154,8 @@ pub trait Outbox: StoreMeta {
     /// Admits one delivery to its destination (`scheme://host:port`) for `holder` (one
     /// per claim: the schedule_id and delivery token): the breaker first (open →
     /// `Open`; once its cool-down is over the first caller gets `Probe`, the only slot,
-    /// and the breaker holds the others `Open` for `terms.probe`), then the slots:
+    /// and the others are told `Full` until the probe reports or, after `terms.probe`,
+    /// is presumed lost), then the slots:
     /// `Go` with a slot held until `terms.lease` from now if fewer than the window are
     /// held by live holders, else `Full`. The window is `terms.limit`, or the ramp
     /// while it is smaller: after a breaker closes it starts at one and grows by one

@@ -72,6 +72,7 @@ fn spec(id: String, cron: &str) -> JobSpec {
         misfire_catch_up_limit: 0,
         overlap_policy: Default::default(),
         callback_url: None,
+        callback_max_in_flight: 0,
         app_id: String::new(),
         payload: Vec::new(),
         labels: Default::default(),

@@ -223,6 +223,7 @@ pub fn spec(id: &str) -> JobSpec {
         misfire_catch_up_limit: 10,
         overlap_policy: Default::default(),
         callback_url: None,
+        callback_max_in_flight: 0,
         app_id: "app".to_owned(),
         payload: b"{\"k\":1}".to_vec(),
         labels: BTreeMap::new(),

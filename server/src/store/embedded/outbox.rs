@@ -138,8 +138,12 @@ impl Outbox for EmbeddedStore {
                 return Ok(take_slot(&paces, &destination, &holder, window, lease_end));
             }
             if b.until > now {
-                // Open, or half open with another caller's probe under way.
-                return Ok(Admission::Open { until: b.until });
+                return Ok(if b.state == "half_open" {
+                    // Another caller's probe holds the only slot.
+                    Admission::Full { window: 1 }
+                } else {
+                    Admission::Open { until: b.until }
+                });
             }
             // The cool-down is over: the probe goes alone.
             if let full @ Admission::Full { .. } =

@@ -9,9 +9,12 @@ local holder, limit = ARGV[3], math.max(1, tonumber(ARGV[4]))
 local b = redis.call('HMGET', bkey, 'state', 'until', 'ramp')
 local state, untl, ramp = b[1] or 'closed', tonumber(b[2]) or 0, tonumber(b[3])
 local now = store_now_ms()
-if state ~= 'closed' and untl > now then
-  -- Open, or half open with another caller's probe under way.
+if state == 'open' and untl > now then
   return { 'open', int(untl) }
+end
+if state == 'half_open' and untl > now then
+  -- Another caller's probe holds the only slot.
+  return { 'full', '1' }
 end
 redis.call('ZREMRANGEBYSCORE', pkey, '-inf', now)
 local window = limit
