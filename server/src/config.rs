@@ -311,7 +311,7 @@ pub struct Settings {
     #[arg(long, env = "SUNDIAL_WEBHOOK_CONCURRENCY")]
     pub webhook_concurrency: Option<u32>,
     /// Webhook deliveries in flight to one destination (`scheme://host:port`) at once,
-    /// counted across every instance (default 32, at most the webhook concurrency); a
+    /// counted across every instance (default 64, at most the webhook concurrency); a
     /// delivery past it waits for a slot while its claim lease allows, else it is
     /// deferred a second, no attempt spent. After a destination's circuit breaker
     /// closes, its window starts at one and grows by one with each answered attempt.
@@ -1049,11 +1049,11 @@ mod tests {
             Duration::from_millis(900),
             "never past the lease"
         );
-        // Webhook concurrency: 512 per instance, 32 per destination unless set; a
+        // Webhook concurrency: 512 per instance, 64 per destination unless set; a
         // smaller instance bound caps the destination's default.
         let cfg = Config::from_settings(Settings::default()).expect("valid");
         assert_eq!(cfg.webhooks.max_in_flight, 512);
-        assert_eq!(cfg.webhooks.max_in_flight_per_destination, 32);
+        assert_eq!(cfg.webhooks.max_in_flight_per_destination, 64);
         let small = Settings {
             webhook_concurrency: Some(16),
             ..Settings::default()

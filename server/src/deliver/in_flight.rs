@@ -10,14 +10,18 @@
 //! delivery told no is deferred, which costs the store a write and the delivery a
 //! second), in arrival order, but no more than `waiting` of them per destination, so
 //! a hanging receiver holds only so many of the instance's claims: past that, and past
-//! the wait, the caller is told no and defers the delivery. The bound is the caller's
+//! the wait, the caller is told no and defers the delivery. Each one deferred takes a
+//! place in a queue behind the ones ahead of it (in flight, waiting, and deferred
+//! before it), at the pace the destination has been answering
+//! ([`InFlight::busy_delay`]), so a long queue for one receiver comes back about as
+//! fast as it drains, not all at once again and again. The bound is the caller's
 //! (a job's limit), so deliveries under different bounds count apart. A destination
 //! with nothing in flight or waiting has no entry, so the map is as large as the set
 //! of destinations being posted to right now.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -35,6 +39,12 @@ struct Destination {
     permits: Arc<Semaphore>,
     /// Slots held and callers waiting for one.
     users: usize,
+    /// Since when the destination has had users.
+    since: Instant,
+    /// Slots given back since then (deliveries sent).
+    done: u64,
+    /// When the last delivery deferred for this destination should find a slot.
+    queue_end: Instant,
 }
 
 /// One delivery's place in its destination's bound, given back on drop.
@@ -74,6 +84,9 @@ impl InFlight {
                 .or_insert_with(|| Destination {
                     permits: Arc::new(Semaphore::new(usize::try_from(limit).unwrap_or(1))),
                     users: 0,
+                    since: Instant::now(),
+                    done: 0,
+                    queue_end: Instant::now(),
                 });
             let limit = usize::try_from(limit).unwrap_or(1);
             if d.users >= limit + self.waiting.max(limit) {
@@ -106,6 +119,31 @@ impl InFlight {
             .map_or(0, |d| limit as usize - d.permits.available_permits())
     }
 
+    /// How long a delivery deferred now for `destination` under `limit` should stay
+    /// away: behind the ones in flight and waiting, and behind those deferred before
+    /// it, one place per delivery at the pace its slots have been given back so far
+    /// (a receiver that has not answered once: the time since it was first sent to,
+    /// per place). It takes that place. `min` at least (and when nothing is queued),
+    /// `max` at most.
+    pub fn busy_delay(
+        &self,
+        destination: &str,
+        limit: u32,
+        min: Duration,
+        max: Duration,
+    ) -> Duration {
+        let mut destinations = self.destinations();
+        let Some(d) = destinations.get_mut(&(destination.to_owned(), limit.max(1))) else {
+            return min;
+        };
+        let now = Instant::now();
+        let per_delivery = d.since.elapsed() / u32::try_from(d.done.max(1)).unwrap_or(u32::MAX);
+        let queued = u32::try_from(d.users).unwrap_or(u32::MAX);
+        let start = (now + per_delivery.saturating_mul(queued).min(max)).max(d.queue_end);
+        d.queue_end = start + per_delivery.min(max);
+        (start - now).clamp(min, max)
+    }
+
     fn destinations(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), Destination>> {
         // Each statement leaves the map consistent, so a panic elsewhere cannot leave
         // it half-updated.
@@ -120,6 +158,9 @@ impl Drop for Slot {
         let mut destinations = self.owner.destinations();
         if let Some(d) = destinations.get_mut(&self.key) {
             d.users = d.users.saturating_sub(1);
+            if self.permit.is_some() {
+                d.done += 1;
+            }
             if d.users == 0 {
                 destinations.remove(&self.key);
             }
@@ -176,6 +217,54 @@ mod tests {
                 "each waiter got the slot in turn"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_busy_destination_defers_by_its_queue_at_its_pace() {
+        let (min, max) = (Duration::from_secs(1), Duration::from_secs(30));
+        let none = Duration::ZERO;
+        let slots = InFlight::new(8);
+        assert_eq!(slots.busy_delay(A, 4, min, max), min, "nothing queued");
+        // Four held and none given back yet: the longer that lasts, the longer.
+        let held = take_n(&slots, 4, 4).await;
+        std::thread::sleep(Duration::from_millis(50));
+        let waited = slots.busy_delay(A, 4, none, max);
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        let cap = Duration::from_millis(100);
+        assert_eq!(slots.busy_delay(A, 4, none, cap), cap, "never above max");
+        drop(held);
+        assert_eq!(slots.busy_delay(A, 4, min, max), min, "the queue is gone");
+        // Ten given back in about 100 ms (10 ms each) and ten queued: about 100 ms
+        // for the first deferred, then 10 ms more for each next one.
+        let queued = take_n(&slots, 20, 10).await;
+        for _ in 0..10 {
+            drop(slots.take(A, 20, none).await);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let first = slots.busy_delay(A, 20, none, max);
+        assert!(
+            first >= Duration::from_millis(80) && first <= Duration::from_millis(400),
+            "{first:?}"
+        );
+        let delays: Vec<Duration> = (0..20)
+            .map(|_| slots.busy_delay(A, 20, none, max))
+            .collect();
+        assert!(delays.windows(2).all(|w| w[1] > w[0]), "{delays:?}");
+        let spread = delays[19] - delays[0];
+        assert!(
+            spread >= Duration::from_millis(150) && spread <= Duration::from_millis(800),
+            "19 places of about 10 ms: {spread:?}"
+        );
+        assert!(slots.busy_delay(A, 20, min, max) >= min, "never below min");
+        drop(queued);
+    }
+
+    async fn take_n(slots: &Arc<InFlight>, limit: u32, n: usize) -> Vec<Slot> {
+        let mut held = Vec::new();
+        for _ in 0..n {
+            held.push(slots.take(A, limit, Duration::ZERO).await.expect("slot"));
+        }
+        held
     }
 
     #[tokio::test]

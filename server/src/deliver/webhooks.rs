@@ -87,8 +87,13 @@ pub struct WebhookOptions {
 }
 
 /// How long a delivery is deferred when its destination or the instance had its bound
-/// in flight for as long as it could wait.
+/// in flight for as long as it could wait (at least: one that found this instance's
+/// queue for the destination full is deferred by as long as that queue takes to drain
+/// at the destination's pace, at most [`BUSY_DEFER_MAX`]).
 pub const BUSY_DEFER: Duration = Duration::from_secs(1);
+
+/// The longest a delivery is deferred for a busy destination.
+pub const BUSY_DEFER_MAX: Duration = Duration::from_secs(30);
 
 /// The longest pause between two asks for a slot of a destination whose window is
 /// full (the first is 20 ms, each next one twice as long).
@@ -111,7 +116,7 @@ impl Default for WebhookOptions {
             every: Duration::from_millis(200),
             batch: 256,
             max_in_flight: 512,
-            max_in_flight_per_destination: 32,
+            max_in_flight_per_destination: 64,
         }
     }
 }
@@ -361,8 +366,14 @@ impl Deliveries {
         // the store for one of the destination's slots at a time.
         let wait = self.wait_budget(claimed_at) / 2;
         let Some(local) = self.in_flight.take(&dest, limit, wait).await else {
-            debug!(destination = %dest, "destination at its in-flight bound: deferred");
-            self.finish_counted(&d, busy, "busy").await;
+            // Back when the ones queued ahead of it should be through.
+            let delay = self
+                .in_flight
+                .busy_delay(&dest, limit, BUSY_DEFER, BUSY_DEFER_MAX);
+            debug!(destination = %dest, ?delay, "destination at its in-flight bound: deferred");
+            let until = d.now.saturating_add(duration_ms(delay)).min(deadline);
+            self.finish_counted(&d, DeliveryOutcome::Defer { until }, "busy")
+                .await;
             return;
         };
         match self.admit(&dest, &holder, limit, claimed_at).await {

@@ -179,6 +179,9 @@ pub struct SustainedReport {
     pub webhooks_by_status: BTreeMap<String, usize>,
     pub webhooks_redelivered: usize,
     pub webhooks_refused: usize,
+    /// Deliveries deferred a second (no attempt spent) because their destination or
+    /// the instance had its bound in flight for as long as they could wait.
+    pub webhooks_deferred_busy: f64,
     pub duplicate_starts: usize,
     pub runs_started_twice: usize,
     pub lost: f64,
@@ -226,6 +229,10 @@ impl crate::Report for SustainedReport {
             .map(|(s, n)| format!("{s} {n}"))
             .collect();
         println!("  delivered runs by state: {}", states.join(", "));
+        println!(
+            "  webhooks deferred for a busy destination (no attempt spent): {}",
+            self.webhooks_deferred_busy
+        );
         println!(
             "  duplicate starts: {} ({} runs started twice or more)",
             self.duplicate_starts, self.runs_started_twice
@@ -317,10 +324,9 @@ pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedRepor
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let costs = probe.finish(expected).await?;
-    let lost = rig
-        .scrape(&reqwest::Client::new())
-        .await?
-        .sum("sundial_runs_lost_total");
+    let scraped = rig.scrape(&reqwest::Client::new()).await?;
+    let lost = scraped.sum("sundial_runs_lost_total");
+    let deferred_busy = scraped.sum(r#"sundial_webhook_attempts_total{outcome="busy"}"#);
     let starts = Starts::of(&rig.journal()?);
     let due_to_start = starts
         .first
@@ -354,6 +360,7 @@ pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedRepor
         webhooks_by_status: by_status,
         webhooks_redelivered: redelivered,
         webhooks_refused: refused,
+        webhooks_deferred_busy: deferred_busy,
         duplicate_starts: starts.duplicates,
         runs_started_twice: starts.runs_started_twice,
         lost,
