@@ -165,8 +165,13 @@ async fn target() -> Result<String> {
 }
 
 fn options(redis: &RedisServer, secrets: &[Secret]) -> SundialOptions {
+    settings(SundialOptions::redis(redis), secrets)
+}
+
+/// This file's settings on either store.
+fn settings(store: SundialOptions, secrets: &[Secret]) -> SundialOptions {
     let secrets: Vec<String> = secrets.iter().map(Secret::to_string).collect();
-    SundialOptions::redis(redis)
+    store
         .arg("heartbeat-interval", "300ms")
         .arg("sweep-every", "50ms")
         .arg("http-target-allow", "127.0.0.1/32")
@@ -755,10 +760,27 @@ async fn a_hanging_receiver_holds_only_its_bound_and_never_the_others() -> Resul
 /// probe, the window ramps up to the limit, and each of the 500 arrives once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_back_from_an_outage_is_drained_at_its_limit() -> Result<()> {
+    let redis = RedisServer::start()?;
+    drained_after_an_outage(2, |name| {
+        SundialOptions::redis(&redis).arg("instance-id", name)
+    })
+    .await
+}
+
+/// The same on the embedded store, whose slots are held in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_back_from_an_outage_is_drained_at_its_limit_embedded() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    drained_after_an_outage(1, |_| SundialOptions::embedded(dir.path())).await
+}
+
+async fn drained_after_an_outage(
+    instances: usize,
+    store: impl Fn(&str) -> SundialOptions,
+) -> Result<()> {
     const RUNS: usize = 500;
     const LIMIT: usize = 10;
     const OUTAGE: Duration = Duration::from_secs(30);
-    let redis = RedisServer::start()?;
     let mut receiver = Receiver::start(&[], 200).await?;
     lock(&receiver.script).then_delay = Duration::from_millis(50);
     receiver.stop().await?;
@@ -767,14 +789,14 @@ async fn a_receiver_back_from_an_outage_is_drained_at_its_limit() -> Result<()> 
     let secret = Secret::generate();
     // Enough retries that no webhook runs out of them while probes fail.
     let schedule = vec!["500ms"; 20].join(",");
-    let opts = |name: &str| {
-        options(&redis, std::slice::from_ref(&secret))
-            .arg("instance-id", name)
+    let mut servers = Vec::new();
+    for i in 0..instances {
+        let opts = settings(store(&format!("i{i}")), std::slice::from_ref(&secret))
             .arg("webhook-breaker-cooldown", "2s")
-            .arg("webhook-retry-schedule", &schedule)
-    };
-    let a = Sundial::start(opts("a"))?;
-    let _b = Sundial::start(opts("b"))?;
+            .arg("webhook-retry-schedule", &schedule);
+        servers.push(Sundial::start(opts)?);
+    }
+    let a = &servers[0];
     let mut jobs = a.jobs().await?;
     jobs.create_job(pb::CreateJobRequest {
         spec: Some(pb::JobSpec {
@@ -810,7 +832,7 @@ async fn a_receiver_back_from_an_outage_is_drained_at_its_limit() -> Result<()> 
     .await?;
     let drained = back.elapsed();
     for sid in &sids {
-        let run = callback_settled(&a, sid, Duration::from_secs(20)).await?;
+        let run = callback_settled(a, sid, Duration::from_secs(20)).await?;
         ensure!(
             run.callback_state == pb::CallbackState::Done as i32,
             "{run:?}"
@@ -822,7 +844,7 @@ async fn a_receiver_back_from_an_outage_is_drained_at_its_limit() -> Result<()> 
     let mut expected: Vec<&str> = sids.iter().map(String::as_str).collect();
     expected.sort_unstable();
     eprintln!(
-        "outage of {OUTAGE:?}: {RUNS} webhooks drained in {drained:?} after the receiver came back, at most {} in flight, {} requests",
+        "{instances} instance(s), outage of {OUTAGE:?}: {RUNS} webhooks drained in {drained:?} after the receiver came back, at most {} in flight, {} requests",
         s.most_in_flight,
         s.hits.len()
     );

@@ -41,8 +41,9 @@ struct Destination {
     users: usize,
     /// Since when the destination has had users.
     since: Instant,
-    /// Slots given back since then (deliveries sent).
-    done: u64,
+    /// How long a sent delivery held its slot, on average (weighted to the latest);
+    /// None until one was sent.
+    hold: Option<Duration>,
     /// When the last delivery deferred for this destination should find a slot.
     queue_end: Instant,
 }
@@ -54,6 +55,9 @@ pub struct Slot {
     key: (String, u32),
     /// None while waiting (a slot that never got one is dropped on the way out).
     permit: Option<OwnedSemaphorePermit>,
+    /// When the permit was taken, and whether the delivery was sent with it.
+    taken: Option<Instant>,
+    sent: bool,
 }
 
 impl InFlight {
@@ -85,7 +89,7 @@ impl InFlight {
                     permits: Arc::new(Semaphore::new(usize::try_from(limit).unwrap_or(1))),
                     users: 0,
                     since: Instant::now(),
-                    done: 0,
+                    hold: None,
                     queue_end: Instant::now(),
                 });
             let limit = usize::try_from(limit).unwrap_or(1);
@@ -99,6 +103,8 @@ impl InFlight {
             owner: self.clone(),
             key,
             permit: None,
+            taken: None,
+            sent: false,
         };
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
@@ -108,6 +114,7 @@ impl InFlight {
                 .ok()?,
         };
         slot.permit = Some(permit);
+        slot.taken = Some(Instant::now());
         Some(slot)
     }
 
@@ -121,10 +128,10 @@ impl InFlight {
 
     /// How long a delivery deferred now for `destination` under `limit` should stay
     /// away: behind the ones in flight and waiting, and behind those deferred before
-    /// it, one place per delivery at the pace its slots have been given back so far
-    /// (a receiver that has not answered once: the time since it was first sent to,
-    /// per place). It takes that place. `min` at least (and when nothing is queued),
-    /// `max` at most.
+    /// it, one place per delivery at the pace of `limit` deliveries each holding its
+    /// slot as long as sent ones have (while none was sent: as long as the
+    /// destination has been in use). It takes that place. `min` at least (and when
+    /// nothing is queued), `max` at most.
     pub fn busy_delay(
         &self,
         destination: &str,
@@ -132,12 +139,13 @@ impl InFlight {
         min: Duration,
         max: Duration,
     ) -> Duration {
+        let limit = limit.max(1);
         let mut destinations = self.destinations();
-        let Some(d) = destinations.get_mut(&(destination.to_owned(), limit.max(1))) else {
+        let Some(d) = destinations.get_mut(&(destination.to_owned(), limit)) else {
             return min;
         };
         let now = Instant::now();
-        let per_delivery = d.since.elapsed() / u32::try_from(d.done.max(1)).unwrap_or(u32::MAX);
+        let per_delivery = d.hold.unwrap_or_else(|| d.since.elapsed()) / limit;
         let queued = u32::try_from(d.users).unwrap_or(u32::MAX);
         let start = (now + per_delivery.saturating_mul(queued).min(max)).max(d.queue_end);
         d.queue_end = start + per_delivery.min(max);
@@ -151,6 +159,14 @@ impl InFlight {
     }
 }
 
+impl Slot {
+    /// The delivery went out with this slot: how long it holds it counts toward the
+    /// destination's pace.
+    pub fn sent(&mut self) {
+        self.sent = true;
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         // The permit goes back to its semaphore when the field drops, after this; a
@@ -158,8 +174,9 @@ impl Drop for Slot {
         let mut destinations = self.owner.destinations();
         if let Some(d) = destinations.get_mut(&self.key) {
             d.users = d.users.saturating_sub(1);
-            if self.permit.is_some() {
-                d.done += 1;
+            if let (Some(taken), true) = (self.taken, self.sent) {
+                let held = taken.elapsed();
+                d.hold = Some(d.hold.map_or(held, |h| (h * 4 + held) / 5));
             }
             if d.users == 0 {
                 destinations.remove(&self.key);
@@ -225,38 +242,42 @@ mod tests {
         let none = Duration::ZERO;
         let slots = InFlight::new(8);
         assert_eq!(slots.busy_delay(A, 4, min, max), min, "nothing queued");
-        // Four held and none given back yet: the longer that lasts, the longer.
+        // Four held and none sent back yet: the longer that lasts, the longer.
         let held = take_n(&slots, 4, 4).await;
         std::thread::sleep(Duration::from_millis(50));
         let waited = slots.busy_delay(A, 4, none, max);
-        assert!(waited >= Duration::from_millis(200), "{waited:?}");
-        let cap = Duration::from_millis(100);
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+        let cap = Duration::from_millis(10);
         assert_eq!(slots.busy_delay(A, 4, none, cap), cap, "never above max");
         drop(held);
         assert_eq!(slots.busy_delay(A, 4, min, max), min, "the queue is gone");
-        // Ten given back in about 100 ms (10 ms each) and ten queued: about 100 ms
-        // for the first deferred, then 10 ms more for each next one.
-        let queued = take_n(&slots, 20, 10).await;
-        for _ in 0..10 {
-            drop(slots.take(A, 20, none).await);
+        // Ten sent, each holding its slot about 20 ms, at a limit of 10: one place is
+        // about 2 ms, so ten queued put the first deferred about 20 ms back and each
+        // next one about 2 ms behind it.
+        let mut sent = take_n(&slots, 10, 10).await;
+        std::thread::sleep(Duration::from_millis(20));
+        for s in &mut sent {
+            s.sent();
         }
-        std::thread::sleep(Duration::from_millis(100));
-        let first = slots.busy_delay(A, 20, none, max);
+        // One stays, so the destination keeps its figures.
+        let kept = sent.pop();
+        drop(sent);
+        let _queued = (kept, take_n(&slots, 10, 9).await);
+        let first = slots.busy_delay(A, 10, none, max);
         assert!(
-            first >= Duration::from_millis(80) && first <= Duration::from_millis(400),
+            first >= Duration::from_millis(16) && first <= Duration::from_millis(100),
             "{first:?}"
         );
         let delays: Vec<Duration> = (0..20)
-            .map(|_| slots.busy_delay(A, 20, none, max))
+            .map(|_| slots.busy_delay(A, 10, none, max))
             .collect();
         assert!(delays.windows(2).all(|w| w[1] > w[0]), "{delays:?}");
         let spread = delays[19] - delays[0];
         assert!(
-            spread >= Duration::from_millis(150) && spread <= Duration::from_millis(800),
-            "19 places of about 10 ms: {spread:?}"
+            spread >= Duration::from_millis(30) && spread <= Duration::from_millis(200),
+            "19 places of about 2 ms: {spread:?}"
         );
-        assert!(slots.busy_delay(A, 20, min, max) >= min, "never below min");
-        drop(queued);
+        assert!(slots.busy_delay(A, 10, min, max) >= min, "never below min");
     }
 
     async fn take_n(slots: &Arc<InFlight>, limit: u32, n: usize) -> Vec<Slot> {

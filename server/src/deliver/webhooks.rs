@@ -365,7 +365,7 @@ impl Deliveries {
         // This instance's own bound first, so at most `limit` of its deliveries ask
         // the store for one of the destination's slots at a time.
         let wait = self.wait_budget(claimed_at) / 2;
-        let Some(local) = self.in_flight.take(&dest, limit, wait).await else {
+        let Some(mut local) = self.in_flight.take(&dest, limit, wait).await else {
             // Back when the ones queued ahead of it should be through.
             let delay = self
                 .in_flight
@@ -418,6 +418,7 @@ impl Deliveries {
             }
             a = self.attempt(&d, &url, &sender) => a,
         };
+        local.sent();
         // The receiver has answered (or not): the instance's slot is free while the
         // outcome is recorded; the destination's is given back with the breaker's
         // count, and only then this instance's own (so the next of its deliveries
