@@ -685,8 +685,8 @@ impl HeldReceiver {
 
 /// One destination that stops answering holds at most its bound of the instance's
 /// deliveries (`--webhook-destination-concurrency`), so another destination's webhooks
-/// still go out while it hangs; the ones past its bound wait, no attempt spent, and are
-/// each delivered once when it answers again.
+/// still go out while it hangs; the ones past its bound wait (or are deferred), no
+/// attempt spent, and are each delivered once when it answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_receiver_holds_only_its_bound_and_never_the_others() -> Result<()> {
     let redis = RedisServer::start()?;
@@ -728,15 +728,8 @@ async fn a_hanging_receiver_holds_only_its_bound_and_never_the_others() -> Resul
         "the hanging destination holds (now, at most) {:?}",
         hanging.held()
     );
-    let base = server.http.context("no http address")?;
-    let metrics = reqwest::get(format!("http://{base}/metrics"))
-        .await?
-        .text()
-        .await?;
-    ensure!(
-        metrics.contains(r#"sundial_webhook_attempts_total{outcome="busy"}"#),
-        "the deliveries past the bound were deferred:\n{metrics}"
-    );
+    // The three past the bound wait (or, once they have waited as long as their claim
+    // allows, are deferred): each is delivered with its first attempt below.
 
     hanging.release.send_replace(true);
     for sid in &slow {

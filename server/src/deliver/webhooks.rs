@@ -81,8 +81,9 @@ pub struct WebhookOptions {
     /// destination's breaker closes, its window ramps up from one to this). A delivery
     /// past it, or past `max_in_flight`, waits for a slot (no longer than what its
     /// claim lease leaves beyond the attempt's timeout, and no more of this instance's
-    /// waiting for one destination than half of `max_in_flight`), else it is deferred
-    /// by [`BUSY_DEFER`], no attempt spent.
+    /// waiting for one destination than twice `max_in_flight`), else it is deferred
+    /// ([`BUSY_DEFER`], or behind the queue for its destination, see
+    /// `InFlight::busy_delay`), no attempt spent.
     pub max_in_flight_per_destination: u32,
 }
 
@@ -210,8 +211,9 @@ pub struct Deliveries {
     client: reqwest::Client,
     /// Deliveries in flight (`max_in_flight`).
     permits: Arc<Semaphore>,
-    /// Deliveries claimed and not finished: twice `max_in_flight`, so that the ones
-    /// waiting for a busy destination never stop the sweep claiming for the others.
+    /// Deliveries claimed and not finished: four times `max_in_flight`, so that the
+    /// ones waiting for a busy destination (at most half of them) never stop the sweep
+    /// claiming for the others.
     claims: Arc<Semaphore>,
     /// The per-destination bound.
     in_flight: Arc<InFlight>,
@@ -236,9 +238,10 @@ impl Deliveries {
             .build()?;
         Ok(Self {
             permits: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
-            claims: Arc::new(Semaphore::new(opts.max_in_flight.max(1) * 2)),
-            // A hanging destination holds at most a quarter of the claims waiting.
-            in_flight: InFlight::new(opts.max_in_flight.max(1) / 2),
+            claims: Arc::new(Semaphore::new(opts.max_in_flight.max(1) * 4)),
+            // A burst for one destination waits here (not claimed and deferred again
+            // and again), but a hanging one holds at most half of the claims.
+            in_flight: InFlight::new(opts.max_in_flight.max(1) * 2),
             store,
             alerts,
             opts,

@@ -230,8 +230,8 @@ impl crate::Report for SustainedReport {
             .collect();
         println!("  delivered runs by state: {}", states.join(", "));
         println!(
-            "  webhooks deferred for a busy destination (no attempt spent): {}",
-            self.webhooks_deferred_busy
+            "  webhooks deferred for a busy destination (no attempt spent): {:.0}",
+            self.webhooks_deferred_busy.max(0.0)
         );
         println!(
             "  duplicate starts: {} ({} runs started twice or more)",
