@@ -10,6 +10,51 @@ use sundial_tests::{
 };
 use tonic::Code;
 
+/// A codec that sends and receives message bytes as they are, to send what no stub
+/// would.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use prost::bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use prost::bytes::Buf;
+        let bytes = src.copy_to_bytes(src.remaining());
+        Ok(Some(bytes.to_vec()))
+    }
+}
+
 fn spec(f: impl FnOnce(&mut pb::JobSpec)) -> pb::JobSpec {
     let mut s = every_second("valid-id");
     f(&mut s);
@@ -281,6 +326,28 @@ async fn invalid_jobs_are_rejected_naming_the_field_and_change_nothing() -> Resu
     ensure!(
         err.message().starts_with("spec.cron: ") && !err.message().contains("cron: cron"),
         "{}",
+        err.message()
+    );
+
+    // Bytes that are not a CreateJobRequest (field 1 with wire type 7, which does not
+    // exist): the caller's fault, INVALID_ARGUMENT, not INTERNAL.
+    let mut raw = tonic::client::Grpc::new(server.channel().await?);
+    raw.ready().await?;
+    let err = raw
+        .unary(
+            tonic::Request::new(vec![0x0f_u8, 0x01]),
+            http::uri::PathAndQuery::from_static("/sundial.v1.JobService/CreateJob"),
+            RawCodec,
+        )
+        .await
+        .expect_err("undecodable");
+    ensure!(
+        err.code() == Code::InvalidArgument
+            && err
+                .message()
+                .starts_with("failed to decode Protobuf message"),
+        "{:?}: {}",
+        err.code(),
         err.message()
     );
 

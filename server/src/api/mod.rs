@@ -4,12 +4,14 @@
 //! the core; errors become a `tonic::Status` in exactly one place, [`status`]. REST:
 //! [`rest`], every admin operation over JSON on the HTTP port, calling the same
 //! implementations. Both check admin credentials before a handler runs: [`grpc_auth`]
-//! for gRPC, [`rest::require_admin`] for REST, over the rules in [`crate::auth`].
+//! for gRPC, [`rest::require_admin`] for REST, over the rules in [`crate::auth`]. A
+//! gRPC request that does not decode answers `INVALID_ARGUMENT` ([`grpc_errors`]).
 
 mod apps;
 pub mod convert;
 pub mod destinations;
 pub mod grpc_auth;
+pub mod grpc_errors;
 mod jobs;
 pub mod queries;
 pub mod rest;
