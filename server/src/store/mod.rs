@@ -54,9 +54,9 @@ pub use outbox::{
     WebhookDelivery,
 };
 pub use runs::{
-    Assigned, Begun, FannedOut, Finisher, Held, Holder, LeaseTerms, LogLine, NOT_THE_HOLDER,
-    NodeSlot, Outcome, Recorded, Revocation, RunQuery, RunStore, STALE_TOKEN, Transition,
-    UNKNOWN_RUN, assigned_after, routable_now,
+    Assigned, Begun, FannedOut, Finisher, Held, Holder, LOG_LINE_COST, LeaseTerms, LogLine,
+    NOT_THE_HOLDER, NodeSlot, Outcome, Recorded, Revocation, RunQuery, RunStore, STALE_TOKEN,
+    Transition, UNKNOWN_RUN, assigned_after, routable_now,
 };
 pub use triggers::{Delivery, TriggerQueue};
 

@@ -16,6 +16,10 @@ use async_trait::async_trait;
 use super::{Applied, Page, Result, StoreMeta};
 use crate::model::{Millis, RunRecord, RunState};
 
+/// What one log line costs against a run's log bound beyond its message's bytes
+/// (`append_logs`): at the server's 1 MiB, at most 16 384 lines are kept.
+pub const LOG_LINE_COST: u64 = 64;
+
 /// Outcome of `record_run`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Recorded {
@@ -398,9 +402,10 @@ pub trait RunStore: StoreMeta {
 
     /// Appends log lines (their `seq` is assigned here) if `holder` holds (or held,
     /// for lines that arrive after the result) the run's lease, keeping at most
-    /// `max_bytes` of message text per run (the oldest lines fall out first): `Yes`, or
-    /// `No` with the reason. No lines is vacuously `Yes`. Logs live as long as the run
-    /// record.
+    /// `max_bytes` per run, each line counted as its message's bytes plus
+    /// [`LOG_LINE_COST`] (so lines are bounded too, empty ones included; the oldest
+    /// fall out first): `Yes`, or `No` with the reason. No lines is vacuously `Yes`.
+    /// Logs live as long as the run record.
     async fn append_logs(
         &self,
         schedule_id: &str,

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use super::{
     Admission, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimResult, Delivery,
     DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    GONE_ERROR, Held, Holder, JobWrite, LeaseTerms, LogLine, NOT_THE_HOLDER, NodeRecord,
-    NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery, STALE_TOKEN, Store,
-    StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery, partition_of,
+    GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine, NOT_THE_HOLDER,
+    NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery, STALE_TOKEN,
+    Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,

@@ -1162,8 +1162,9 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
     );
     assert_eq!(get(&store, sid).await.progress_percent, 50);
 
-    // Logs: seq from 1, assigned by the store; at most max_bytes of message text, the
-    // oldest lines falling out first; seqs never reused.
+    // Logs: seq from 1, assigned by the store; at most max_bytes, each line counted as
+    // its message plus LOG_LINE_COST, the oldest lines falling out first; seqs never
+    // reused.
     assert_ne!(
         store
             .append_logs(sid, &stale, vec![log("stale-line")], 1000)
@@ -1179,13 +1180,15 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
         Applied::Yes
     );
     let ten = |c: char| c.to_string().repeat(10);
+    // Room for two lines of ten bytes, not three.
+    let two = 2 * (10 + LOG_LINE_COST as usize) + 5;
     assert_eq!(
         store
             .append_logs(
                 sid,
                 &token,
                 vec![log(&ten('a')), log(&ten('b')), log(&ten('c'))],
-                25
+                two
             )
             .await
             .expect("append"),
@@ -1195,7 +1198,7 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
     assert_eq!(
         seqs(&got),
         [2, 3],
-        "30 bytes over a 25-byte bound: the oldest fell out"
+        "three lines over a two-line bound: the oldest fell out"
     );
     assert_eq!(got[0].message, ten('b'));
     assert_eq!(
@@ -1204,7 +1207,7 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
     );
     assert_eq!(
         store
-            .append_logs(sid, &token, vec![log(&ten('d')), log(&ten('e'))], 25)
+            .append_logs(sid, &token, vec![log(&ten('d')), log(&ten('e'))], two)
             .await
             .expect("append"),
         Applied::Yes
@@ -1216,12 +1219,26 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
     // A line alone over the bound does not survive, but its seq is spent.
     assert_eq!(
         store
-            .append_logs(sid, &token, vec![log(&"x".repeat(40))], 25)
+            .append_logs(sid, &token, vec![log(&"x".repeat(two))], two)
             .await
             .expect("append"),
         Applied::Yes
     );
     assert_eq!(store.read_logs(sid, 0, 100).await.expect("read"), vec![]);
+    // Empty lines cost their line each: 500 of them keep the last two.
+    let empty: Vec<LogLine> = (0..500).map(|_| log("")).collect();
+    assert_eq!(
+        store
+            .append_logs(sid, &token, empty, two)
+            .await
+            .expect("append"),
+        Applied::Yes
+    );
+    assert_eq!(
+        seqs(&store.read_logs(sid, 0, 1000).await.expect("read")),
+        [505, 506],
+        "lines are bounded, empty ones too"
+    );
     let lines: Vec<LogLine> = (0..10).map(|i| log(&format!("line {i}"))).collect();
     assert_eq!(
         store
@@ -1241,14 +1258,15 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
         after = last.seq;
         all.extend(page);
     }
-    assert_eq!(seqs(&all), (7..=16).collect::<Vec<u64>>());
-    assert_eq!(all[0].message, "line 0");
-    assert_eq!(all[9].message, "line 9");
+    // The two empty lines kept before, then the ten.
+    assert_eq!(seqs(&all), (505..=516).collect::<Vec<u64>>());
+    assert_eq!(all[2].message, "line 0");
+    assert_eq!(all[11].message, "line 9");
     assert_eq!(
-        seqs(&store.read_logs(sid, 14, 100).await.expect("read")),
-        [15, 16]
+        seqs(&store.read_logs(sid, 514, 100).await.expect("read")),
+        [515, 516]
     );
-    assert_eq!(store.read_logs(sid, 16, 100).await.expect("read"), vec![]);
+    assert_eq!(store.read_logs(sid, 516, 100).await.expect("read"), vec![]);
     assert_eq!(
         store.read_logs("logs@404", 0, 100).await.expect("read"),
         vec![]
@@ -1279,8 +1297,8 @@ pub async fn progress_and_logs(store: Arc<dyn Store>) {
         Applied::Yes
     );
     assert_eq!(
-        seqs(&store.read_logs(sid, 16, 100).await.expect("read")),
-        [17]
+        seqs(&store.read_logs(sid, 516, 100).await.expect("read")),
+        [517]
     );
     let r2 = begin(
         &store,

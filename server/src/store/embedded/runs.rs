@@ -564,7 +564,7 @@ impl RunStore for EmbeddedStore {
             for mut line in lines {
                 seq += 1;
                 line.seq = seq;
-                bytes = bytes.saturating_add(line.message.len() as u64);
+                bytes = bytes.saturating_add(line.message.len() as u64 + LOG_LINE_COST);
                 let json = encode("log line", &line)?;
                 t.logs
                     .insert((schedule_id, seq), json.as_str())
@@ -583,7 +583,7 @@ impl RunStore for EmbeddedStore {
                     }
                     let (k, v) = item.ctx("scan run logs")?;
                     let old: LogLine = decode("log line", schedule_id, v.value())?;
-                    bytes = bytes.saturating_sub(old.message.len() as u64);
+                    bytes = bytes.saturating_sub(old.message.len() as u64 + LOG_LINE_COST);
                     dropped.push(k.value().1);
                 }
                 for s in dropped {

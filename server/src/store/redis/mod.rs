@@ -66,9 +66,9 @@ use super::{
     Admission, AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome,
     ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch, DueFire, Enqueued, Error,
     FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite,
-    LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page,
-    Recorded, Registered, Result, Revocation, RunQuery, RunStore, SCHEMA_VERSION, StoreMeta,
-    StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
+    LOG_LINE_COST, LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox,
+    Outcome, Page, Recorded, Registered, Result, Revocation, RunQuery, RunStore, SCHEMA_VERSION,
+    StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,

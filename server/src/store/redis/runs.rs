@@ -374,7 +374,8 @@ impl RunStore for RedisStore {
             .arg(schedule_id)
             .arg(&holder.node_id)
             .arg(holder.token.to_string())
-            .arg(max_bytes);
+            .arg(max_bytes)
+            .arg(LOG_LINE_COST);
         for l in &lines {
             inv.arg(serde_json::to_string(l).map_err(corrupt)?);
         }

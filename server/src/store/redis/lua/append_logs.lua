@@ -1,6 +1,7 @@
--- ARGV: P, schedule_id, node, token, max_bytes, then one JSON line each ({time_ms,
--- level, message, attempt}). Lines get their seq here; the oldest fall out past
--- max_bytes. Returns '' when stored, else the reason.
+-- ARGV: P, schedule_id, node, token, max_bytes, line_cost, then one JSON line each
+-- ({time_ms, level, message, attempt}). Lines get their seq here; each counts its
+-- message's bytes plus line_cost, and the oldest fall out past max_bytes. Returns ''
+-- when stored, else the reason.
 local P = ARGV[1]
 local run, refused = reported_run(P, ARGV[2], ARGV[3], ARGV[4])
 if refused then
@@ -9,12 +10,12 @@ end
 local sid = run.schedule_id
 local runkey = P .. 'run:' .. sid
 local lkey, mkey = P .. 'logs:' .. sid, P .. 'logmeta:' .. sid
-local max = tonumber(ARGV[5])
+local max, cost = tonumber(ARGV[5]), tonumber(ARGV[6])
 local bytes = tonumber(redis.call('HGET', mkey, 'bytes') or '0')
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   local line = cjson.decode(ARGV[i])
   line.seq = redis.call('HINCRBY', mkey, 'seq', 1)
-  bytes = bytes + #line.message
+  bytes = bytes + #line.message + cost
   redis.call('RPUSH', lkey, cjson.encode(line))
 end
 while bytes > max do
@@ -23,7 +24,7 @@ while bytes > max do
     bytes = 0
     break
   end
-  bytes = bytes - #cjson.decode(old).message
+  bytes = bytes - #cjson.decode(old).message - cost
 end
 redis.call('HSET', mkey, 'bytes', bytes)
 local ttl = redis.call('PTTL', runkey)
