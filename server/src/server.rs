@@ -23,7 +23,6 @@ use tracing::{error, info, warn};
 
 use crate::api::destinations::Destinations;
 use crate::api::grpc_auth::AdminAuthLayer;
-use crate::api::grpc_errors::DecodeErrorsLayer;
 use crate::api::queries::StatusSource;
 use crate::api::scrape::Scrape;
 use crate::api::{AppApi, JobApi, RunApi};
@@ -330,7 +329,7 @@ pub async fn run(
     };
     let servers_stop = CancellationToken::new();
     let grpc = grpc_builder
-        .layer(DecodeErrorsLayer)
+        .layer(crate::api::grpc_errors::layer())
         .layer(AdminAuthLayer::new(admin_guard.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)

@@ -9,12 +9,7 @@
 //! stream ends the stream in its trailers, which this layer does not rewrite: the only
 //! client-streaming call is the executor stream, whose SDKs send what they generate.)
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use http::HeaderValue;
-use tower::{Layer, Service};
 
 /// How tonic starts the message of a request it could not decode, as it sends it
 /// (percent-encoded) in `grpc-message`.
@@ -24,45 +19,15 @@ const DECODE_FAILURE: &str = "failed%20to%20decode%20Protobuf%20message";
 const INTERNAL: &str = "13";
 const INVALID_ARGUMENT: &str = "3";
 
-/// Wraps the gRPC routes in [`DecodeErrors`].
-#[derive(Clone, Copy, Default)]
-pub struct DecodeErrorsLayer;
-
-impl<S> Layer<S> for DecodeErrorsLayer {
-    type Service = DecodeErrors<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        DecodeErrors { inner }
-    }
+/// The layer: every gRPC answer through [`undecodable_is_invalid`].
+pub fn layer<B>() -> tower::util::MapResponseLayer<fn(http::Response<B>) -> http::Response<B>> {
+    tower::util::MapResponseLayer::new(undecodable_is_invalid)
 }
 
-#[derive(Clone)]
-pub struct DecodeErrors<S> {
-    inner: S,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for DecodeErrors<S>
-where
-    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
-        let answer = self.inner.call(req);
-        Box::pin(async move {
-            let mut res = answer.await?;
-            rewrite(res.headers_mut());
-            Ok(res)
-        })
-    }
+/// The answer, with tonic's decode failure turned into `INVALID_ARGUMENT`.
+fn undecodable_is_invalid<B>(mut res: http::Response<B>) -> http::Response<B> {
+    rewrite(res.headers_mut());
+    res
 }
 
 /// `INTERNAL` "failed to decode…" in trailers-only headers becomes `INVALID_ARGUMENT`.

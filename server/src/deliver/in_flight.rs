@@ -53,10 +53,10 @@ struct Destination {
 pub struct Slot {
     owner: Arc<InFlight>,
     key: (String, u32),
-    /// None while waiting (a slot that never got one is dropped on the way out).
-    permit: Option<OwnedSemaphorePermit>,
-    /// When the permit was taken, and whether the delivery was sent with it.
-    taken: Option<Instant>,
+    /// The permit and when it was taken; None while waiting (a slot that never got
+    /// one is dropped on the way out).
+    permit: Option<(OwnedSemaphorePermit, Instant)>,
+    /// Whether the delivery was sent with it.
     sent: bool,
 }
 
@@ -103,7 +103,6 @@ impl InFlight {
             owner: self.clone(),
             key,
             permit: None,
-            taken: None,
             sent: false,
         };
         let permit = match permits.clone().try_acquire_owned() {
@@ -113,8 +112,7 @@ impl InFlight {
                 .ok()?
                 .ok()?,
         };
-        slot.permit = Some(permit);
-        slot.taken = Some(Instant::now());
+        slot.permit = Some((permit, Instant::now()));
         Some(slot)
     }
 
@@ -174,7 +172,7 @@ impl Drop for Slot {
         let mut destinations = self.owner.destinations();
         if let Some(d) = destinations.get_mut(&self.key) {
             d.users = d.users.saturating_sub(1);
-            if let (Some(taken), true) = (self.taken, self.sent) {
+            if let (Some((_, taken)), true) = (&self.permit, self.sent) {
                 let held = taken.elapsed();
                 d.hold = Some(d.hold.map_or(held, |h| (h * 4 + held) / 5));
             }

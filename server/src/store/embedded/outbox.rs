@@ -132,8 +132,8 @@ impl Outbox for EmbeddedStore {
             let txn = b.txn();
             let now = now_ms();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-            let b = load::<Breaker>(&table, "breaker", &destination)?.unwrap_or_default();
-            if b.state == "closed" || b.state.is_empty() {
+            let b = load_breaker(&table, &destination)?;
+            if b.state == "closed" {
                 let window = b.ramp.map_or(limit, |r| r.clamp(1, limit));
                 return Ok(take_slot(&paces, &destination, &holder, window, lease_end));
             }
@@ -193,11 +193,7 @@ impl Outbox for EmbeddedStore {
         self.write(move |_, b| {
             let txn = b.txn();
             let mut table = txn.open_table(BREAKERS).ctx("open webhook breakers")?;
-            let old =
-                load::<Breaker>(&table, "breaker", &destination)?.unwrap_or_else(|| Breaker {
-                    state: "closed".to_owned(),
-                    ..Breaker::default()
-                });
+            let old = load_breaker(&table, &destination)?;
             let (new, update) = settled(old, success, &terms, now_ms());
             match new {
                 Some(b) => {
@@ -214,6 +210,16 @@ impl Outbox for EmbeddedStore {
         })
         .await
     }
+}
+
+/// The destination's breaker; no record is closed with nothing counted.
+fn load_breaker(table: &Table<'_, &str, &str>, destination: &str) -> Result<Breaker> {
+    Ok(
+        load::<Breaker>(table, "breaker", destination)?.unwrap_or_else(|| Breaker {
+            state: "closed".to_owned(),
+            ..Breaker::default()
+        }),
+    )
 }
 
 /// A slot of `destination` for `holder` until `lease_end`, if fewer than `window` are
@@ -255,7 +261,7 @@ fn settled(
     terms: &DeliveryTerms,
     now: Millis,
 ) -> (Option<Breaker>, BreakerUpdate) {
-    let was_closed = b.state == "closed" || b.state.is_empty();
+    let was_closed = b.state == "closed";
     if success {
         let ramp = if was_closed {
             b.ramp.map(|r| r.saturating_add(1))
