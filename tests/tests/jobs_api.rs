@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use sundial_proto::v1 as pb;
 use sundial_tests::{
-    RedisServer, Sundial, SundialOptions, all_jobs, all_runs, every_second, redis_now, wait_for,
+    RedisServer, Sundial, SundialOptions, all_jobs, all_runs, every_second, manual_job, redis_now,
+    wait_for,
 };
 use tonic::Code;
 
@@ -895,4 +896,54 @@ async fn apply_jobs_creates_updates_leaves_alone_and_names_bad_items() -> Result
     apply_jobs_on(SundialOptions::redis(&redis)).await?;
     let dir = tempfile::tempdir()?;
     apply_jobs_on(SundialOptions::embedded(dir.path())).await
+}
+
+/// Payloads may be 64 KiB each, and a page of a thousand jobs would pass gRPC's 4 MiB
+/// answer limit (the client refuses it): ListJobs stops before its items pass 3 MiB and
+/// its page token continues after the last job it gave (on Redis, inside a partition),
+/// so every job is listed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_jobs_are_listed_in_pages_that_fit() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(SundialOptions::redis(&redis))?;
+    let mut jobs = server.jobs().await?;
+    let mut ids = std::collections::BTreeSet::new();
+    for i in 0..80 {
+        let mut spec = manual_job(&format!("big-{i:02}"), "work");
+        spec.payload = vec![b'p'; 60_000];
+        jobs.create_job(pb::CreateJobRequest { spec: Some(spec) })
+            .await?;
+        ids.insert(format!("big-{i:02}"));
+    }
+    let mut pages = Vec::new();
+    let mut listed = Vec::new();
+    let mut token = String::new();
+    for _ in 0..10 {
+        let page = jobs
+            .list_jobs(pb::ListJobsRequest {
+                page_size: 1000,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        pages.push(page.jobs.len());
+        listed.extend(page.jobs.into_iter().filter_map(|j| Some(j.spec?.id)));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    ensure!(
+        pages.len() == 2 && pages[0] > 40,
+        "page sizes {pages:?}: one page past 3 MiB, and no tiny pages"
+    );
+    ensure!(listed.len() == 80, "{} listed: {listed:?}", listed.len());
+    ensure!(
+        listed
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            == ids
+    );
+    Ok(())
 }

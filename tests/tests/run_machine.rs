@@ -756,3 +756,58 @@ async fn a_results_sizes_are_bounded() -> Result<()> {
     );
     Ok(())
 }
+
+/// Outputs may be 1 MiB each, and a listing of a hundred runs would pass gRPC's 4 MiB
+/// answer limit (the client refuses it): ListRuns stops before its items pass 3 MiB and
+/// its page token continues after the last one it gave, so every run is listed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_outputs_are_listed_in_pages_that_fit() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
+    let channel = server.channel().await?;
+    server.create_job(manual_job("big", "work")).await?;
+    let mut exec = Exec::connect(channel, "n", &["work"]).await?;
+    let mut sids = Vec::new();
+    for i in 0..5u8 {
+        let sid = server.trigger("big").await?;
+        let r = exec.dispatch().await?.run.context("run ref")?;
+        exec.send(Msg::Started(pb::Started {
+            run: Some(r.clone()),
+        }))
+        .await?;
+        let ack = exec
+            .result(&r, pb::ResultStatus::Succeeded, &vec![i; 1_000_000])
+            .await?;
+        ensure!(ack.accepted, "{ack:?}");
+        wait_state(&server, &sid, pb::RunState::Succeeded).await?;
+        sids.push(sid);
+    }
+    let mut runs = server.runs().await?;
+    let mut pages = Vec::new();
+    let mut listed = Vec::new();
+    let mut token = String::new();
+    for _ in 0..10 {
+        let page = runs
+            .list_runs(pb::ListRunsRequest {
+                job_id: "big".into(),
+                page_size: 100,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        pages.push(page.runs.len());
+        for r in page.runs {
+            ensure!(r.output.len() == 1_000_000, "{} bytes", r.output.len());
+            listed.push(r.schedule_id);
+        }
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    ensure!(pages == [3, 2], "page sizes {pages:?}");
+    sids.reverse();
+    ensure!(listed == sids, "listed {listed:?}, ran {sids:?}");
+    Ok(())
+}

@@ -4,6 +4,7 @@ use sundial_proto::v1 as pb;
 use sundial_proto::v1::job_service_server::JobService;
 use tonic::{Request, Response, Status};
 
+use super::budget::{Budget, MAX_LIST_BYTES};
 use super::destinations::Destinations;
 use super::{convert, status};
 use crate::model::MAX_PAYLOAD_BYTES;
@@ -171,26 +172,37 @@ impl JobService for JobApi {
         let state = convert::job_state_filter(req.state).map_err(status)?;
         let mut cursor = (!req.page_token.is_empty()).then_some(req.page_token);
         let mut jobs = Vec::new();
-        for _ in 0..MAX_SCAN_PAGES {
+        let mut room = Budget::new(MAX_LIST_BYTES);
+        'pages: for _ in 0..MAX_SCAN_PAGES {
             let page = self
                 .jobs
                 .list(cursor.as_deref(), size - jobs.len())
                 .await
                 .map_err(status)?;
-            jobs.extend(page.items.into_iter().filter(|j| {
+            let wanted = page.items.into_iter().filter(|j| {
                 state.is_none_or(|s| convert::job_state(j) == s)
                     && req
                         .label_selector
                         .iter()
                         .all(|(k, v)| j.spec.labels.get(k) == Some(v))
-            }));
+            });
+            for job in wanted {
+                let id = job.spec.id.clone();
+                let job = convert::job_to_pb(job);
+                if !room.take(&job) {
+                    break 'pages;
+                }
+                jobs.push(job);
+                // Past this job, should the next one not fit.
+                cursor = Some(self.jobs.cursor_after(&id));
+            }
             cursor = page.next_cursor;
             if cursor.is_none() || jobs.len() >= size {
                 break;
             }
         }
         Ok(Response::new(pb::ListJobsResponse {
-            jobs: jobs.into_iter().map(convert::job_to_pb).collect(),
+            jobs,
             next_page_token: cursor.unwrap_or_default(),
         }))
     }

@@ -8,6 +8,7 @@
 //! gRPC request that does not decode answers `INVALID_ARGUMENT` ([`grpc_errors`]).
 
 mod apps;
+pub mod budget;
 pub mod convert;
 pub mod destinations;
 pub mod grpc_auth;

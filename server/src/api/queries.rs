@@ -4,6 +4,10 @@
 
 use std::sync::Arc;
 
+use sundial_proto::v1 as pb;
+
+use super::budget::{Budget, MAX_LIST_BYTES};
+use super::convert;
 use crate::model::{JobRecord, Millis, RunRecord, RunState};
 use crate::schedule::jobs::{self, Jobs, Plan};
 use crate::store::{Page, RunQuery, RunStore};
@@ -21,18 +25,20 @@ pub struct RunFilter {
     pub to: Option<Millis>,
 }
 
-/// Up to `page_size` runs of `job_id` that pass `filter`, newest first, and the cursor
-/// to continue from. A page may be short while more follow (the scan per call is
-/// bounded); only a missing cursor means the end.
+/// Up to `page_size` runs of `job_id` that pass `filter`, newest first, as they are
+/// answered, and the cursor to continue from. A page may be short while more follow
+/// (the scan per call is bounded, and so are the answer's bytes: see
+/// [`super::budget`]); only a missing cursor means the end.
 pub async fn list_runs(
     store: &dyn RunStore,
     job_id: &str,
     filter: &RunFilter,
     page_size: usize,
     mut cursor: Option<String>,
-) -> crate::store::Result<Page<RunRecord>> {
+) -> crate::store::Result<Page<pb::Run>> {
     let mut items = Vec::new();
-    for _ in 0..MAX_SCAN_PAGES {
+    let mut room = Budget::new(MAX_LIST_BYTES);
+    'pages: for _ in 0..MAX_SCAN_PAGES {
         let page = store
             .list_runs(
                 job_id,
@@ -44,11 +50,20 @@ pub async fn list_runs(
                 },
             )
             .await?;
-        items.extend(
-            page.items
-                .into_iter()
-                .filter(|r| filter.state.is_none_or(|s| r.state == s)),
-        );
+        let wanted = page
+            .items
+            .into_iter()
+            .filter(|r| filter.state.is_none_or(|s| r.state == s));
+        for run in wanted {
+            let after = store.run_cursor_after(&run);
+            let run = convert::run_to_pb(run);
+            if !room.take(&run) {
+                break 'pages;
+            }
+            items.push(run);
+            // Past this run, should the next one not fit.
+            cursor = Some(after);
+        }
         cursor = page.next_cursor;
         if cursor.is_none() || items.len() >= page_size {
             break;

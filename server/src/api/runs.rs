@@ -10,6 +10,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use super::budget::{Budget, MAX_LIST_BYTES};
 use super::{convert, status};
 use crate::api::queries::{self, RunFilter};
 use crate::dispatch::Dispatcher;
@@ -99,7 +100,7 @@ impl RunService for RunApi {
         let cursor = convert::run_page_token("page_token", &req.page_token).map_err(status)?;
         let page = queries::list_runs(self.store.as_ref(), &job_id, &filter, size, cursor).await?;
         Ok(Response::new(pb::ListRunsResponse {
-            runs: page.items.into_iter().map(convert::run_to_pb).collect(),
+            runs: page.items,
             next_page_token: page.next_cursor.unwrap_or_default(),
         }))
     }
@@ -246,15 +247,29 @@ impl RunService for RunApi {
             return Err(Status::not_found(format!("run {sid:?} not found")));
         }
         // One line more than asked tells whether another page follows.
-        let mut lines = self.store.read_logs(sid, after, size + 1).await?;
-        let more = lines.len() > size;
-        lines.truncate(size);
-        let next_page_token = match lines.last() {
-            Some(last) if more => last.seq.to_string(),
-            _ => String::new(),
+        let mut read = self.store.read_logs(sid, after, size + 1).await?;
+        let mut more = read.len() > size;
+        read.truncate(size);
+        let mut lines = Vec::with_capacity(read.len());
+        let mut room = Budget::new(MAX_LIST_BYTES);
+        let mut last = 0;
+        for l in read {
+            let seq = l.seq;
+            let line = log_line(l);
+            if !room.take(&line) {
+                more = true;
+                break;
+            }
+            lines.push(line);
+            last = seq;
+        }
+        let next_page_token = if more {
+            last.to_string()
+        } else {
+            String::new()
         };
         Ok(Response::new(pb::ListRunLogsResponse {
-            lines: lines.into_iter().map(log_line).collect(),
+            lines,
             next_page_token,
         }))
     }

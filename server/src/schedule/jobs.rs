@@ -320,6 +320,11 @@ impl Jobs {
         Ok(self.store.list_jobs(cursor, limit).await?)
     }
 
+    /// The cursor that continues a listing right after the job `job_id`.
+    pub fn cursor_after(&self, job_id: &str) -> String {
+        self.store.job_cursor_after(job_id)
+    }
+
     /// Queues a manual run now. The same idempotency key never queues twice.
     pub async fn trigger(
         &self,

@@ -149,6 +149,10 @@ pub trait JobStore: StoreMeta {
     /// refused with [`Error::BadCursor`](super::Error::BadCursor).
     async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>>;
 
+    /// The cursor that continues a listing of jobs right after the job `job_id` (for a
+    /// caller that stops before the end of a page).
+    fn job_cursor_after(&self, job_id: &str) -> String;
+
     // ---- fires
 
     /// Due pending members of one partition (score ≤ the store's now), earliest first.

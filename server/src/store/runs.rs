@@ -229,6 +229,13 @@ pub trait RunStore: StoreMeta {
     /// Runs of a job, newest first.
     async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>>;
 
+    /// The cursor that continues a listing of a job's runs right after `run` (for a
+    /// caller that stops before the end of a page). Both stores page by scheduled time,
+    /// then schedule_id.
+    fn run_cursor_after(&self, run: &RunRecord) -> String {
+        format!("{}:{}", run.scheduled_at, run.schedule_id)
+    }
+
     // ---- the run state machine (ARCHITECTURE.md, "Life of a run, as built")
     //
     // A run's timer lives in its partition's sorted set of deadlines, scored by the
@@ -400,8 +407,9 @@ pub trait RunStore: StoreMeta {
         message: &str,
     ) -> Result<Applied>;
 
-    /// Appends log lines (their `seq` is assigned here) if `holder` holds (or held,
-    /// for lines that arrive after the result) the run's lease, keeping at most
+    /// Appends log lines (their `seq` is assigned here) if `holder` holds the run's
+    /// lease and the run is DISPATCHED or RUNNING (a final run's log is never
+    /// appended to: executors send a run's lines before its result), keeping at most
     /// `max_bytes` per run, each line counted as its message's bytes plus
     /// [`LOG_LINE_COST`] (so lines are bounded too, empty ones included; the oldest
     /// fall out first): `Yes`, or `No` with the reason. No lines is vacuously `Yes`.

@@ -116,6 +116,18 @@ pub async fn job_list_paging(store: Arc<dyn Store>) {
     // `limit` at a time: full pages, then the rest (a trailing empty page is tolerated).
     assert_eq!(&sizes[..3], &[10, 10, 5], "page sizes {sizes:?}");
     assert!(sizes[3..].iter().all(|s| *s == 0), "page sizes {sizes:?}");
+    // A listing stopped after any job continues right after it.
+    let all = store.list_jobs(None, 100).await.expect("list all");
+    let all: Vec<String> = all.items.into_iter().map(|j| j.spec.id).collect();
+    for (i, id) in all.iter().enumerate() {
+        let after = store.job_cursor_after(id);
+        let page = store
+            .list_jobs(Some(&after), 100)
+            .await
+            .expect("list after");
+        let rest: Vec<String> = page.items.into_iter().map(|j| j.spec.id).collect();
+        assert_eq!(rest, all[i + 1..], "after {id} ({after})");
+    }
     // A cursor no listing returned is refused, not read as "from the start" (or as
     // corrupt data): garbage, a partition that is not a number or does not exist.
     for bad in ["not a cursor!", "x:y", "-1:a", "99999:", "1:not an id"] {

@@ -142,6 +142,22 @@ pub async fn list_runs_order_filter_paging(store: Arc<dyn Store>) {
     assert_eq!(scheduled(&page.items), [9000, 8000, 7000, 6000, 5000]);
     assert_eq!(page.next_cursor, None);
 
+    // A listing stopped after any run continues right after it.
+    let all = list_all_runs(&store, "list-1", q(100)).await;
+    for (i, r) in all.iter().enumerate() {
+        let page = store
+            .list_runs(
+                "list-1",
+                RunQuery {
+                    cursor: Some(store.run_cursor_after(r)),
+                    ..q(100)
+                },
+            )
+            .await
+            .expect("list after");
+        assert_eq!(page.items, all[i + 1..], "after {}", r.schedule_id);
+    }
+
     // A newer run recorded between pages neither repeats nor shifts the listing.
     let page1 = store.list_runs("list-1", q(10)).await.expect("list");
     assert_eq!(scheduled(&page1.items), all_desc[..10]);

@@ -158,6 +158,10 @@ impl JobStore for EmbeddedStore {
         .await
     }
 
+    fn job_cursor_after(&self, job_id: &str) -> String {
+        job_id.to_owned()
+    }
+
     async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
         self.blocking(move |inner| {
             let txn = read(&inner.db)?;

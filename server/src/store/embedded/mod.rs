@@ -77,8 +77,8 @@
 //!   FAILED result with reason "", error fields set by timeouts and lost leases,
 //!   `last_node` set on every retry and re-route, `node_id` kept after the lease ends. A revoked lease and a
 //!   retried attempt each get a new token; a final result keeps its finisher's.
-//!   `append_logs` only checks the token (late lines after a result are kept);
-//!   `report_progress` also needs the run DISPATCHED/RUNNING.
+//!   `append_logs` and `report_progress` need the token and the run DISPATCHED or
+//!   RUNNING (a final run's log is never appended to).
 //! - Serial means one at a time (pinned): the queue pops only when no run of the job
 //!   outside the queue is still active, so cancelling a queued run releases nothing
 //!   while another runs, and a queued run cannot be finished by `Finisher::Waiting`.

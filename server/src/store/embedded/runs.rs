@@ -547,12 +547,14 @@ impl RunStore for EmbeddedStore {
         self.write(move |_, b| {
             let schedule_id = schedule_id.as_str();
             let t = b.runs()?;
-            // Any state: an executor may flush its last lines after its result.
             let Some(run) = t.load_held(schedule_id)? else {
                 return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
             };
             if let Some(why) = holder.refusal(&run) {
                 return Ok(Applied::No(why.to_owned()));
+            }
+            if !held(run.state) {
+                return Ok(Applied::No(format!("run is {}", run.state)));
             }
             let schedule_id = run.schedule_id.as_str();
             let (mut seq, mut bytes) = t

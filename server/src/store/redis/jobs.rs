@@ -187,6 +187,10 @@ impl JobStore for RedisStore {
         Ok(Page { items, next_cursor })
     }
 
+    fn job_cursor_after(&self, job_id: &str) -> String {
+        format!("{}:{job_id}", self.part(job_id))
+    }
+
     async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
         let mut c = self.conn().await?;
         let (now, rows, next): (String, Vec<String>, Option<String>) = self

@@ -1,11 +1,15 @@
 -- ARGV: P, schedule_id, node, token, max_bytes, line_cost, then one JSON line each
 -- ({time_ms, level, message, attempt}). Lines get their seq here; each counts its
--- message's bytes plus line_cost, and the oldest fall out past max_bytes. Returns ''
--- when stored, else the reason.
+-- message's bytes plus line_cost, and the oldest fall out past max_bytes. Only while
+-- the run is DISPATCHED or RUNNING: a final log is never appended to. Returns '' when
+-- stored, else the reason.
 local P = ARGV[1]
 local run, refused = reported_run(P, ARGV[2], ARGV[3], ARGV[4])
 if refused then
   return refused
+end
+if not HELD[run.state] then
+  return 'run is ' .. run.state
 end
 local sid = run.schedule_id
 local runkey = P .. 'run:' .. sid
