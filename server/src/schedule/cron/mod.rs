@@ -19,6 +19,13 @@
 //! parses it natively) takes `*`, `?`, `2030`, `2030-2035`, `2030,2032`,
 //! `2030/2` and `2030-2040/2`, within croner's range 1-5000.
 //!
+//! Quartz spellings croner lacks are read as Quartz 2.5.2 reads them ([`quartz`]): a
+//! year step without a start counts from 1970 (`*/2` is the even years), a range
+//! whose start is past its end wraps around in the Quartz dialects (`FRI-MON`, `22-2`,
+//! `NOV-FEB`; refused, saying so, in the POSIX one), and `L-n` / `L-nW` as the whole
+//! day-of-month field (every dialect) is n days before the month's last, or the
+//! weekday nearest it.
+//!
 //! Sundial refuses a few spellings croner would otherwise take, because they
 //! are surprising rather than useful: croner's `+` (AND) prefix on the
 //! day-of-week field (it would make the day semantics vary per line), letters
@@ -66,11 +73,15 @@
 //! croner finds the matching wall times (on a zone-less clock) and this module
 //! maps each to its instant with the rule above.
 
-use chrono::{DateTime, LocalResult, NaiveDateTime, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, Datelike, LocalResult, NaiveDateTime, TimeDelta, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::errors::CronError as CronerError;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::{Cron, JobType};
+
+mod quartz;
+
+use quartz::LastDayOffset;
 
 /// Why an expression or time zone was refused.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -112,6 +123,8 @@ pub struct CronSchedule {
     expr: String,
     /// Whether DST gaps and overlaps use the fixed-time rule (see module docs).
     fixed_time: bool,
+    /// `L-n` in the day of month: croner searches every day and this picks the one.
+    last_day: Option<LastDayOffset>,
 }
 
 /// 0001-01-01T00:00:00Z: croner has no year before 1, so an earlier start
@@ -131,6 +144,15 @@ const MAX_TRANSITION_SECONDS: i64 = 4 * 86_400;
 /// or overlap, so a handful of passes is enough; the bound only guards
 /// against a zone table that breaks that reasoning.
 const MAX_FIXED_PASSES: usize = 64;
+
+/// How many times an `L-n` search may move to another day before it gives up: two a
+/// month at most, and a month without the day (`L-30` in February) costs one, so
+/// this covers years of months.
+const MAX_DAY_MOVES: usize = 256;
+
+fn at_ms(ms: i64) -> Option<DateTime<Utc>> {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Dialect {
@@ -236,13 +258,18 @@ impl CronSchedule {
     /// has no fire after the current time, so the answer for a line with a
     /// year field changes once its last year has passed.
     pub fn parse(expr: &str, time_zone: &str) -> Result<Self, CronError> {
-        let (cron, fixed_time) = parse_expression(expr)?;
+        let Parsed {
+            cron,
+            fixed_time,
+            last_day,
+        } = parse_expression(expr)?;
         let tz = parse_time_zone(time_zone)?;
         let schedule = CronSchedule {
             cron,
             tz,
             expr: expr.to_string(),
             fixed_time,
+            last_day,
         };
         // A schedule with nothing ahead of it would sit in the store forever
         // without running; refusing it at parse time tells the user now.
@@ -254,6 +281,43 @@ impl CronSchedule {
 
     /// The first fire strictly after `after_ms` (epoch milliseconds, UTC), or None if there is none.
     pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+        let Some(rule) = self.last_day else {
+            return self.next_any_day(after_ms);
+        };
+        // Croner finds the line's next fire on any day; one on another day than the
+        // rule's moves the search to the rule's day of that month, or to the next
+        // month: at most two moves a month.
+        let mut from = after_ms;
+        for _ in 0..MAX_DAY_MOVES {
+            let next = self.next_any_day(from)?;
+            let local = at_ms(next)?.with_timezone(&self.tz).date_naive();
+            let target = match rule.day(local.year(), local.month()) {
+                Some(day) if day == local.day() => return Some(next),
+                Some(day) if day > local.day() => local.with_day(day)?,
+                _ => local
+                    .with_day(1)?
+                    .checked_add_months(chrono::Months::new(1))?,
+            };
+            from = self.start_of_day(target)?.saturating_sub(1).max(next);
+        }
+        None
+    }
+
+    /// The first instant of `date` in the zone (after its gap, if midnight is skipped).
+    fn start_of_day(&self, date: chrono::NaiveDate) -> Option<i64> {
+        let midnight = date.and_hms_opt(0, 0, 0)?;
+        let resolved = match self.tz.from_local_datetime(&midnight) {
+            LocalResult::None => {
+                let end = first_wall_where(self.tz, midnight, |r| !matches!(r, LocalResult::None))?;
+                self.tz.from_local_datetime(&end).earliest()
+            }
+            other => other.earliest(),
+        }?;
+        Some(resolved.timestamp_millis())
+    }
+
+    /// The first fire strictly after `after_ms` on any day (`L-n` not applied).
+    fn next_any_day(&self, after_ms: i64) -> Option<i64> {
         if after_ms >= MAX_SEARCH_MS {
             return None;
         }
@@ -408,9 +472,16 @@ fn parse_time_zone(time_zone: &str) -> Result<Tz, CronError> {
     })
 }
 
+/// An expression as croner reads it, and what Sundial adds.
+struct Parsed {
+    cron: Cron,
+    /// Whether it is a fixed-time line (see the module docs).
+    fixed_time: bool,
+    last_day: Option<LastDayOffset>,
+}
+
 /// Checks the expression against Sundial's rules, then has croner parse it.
-/// Returns the parsed cron and whether it is a fixed-time line.
-fn parse_expression(expr: &str) -> Result<(Cron, bool), CronError> {
+fn parse_expression(expr: &str) -> Result<Parsed, CronError> {
     let trimmed = expr.trim();
     if trimmed.is_empty() {
         return Err(syntax("empty expression; expected 5, 6 or 7 fields"));
@@ -434,8 +505,34 @@ fn parse_expression(expr: &str) -> Result<(Cron, bool), CronError> {
     let kinds = dialect.fields();
 
     let mut fields = Vec::with_capacity(raw.len());
+    let mut last_day = None;
     for (&kind, &field) in kinds.iter().zip(&raw) {
-        fields.push(check_field(kind, field)?);
+        let mut field = check_field(kind, field)?;
+        if kind == FieldKind::DayOfMonth {
+            last_day = LastDayOffset::parse(&field)?;
+            if last_day.is_some() {
+                // Every day; the rule picks the day (see `next_after`).
+                field = "*".to_owned();
+            }
+        }
+        field = match dialect {
+            Dialect::Posix => {
+                quartz::posix_field(kind, &field)?;
+                field
+            }
+            Dialect::Quartz | Dialect::QuartzYear => quartz::quartz_field(kind, &field)?,
+        };
+        fields.push(field);
+    }
+    let dow = kinds.iter().position(|&k| k == FieldKind::DayOfWeek);
+    if let Some(dow) = dow.and_then(|i| raw.get(i))
+        && last_day.is_some()
+        && *dow != "*"
+        && *dow != "?"
+    {
+        return Err(syntax(format!(
+            "day-of-week field {dow:?}: must be '?' (or '*') when the day of month is 'L-n'"
+        )));
     }
 
     let parser = dialect.parser();
@@ -444,11 +541,12 @@ fn parse_expression(expr: &str) -> Result<(Cron, bool), CronError> {
         Err(err) => return Err(explain_croner_error(&parser, kinds, &fields, &err)),
     };
 
+    // As written: a wrap-around range with a step is a list for croner.
     let is_wild = |kind: FieldKind| {
         kinds
             .iter()
             .position(|&k| k == kind)
-            .and_then(|i| fields.get(i))
+            .and_then(|i| raw.get(i))
             .is_some_and(|f| f.contains('*') || f.contains('/'))
     };
     // Croner's own fixed class (single second, minute and hour) is a subset
@@ -456,7 +554,11 @@ fn parse_expression(expr: &str) -> Result<(Cron, bool), CronError> {
     // fixed-time here and interval lines can trust croner's DST handling.
     let fixed_time = (!is_wild(FieldKind::Minute) && !is_wild(FieldKind::Hour))
         || cron.determine_job_type() == JobType::FixedTime;
-    Ok((cron, fixed_time))
+    Ok(Parsed {
+        cron,
+        fixed_time,
+        last_day,
+    })
 }
 
 /// Sundial-specific checks on one field; returns the text to hand to croner.
