@@ -302,7 +302,7 @@ print("set -e")
 print(block)
 PY
 n=$((n + 1))
-echo "walkthrough [$n] README.md's Authentication block (signed curl, bearer grpcurl)"
+echo "walkthrough [$n] README.md's Authentication block (signed curl, bearer grpcurl, signed grpcurl)"
 # Without credentials a call is refused, REST with the JSON error the README shows.
 run "curl -s -o /dev/stderr -w '%{http_code}' localhost:$ahttp/api/v1/tasks/hello"
 grep -q '^401' "$work/out" && grep -q '"code":"UNAUTHENTICATED"' "$work/out" \
@@ -312,7 +312,7 @@ run "grpcurl -plaintext -H 'authorization: Bearer $token' -d '{\"spec\": {\"id\"
   || fail "creating the job of the Authentication block"
 TOKEN="$token" bash "$work/auth.sh" >"$work/out" 2>&1 || fail "README.md's Authentication block"
 grep -q '"scheduleId":"hello@manual-deploy-44"' "$work/out" || fail "the signed curl trigger"
-grep -q '"id": "hello"' "$work/out" || fail "the bearer grpcurl GetJob"
+[ "$(grep -c '"id": "hello"' "$work/out")" = 2 ] || fail "the bearer and the signed grpcurl GetJob"
 # /metrics stays open without credentials.
 n=$((n + 1))
 echo "walkthrough [$n] $metrics (a server with credentials)"

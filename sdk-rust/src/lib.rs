@@ -30,6 +30,8 @@
 //! - on `Drain`, or when shut down, it takes no new work and finishes what runs
 //!   (shutdown waits at most a grace period).
 //!
+//! Admin callers that sign as an app use [`app_auth::AppSigner`] (REST and gRPC).
+//!
 //! Receivers of Sundial's result webhooks verify them with [`webhook::Verifier`]; the
 //! [`webhook`] module also holds the signing functions the server uses.
 //!
@@ -72,6 +74,7 @@
 //! # }
 //! ```
 
+pub mod app_auth;
 mod connection;
 mod context;
 mod executor;

@@ -22,9 +22,10 @@
 //!   as sent (path and, if any, `?query`), TIMESTAMP and NONCE the header values, and
 //!   BODY the raw body bytes. The key is the app secret in the Standard Webhooks form
 //!   `whsec_<base64>`: the HMAC key is the base64-decoded part. **gRPC**: METHOD is
-//!   `POST`, PATH the gRPC path (`/sundial.v1.JobService/GetJob`) and BODY is empty: a
-//!   gRPC signature covers method, path, timestamp and nonce only, because the body
-//!   is a stream the server cannot hold back until it has read all of it.
+//!   `POST`, PATH the gRPC path (`/sundial.v1.JobService/GetJob`) and BODY the request
+//!   message's bytes as sent (the one gRPC frame's payload, uncompressed), so a
+//!   signature made for one request cannot carry another; every admin call sends one
+//!   request message. Clients sign with `sundial_sdk::app_auth`.
 //!
 //!   A timestamp more than [`SIGNATURE_WINDOW`] (5 minutes) away from the server's
 //!   clock, in either direction, is refused; a nonce is remembered per app for twice
@@ -56,10 +57,7 @@ use crate::store::{self, AppStore};
 /// How far a signature's timestamp may be from the server's clock, either way.
 pub const SIGNATURE_WINDOW: Duration = Duration::from_secs(300);
 
-pub const HEADER_APP_ID: &str = "x-sundial-app-id";
-pub const HEADER_TIMESTAMP: &str = "x-sundial-timestamp";
-pub const HEADER_NONCE: &str = "x-sundial-nonce";
-pub const HEADER_SIGNATURE: &str = "x-sundial-signature";
+pub use sundial_sdk::app_auth::{HEADER_APP_ID, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP};
 
 /// The group name of an executor token that any group may present.
 pub const ANY_GROUP: &str = "*";
@@ -316,25 +314,6 @@ impl NonceChecker for StoreNonces {
     }
 }
 
-/// The canonical string an app signs (see the module doc).
-pub fn canonical_string(
-    method: &str,
-    path: &str,
-    timestamp: &str,
-    nonce: &str,
-    body: &[u8],
-) -> Vec<u8> {
-    let mut s = Vec::with_capacity(
-        method.len() + path.len() + timestamp.len() + nonce.len() + 4 + body.len(),
-    );
-    for part in [method, path, timestamp, nonce] {
-        s.extend_from_slice(part.as_bytes());
-        s.push(b'\n');
-    }
-    s.extend_from_slice(body);
-    s
-}
-
 fn mac(
     key: &[u8],
     method: &str,
@@ -345,7 +324,9 @@ fn mac(
 ) -> HmacSha256 {
     // HMAC takes keys of any length; `new_from_slice` cannot fail for it.
     let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
-    mac.update(&canonical_string(method, path, timestamp, nonce, body));
+    mac.update(&sundial_sdk::app_auth::canonical_string(
+        method, path, timestamp, nonce, body,
+    ));
     mac
 }
 
@@ -359,11 +340,7 @@ pub fn sign(
     nonce: &str,
     body: &[u8],
 ) -> String {
-    hex::encode(
-        mac(key, method, path, timestamp, nonce, body)
-            .finalize()
-            .into_bytes(),
-    )
+    sundial_sdk::app_auth::signature(key, method, path, timestamp, nonce, body)
 }
 
 /// The HMAC key of an app secret written `whsec_<base64>` (at least 16 bytes), or

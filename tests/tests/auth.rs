@@ -11,6 +11,7 @@ use serde_json::Value;
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::executor_message::Msg;
 use sundial_proto::v1::server_message::Msg as Out;
+use sundial_sdk::app_auth::AppSigner;
 use sundial_server::auth::sign;
 use sundial_tests::{MANUAL_ONLY, RedisServer, Sundial, SundialOptions, wait_for};
 use tokio::sync::mpsc;
@@ -122,6 +123,11 @@ fn sig_headers(cred: &Cred, method: &str, path: &str, body: &[u8]) -> Vec<(&'sta
             ]
         }
     }
+}
+
+/// A request message's bytes, which a gRPC signature covers.
+fn bytes(msg: &impl prost::Message) -> Vec<u8> {
+    msg.encode_to_vec()
 }
 
 /// A gRPC request carrying `headers`.
@@ -291,11 +297,12 @@ async fn grpc_calls_need_a_bearer_token_or_a_fresh_signature() -> Result<()> {
 
     for (i, (case, cred, names)) in refusals().into_iter().enumerate() {
         let id = format!("refused-{i}");
+        let msg = pb::CreateJobRequest {
+            spec: Some(spec(&id)),
+        };
         let req = grpc_request(
-            pb::CreateJobRequest {
-                spec: Some(spec(&id)),
-            },
-            &sig_headers(&cred, "POST", CREATE, b""),
+            msg.clone(),
+            &sig_headers(&cred, "POST", CREATE, &bytes(&msg)),
         )?;
         let err = jobs.create_job(req).await.err().context(case)?;
         ensure!(
@@ -326,32 +333,63 @@ async fn grpc_calls_need_a_bearer_token_or_a_fresh_signature() -> Result<()> {
             spec: Some(spec("by-bearer")),
         })
         .await?;
-    let req = grpc_request(
-        pb::CreateJobRequest {
-            spec: Some(spec("by-signature")),
-        },
-        &sig_headers(&sig("create-1"), "POST", CREATE, b""),
-    )?;
-    jobs.create_job(req).await?;
+    let msg = pb::CreateJobRequest {
+        spec: Some(spec("by-signature")),
+    };
+    let headers = sig_headers(&sig("create-1"), "POST", CREATE, &bytes(&msg));
+    jobs.create_job(grpc_request(msg, &headers)?).await?;
     ensure!(job_exists(&ch, "by-bearer").await? && job_exists(&ch, "by-signature").await?);
+
+    // A signature covers the request message: the headers signed for one CreateJob
+    // do not carry another (nor does a signature over no message), and nothing is
+    // written.
+    let swapped = pb::CreateJobRequest {
+        spec: Some(spec("swapped")),
+    };
+    let signed_for = pb::CreateJobRequest {
+        spec: Some(spec("signed-for")),
+    };
+    for (case, body) in [
+        ("another request's bytes", bytes(&signed_for)),
+        ("no bytes", Vec::new()),
+    ] {
+        let headers = sig_headers(&sig(&format!("swap-{}", body.len())), "POST", CREATE, &body);
+        let err = jobs
+            .create_job(grpc_request(swapped.clone(), &headers)?)
+            .await
+            .err()
+            .context(case)?;
+        ensure!(
+            err.code() == Code::Unauthenticated && err.message().contains("X-Sundial-Signature"),
+            "{case}: {err:?}"
+        );
+    }
+    ensure!(!job_exists(&ch, "swapped").await? && !job_exists(&ch, "signed-for").await?);
+
+    // The SDK's signer signs what it sends.
+    let signer = AppSigner::from_secret(APP, APP_SECRET)?;
+    jobs.create_job(signer.grpc(
+        CREATE,
+        pb::CreateJobRequest {
+            spec: Some(spec("by-the-sdk")),
+        },
+    ))
+    .await?;
+    ensure!(job_exists(&ch, "by-the-sdk").await?);
 
     // The same signed request twice: the first triggers, the replay is refused and
     // triggers nothing.
+    let msg = pb::TriggerJobRequest {
+        job_id: "by-signature".into(),
+        ..Default::default()
+    };
     let headers = sig_headers(
         &sig("trigger-1"),
         "POST",
         "/sundial.v1.JobService/TriggerJob",
-        b"",
+        &bytes(&msg),
     );
-    let trigger = || {
-        grpc_request(
-            pb::TriggerJobRequest {
-                job_id: "by-signature".into(),
-                ..Default::default()
-            },
-            &headers,
-        )
-    };
+    let trigger = || grpc_request(msg.clone(), &headers);
     jobs.trigger_job(trigger()?).await?;
     let err = jobs.trigger_job(trigger()?).await.err().context("replay")?;
     ensure!(

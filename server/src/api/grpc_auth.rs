@@ -11,16 +11,23 @@
 //! call only [`READ_RPCS`](crate::auth::READ_RPCS); anything else is
 //! `PERMISSION_DENIED`, refused the same way.
 //!
-//! A gRPC signature covers method (`POST`), path and the timestamp and nonce headers,
-//! not the body (a stream): see [`crate::auth`].
+//! A gRPC signature covers method (`POST`), path, the timestamp and nonce headers and
+//! the request message's bytes (see [`crate::auth`]): for a signed call the layer reads
+//! the body, the one gRPC frame every admin call sends (at most
+//! [`MAX_SIGNED_BODY`](crate::api::rest::MAX_SIGNED_BODY)), checks the signature over
+//! its payload and hands the service the same bytes.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full, Limited};
 use tonic::Status;
+use tonic::body::Body;
 use tower::{Layer, Service};
 
+use crate::api::rest::MAX_SIGNED_BODY;
 use crate::auth::{AdminGuard, READ_RPCS, read_only_refusal};
 
 /// gRPC paths open to every caller, by prefix.
@@ -65,11 +72,10 @@ pub struct AdminAuth<S> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for AdminAuth<S>
+impl<S, ResBody> Service<http::Request<Body>> for AdminAuth<S>
 where
-    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    S: Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
-    ReqBody: Send + 'static,
     ResBody: Default,
 {
     type Response = S::Response;
@@ -80,7 +86,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         // The clone that was polled ready serves this request (tower's usual swap).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -89,14 +95,25 @@ where
         }
         let guard = self.guard.clone();
         Box::pin(async move {
-            let path = req.uri().path();
+            let path = req.uri().path().to_owned();
+            let (req, message) = if guard.needs_body(req.headers()) {
+                match signed_message(req).await {
+                    Ok(read) => read,
+                    Err(status) => {
+                        tracing::info!(%path, reason = %status.message(), "grpc call refused");
+                        return Ok(status.into_http());
+                    }
+                }
+            } else {
+                (req, Bytes::new())
+            };
             match guard
-                .admit(req.method().as_str(), path, req.headers(), b"")
+                .admit(req.method().as_str(), &path, req.headers(), &message)
                 .await
             {
-                Ok(caller) if !caller.may_write() && !READ_RPCS.contains(&path) => {
+                Ok(caller) if !caller.may_write() && !READ_RPCS.contains(&path.as_str()) => {
                     tracing::info!(%path, ?caller, "grpc call refused: read-only token");
-                    Ok(Status::permission_denied(read_only_refusal(path)).into_http())
+                    Ok(Status::permission_denied(read_only_refusal(&path)).into_http())
                 }
                 Ok(caller) => {
                     tracing::debug!(%path, ?caller, "grpc call admitted");
@@ -111,9 +128,79 @@ where
     }
 }
 
+/// Reads a signed call's body, its one gRPC frame: the request with the same bytes as
+/// its body, and the frame's payload, which the signature covers.
+async fn signed_message(req: http::Request<Body>) -> Result<(http::Request<Body>, Bytes), Status> {
+    let (parts, body) = req.into_parts();
+    let frame = Limited::new(body, FRAME_HEADER + MAX_SIGNED_BODY)
+        .collect()
+        .await
+        .map_err(|_| {
+            Status::unauthenticated(format!(
+                "X-Sundial-Signature: the signed request is unreadable or larger than \
+                 {MAX_SIGNED_BODY} bytes"
+            ))
+        })?
+        .to_bytes();
+    let message = payload(&frame).map_err(|why| {
+        Status::unauthenticated(format!(
+            "X-Sundial-Signature: a signed gRPC call carries one uncompressed request \
+             message; {why}"
+        ))
+    })?;
+    Ok((
+        http::Request::from_parts(parts, Body::new(Full::new(frame))),
+        message,
+    ))
+}
+
+/// A gRPC frame's header: a compression flag and the payload's length (big-endian).
+const FRAME_HEADER: usize = 5;
+
+/// The payload of `frame` when it is exactly one uncompressed gRPC frame.
+fn payload(frame: &Bytes) -> Result<Bytes, &'static str> {
+    let Some((&flag, rest)) = frame.split_first() else {
+        return Err("this one has no message");
+    };
+    let Some(len) = rest.first_chunk::<4>().map(|b| u32::from_be_bytes(*b)) else {
+        return Err("this one is cut short");
+    };
+    if flag != 0 {
+        return Err("this one is compressed");
+    }
+    match usize::try_from(len).map(|l| l + FRAME_HEADER) {
+        Ok(end) if end == frame.len() => Ok(frame.slice(FRAME_HEADER..)),
+        Ok(end) if end < frame.len() => Err("this one carries more than one"),
+        _ => Err("this one is cut short"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signed_call_is_one_uncompressed_frame() {
+        let frame = |flag: u8, len: u32, payload: &[u8]| {
+            let mut f = vec![flag];
+            f.extend_from_slice(&len.to_be_bytes());
+            f.extend_from_slice(payload);
+            Bytes::from(f)
+        };
+        assert_eq!(
+            payload(&frame(0, 7, b"\x0a\x05hello")).as_deref(),
+            Ok(&b"\x0a\x05hello"[..])
+        );
+        assert_eq!(payload(&frame(0, 0, b"")).as_deref(), Ok(&b""[..]));
+        assert!(
+            payload(&frame(1, 7, b"\x0a\x05hello")).is_err(),
+            "compressed"
+        );
+        assert!(payload(&frame(0, 8, b"\x0a\x05hello")).is_err(), "short");
+        assert!(payload(&frame(0, 3, b"\x0a\x05hello")).is_err(), "two");
+        assert!(payload(&Bytes::from_static(b"\0\0")).is_err(), "no header");
+        assert!(payload(&Bytes::new()).is_err(), "nothing");
+    }
 
     #[test]
     fn only_executor_health_and_reflection_are_open() {
