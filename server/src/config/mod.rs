@@ -24,6 +24,10 @@ use crate::store::StoreOptions;
 use crate::tls::ServerTls;
 use sundial_sdk::webhook::Secret as WebhookSecret;
 
+mod bounds;
+
+use bounds::*;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("config file {path}: {reason}")]
@@ -483,25 +487,10 @@ fn allow_list(field: &'static str, v: Option<&str>) -> Result<Vec<IpNet>, Error>
     })
 }
 
-fn positive(
-    field: &'static str,
-    d: Option<HumanDuration>,
-    default: Duration,
-) -> Result<Duration, Error> {
-    match d {
-        None => Ok(default),
-        Some(HumanDuration(d)) if d.is_zero() => Err(Error::Invalid {
-            field,
-            reason: "must be > 0".into(),
-        }),
-        Some(HumanDuration(d)) => Ok(d),
-    }
-}
-
 impl Config {
     pub fn from_settings(s: Settings) -> Result<Config, Error> {
         let listen = addr("listen", s.listen.as_deref().unwrap_or("127.0.0.1:50051"))?;
-        let sweep_every = positive("sweep_every", s.sweep_every, SweepOptions::default().every)?;
+        let sweep_every = SWEEP_EVERY.check(s.sweep_every, SweepOptions::default().every)?;
         // The webhook worker sweeps the outbox as often as the sweeper sweeps run timers.
         let webhooks = webhook_options(&s, sweep_every)?;
         let http_listen = match s.http_listen.as_deref() {
@@ -539,51 +528,35 @@ impl Config {
                     .join("sundial.redb"),
             },
         };
-        let partitions = s.partitions.unwrap_or(16);
-        if !(1..=1024).contains(&partitions) {
-            return Err(Error::Invalid {
-                field: "partitions",
-                reason: "must be between 1 and 1024".into(),
-            });
-        }
+        let partitions = PARTITIONS.check(s.partitions, 16)?;
         let defaults = StoreOptions::default();
         let mut store_opts = StoreOptions {
             partitions,
-            run_retention: positive("run_retention", s.run_retention, defaults.run_retention)?,
-            max_runs_per_job: s
-                .max_runs_per_job
-                .unwrap_or(defaults.max_runs_per_job)
-                .max(1),
+            run_retention: RUN_RETENTION.check(s.run_retention, defaults.run_retention)?,
+            max_runs_per_job: MAX_RUNS_PER_JOB
+                .check(s.max_runs_per_job, defaults.max_runs_per_job)?,
             idempotency_ttl: defaults.idempotency_ttl,
             instance_id: instance_id.clone(),
-            partition_lease: s.partition_lease.map_or(defaults.partition_lease, |d| d.0),
+            partition_lease: PARTITION_LEASE.check(s.partition_lease, defaults.partition_lease)?,
             reopen_lease_grace: defaults.reopen_lease_grace,
         };
         let sd = SchedulerOptions::default();
         let scheduler = SchedulerOptions {
-            batch_size: s.scheduler_batch.unwrap_or(sd.batch_size).clamp(1, 10_000),
-            max_sleep: positive("scheduler_max_sleep", s.scheduler_max_sleep, sd.max_sleep)?,
-            misfire_threshold: s.misfire_threshold.map_or(sd.misfire_threshold, |d| d.0),
-            default_catch_up_limit: s
-                .misfire_catch_up_limit
-                .unwrap_or(sd.default_catch_up_limit),
-            parallel_partitions: s
-                .scheduler_parallel_partitions
-                .unwrap_or(sd.parallel_partitions)
-                .clamp(1, 256),
+            batch_size: SCHEDULER_BATCH.check(s.scheduler_batch, sd.batch_size)?,
+            max_sleep: SCHEDULER_MAX_SLEEP.check(s.scheduler_max_sleep, sd.max_sleep)?,
+            misfire_threshold: MISFIRE_THRESHOLD
+                .check(s.misfire_threshold, sd.misfire_threshold)?,
+            default_catch_up_limit: MISFIRE_CATCH_UP_LIMIT
+                .check(s.misfire_catch_up_limit, sd.default_catch_up_limit)?,
+            parallel_partitions: SCHEDULER_PARALLEL_PARTITIONS
+                .check(s.scheduler_parallel_partitions, sd.parallel_partitions)?,
         };
         let ed = ExecutorOptions::default();
-        let heartbeat_interval = positive(
-            "heartbeat_interval",
-            s.heartbeat_interval,
-            ed.heartbeat_interval,
-        )?;
-        let missed_heartbeats = s.missed_heartbeats.unwrap_or(ed.missed_heartbeats).max(1);
-        let lease_ttl = positive(
-            "lease_ttl",
-            s.lease_ttl,
-            heartbeat_interval * missed_heartbeats,
-        )?;
+        let heartbeat_interval =
+            HEARTBEAT_INTERVAL.check(s.heartbeat_interval, ed.heartbeat_interval)?;
+        let missed_heartbeats =
+            MISSED_HEARTBEATS.check(s.missed_heartbeats, ed.missed_heartbeats)?;
+        let lease_ttl = LEASE_TTL.check(s.lease_ttl, heartbeat_interval * missed_heartbeats)?;
         // A restart gives the leases that lapsed meanwhile one lease to be renewed.
         store_opts.reopen_lease_grace = lease_ttl;
         if lease_ttl <= heartbeat_interval {
@@ -594,20 +567,16 @@ impl Config {
                 ),
             });
         }
-        let confirm_within = positive(
-            "confirm_within",
-            s.confirm_within,
-            (heartbeat_interval * 2).min(lease_ttl),
-        )?;
+        let confirm_within =
+            CONFIRM_WITHIN.check(s.confirm_within, (heartbeat_interval * 2).min(lease_ttl))?;
         if confirm_within > lease_ttl {
             return Err(Error::Invalid {
                 field: "confirm_within",
                 reason: format!("{confirm_within:?} must be at most the lease ({lease_ttl:?})"),
             });
         }
-        let silent_after = s
-            .silent_after
-            .map_or(ed.silent_after.min(confirm_within), |d| d.0);
+        let silent_after =
+            SILENT_AFTER.check(s.silent_after, ed.silent_after.min(confirm_within))?;
         if silent_after > confirm_within {
             return Err(Error::Invalid {
                 field: "silent_after",
@@ -616,9 +585,8 @@ impl Config {
                 ),
             });
         }
-        let disconnect_grace = s
-            .disconnect_grace
-            .map_or(ed.disconnect_grace.min(lease_ttl), |d| d.0);
+        let disconnect_grace =
+            DISCONNECT_GRACE.check(s.disconnect_grace, ed.disconnect_grace.min(lease_ttl))?;
         if disconnect_grace > lease_ttl {
             return Err(Error::Invalid {
                 field: "disconnect_grace",
@@ -635,11 +603,11 @@ impl Config {
             }),
         };
         let health = HealthPolicy {
-            window: positive("health_window", s.health_window, hd.window)?,
-            min_results: s.health_min_results.unwrap_or(hd.min_results).max(1),
+            window: HEALTH_WINDOW.check(s.health_window, hd.window)?,
+            min_results: HEALTH_MIN_RESULTS.check(s.health_min_results, hd.min_results)?,
             slow_below: rate("slow_below", s.slow_below, hd.slow_below)?,
             drop_below: rate("drop_below", s.drop_below, hd.drop_below)?,
-            probe_every: positive("health_probe_every", s.health_probe_every, hd.probe_every)?,
+            probe_every: HEALTH_PROBE_EVERY.check(s.health_probe_every, hd.probe_every)?,
         };
         if health.drop_below > health.slow_below {
             return Err(Error::Invalid {
@@ -659,36 +627,25 @@ impl Config {
             lease_ttl,
             disconnect_grace,
             silent_after,
-            max_log_bytes: s.max_log_bytes.unwrap_or(ed.max_log_bytes).max(1024),
+            max_log_bytes: MAX_LOG_BYTES.check(s.max_log_bytes, ed.max_log_bytes)?,
         };
         let dd = DispatchOptions::default();
         let dispatch = DispatchOptions {
             consumer: instance_id.clone(),
             batch_size: dd.batch_size,
-            read_block: positive("trigger_read_block", s.trigger_read_block, dd.read_block)?,
-            reclaim_idle: positive(
-                "trigger_reclaim_idle",
-                s.trigger_reclaim_idle,
-                dd.reclaim_idle,
-            )?,
-            reclaim_every: positive(
-                "trigger_reclaim_every",
-                s.trigger_reclaim_every,
-                dd.reclaim_every,
-            )?,
-            instance_ttl: positive("instance_ttl", s.instance_ttl, dd.instance_ttl)?,
-            queue_retention: positive(
-                "trigger_retention",
-                s.trigger_retention,
-                dd.queue_retention,
-            )?,
+            read_block: TRIGGER_READ_BLOCK.check(s.trigger_read_block, dd.read_block)?,
+            reclaim_idle: TRIGGER_RECLAIM_IDLE.check(s.trigger_reclaim_idle, dd.reclaim_idle)?,
+            reclaim_every: TRIGGER_RECLAIM_EVERY
+                .check(s.trigger_reclaim_every, dd.reclaim_every)?,
+            instance_ttl: INSTANCE_TTL.check(s.instance_ttl, dd.instance_ttl)?,
+            queue_retention: TRIGGER_RETENTION.check(s.trigger_retention, dd.queue_retention)?,
             lease: LeaseTerms {
                 ttl: lease_ttl,
                 confirm_within,
             },
-            route_retry: positive("route_retry", s.route_retry, dd.route_retry)?,
-            dispatch_wait: positive("dispatch_wait", s.dispatch_wait, dd.dispatch_wait)?,
-            serial_limit: s.serial_limit.unwrap_or(dd.serial_limit).max(1),
+            route_retry: ROUTE_RETRY.check(s.route_retry, dd.route_retry)?,
+            dispatch_wait: DISPATCH_WAIT.check(s.dispatch_wait, dd.dispatch_wait)?,
+            serial_limit: SERIAL_LIMIT.check(s.serial_limit, dd.serial_limit)?,
             node_refresh: dd.node_refresh,
             health,
         };
@@ -721,7 +678,7 @@ impl Config {
         Ok(Config {
             executors,
             sweep,
-            http_max_concurrency: s.http_max_concurrency.unwrap_or(64).max(1),
+            http_max_concurrency: HTTP_MAX_CONCURRENCY.check(s.http_max_concurrency, 64)?,
             listen,
             http_listen,
             instance_id,
@@ -729,7 +686,7 @@ impl Config {
             store_opts,
             scheduler,
             dispatch,
-            shutdown_grace: positive("shutdown_grace", s.shutdown_grace, Duration::from_secs(10))?,
+            shutdown_grace: SHUTDOWN_GRACE.check(s.shutdown_grace, Duration::from_secs(10))?,
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
             auth,
@@ -879,40 +836,24 @@ fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Erro
             reason: "must be visible ASCII without spaces (it is a header value)".into(),
         });
     }
-    let timeout = positive("webhook_timeout", s.webhook_timeout, wd.timeout)?;
+    let timeout = WEBHOOK_TIMEOUT.check(s.webhook_timeout, wd.timeout)?;
     let retry_schedule = match s.webhook_retry_schedule.as_deref() {
         None => wd.retry_schedule,
-        Some(text) => crate::deliver::webhooks::parse_retry_schedule(text).map_err(|reason| {
-            Error::Invalid {
-                field: "webhook_retry_schedule",
-                reason,
-            }
-        })?,
+        Some(text) => retry_schedule(text)?,
     };
-    let breaker_failures = s.webhook_breaker_failures.unwrap_or(wd.breaker_failures);
-    if breaker_failures == 0 {
-        return Err(Error::Invalid {
-            field: "webhook_breaker_failures",
-            reason: "must be ≥ 1".into(),
-        });
-    }
+    let breaker_failures =
+        WEBHOOK_BREAKER_FAILURES.check(s.webhook_breaker_failures, wd.breaker_failures)?;
     Ok(WebhookOptions {
         app_id,
         secrets,
         timeout,
         retry_schedule,
-        max_age: positive("webhook_max_age", s.webhook_max_age, wd.max_age)?,
+        max_age: WEBHOOK_MAX_AGE.check(s.webhook_max_age, wd.max_age)?,
         breaker_failures,
-        breaker_cooldown: positive(
-            "webhook_breaker_cooldown",
-            s.webhook_breaker_cooldown,
-            wd.breaker_cooldown,
-        )?,
-        claim_lease: positive(
-            "webhook_claim_lease",
-            s.webhook_claim_lease,
-            timeout + Duration::from_secs(10),
-        )?,
+        breaker_cooldown: WEBHOOK_BREAKER_COOLDOWN
+            .check(s.webhook_breaker_cooldown, wd.breaker_cooldown)?,
+        claim_lease: WEBHOOK_CLAIM_LEASE
+            .check(s.webhook_claim_lease, timeout + Duration::from_secs(10))?,
         every,
         batch: wd.batch,
         max_in_flight,
@@ -920,26 +861,13 @@ fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Erro
     })
 }
 
-/// The two webhook concurrency bounds: each 1..=10000, the per-destination one at most
-/// the instance's.
+/// The two webhook concurrency bounds, the per-destination one at most the instance's.
 fn webhook_concurrency(s: &Settings, wd: &WebhookOptions) -> Result<(usize, u32), Error> {
-    const MAX: u32 = 10_000;
-    let count = |field, v: Option<u32>, default: usize| match v {
-        None => Ok(default),
-        Some(n) if (1..=MAX).contains(&n) => Ok(n as usize),
-        Some(n) => Err(Error::Invalid {
-            field,
-            reason: format!("{n} is not between 1 and {MAX}"),
-        }),
-    };
-    let instance = count(
-        "webhook_concurrency",
-        s.webhook_concurrency,
-        wd.max_in_flight,
-    )?;
+    let instance =
+        WEBHOOK_CONCURRENCY.check(s.webhook_concurrency.map(|n| n as usize), wd.max_in_flight)?;
     let destination = match s.webhook_destination_concurrency {
         None => (wd.max_in_flight_per_destination as usize).min(instance),
-        v => count("webhook_destination_concurrency", v, 0)?,
+        v => WEBHOOK_DESTINATION_CONCURRENCY.check(v, 0)? as usize,
     };
     if destination > instance {
         return Err(Error::Invalid {
@@ -949,8 +877,27 @@ fn webhook_concurrency(s: &Settings, wd: &WebhookOptions) -> Result<(usize, u32)
             ),
         });
     }
-    // Both at most MAX.
+    // Both at most 10 000.
     Ok((instance, destination as u32))
+}
+
+/// `webhook_retry_schedule`: delays within [`RETRY_DELAY`], at most [`MAX_RETRY_DELAYS`].
+fn retry_schedule(text: &str) -> Result<Vec<Duration>, Error> {
+    let invalid = |reason| Error::Invalid {
+        field: RETRY_DELAY.field,
+        reason,
+    };
+    let delays = crate::deliver::webhooks::parse_retry_schedule(text).map_err(invalid)?;
+    if delays.len() > MAX_RETRY_DELAYS {
+        return Err(invalid(format!(
+            "{} delays is more than {MAX_RETRY_DELAYS}",
+            delays.len()
+        )));
+    }
+    for d in &delays {
+        RETRY_DELAY.check(Some(HumanDuration(*d)), *d)?;
+    }
+    Ok(delays)
 }
 
 fn alert_webhook(v: Option<&str>) -> Result<Option<url::Url>, Error> {
