@@ -30,6 +30,17 @@ pub const MAX_JOB_ID_LEN: usize = 128;
 /// The largest payload a job or a manual trigger may carry.
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 
+/// The latest time a job spec or an executor may give: 3000-01-01T00:00:00Z. Every
+/// time the stores handle stays below 10^14 ms, the largest integer Lua's cjson writes
+/// back exactly (it keeps 14 significant digits).
+pub const MAX_TIME_MS: i64 = 32_503_680_000_000;
+
+/// A time an executor reported, kept only when it is one the stores can hold (after
+/// 1970, before the year 3000); any other counts as unknown.
+pub fn reported_time(ms: i64) -> Option<Millis> {
+    (ms > 0 && ms < MAX_TIME_MS).then_some(ms)
+}
+
 /// Where a run executes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

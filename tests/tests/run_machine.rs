@@ -811,3 +811,62 @@ async fn large_outputs_are_listed_in_pages_that_fit() -> Result<()> {
     ensure!(listed == sids, "listed {listed:?}, ran {sids:?}");
     Ok(())
 }
+
+/// An executor's clock readings are numbers it chooses: an i64::MAX start, finish or
+/// log time would have been written back by Lua as a float, and the run and its log
+/// would no longer read (INTERNAL "store data is corrupt"). Such times count as
+/// unknown (a log line takes the server's time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executors_clock_cannot_make_a_run_unreadable() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let server = Sundial::start(SundialOptions::redis(&redis))?;
+    let channel = server.channel().await?;
+    server.create_job(manual_job("clock", "work")).await?;
+    let mut exec = Exec::connect(channel, "n", &["work"]).await?;
+    let sid = server.trigger("clock").await?;
+    let r = exec.dispatch().await?.run.context("run ref")?;
+    exec.send(Msg::Started(pb::Started {
+        run: Some(r.clone()),
+    }))
+    .await?;
+    exec.send(Msg::Logs(pb::LogLines {
+        run: Some(r.clone()),
+        lines: vec![pb::LogEntry {
+            time_ms: i64::MAX,
+            level: "info".into(),
+            message: "from the far future".into(),
+        }],
+    }))
+    .await?;
+    let before = sundial_tests::now_ms();
+    exec.send(Msg::Result(pb::Result {
+        run: Some(r.clone()),
+        status: pb::ResultStatus::Succeeded as i32,
+        started_at_ms: i64::MAX,
+        finished_at_ms: i64::MAX,
+        ..Default::default()
+    }))
+    .await?;
+    let got = wait_state(&server, &sid, pb::RunState::Succeeded).await?;
+    ensure!(
+        got.finished_at_ms > 0 && got.finished_at_ms < i64::MAX / 2,
+        "finished at {}",
+        got.finished_at_ms
+    );
+    let logs = server
+        .runs()
+        .await?
+        .list_run_logs(pb::ListRunLogsRequest {
+            schedule_id: sid.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        logs.lines.len() == 1
+            && (before - 60_000..before + 60_000).contains(&logs.lines[0].time_ms),
+        "{:?}",
+        logs.lines
+    );
+    Ok(())
+}

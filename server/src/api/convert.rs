@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use sundial_proto::v1 as pb;
 
 use crate::model::{
-    self, CallbackState, JobRecord, JobSpec, MAX_PAYLOAD_BYTES, MisfirePolicy, OverlapPolicy,
-    RetryPolicy, RouteStrategy, RunRecord, RunState, Target, TriggerKind, valid_job_id,
+    self, CallbackState, JobRecord, JobSpec, MAX_PAYLOAD_BYTES, MAX_TIME_MS, MisfirePolicy,
+    OverlapPolicy, RetryPolicy, RouteStrategy, RunRecord, RunState, Target, TriggerKind,
+    valid_job_id,
 };
 use crate::schedule::jobs::{Error, Plan};
 
@@ -29,10 +30,6 @@ const MAX_CALLBACK_IN_FLIGHT: i32 = 10_000;
 pub const MAX_TIMEOUT_MS: i64 = 30 * 24 * 3600 * 1000;
 /// The longest delay before a retry, `backoff_ms` and `max_backoff_ms` alike: 7 days.
 const MAX_BACKOFF_MS: i64 = 7 * 24 * 3600 * 1000;
-/// The latest start or end time: 3000-01-01T00:00:00Z. Every time the stores handle
-/// stays below 10^14 ms, the largest integer Lua's cjson writes back exactly (it keeps
-/// 14 significant digits).
-const MAX_TIME_MS: i64 = 32_503_680_000_000;
 
 /// `s` quoted for an error message, cut to its first 100 characters ("…" marks a cut),
 /// so a huge input never makes a huge message.

@@ -44,7 +44,7 @@ use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::Links;
 use crate::dispatch::silence::Liveness;
 use crate::dispatch::{Dispatcher, lock};
-use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
+use crate::model::{RunState, duration_ms, now_ms, reported_time, valid_job_id};
 use crate::store::{
     Applied, Finisher, Held, Holder, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRegistry, Outcome,
     Registered, RunStore, UNKNOWN_RUN,
@@ -842,7 +842,7 @@ impl Executors {
                         truncate_utf8(&mut level, 16);
                         LogLine {
                             seq: 0,
-                            time_ms: e.time_ms,
+                            time_ms: reported_time(e.time_ms).unwrap_or_else(now_ms),
                             level,
                             message,
                             attempt: run.attempt,
@@ -958,8 +958,15 @@ impl Executors {
                         ));
                     }
                 };
-                let duration = (r.started_at_ms > 0 && r.finished_at_ms >= r.started_at_ms)
-                    .then(|| u64::try_from(r.finished_at_ms - r.started_at_ms).unwrap_or(0));
+                // Times the stores cannot hold (an executor's i64::MAX) count as unknown.
+                let (started_at, finished_at) = (
+                    reported_time(r.started_at_ms),
+                    reported_time(r.finished_at_ms),
+                );
+                let duration = match (started_at, finished_at) {
+                    (Some(s), Some(f)) if f >= s => u64::try_from(f - s).ok(),
+                    _ => None,
+                };
                 let (state, output, mut error_code, mut error_message) = if r.output.len()
                     > MAX_OUTPUT_BYTES
                 {
@@ -989,8 +996,8 @@ impl Executors {
                     output,
                     error_code,
                     error_message,
-                    started_at: (r.started_at_ms > 0).then_some(r.started_at_ms),
-                    finished_at: (r.finished_at_ms > 0).then_some(r.finished_at_ms),
+                    started_at,
+                    finished_at,
                 };
                 let t = self
                     .store
