@@ -109,13 +109,29 @@ impl<'de> serde::Deserialize<'de> for Secret {
     }
 }
 
+/// A bearer or read token and the name the audit log gives its caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedToken {
+    pub name: String,
+    pub token: Secret,
+}
+
+impl NamedToken {
+    pub fn new(name: impl Into<String>, token: impl Into<Vec<u8>>) -> Self {
+        Self {
+            name: name.into(),
+            token: Secret::new(token),
+        }
+    }
+}
+
 /// The validated credentials of one instance.
 #[derive(Debug, Clone, Default)]
 pub struct AuthOptions {
     /// Tokens accepted as `Authorization: Bearer <token>`.
-    pub bearer_tokens: Vec<Secret>,
+    pub bearer_tokens: Vec<NamedToken>,
     /// Tokens accepted the same way for reading only ([`Caller::Reader`]).
-    pub read_tokens: Vec<Secret>,
+    pub read_tokens: Vec<NamedToken>,
     /// App id → the HMAC keys of its secrets (more than one while a secret rotates).
     pub app_secrets: BTreeMap<String, Vec<Secret>>,
     /// Executor group (or [`ANY_GROUP`]) → the tokens its executors may present.
@@ -227,18 +243,23 @@ impl From<Error> for Status {
 pub enum Caller {
     /// Admin authentication is off (dev mode).
     Open,
-    Bearer,
+    /// An admin token, by its name.
+    Bearer {
+        name: String,
+    },
     App {
         app_id: String,
     },
-    /// A read-only token: only the calls of [`READ_RPCS`] (REST: `GET`).
-    Reader,
+    /// A read-only token, by its name: only the calls of [`READ_RPCS`] (REST: `GET`).
+    Reader {
+        name: String,
+    },
 }
 
 impl Caller {
     /// Whether this caller may make a call that changes state.
     pub fn may_write(&self) -> bool {
-        !matches!(self, Self::Reader)
+        !matches!(self, Self::Reader { .. })
     }
 }
 
@@ -461,16 +482,21 @@ impl Authenticator {
         if token.is_empty() {
             return Err(Error::Bearer("empty bearer token"));
         }
-        let any = |tokens: &[Secret]| {
-            tokens
-                .iter()
-                .fold(false, |found, t| found | t.matches(token))
+        // Every token is compared, whichever matches.
+        let find = |tokens: &[NamedToken]| {
+            tokens.iter().fold(None, |found, t| {
+                if t.token.matches(token) {
+                    Some(t.name.clone())
+                } else {
+                    found
+                }
+            })
         };
-        let (admin, reader) = (any(&self.opts.bearer_tokens), any(&self.opts.read_tokens));
+        let (admin, reader) = (find(&self.opts.bearer_tokens), find(&self.opts.read_tokens));
         match (admin, reader) {
-            (true, _) => Ok(Caller::Bearer),
-            (false, true) => Ok(Caller::Reader),
-            (false, false) => Err(Error::Bearer("bearer token not accepted")),
+            (Some(name), _) => Ok(Caller::Bearer { name }),
+            (None, Some(name)) => Ok(Caller::Reader { name }),
+            (None, None) => Err(Error::Bearer("bearer token not accepted")),
         }
     }
 
@@ -740,7 +766,10 @@ mod tests {
 
     fn auth() -> Authenticator {
         let mut opts = AuthOptions {
-            bearer_tokens: vec![Secret::new("tok-1"), Secret::new("tok-2")],
+            bearer_tokens: vec![
+                NamedToken::new("ci", "tok-1"),
+                NamedToken::new("ops", "tok-2"),
+            ],
             ..AuthOptions::default()
         };
         opts.app_secrets
@@ -768,15 +797,21 @@ mod tests {
     #[test]
     fn read_tokens_admit_a_reader_only() {
         let mut opts = AuthOptions {
-            bearer_tokens: vec![Secret::new("tok-1")],
-            read_tokens: vec![Secret::new("look-1")],
+            bearer_tokens: vec![NamedToken::new("ops", "tok-1")],
+            read_tokens: vec![
+                NamedToken::new("dash", "look-1"),
+                NamedToken::new("wall", "look-3"),
+            ],
             ..AuthOptions::default()
         };
         let a = Authenticator::new(opts.clone());
-        assert_eq!(a.check_bearer("Bearer tok-1").ok(), Some(Caller::Bearer));
-        assert_eq!(a.check_bearer("Bearer look-1").ok(), Some(Caller::Reader));
+        let bearer = |name: &str| Caller::Bearer { name: name.into() };
+        let reader = |name: &str| Caller::Reader { name: name.into() };
+        assert_eq!(a.check_bearer("Bearer tok-1").ok(), Some(bearer("ops")));
+        assert_eq!(a.check_bearer("Bearer look-1").ok(), Some(reader("dash")));
+        assert_eq!(a.check_bearer("Bearer look-3").ok(), Some(reader("wall")));
         assert!(a.check_bearer("Bearer look-2").is_err());
-        assert!(!Caller::Reader.may_write() && Caller::Bearer.may_write());
+        assert!(!reader("dash").may_write() && bearer("ops").may_write());
         // Read tokens alone turn authentication on.
         opts.bearer_tokens.clear();
         assert!(Authenticator::new(opts).admin_required());
@@ -995,7 +1030,7 @@ mod tests {
             a.authenticate("GET", "/p", &h, b"", NOW, &nonces)
                 .await
                 .expect("bearer"),
-            Caller::Bearer
+            Caller::Bearer { name: "ops".into() }
         );
         h.insert(
             http::header::AUTHORIZATION,

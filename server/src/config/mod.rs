@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::auth::{AuthOptions, Secret, parse_executor_token, read_executor_tokens_file};
+use crate::auth::{
+    AuthOptions, NamedToken, Secret, parse_executor_token, read_executor_tokens_file,
+};
 use crate::deliver::webhooks::WebhookOptions;
 use crate::dispatch::DispatchOptions;
 use crate::dispatch::executors::ExecutorOptions;
@@ -219,24 +221,25 @@ pub struct Settings {
     /// addresses (e.g. `10.0.0.0/8`).
     #[arg(long, env = "SUNDIAL_WEBHOOK_ALLOW")]
     pub webhook_allow: Option<String>,
-    /// A token admin and status callers may present as `Authorization: Bearer <token>`
-    /// (repeatable; the variable takes a comma-separated list). With no bearer token
+    /// A token admin and status callers may present as `Authorization: Bearer <token>`,
+    /// as `NAME=TOKEN` to name its caller in the audit log (unnamed: `bearer-1`, ...;
+    /// repeatable; the variable takes a comma-separated list). With no bearer token
     /// and no app secret, admin authentication is OFF (dev mode).
     #[arg(
         long,
         env = "SUNDIAL_BEARER_TOKENS",
-        value_name = "TOKEN",
+        value_name = "[NAME=]TOKEN",
         value_delimiter = ',',
         hide_env_values = true
     )]
     pub bearer_token: Option<Vec<Secret>>,
-    /// A read-only token, presented like a bearer token (repeatable; the variable takes
-    /// a comma-separated list): it may read jobs, runs, logs, nodes and apps, over gRPC
+    /// A read-only token, presented like a bearer token and named like one (`NAME=TOKEN`;
+    /// repeatable; the variable takes a comma-separated list): it may read jobs, runs, logs, nodes and apps, over gRPC
     /// and REST, and nothing else (PERMISSION_DENIED, 403). For dashboards.
     #[arg(
         long,
         env = "SUNDIAL_READ_TOKENS",
-        value_name = "TOKEN",
+        value_name = "[NAME=]TOKEN",
         value_delimiter = ',',
         hide_env_values = true
     )]
@@ -725,18 +728,35 @@ fn tls_options(
     }
 }
 
-/// Bearer-style tokens: each non-empty visible ASCII.
-fn tokens(field: &'static str, given: Option<Vec<Secret>>) -> Result<Vec<Secret>, Error> {
-    let given = given.unwrap_or_default();
-    for (i, t) in given.iter().enumerate() {
-        if t.expose().is_empty() || t.expose().iter().any(|b| !b.is_ascii_graphic()) {
-            return Err(Error::Invalid {
-                field,
-                reason: format!("entry {}: must be non-empty visible ASCII", i + 1),
-            });
+/// Bearer-style tokens, each `NAME=TOKEN` or a bare `TOKEN`: non-empty visible ASCII.
+/// The name is what the audit log calls the caller; it must be an id
+/// (`[A-Za-z0-9._-]`) followed by `=` and a token that does not start with `=` (so a
+/// base64 token's padding is never taken for a name). A bare token is named by its
+/// kind and place: `bearer-1`, `read-2`. Names are unique across both lists.
+fn tokens(
+    field: &'static str,
+    kind: &str,
+    given: Option<Vec<Secret>>,
+) -> Result<Vec<NamedToken>, Error> {
+    let mut out = Vec::new();
+    for (i, t) in given.unwrap_or_default().into_iter().enumerate() {
+        let invalid = |reason: &str| Error::Invalid {
+            field,
+            reason: format!("entry {}: {reason}", i + 1),
+        };
+        let bytes = t.expose();
+        if bytes.is_empty() || bytes.iter().any(|b| !b.is_ascii_graphic()) {
+            return Err(invalid("must be non-empty visible ASCII"));
         }
+        let named = split_pair(&t).filter(|(name, token)| {
+            crate::model::valid_job_id(name) && token.first().is_some_and(|b| *b != b'=')
+        });
+        out.push(match named {
+            Some((name, token)) => NamedToken::new(name, token),
+            None => NamedToken::new(format!("{kind}-{}", i + 1), bytes),
+        });
     }
-    Ok(given)
+    Ok(out)
 }
 
 /// Validates the credentials. Errors name the flag and the entry's position (or its
@@ -749,15 +769,26 @@ fn auth_options(
     executors_file: Option<PathBuf>,
 ) -> Result<AuthOptions, Error> {
     let mut opts = AuthOptions {
-        bearer_tokens: tokens("bearer_token", bearer)?,
-        read_tokens: tokens("read_token", read)?,
+        bearer_tokens: tokens("bearer_token", "bearer", bearer)?,
+        read_tokens: tokens("read_token", "read", read)?,
         ..AuthOptions::default()
     };
-    if let Some(i) = opts
-        .read_tokens
-        .iter()
-        .position(|r| opts.bearer_tokens.iter().any(|b| b.matches(r.expose())))
+    let mut names = std::collections::BTreeSet::new();
+    for (field, t) in (opts.bearer_tokens.iter().map(|t| ("bearer_token", t)))
+        .chain(opts.read_tokens.iter().map(|t| ("read_token", t)))
     {
+        if !names.insert(t.name.as_str()) {
+            return Err(Error::Invalid {
+                field,
+                reason: format!("the name {:?} is given to two tokens", t.name),
+            });
+        }
+    }
+    if let Some(i) = opts.read_tokens.iter().position(|r| {
+        opts.bearer_tokens
+            .iter()
+            .any(|b| b.token.matches(r.token.expose()))
+    }) {
         return Err(Error::Invalid {
             field: "read_token",
             reason: format!("entry {}: is also a bearer (admin) token", i + 1),
@@ -1174,6 +1205,59 @@ mod tests {
                 ..Default::default()
             },
             "bearer_token",
+        );
+        // One name for two tokens.
+        bad(
+            Settings {
+                bearer_token: secrets(&["ops=tok-1"]),
+                read_token: secrets(&["ops=tok-2"]),
+                ..Default::default()
+            },
+            "read_token",
+        );
+    }
+
+    #[test]
+    fn tokens_are_named_for_the_audit_log() {
+        let secrets = |v: &[&str]| Some(v.iter().map(|x| x.parse().expect("infallible")).collect());
+        let cfg = Config::from_settings(Settings {
+            bearer_token: secrets(&["ops=tok-1", "tok-2", "YWJjZA==", "a b=c"]),
+            read_token: secrets(&["dash=look-1", "look-2"]),
+            ..Default::default()
+        });
+        let cfg = cfg.err().map(|e| e.to_string());
+        // A space is not visible ASCII: the fourth entry is refused, naming its place.
+        assert_eq!(
+            cfg.as_deref(),
+            Some("bearer_token: entry 4: must be non-empty visible ASCII")
+        );
+        let cfg = Config::from_settings(Settings {
+            bearer_token: secrets(&["ops=tok-1", "tok-2", "YWJjZA=="]),
+            read_token: secrets(&["dash=look-1", "look-2"]),
+            ..Default::default()
+        })
+        .expect("config");
+        let named = |tokens: &[NamedToken]| -> Vec<(String, Vec<u8>)> {
+            tokens
+                .iter()
+                .map(|t| (t.name.clone(), t.token.expose().to_vec()))
+                .collect()
+        };
+        assert_eq!(
+            named(&cfg.auth.bearer_tokens),
+            [
+                ("ops".to_owned(), b"tok-1".to_vec()),
+                ("bearer-2".to_owned(), b"tok-2".to_vec()),
+                // Base64 padding is not a name.
+                ("bearer-3".to_owned(), b"YWJjZA==".to_vec()),
+            ]
+        );
+        assert_eq!(
+            named(&cfg.auth.read_tokens),
+            [
+                ("dash".to_owned(), b"look-1".to_vec()),
+                ("read-2".to_owned(), b"look-2".to_vec()),
+            ]
         );
     }
 
