@@ -28,6 +28,7 @@
 //! in-memory timer is ever the only record of a deadline.
 
 mod apps;
+mod audit;
 #[cfg(test)]
 pub mod conformance;
 pub mod embedded;
@@ -45,6 +46,7 @@ use async_trait::async_trait;
 use crate::model::Millis;
 
 pub use apps::AppStore;
+pub use audit::{AuditEvent, AuditLog};
 pub use jobs::{
     ClaimOutcome, ClaimResult, DueBatch, DueFire, Enqueued, FireClaim, JobStore, JobWrite,
 };
@@ -190,12 +192,12 @@ pub trait StoreMeta: Send + Sync + 'static {
 /// The whole store: every narrow trait. Only the wiring and tests hold one; each part of
 /// the server holds the traits it uses (an `Arc<dyn Store>` coerces to any of them).
 pub trait Store:
-    JobStore + TriggerQueue + RunStore + NodeRegistry + Inboxes + Outbox + AppStore
+    JobStore + TriggerQueue + RunStore + NodeRegistry + Inboxes + Outbox + AppStore + AuditLog
 {
 }
 
 impl<T> Store for T where
-    T: JobStore + TriggerQueue + RunStore + NodeRegistry + Inboxes + Outbox + AppStore
+    T: JobStore + TriggerQueue + RunStore + NodeRegistry + Inboxes + Outbox + AppStore + AuditLog
 {
 }
 

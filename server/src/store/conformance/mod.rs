@@ -28,11 +28,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    Admission, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimResult, Delivery,
-    DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim,
-    GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine, NOT_THE_HOLDER,
-    NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery, STALE_TOKEN,
-    Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery, partition_of,
+    Admission, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate, ClaimResult,
+    Delivery, DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut, Finisher,
+    FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
+    NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery,
+    STALE_TOKEN, Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
@@ -41,6 +41,7 @@ use crate::model::{
 };
 
 mod apps;
+mod audit;
 mod jobs;
 mod nodes;
 mod outbox;
@@ -50,6 +51,7 @@ mod runs;
 mod triggers;
 
 pub use apps::*;
+pub use audit::*;
 pub use jobs::*;
 pub use nodes::*;
 pub use outbox::*;
@@ -131,6 +133,9 @@ macro_rules! store_conformance_tests {
             app_store {
                 apps_and_rotation: options,
                 nonces: options,
+            }
+            audit_log {
+                audit_log_pages_and_keeps_the_newest: options,
             }
         );
     };

@@ -114,12 +114,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use super::{
-    Admission, AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome,
-    ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch, DueFire, Enqueued, Error,
-    FannedOut, Finisher, FireClaim, Held, Holder, Inboxes, JobStore, JobWrite, LOG_LINE_COST,
-    LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page,
-    Recorded, Registered, Result, Revocation, RunQuery, RunStore, StoreMeta, StoreOptions,
-    Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
+    Admission, AppStore, Applied, Assigned, AuditEvent, AuditLog, Begun, BreakerState,
+    BreakerUpdate, ClaimOutcome, ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch,
+    DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, Held, Holder, Inboxes, JobStore,
+    JobWrite, LOG_LINE_COST, LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot,
+    Outbox, Outcome, Page, Recorded, Registered, Result, Revocation, RunQuery, RunStore, StoreMeta,
+    StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,
@@ -167,6 +167,7 @@ const NONCE_EXPIRY: TableDefinition<(i64, &str, &str), ()> = TableDefinition::ne
 const NODES: TableDefinition<&str, (&str, i64)> = TableDefinition::new("nodes");
 const NODE_EXPIRY: TableDefinition<(i64, &str), ()> = TableDefinition::new("node_expiry");
 const APPS: TableDefinition<&str, &str> = TableDefinition::new("apps");
+const AUDIT: TableDefinition<u64, &str> = TableDefinition::new("audit_log");
 const OUTBOX: TableDefinition<&str, &str> = TableDefinition::new("webhook_outbox");
 const OUTBOX_DUE: TableDefinition<(u32, i64, &str), ()> =
     TableDefinition::new("webhook_outbox_due");
@@ -674,6 +675,7 @@ fn create_tables(txn: &WriteTransaction) -> Result<()> {
         .ctx("create webhook outbox index")?;
     txn.open_table(BREAKERS).ctx("create webhook breakers")?;
     txn.open_table(APPS).ctx("create apps table")?;
+    txn.open_table(AUDIT).ctx("create audit log")?;
     Ok(())
 }
 
@@ -898,6 +900,7 @@ fn successor(prefix: &str) -> String {
 }
 
 mod apps;
+mod audit;
 mod commit;
 mod jobs;
 mod nodes;

@@ -63,18 +63,20 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Admission, AppStore, Applied, Assigned, Begun, BreakerState, BreakerUpdate, ClaimOutcome,
-    ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch, DueFire, Enqueued, Error,
-    FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite,
-    LOG_LINE_COST, LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox,
-    Outcome, Page, Recorded, Registered, Result, Revocation, RunQuery, RunStore, SCHEMA_VERSION,
-    StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
+    Admission, AppStore, Applied, Assigned, AuditEvent, AuditLog, Begun, BreakerState,
+    BreakerUpdate, ClaimOutcome, ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch,
+    DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes,
+    JobStore, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved,
+    NodeSlot, Outbox, Outcome, Page, Recorded, Registered, Result, Revocation, RunQuery, RunStore,
+    SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN,
+    WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
 };
 
 mod apps;
+mod audit;
 mod jobs;
 mod nodes;
 mod outbox;
@@ -146,6 +148,7 @@ struct Scripts {
     admit_delivery: Script,
     settle_delivery: Script,
     grace_leases: Script,
+    append_audit: Script,
 }
 
 impl Scripts {
@@ -185,6 +188,7 @@ impl Scripts {
             admit_delivery: script!("admit_delivery"),
             settle_delivery: script!("settle_delivery"),
             grace_leases: run_script!("grace_leases"),
+            append_audit: script!("append_audit"),
         }
     }
 }
