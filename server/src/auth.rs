@@ -275,6 +275,7 @@ pub const READ_RPCS: &[&str] = &[
     "/sundial.v1.RunService/ListRunLogs",
     "/sundial.v1.NodeService/ListNodes",
     "/sundial.v1.AppService/GetApp",
+    "/sundial.v1.AuditService/ListAuditEvents",
 ];
 
 /// Why an admitted caller may not make this call: a read-only token on a write. The

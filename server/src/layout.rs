@@ -150,6 +150,7 @@ const STORE_TRAITS: &[(&str, &[&str])] = &[
     ),
     ("auth.rs", &["AppStore"]),
     ("api/apps.rs", &["AppStore"]),
+    ("api/audit.rs", &["AuditLog"]),
     ("api/destinations.rs", &["AppStore"]),
     ("api/queries.rs", &["RunStore"]),
     ("api/runs.rs", &["RunStore"]),
@@ -177,6 +178,7 @@ const STORE_NAMES: &[&str] = &[
     "Inboxes",
     "Outbox",
     "AppStore",
+    "AuditLog",
     "EmbeddedStore",
     "RedisStore",
 ];

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use axum::serve::ListenerExt as _;
 use futures::StreamExt as _;
 use sundial_proto::v1::app_service_server::AppServiceServer;
+use sundial_proto::v1::audit_service_server::AuditServiceServer;
 use sundial_proto::v1::executor_service_server::ExecutorServiceServer;
 use sundial_proto::v1::job_service_server::JobServiceServer;
 use sundial_proto::v1::node_service_server::NodeServiceServer;
@@ -25,7 +26,7 @@ use crate::api::destinations::Destinations;
 use crate::api::grpc_auth::AdminAuthLayer;
 use crate::api::queries::StatusSource;
 use crate::api::scrape::Scrape;
-use crate::api::{AppApi, JobApi, RunApi};
+use crate::api::{AppApi, Audit, AuditApi, JobApi, RunApi};
 use crate::auth::{AdminGuard, Authenticator, StoreNonces};
 use crate::config::{Config, StoreConfig};
 use crate::deliver::alerts::Alerts;
@@ -70,6 +71,7 @@ const SERVICES: &[&str] = &[
     "sundial.v1.ExecutorService",
     "sundial.v1.NodeService",
     "sundial.v1.AppService",
+    "sundial.v1.AuditService",
 ];
 
 /// The largest executor message accepted: a 64 KiB payload's result or a batch of log
@@ -326,11 +328,16 @@ pub async fn run(
         )),
         nodes: Arc::new(executors.clone()),
         apps: Arc::new(AppApi::new(store.clone())),
+        audit: Arc::new(AuditApi::new(store.clone())),
+        recorder: Audit::new(store.clone(), config.instance_id.clone()),
     };
     let servers_stop = CancellationToken::new();
     let grpc = grpc_builder
         .layer(crate::api::grpc_errors::layer())
-        .layer(AdminAuthLayer::new(admin_guard.clone()))
+        .layer(AdminAuthLayer::new(
+            admin_guard.clone(),
+            services.recorder.clone(),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -342,6 +349,7 @@ pub async fn run(
         )
         .add_service(NodeServiceServer::from_arc(services.nodes.clone()))
         .add_service(AppServiceServer::from_arc(services.apps.clone()))
+        .add_service(AuditServiceServer::from_arc(services.audit.clone()))
         .serve_with_incoming_shutdown(
             // Nagle's algorithm would hold a response's last segment until the
             // client's delayed ACK (tens of ms for any unary answer over one segment).

@@ -894,3 +894,209 @@ async fn without_credentials_configured_everything_is_open_and_the_server_says_s
     }
     Ok(())
 }
+
+/// Every admitted call that may change state, over gRPC and REST, is in the audit log
+/// with its caller (a token by its name, an app by its id), operation, target and
+/// outcome, readable with a read token through ListAuditEvents and
+/// `GET /api/v1/audit`, and logged on the `audit` target; reads are not recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_are_audited_with_their_named_caller() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let mut server = Sundial::start(
+        SundialOptions::redis(&redis)
+            .env("SUNDIAL_BEARER_TOKENS", &format!("ops={BEARER}"))
+            .arg("read-token", &format!("dash={READER}"))
+            .arg("app-secret", &format!("{APP}={APP_SECRET}")),
+    )?;
+    let ch = server.channel().await?;
+    let base = format!("http://{}", server.http.context("no http address")?);
+    let http = reqwest::Client::new();
+    let mut jobs = jobs_as_admin(&ch);
+    let ops = Cred::Bearer(BEARER);
+
+    // create (gRPC, token), a read, trigger (gRPC, app), cancel (REST, token),
+    // update (gRPC), pause (REST), drain of an unknown node (gRPC: NOT_FOUND), delete.
+    jobs.create_job(pb::CreateJobRequest {
+        spec: Some(spec("audited")),
+    })
+    .await?;
+    jobs.get_job(pb::GetJobRequest {
+        job_id: "audited".into(),
+    })
+    .await?;
+    let signer = AppSigner::from_secret(APP, APP_SECRET)?;
+    // Without the bearer interceptor: the signature is the credential.
+    let sid = pb::job_service_client::JobServiceClient::new(ch.clone())
+        .trigger_job(signer.grpc(
+            "/sundial.v1.JobService/TriggerJob",
+            pb::TriggerJobRequest {
+                job_id: "audited".into(),
+                ..Default::default()
+            },
+        ))
+        .await?
+        .into_inner()
+        .schedule_id;
+    let (status, v) = rest(
+        &http,
+        &base,
+        "POST",
+        &format!("/api/v1/runs/{sid}/cancel"),
+        b"",
+        &ops,
+        None,
+    )
+    .await?;
+    ensure!(status == 200, "cancel: {status} {v}");
+    let mut changed = spec("audited");
+    changed.name = "changed".into();
+    jobs.update_job(pb::UpdateJobRequest {
+        spec: Some(changed),
+        expected_version: 1,
+    })
+    .await?;
+    let (status, v) = rest(
+        &http,
+        &base,
+        "POST",
+        "/api/v1/jobs/audited/pause",
+        b"",
+        &ops,
+        None,
+    )
+    .await?;
+    ensure!(status == 200, "pause: {status} {v}");
+    let err = pb::node_service_client::NodeServiceClient::with_interceptor(ch.clone(), WithBearer)
+        .drain_node(pb::DrainNodeRequest {
+            node_id: "nowhere".into(),
+            ..Default::default()
+        })
+        .await
+        .err()
+        .context("draining an unknown node")?;
+    ensure!(err.code() == Code::NotFound, "{err:?}");
+    jobs.delete_job(pb::DeleteJobRequest {
+        job_id: "audited".into(),
+    })
+    .await?;
+
+    let mut audit = pb::audit_service_client::AuditServiceClient::new(ch.clone());
+    let page = audit
+        .list_audit_events(grpc_request(
+            pb::ListAuditEventsRequest::default(),
+            &[("authorization", format!("Bearer {READER}"))],
+        )?)
+        .await?
+        .into_inner();
+    let seen: Vec<(String, String, String, String, String)> = page
+        .events
+        .iter()
+        .rev()
+        .map(|e| {
+            (
+                e.caller.clone(),
+                e.operation.clone(),
+                e.target.clone(),
+                e.outcome.clone(),
+                e.via.clone(),
+            )
+        })
+        .collect();
+    let row = |caller: &str, op: &str, target: &str, outcome: &str, via: &str| {
+        (
+            caller.to_owned(),
+            op.to_owned(),
+            target.to_owned(),
+            outcome.to_owned(),
+            via.to_owned(),
+        )
+    };
+    let want = vec![
+        row(
+            "bearer:ops",
+            "JobService.CreateJob",
+            "job audited",
+            "OK",
+            "grpc",
+        ),
+        row(
+            &format!("app:{APP}"),
+            "JobService.TriggerJob",
+            "job audited",
+            "OK",
+            "grpc",
+        ),
+        row(
+            "bearer:ops",
+            "RunService.CancelRun",
+            &format!("run {sid}"),
+            "OK",
+            "rest",
+        ),
+        row(
+            "bearer:ops",
+            "JobService.UpdateJob",
+            "job audited",
+            "OK",
+            "grpc",
+        ),
+        row(
+            "bearer:ops",
+            "JobService.PauseJob",
+            "job audited",
+            "OK",
+            "rest",
+        ),
+        row(
+            "bearer:ops",
+            "NodeService.DrainNode",
+            "node nowhere",
+            "NOT_FOUND",
+            "grpc",
+        ),
+        row(
+            "bearer:ops",
+            "JobService.DeleteJob",
+            "job audited",
+            "OK",
+            "grpc",
+        ),
+    ];
+    ensure!(seen == want, "audit log:\n{seen:#?}\nwanted:\n{want:#?}");
+    ensure!(
+        page.events
+            .windows(2)
+            .all(|w| w[0].seq > w[1].seq && w[0].time_ms >= w[1].time_ms)
+    );
+    ensure!(page.events.iter().all(|e| !e.instance.is_empty()));
+
+    // The REST twin, paged, for a read token.
+    let (status, v) = rest(
+        &http,
+        &base,
+        "GET",
+        "/api/v1/audit?page_size=2",
+        b"",
+        &Cred::Bearer(READER),
+        None,
+    )
+    .await?;
+    ensure!(status == 200, "GET /api/v1/audit: {status} {v}");
+    ensure!(
+        v["events"][0]["operation"] == "JobService.DeleteJob"
+            && v["events"][1]["operation"] == "NodeService.DrainNode"
+            && v["nextPageToken"].as_str().is_some_and(|t| !t.is_empty()),
+        "{v}"
+    );
+
+    // And each on the `audit` log target.
+    server.stop()?;
+    let logs = server.stderr();
+    let lines = logs
+        .lines()
+        .filter(|l| l.contains("audit") && l.contains("admin call"))
+        .count();
+    ensure!(lines == 7, "{lines} audit lines in:\n{logs}");
+    ensure!(logs.contains("caller=bearer:ops") && logs.contains("operation=RunService.CancelRun"));
+    assert_no_secrets(&server)
+}

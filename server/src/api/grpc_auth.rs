@@ -11,6 +11,11 @@
 //! call only [`READ_RPCS`](crate::auth::READ_RPCS); anything else is
 //! `PERMISSION_DENIED`, refused the same way.
 //!
+//! Every admitted call that may change state is recorded in the audit log
+//! ([`crate::api::audit`]) with how it went; the layer reads its request message for
+//! that, as it does for a signature. In dev mode such calls are recorded too, their
+//! caller `anonymous`.
+//!
 //! A gRPC signature covers method (`POST`), path, the timestamp and nonce headers and
 //! the request message's bytes (see [`crate::auth`]): for a signed call the layer reads
 //! the body, the one gRPC frame every admin call sends (at most
@@ -27,8 +32,9 @@ use tonic::Status;
 use tonic::body::Body;
 use tower::{Layer, Service};
 
+use crate::api::audit::{Audit, audited};
 use crate::api::rest::MAX_SIGNED_BODY;
-use crate::auth::{AdminGuard, READ_RPCS, read_only_refusal};
+use crate::auth::{AdminGuard, Caller, READ_RPCS, read_only_refusal};
 
 /// gRPC paths open to every caller, by prefix.
 const OPEN_PATHS: &[&str] = &[
@@ -46,11 +52,12 @@ fn is_open_path(path: &str) -> bool {
 #[derive(Clone)]
 pub struct AdminAuthLayer {
     guard: AdminGuard,
+    audit: Audit,
 }
 
 impl AdminAuthLayer {
-    pub fn new(guard: AdminGuard) -> Self {
-        Self { guard }
+    pub fn new(guard: AdminGuard, audit: Audit) -> Self {
+        Self { guard, audit }
     }
 }
 
@@ -60,6 +67,7 @@ impl<S> Layer<S> for AdminAuthLayer {
         AdminAuth {
             inner,
             guard: self.guard.clone(),
+            audit: self.audit.clone(),
         }
     }
 }
@@ -68,6 +76,7 @@ impl<S> Layer<S> for AdminAuthLayer {
 pub struct AdminAuth<S> {
     inner: S,
     guard: AdminGuard,
+    audit: Audit,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -76,7 +85,7 @@ impl<S, ResBody> Service<http::Request<Body>> for AdminAuth<S>
 where
     S: Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
-    ResBody: Default,
+    ResBody: Default + Send,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -90,14 +99,16 @@ where
         // The clone that was polled ready serves this request (tower's usual swap).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        if self.guard.is_open() || is_open_path(req.uri().path()) {
+        let path = req.uri().path().to_owned();
+        let audited = audited(&path);
+        if is_open_path(&path) || (self.guard.is_open() && !audited) {
             return Box::pin(inner.call(req));
         }
-        let guard = self.guard.clone();
+        let (guard, audit) = (self.guard.clone(), self.audit.clone());
         Box::pin(async move {
-            let path = req.uri().path().to_owned();
-            let (req, message) = if guard.needs_body(req.headers()) {
-                match signed_message(req).await {
+            let signed = guard.needs_body(req.headers());
+            let (req, message) = if signed || audited {
+                match read_message(req, signed).await {
                     Ok(read) => read,
                     Err(status) => {
                         tracing::info!(%path, reason = %status.message(), "grpc call refused");
@@ -107,47 +118,71 @@ where
             } else {
                 (req, Bytes::new())
             };
-            match guard
-                .admit(req.method().as_str(), &path, req.headers(), &message)
-                .await
-            {
-                Ok(caller) if !caller.may_write() && !READ_RPCS.contains(&path.as_str()) => {
-                    tracing::info!(%path, ?caller, "grpc call refused: read-only token");
-                    Ok(Status::permission_denied(read_only_refusal(&path)).into_http())
+            let caller = if guard.is_open() {
+                Caller::Open
+            } else {
+                match guard
+                    .admit(req.method().as_str(), &path, req.headers(), &message)
+                    .await
+                {
+                    Ok(caller) if !caller.may_write() && !READ_RPCS.contains(&path.as_str()) => {
+                        tracing::info!(%path, ?caller, "grpc call refused: read-only token");
+                        return Ok(Status::permission_denied(read_only_refusal(&path)).into_http());
+                    }
+                    Ok(caller) => caller,
+                    Err(e) => {
+                        tracing::info!(%path, reason = %e, "grpc call refused");
+                        return Ok(Status::from(e).into_http());
+                    }
                 }
-                Ok(caller) => {
-                    tracing::debug!(%path, ?caller, "grpc call admitted");
-                    inner.call(req).await
-                }
-                Err(e) => {
-                    tracing::info!(%path, reason = %e, "grpc call refused");
-                    Ok(Status::from(e).into_http())
-                }
+            };
+            tracing::debug!(%path, ?caller, "grpc call admitted");
+            let resp = inner.call(req).await?;
+            if audited {
+                // A unary call that failed answers its status in the headers (trailers
+                // only); one that succeeded answers OK in the trailers.
+                let failed =
+                    Status::from_header_map(resp.headers()).filter(|s| s.code() != tonic::Code::Ok);
+                audit
+                    .record(&caller, &path, &message, failed.as_ref(), "grpc")
+                    .await;
             }
+            Ok(resp)
         })
     }
 }
 
-/// Reads a signed call's body, its one gRPC frame: the request with the same bytes as
-/// its body, and the frame's payload, which the signature covers.
-async fn signed_message(req: http::Request<Body>) -> Result<(http::Request<Body>, Bytes), Status> {
+/// Reads a call's body, its one gRPC frame: the request with the same bytes as its
+/// body, and the frame's payload (the request message), which a signature covers and
+/// the audit log reads. A signed call whose body is not one uncompressed frame is
+/// refused; an unsigned one goes on (the service answers it) with no message read.
+async fn read_message(
+    req: http::Request<Body>,
+    signed: bool,
+) -> Result<(http::Request<Body>, Bytes), Status> {
     let (parts, body) = req.into_parts();
     let frame = Limited::new(body, FRAME_HEADER + MAX_SIGNED_BODY)
         .collect()
         .await
         .map_err(|_| {
-            Status::unauthenticated(format!(
-                "X-Sundial-Signature: the signed request is unreadable or larger than \
-                 {MAX_SIGNED_BODY} bytes"
-            ))
+            let why = format!("the request is unreadable or larger than {MAX_SIGNED_BODY} bytes");
+            if signed {
+                Status::unauthenticated(format!("X-Sundial-Signature: {why}"))
+            } else {
+                Status::resource_exhausted(why)
+            }
         })?
         .to_bytes();
-    let message = payload(&frame).map_err(|why| {
-        Status::unauthenticated(format!(
-            "X-Sundial-Signature: a signed gRPC call carries one uncompressed request \
-             message; {why}"
-        ))
-    })?;
+    let message = match payload(&frame) {
+        Ok(message) => message,
+        Err(_) if !signed => Bytes::new(),
+        Err(why) => {
+            return Err(Status::unauthenticated(format!(
+                "X-Sundial-Signature: a signed gRPC call carries one uncompressed request \
+                 message; {why}"
+            )));
+        }
+    };
     Ok((
         http::Request::from_parts(parts, Body::new(Full::new(frame))),
         message,

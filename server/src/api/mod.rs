@@ -8,6 +8,7 @@
 //! gRPC request that does not decode answers `INVALID_ARGUMENT` ([`grpc_errors`]).
 
 mod apps;
+pub mod audit;
 pub mod budget;
 pub mod convert;
 pub mod destinations;
@@ -22,6 +23,7 @@ pub mod scrape;
 use tonic::{Code, Status};
 
 pub use apps::AppApi;
+pub use audit::{Audit, AuditApi};
 pub use jobs::JobApi;
 pub use runs::RunApi;
 

@@ -137,8 +137,14 @@ async fn metrics(State(scrape): State<Scrape>) -> Response {
 
 /// Admits a request with admin credentials, or answers 401 (413 for a signed body over
 /// [`MAX_SIGNED_BODY`]). A signature covers the request target as sent: path and query.
-pub async fn require_admin(State(guard): State<AdminGuard>, req: Request, next: Next) -> Response {
+pub async fn require_admin(
+    State(guard): State<AdminGuard>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     if guard.is_open() {
+        // Who called, for the audit log: nobody in particular.
+        req.extensions_mut().insert(auth::Caller::Open);
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
@@ -173,7 +179,10 @@ pub async fn require_admin(State(guard): State<AdminGuard>, req: Request, next: 
         }
         Ok(caller) => {
             tracing::debug!(path = %parts.uri.path(), ?caller, "http request admitted");
-            next.run(Request::from_parts(parts, body)).await
+            let mut req = Request::from_parts(parts, body);
+            // Who called, for the audit log.
+            req.extensions_mut().insert(caller);
+            next.run(req).await
         }
         Err(e) => {
             tracing::info!(path = %parts.uri.path(), reason = %e, "http request refused");

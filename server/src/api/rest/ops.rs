@@ -24,26 +24,29 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{RawPathParams, RawQuery};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
+use axum::{Extension, Json};
 use futures::{Stream, StreamExt as _};
 use prost_reflect::{DescriptorPool, FieldDescriptor, Kind, MessageDescriptor};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use sundial_proto::v1::app_service_server::AppService;
+use sundial_proto::v1::audit_service_server::AuditService;
 use sundial_proto::v1::job_service_server::JobService;
 use sundial_proto::v1::node_service_server::NodeService;
 use sundial_proto::v1::run_service_server::RunService;
 use tonic::Status;
 
 use super::{ApiError, clip, json_body};
+use crate::api::audit::audited;
 use crate::api::convert::quoted;
-use crate::api::{AppApi, JobApi, RunApi};
+use crate::api::{AppApi, Audit, AuditApi, JobApi, RunApi};
+use crate::auth::Caller;
 use crate::dispatch::executors::Executors;
 
 /// The gRPC service implementations the routes call.
@@ -53,6 +56,9 @@ pub struct Services {
     pub runs: Arc<RunApi>,
     pub nodes: Arc<Executors>,
     pub apps: Arc<AppApi>,
+    pub audit: Arc<AuditApi>,
+    /// Records the calls that may change state (see [`crate::api::audit`]).
+    pub recorder: Audit,
 }
 
 /// The HTTP methods the operations use.
@@ -174,6 +180,7 @@ macro_rules! grpc {
             bridge(
                 op,
                 s.$svc.clone(),
+                s.recorder.clone(),
                 |svc, req| async move { svc.$method(req).await },
                 $answer,
             )
@@ -408,6 +415,17 @@ pub static OPS: &[Op] = &[
         success: Success::Ok,
         handler: grpc!(apps.rotate_app_secret),
     },
+    Op {
+        verb: Verb::Get,
+        path: "/api/v1/audit",
+        service: "AuditService",
+        method: "ListAuditEvents",
+        body: false,
+        bind: &[],
+        summary: "The audit log: admin calls that may change state, newest first, a page at a time",
+        success: Success::Ok,
+        handler: grpc!(audit.list_audit_events),
+    },
 ];
 
 /// The routes of every operation, one method router per path.
@@ -431,31 +449,50 @@ pub fn routes(services: &Services) -> axum::Router {
 fn bridge<S, Req, Resp, F, Fut>(
     op: &'static Op,
     svc: Arc<S>,
+    recorder: Audit,
     call: F,
     answer: fn(&'static Op, Resp) -> Response,
 ) -> MethodRouter
 where
     S: Send + Sync + 'static,
-    Req: DeserializeOwned + Send + 'static,
+    Req: DeserializeOwned + prost::Message + Send + 'static,
     Resp: Send + 'static,
     F: Fn(Arc<S>, tonic::Request<Req>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>> + Send + 'static,
 {
-    let handler =
-        move |params: RawPathParams, RawQuery(query): RawQuery, headers: HeaderMap, body: Bytes| {
-            let svc = svc.clone();
-            let call = call.clone();
-            async move {
-                let req = match decode::<Req>(op, &params, query.as_deref(), &headers, &body) {
-                    Ok(req) => req,
-                    Err(e) => return e.into_response(),
-                };
-                match call(svc, tonic::Request::new(req)).await {
-                    Ok(resp) => answer(op, resp.into_inner()),
-                    Err(status) => ApiError::from(status).into_response(),
-                }
+    let path = format!("/sundial.v1.{}/{}", op.service, op.method);
+    let audited = audited(&path);
+    let handler = move |caller: Option<Extension<Caller>>,
+                        params: RawPathParams,
+                        RawQuery(query): RawQuery,
+                        headers: HeaderMap,
+                        body: Bytes| {
+        let (svc, call, recorder, path) =
+            (svc.clone(), call.clone(), recorder.clone(), path.clone());
+        async move {
+            let req = match decode::<Req>(op, &params, query.as_deref(), &headers, &body) {
+                Ok(req) => req,
+                Err(e) => return e.into_response(),
+            };
+            // What the audit log reads the target from: the request as gRPC would carry it.
+            let message = if audited {
+                req.encode_to_vec()
+            } else {
+                Vec::new()
+            };
+            let result = call(svc, tonic::Request::new(req)).await;
+            if audited {
+                let caller = caller.map_or(Caller::Open, |Extension(c)| c);
+                recorder
+                    .record(&caller, &path, &message, result.as_ref().err(), "rest")
+                    .await;
             }
-        };
+            match result {
+                Ok(resp) => answer(op, resp.into_inner()),
+                Err(status) => ApiError::from(status).into_response(),
+            }
+        }
+    };
     on(op.verb.filter(), handler)
 }
 
@@ -794,7 +831,13 @@ mod tests {
 
     #[test]
     fn every_method_of_the_admin_services_has_an_operation() {
-        for service in ["JobService", "RunService", "NodeService", "AppService"] {
+        for service in [
+            "JobService",
+            "RunService",
+            "NodeService",
+            "AppService",
+            "AuditService",
+        ] {
             let svc = POOL
                 .get_service_by_name(&format!("sundial.v1.{service}"))
                 .expect("service");
