@@ -7,7 +7,8 @@
 //! `executors`), health and reflection (v1 and v1alpha). Everything else, including
 //! any service added later, needs credentials: the list is of what is open, not of
 //! what is closed. A refusal is `UNAUTHENTICATED` naming the reason, sent before the
-//! request body is read, so a refused call changes nothing. A read-only token may
+//! request body is read (but a signed call's, which the signature covers), so a
+//! refused call changes nothing. A read-only token may
 //! call only [`READ_RPCS`](crate::auth::READ_RPCS); anything else is
 //! `PERMISSION_DENIED`, refused the same way.
 //!
@@ -106,18 +107,16 @@ where
         }
         let (guard, audit) = (self.guard.clone(), self.audit.clone());
         Box::pin(async move {
+            // A signed call's message is read first (the signature covers it); any
+            // other call is admitted, or refused, before its body is read.
             let signed = guard.needs_body(req.headers());
-            let (req, message) = if signed || audited {
-                match read_message(req, signed).await {
-                    Ok(read) => read,
-                    Err(status) => {
-                        tracing::info!(%path, reason = %status.message(), "grpc call refused");
-                        return Ok(status.into_http());
-                    }
+            let (mut req, mut message) = (req, Bytes::new());
+            if signed {
+                match read_message(req, true).await {
+                    Ok(read) => (req, message) = read,
+                    Err(status) => return Ok(refused(&path, status)),
                 }
-            } else {
-                (req, Bytes::new())
-            };
+            }
             let caller = if guard.is_open() {
                 Caller::Open
             } else {
@@ -130,12 +129,15 @@ where
                         return Ok(Status::permission_denied(read_only_refusal(&path)).into_http());
                     }
                     Ok(caller) => caller,
-                    Err(e) => {
-                        tracing::info!(%path, reason = %e, "grpc call refused");
-                        return Ok(Status::from(e).into_http());
-                    }
+                    Err(e) => return Ok(refused(&path, Status::from(e))),
                 }
             };
+            if audited && !signed {
+                match read_message(req, false).await {
+                    Ok(read) => (req, message) = read,
+                    Err(status) => return Ok(refused(&path, status)),
+                }
+            }
             tracing::debug!(%path, ?caller, "grpc call admitted");
             let resp = inner.call(req).await?;
             if audited {
@@ -150,6 +152,12 @@ where
             Ok(resp)
         })
     }
+}
+
+/// A refusal, logged.
+fn refused<B: Default>(path: &str, status: Status) -> http::Response<B> {
+    tracing::info!(%path, reason = %status.message(), "grpc call refused");
+    status.into_http()
 }
 
 /// Reads a call's body, its one gRPC frame: the request with the same bytes as its
