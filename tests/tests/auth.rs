@@ -937,6 +937,17 @@ async fn admin_calls_are_audited_with_their_named_caller() -> Result<()> {
         .await?
         .into_inner()
         .schedule_id;
+    // TriggerJob queues the trigger; the run is recorded once the dispatcher takes it.
+    wait_for("the triggered run", Duration::from_secs(10), || async {
+        let run =
+            pb::run_service_client::RunServiceClient::with_interceptor(ch.clone(), WithBearer)
+                .get_run(pb::GetRunRequest {
+                    schedule_id: sid.clone(),
+                })
+                .await;
+        Ok(run.is_ok().then_some(()))
+    })
+    .await?;
     let (status, v) = rest(
         &http,
         &base,
