@@ -352,19 +352,6 @@ fn mac(
     mac
 }
 
-/// The `X-Sundial-Signature` value for a request (for clients and tests): lowercase
-/// hex HMAC-SHA256 of the canonical string, keyed with the decoded app secret.
-pub fn sign(
-    key: &[u8],
-    method: &str,
-    path: &str,
-    timestamp: &str,
-    nonce: &str,
-    body: &[u8],
-) -> String {
-    sundial_sdk::app_auth::signature(key, method, path, timestamp, nonce, body)
-}
-
 /// The HMAC key of an app secret written `whsec_<base64>` (at least 16 bytes), or
 /// `None` when it is not in that form.
 pub fn decode_app_secret(secret: &[u8]) -> Option<Secret> {
@@ -736,7 +723,9 @@ impl AdminGuard {
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
+
     use std::sync::Mutex;
+    use sundial_sdk::app_auth::signature as sign;
 
     use http::HeaderValue;
 

@@ -190,7 +190,8 @@ async fn apps_keep_their_secrets_write_only() -> Result<()> {
 /// replayed nonce is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apps_created_by_the_api_sign_requests() -> Result<()> {
-    use sundial_server::auth::{sign, unix_now};
+    use sundial_sdk::app_auth::signature as sign;
+    use sundial_server::auth::unix_now;
     let dir = tempfile::tempdir()?;
     let server = Sundial::start(
         SundialOptions::embedded(dir.path()).env("SUNDIAL_BEARER_TOKENS", "admin-token-1"),

@@ -15,6 +15,7 @@ use sundial_proto::v1 as pb;
 use sundial_proto::v1::audit_service_server::AuditService;
 use tonic::{Request, Response, Status};
 
+use super::rest::clip;
 use super::rest::ops::POOL;
 use super::{convert, status};
 use crate::auth::{Caller, READ_RPCS};
@@ -22,9 +23,6 @@ use crate::store::{AuditEvent, AuditLog};
 
 /// How many events the store keeps; older ones are forgotten.
 pub const MAX_AUDIT_EVENTS: usize = 10_000;
-
-/// The longest target or detail kept, in characters.
-const MAX_TEXT: usize = 200;
 
 /// Whether a call to the gRPC method at `path` is audited: every admin method that may
 /// change state.
@@ -154,13 +152,6 @@ fn named(msg: &DynamicMessage) -> String {
         }
     }
     String::new()
-}
-
-fn clip(s: &str) -> String {
-    match s.char_indices().nth(MAX_TEXT) {
-        Some((end, _)) => format!("{}…", &s[..end]),
-        None => s.to_owned(),
-    }
 }
 
 /// A gRPC code as the protocol spells it (`NOT_FOUND`).

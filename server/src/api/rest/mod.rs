@@ -118,8 +118,9 @@ async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
-/// An error text cut to 200 characters, for messages that may carry input.
-fn clip(s: &str) -> String {
+/// An error text cut to 200 characters, for messages that may carry input (and the
+/// audit log's targets and details).
+pub(crate) fn clip(s: &str) -> String {
     match s.char_indices().nth(200) {
         Some((end, _)) => format!("{}…", &s[..end]),
         None => s.to_owned(),
