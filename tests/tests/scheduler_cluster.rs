@@ -269,7 +269,7 @@ async fn sigkill_of_one_instance_loses_and_doubles_nothing() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_loses_and_doubles_nothing() -> Result<()> {
-    // Scripts are gone after the restart (reloaded on NOSCRIPT), connections break
+    // Functions are gone after the restart (loaded again at the next call), connections break
     // (the pool replaces them), the change subscription reconnects, and the fires
     // that came due during the outage are claimed late, once each.
     run_scenario(Scenario {

@@ -276,7 +276,7 @@ async fn main() -> Result<()> {
         let mut by: std::collections::BTreeMap<String, (u64, i64)> = Default::default();
         for (_, _, us, args) in log
             .iter()
-            .filter(|l| l.3.first().is_some_and(|c| c == "EVALSHA"))
+            .filter(|l| l.3.first().is_some_and(|c| c == "EVALSHA" || c == "FCALL"))
         {
             let key = format!(
                 "{} {}",

@@ -1,7 +1,9 @@
 //! The `redis` backend: production, any number of server instances.
 //!
 //! Owns the key layout, the Lua scripts and the pub/sub watcher. Every decision is one
-//! script, called by SHA and reloaded on `NOSCRIPT` (a restarted Redis forgets them).
+//! script of `lua/`, a function of one Lua library loaded with `FUNCTION LOAD` (Redis 7)
+//! and called with `FCALL`, loaded again when a restarted Redis has lost it
+//! (`functions`).
 //! A job lives in partition `p = partition_of(job_id, P)`; every key of a partition
 //! carries the hash tag `{p}`, so each script touches one cluster slot:
 //!
@@ -58,7 +60,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::{
     StreamAutoClaimReply, StreamClaimReply, StreamId, StreamPendingCountReply, StreamReadReply,
 };
-use redis::{AsyncCommands, Script, Value};
+use redis::{AsyncCommands, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -77,6 +79,7 @@ use crate::model::{
 
 mod apps;
 mod audit;
+mod functions;
 mod jobs;
 mod nodes;
 mod outbox;
@@ -85,113 +88,80 @@ mod runs;
 mod tests;
 mod triggers;
 
+use functions::{Call, Function, Library};
+
 const GROUP: &str = "dispatch";
 
-macro_rules! script {
-    ($name:literal) => {
-        Script::new(concat!(
-            include_str!("lua/common.lua"),
-            "\n",
-            include_str!(concat!("lua/", $name, ".lua"))
-        ))
-    };
-}
+/// The helpers every function of the library sees, defined once when it is loaded:
+/// the prelude, the run machine's helpers, and those of the decisions that begin or
+/// lease a run.
+const PRELUDE: [&str; 3] = [
+    include_str!("lua/common.lua"),
+    include_str!("lua/runlib.lua"),
+    include_str!("lua/beginlib.lua"),
+];
 
-/// A run-machine script: the common prelude, the run helpers, then its body; with a
-/// second name, that library between them (`beginlib` for the scripts that begin runs
-/// or lease them).
-macro_rules! run_script {
-    ($name:literal $(, $lib:literal)?) => {
-        Script::new(concat!(
-            include_str!("lua/common.lua"),
-            "\n",
-            include_str!("lua/runlib.lua"),
-            "\n",
-            $(include_str!(concat!("lua/", $lib, ".lua")), "\n",)?
-            include_str!(concat!("lua/", $name, ".lua"))
-        ))
-    };
-}
-
-struct Scripts {
-    apply_jobs: Script,
-    delete_job: Script,
-    due_fires: Script,
-    claim_fires: Script,
-    enqueue_manual: Script,
-    record_run: Script,
-    trim_triggers: Script,
-    read_jobs: Script,
-    upsert_node: Script,
-    remove_node: Script,
-    beat_instance: Script,
-    forget_instance: Script,
-    begin_run: Script,
-    assign_run: Script,
-    begin_and_assign: Script,
-    mark_started: Script,
-    take_back_unconfirmed: Script,
-    renew_leases: Script,
-    shorten_leases: Script,
-    finish_run: Script,
-    due_runs: Script,
-    expire_run: Script,
-    cancel_run: Script,
-    report_progress: Script,
-    append_logs: Script,
-    fan_out: Script,
-    create_app: Script,
-    rotate_app_secret: Script,
-    due_deliveries: Script,
-    claim_delivery: Script,
-    finish_delivery: Script,
-    admit_delivery: Script,
-    settle_delivery: Script,
-    grace_leases: Script,
-    append_audit: Script,
-}
-
-impl Scripts {
-    fn load() -> Self {
-        Self {
-            apply_jobs: script!("apply_jobs"),
-            delete_job: script!("delete_job"),
-            due_fires: script!("due_fires"),
-            claim_fires: script!("claim_fires"),
-            enqueue_manual: script!("enqueue_manual"),
-            record_run: script!("record_run"),
-            trim_triggers: script!("trim_triggers"),
-            read_jobs: script!("read_jobs"),
-            upsert_node: script!("upsert_node"),
-            remove_node: script!("remove_node"),
-            beat_instance: script!("beat_instance"),
-            forget_instance: script!("forget_instance"),
-            begin_run: run_script!("begin_run", "beginlib"),
-            assign_run: run_script!("assign_run", "beginlib"),
-            begin_and_assign: run_script!("begin_and_assign", "beginlib"),
-            mark_started: run_script!("mark_started"),
-            take_back_unconfirmed: run_script!("take_back_unconfirmed"),
-            renew_leases: run_script!("renew_leases"),
-            shorten_leases: run_script!("shorten_leases"),
-            finish_run: run_script!("finish_run"),
-            due_runs: run_script!("due_runs"),
-            expire_run: run_script!("expire_run"),
-            cancel_run: run_script!("cancel_run"),
-            report_progress: run_script!("report_progress"),
-            append_logs: run_script!("append_logs"),
-            fan_out: run_script!("fan_out"),
-            create_app: script!("create_app"),
-            rotate_app_secret: script!("rotate_app_secret"),
-            due_deliveries: script!("due_deliveries"),
-            claim_delivery: script!("claim_delivery"),
-            finish_delivery: run_script!("finish_delivery"),
-            admit_delivery: script!("admit_delivery"),
-            settle_delivery: script!("settle_delivery"),
-            grace_leases: run_script!("grace_leases"),
-            append_audit: script!("append_audit"),
+/// The library's functions, one per script of `lua/` (named by its file), each a field
+/// of `Scripts`.
+macro_rules! scripts {
+    ($($name:ident),* $(,)?) => {
+        struct Scripts {
+            library: Arc<Library>,
+            $($name: Function,)*
         }
-    }
+
+        impl Scripts {
+            fn load() -> Self {
+                let library = Library::build(
+                    &PRELUDE,
+                    &[$((stringify!($name), include_str!(concat!("lua/", stringify!($name), ".lua"))),)*],
+                );
+                Self {
+                    $($name: library.function(stringify!($name)),)*
+                    library,
+                }
+            }
+        }
+    };
 }
+
+scripts!(
+    apply_jobs,
+    delete_job,
+    due_fires,
+    claim_fires,
+    enqueue_manual,
+    record_run,
+    trim_triggers,
+    read_jobs,
+    upsert_node,
+    remove_node,
+    beat_instance,
+    forget_instance,
+    begin_run,
+    assign_run,
+    begin_and_assign,
+    mark_started,
+    take_back_unconfirmed,
+    renew_leases,
+    shorten_leases,
+    finish_run,
+    due_runs,
+    expire_run,
+    cancel_run,
+    report_progress,
+    append_logs,
+    fan_out,
+    create_app,
+    rotate_app_secret,
+    due_deliveries,
+    claim_delivery,
+    finish_delivery,
+    admit_delivery,
+    settle_delivery,
+    grace_leases,
+    append_audit,
+);
 
 /// The Redis-backed store. Cheap to clone.
 #[derive(Clone)]
@@ -280,6 +250,16 @@ impl RedisStore {
         )
         .await
         .map_err(unavailable)?;
+        let scripts = Scripts::load();
+        scripts
+            .library
+            .load(&mut shared.clone())
+            .await
+            .map_err(|e| {
+                unavailable(format!(
+                    "loading Sundial's Lua functions (Redis 7.0 or newer is needed): {e}"
+                ))
+            })?;
         tokio::spawn(watch_changes(
             client,
             format!("{prefix}:changes"),
@@ -293,7 +273,7 @@ impl RedisStore {
                 prefix: prefix.to_owned(),
                 partitions,
                 opts,
-                scripts: Scripts::load(),
+                scripts,
                 changes: rx,
                 watcher,
             }),
@@ -468,7 +448,7 @@ impl RedisStore {
     /// unknown run.
     async fn run_transition(
         &self,
-        script: &Script,
+        script: &Function,
         schedule_id: &str,
         extra: &[String],
     ) -> Result<Transition> {

@@ -425,10 +425,10 @@ impl RedisStore {
     /// with.
     fn begin_invocation<'a>(
         &self,
-        script: &'a Script,
+        script: &'a Function,
         run: &RunRecord,
         route_grace: Duration,
-    ) -> Result<redis::ScriptInvocation<'a>> {
+    ) -> Result<Call<'a>> {
         let mut inv = script.prepare_invoke();
         inv.arg(self.pfx(self.part(&run.job_id)))
             .arg(self.nodes_prefix())

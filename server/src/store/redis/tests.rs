@@ -60,7 +60,7 @@ async fn newer_schema_is_refused_and_partitions_stick() {
 }
 
 #[tokio::test]
-async fn scripts_reload_after_script_flush() {
+async fn functions_reload_after_function_flush() {
     let url = shared_redis_url().expect("redis-server");
     let store = RedisStore::connect(&url, &unique_prefix("noscript"), StoreOptions::default())
         .await
@@ -68,15 +68,23 @@ async fn scripts_reload_after_script_flush() {
     store
         .due_fires(0, 10)
         .await
-        .expect("first call loads the script");
+        .expect("the library was loaded by connect");
     let mut c = raw_connection().await;
-    // What a Redis restart does to the script cache: the next EVALSHA gets NOSCRIPT.
-    let _: () = redis::cmd("SCRIPT")
+    // What a Redis restart without persistence does to the functions: the next FCALL
+    // finds none.
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query_async(&mut c)
         .await
         .expect("flush");
-    store.due_fires(0, 10).await.expect("reloaded on NOSCRIPT");
+    store
+        .due_fires(0, 10)
+        .await
+        .expect("the library loaded again");
+    store
+        .due_fires(0, 10)
+        .await
+        .expect("and still there for the next call");
 }
 
 async fn store(name: &str, opts: StoreOptions) -> (RedisStore, String) {

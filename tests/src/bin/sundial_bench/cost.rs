@@ -70,7 +70,7 @@ impl RedisCeiling {
 pub struct Costs {
     /// Every command Redis ran (`INFO commandstats` counts those inside scripts too).
     pub redis_commands_per_run: Option<f64>,
-    /// `eval`/`evalsha` calls: the round trips that carry the run machine.
+    /// `fcall` (and `eval`/`evalsha`) calls: the round trips that carry the run machine.
     pub redis_script_calls_per_run: Option<f64>,
     /// With `--monitor`: the commands the servers sent (round trips, pipelined or not)…
     pub redis_round_trips_per_run: Option<f64>,
@@ -79,6 +79,9 @@ pub struct Costs {
     /// The eight most called commands, per run.
     pub redis_top_commands_per_run: Vec<(String, f64)>,
     pub redis_cpu_us_per_run: Option<f64>,
+    /// Redis's time inside one script call (`INFO commandstats` usec / calls of `fcall`,
+    /// `evalsha` and `eval`), the commands it ran included.
+    pub redis_us_per_script_call: Option<f64>,
     /// Redis CPU per run as pipelined SETs of `redis-benchmark` it could have run.
     pub redis_cpu_per_run_in_sets: Option<f64>,
     /// The servers' CPU (user + sys, all instances) per run.
@@ -99,8 +102,11 @@ impl Costs {
             let sets = self
                 .redis_cpu_per_run_in_sets
                 .map_or(String::new(), |s| format!(" (= {s:.0} pipelined SETs)"));
+            let inside = self
+                .redis_us_per_script_call
+                .map_or(String::new(), |us| format!(" ({us:.1} µs inside each)"));
             println!(
-                "  Redis per run: {cmds:.1} commands, {scripts:.1} script calls, {cpu:.0} µs CPU{sets}"
+                "  Redis per run: {cmds:.1} commands, {scripts:.1} script calls{inside}, {cpu:.0} µs CPU{sets}"
             );
             if let (Some(trips), Some(inside)) = (
                 self.redis_round_trips_per_run,
@@ -126,7 +132,7 @@ impl Costs {
 
 /// Readings at the start of a window.
 pub struct CostProbe {
-    redis: Option<(String, BTreeMap<String, u64>, u64)>,
+    redis: Option<(String, BTreeMap<String, u64>, u64, ScriptTime)>,
     /// Where to read the store's commits, and how many there were at the start.
     commits: Option<(Vec<String>, f64)>,
     pids: Vec<u32>,
@@ -142,7 +148,8 @@ impl CostProbe {
             Some(url) => {
                 let calls = commandstats(&url).await?;
                 let cpu = redis_cpu_us(&url).await?;
-                Some((url, calls, cpu))
+                let scripts = script_time(&url).await?;
+                Some((url, calls, cpu, scripts))
             }
             None => None,
         };
@@ -198,7 +205,7 @@ impl CostProbe {
             costs.redis_round_trips_per_run = Some(per_run(trips as f64));
             costs.redis_in_scripts_per_run = Some(per_run(inside as f64));
         }
-        let Some((url, calls_before, cpu_before)) = &self.redis else {
+        let Some((url, calls_before, cpu_before, scripts_before)) = &self.redis else {
             return Ok(costs);
         };
         let delta: Vec<(String, f64)> = calls_since(calls_before, &commandstats(url).await?)
@@ -209,7 +216,7 @@ impl CostProbe {
         costs.redis_script_calls_per_run = Some(
             delta
                 .iter()
-                .filter(|(n, _)| n.starts_with("eval"))
+                .filter(|(n, _)| n.starts_with("eval") || n.starts_with("fcall"))
                 .map(|(_, v)| v)
                 .sum(),
         );
@@ -219,6 +226,10 @@ impl CostProbe {
         costs.redis_top_commands_per_run = sorted;
         let cpu = per_run(redis_cpu_us(url).await?.saturating_sub(*cpu_before) as f64);
         costs.redis_cpu_us_per_run = Some(cpu);
+        let scripts = script_time(url).await?;
+        let calls = scripts.calls.saturating_sub(scripts_before.calls);
+        costs.redis_us_per_script_call = (calls > 0)
+            .then(|| scripts.usec.saturating_sub(scripts_before.usec) as f64 / calls as f64);
         costs.redis_cpu_per_run_in_sets = self.ceiling.map(|c| cpu * c.set_per_s / 1e6);
         Ok(costs)
     }
@@ -322,6 +333,37 @@ pub async fn commandstats(url: &str) -> Result<BTreeMap<String, u64>> {
         out.insert(name.to_owned(), calls);
     }
     Ok(out)
+}
+
+/// Script calls and the time Redis spent in them, since it started.
+#[derive(Debug, Clone, Copy, Default)]
+struct ScriptTime {
+    calls: u64,
+    usec: u64,
+}
+
+/// `INFO commandstats`' calls and usec of `fcall`, `evalsha` and `eval`, summed.
+async fn script_time(url: &str) -> Result<ScriptTime> {
+    let info = redis_info(url, "commandstats").await?;
+    let mut total = ScriptTime::default();
+    for line in info.lines() {
+        let Some(fields) = ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+            .iter()
+            .find_map(|p| line.strip_prefix(p))
+        else {
+            continue;
+        };
+        let field = |name: &str| -> u64 {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(name))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        total.calls += field("calls=");
+        total.usec += field("usec=");
+    }
+    Ok(total)
 }
 
 /// `sundial_store_commits_total` summed over the instances' `/metrics`; None when no
