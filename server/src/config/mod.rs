@@ -95,7 +95,8 @@ pub struct Settings {
     /// Partitions of a new store (an existing store keeps its own number).
     #[arg(long, env = "SUNDIAL_PARTITIONS")]
     pub partitions: Option<u32>,
-    /// Longest scheduler sleep between asking the store what is due.
+    /// Longest scheduler sleep between asking the store what is due (5s; it is woken
+    /// sooner by a due fire or a job change).
     #[arg(long, env = "SUNDIAL_SCHEDULER_MAX_SLEEP")]
     pub scheduler_max_sleep: Option<HumanDuration>,
     /// Fires claimed per store call.
@@ -979,7 +980,7 @@ mod tests {
         assert_eq!(cfg.listen.port(), 2);
         assert_eq!(cfg.scheduler.misfire_threshold, Duration::from_secs(2));
         assert_eq!(cfg.store_opts.partitions, 4);
-        assert_eq!(cfg.scheduler.max_sleep, Duration::from_secs(1));
+        assert_eq!(cfg.scheduler.max_sleep, Duration::from_secs(5));
         assert!(matches!(cfg.store, StoreConfig::Embedded { .. }));
         // The unresponsive window: two heartbeat intervals unless set, never past the
         // lease.

@@ -45,8 +45,8 @@ use crate::deliver::in_flight::InFlight;
 use crate::egress::{self, EgressPolicy};
 use crate::model::duration_ms;
 use crate::store::{
-    Admission, AppStore, Applied, BreakerState, DeliveryOutcome, DeliveryTerms, JobStore, Outbox,
-    WebhookDelivery,
+    Admission, AppStore, Applied, BreakerState, DeliveryOutcome, DeliveryTerms, DueEntries,
+    JobStore, Outbox, Pacer, WebhookDelivery,
 };
 
 /// How the worker delivers. Every interval is configurable, so tests run the same code
@@ -261,16 +261,22 @@ impl Deliveries {
         info!(every = ?self.opts.every, schedule = ?self.opts.retry_schedule, "webhook delivery started");
         let mut tick = tokio::time::interval(self.opts.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pacer = Pacer::new(
+            self.store.outbox.partitions(),
+            self.opts.every,
+            self.store.outbox.activity(),
+        );
         while !shutdown.is_cancelled() {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            for p in 0..self.store.outbox.partitions() {
+            for p in pacer.to_ask(tokio::time::Instant::now()) {
                 if shutdown.is_cancelled() {
                     break;
                 }
-                self.sweep(p, &shutdown).await;
+                let due = self.sweep(p, &shutdown).await;
+                pacer.asked(p, due.as_ref(), tokio::time::Instant::now());
             }
         }
         self.tasks.close();
@@ -278,25 +284,31 @@ impl Deliveries {
         info!("webhook delivery stopped");
     }
 
-    async fn sweep(self: &Arc<Self>, partition: u32, shutdown: &CancellationToken) {
+    /// Claims the partition's due deliveries, each sent by a task of its own; answers
+    /// what the store said of them (None when it could not be asked).
+    async fn sweep(
+        self: &Arc<Self>,
+        partition: u32,
+        shutdown: &CancellationToken,
+    ) -> Option<DueEntries> {
         let due = match self
             .store
             .outbox
-            .due_deliveries(partition, self.opts.batch)
+            .poll_due_deliveries(partition, self.opts.batch)
             .await
         {
             Ok(d) => d,
             Err(e) => {
                 warn!(partition, error = %e, "reading due webhooks failed");
-                return;
+                return None;
             }
         };
-        for schedule_id in due {
+        for schedule_id in &due.ids {
             let claim = tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => return None,
                 p = self.claims.clone().acquire_owned() => match p {
                     Ok(p) => p,
-                    Err(_) => return,
+                    Err(_) => return None,
                 },
             };
             if !self.claiming().insert(schedule_id.clone()) {
@@ -306,6 +318,7 @@ impl Deliveries {
             // the store together (the embedded store commits them as one batch).
             let this = self.clone();
             let shutdown = shutdown.clone();
+            let schedule_id = schedule_id.clone();
             self.tasks.spawn(async move {
                 let claimed = this
                     .store
@@ -332,6 +345,7 @@ impl Deliveries {
                 drop(claim);
             });
         }
+        Some(due)
     }
 
     fn claiming(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {

@@ -14,11 +14,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::dispatch::Dispatcher;
 use crate::model::RunState;
-use crate::store::{Applied, RunStore};
+use crate::store::{Applied, DueEntries, Pacer, RunStore};
 
 #[derive(Debug, Clone)]
 pub struct SweepOptions {
-    /// How often each partition's timers are checked.
+    /// How often the partitions whose timers may be due are checked (each at least
+    /// every `store::pacing::IDLE_TICKS` ticks: see `store::Pacer`).
     pub every: Duration,
     /// Due runs handled per partition and pass.
     pub batch: usize,
@@ -52,35 +53,43 @@ impl Sweeper {
         info!(every = ?self.opts.every, "sweeper started");
         let mut tick = tokio::time::interval(self.opts.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pacer = Pacer::new(
+            self.store.partitions(),
+            self.opts.every,
+            self.store.activity(),
+        );
         while !shutdown.is_cancelled() {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            for p in 0..self.store.partitions() {
+            for p in pacer.to_ask(tokio::time::Instant::now()) {
                 if shutdown.is_cancelled() {
                     break;
                 }
-                self.sweep(p).await;
+                let due = self.sweep(p).await;
+                pacer.asked(p, due.as_ref(), tokio::time::Instant::now());
             }
         }
         info!("sweeper stopped");
     }
 
-    async fn sweep(&self, partition: u32) {
-        let due = match self.store.due_runs(partition, self.opts.batch).await {
+    /// Handles the partition's due runs; answers what the store said of them (None
+    /// when it could not be asked).
+    async fn sweep(&self, partition: u32) -> Option<DueEntries> {
+        let due = match self.store.poll_due_runs(partition, self.opts.batch).await {
             Ok(d) => d,
             Err(e) => {
                 warn!(partition, error = %e, "reading due runs failed");
-                return;
+                return None;
             }
         };
         let grace = self.dispatcher.options().route_retry;
-        for schedule_id in due {
-            let (job_id, _) = crate::model::split_schedule_id(&schedule_id).unwrap_or(("", ""));
+        for schedule_id in &due.ids {
+            let (job_id, _) = crate::model::split_schedule_id(schedule_id).unwrap_or(("", ""));
             let span = info_span!("deadline", %job_id, %schedule_id);
             async {
-                let t = match self.store.expire_run(&schedule_id, grace).await {
+                let t = match self.store.expire_run(schedule_id, grace).await {
                     Ok(t) => t,
                     Err(e) => {
                         warn!(error = %e, "expiring the run failed; it stays due");
@@ -112,6 +121,7 @@ impl Sweeper {
             .instrument(span)
             .await;
         }
+        Some(due)
     }
 }
 

@@ -29,7 +29,10 @@ use crate::store::{ClaimResult, DueFire, FireClaim, JobStore};
 pub struct SchedulerOptions {
     /// Due fires read and claimed per store call.
     pub batch_size: usize,
-    /// The longest the loop sleeps without asking the store again.
+    /// The longest the loop sleeps without asking the store again. A safety net: it
+    /// sleeps until the earliest due fire the store reported and is woken by the
+    /// store's change notification when any instance creates or changes a job, so an
+    /// idle server asks each partition once per `max_sleep` (5 s by default).
     pub max_sleep: Duration,
     /// A fire claimed later than this (by the store's clock) is a misfire.
     pub misfire_threshold: Duration,
@@ -43,7 +46,7 @@ impl Default for SchedulerOptions {
     fn default() -> Self {
         Self {
             batch_size: 500,
-            max_sleep: Duration::from_secs(1),
+            max_sleep: Duration::from_secs(5),
             misfire_threshold: Duration::from_secs(5),
             default_catch_up_limit: 10,
             parallel_partitions: 4,

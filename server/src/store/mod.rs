@@ -35,6 +35,7 @@ pub mod embedded;
 mod jobs;
 mod nodes;
 mod outbox;
+pub mod pacing;
 pub mod redis;
 mod runs;
 mod triggers;
@@ -55,6 +56,7 @@ pub use outbox::{
     Admission, BreakerState, BreakerUpdate, DeliveryOutcome, DeliveryTerms, GONE_ERROR, Outbox,
     WebhookDelivery,
 };
+pub use pacing::Pacer;
 pub use runs::{
     Assigned, Begun, FannedOut, Finisher, Held, Holder, LOG_LINE_COST, LeaseTerms, LogLine,
     NOT_THE_HOLDER, NodeSlot, Outcome, Recorded, Revocation, RunQuery, RunStore, STALE_TOKEN,
@@ -180,12 +182,44 @@ pub trait StoreMeta: Send + Sync + 'static {
         None
     }
 
+    /// A counter this handle bumps after each of its calls that may have set an earliest
+    /// run timer or made a webhook delivery due, so that pollers which know when each
+    /// partition is next due (`poll_due_runs`, `poll_due_deliveries`) can sleep until
+    /// then and still look at once after such a write. None from a backend whose polls
+    /// do not say when the next entry is due (the embedded store: its polls are reads
+    /// in process, asked at every tick).
+    fn activity(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// Checks the indexes the backend derives from its records against them, where a
     /// bug could leave one out of step (the embedded store: each run's timer is the one
     /// its record gives, and no other). `Corrupt` names what differs. A full scan:
     /// for tests (the conformance suite runs it after every check) and diagnosis.
     async fn check_indexes(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// Due entries of one partition (run timers, webhook deliveries) and when to look again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DueEntries {
+    /// Due entries, earliest first, at most the requested limit.
+    pub ids: Vec<String>,
+    /// How long, by the store's clock, until the partition's earliest entry not in
+    /// `ids` falls due: zero when more are due than were returned, None when there is
+    /// none. Zero, too, from a backend that does not say (the default methods): its
+    /// pollers then ask again at their next tick.
+    pub next_in: Option<Duration>,
+}
+
+impl DueEntries {
+    /// Entries from a backend that does not say when the next falls due.
+    pub fn unpaced(ids: Vec<String>) -> Self {
+        Self {
+            ids,
+            next_in: Some(Duration::ZERO),
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Applied, Result, StoreMeta};
+use super::{Applied, DueEntries, Result, StoreMeta};
 use crate::model::Millis;
 
 /// A webhook delivery claimed from the outbox by `claim_delivery`: in flight under
@@ -129,6 +129,14 @@ pub trait Outbox: StoreMeta {
     /// Outbox entries of a partition due by the store's clock, in flight ones whose
     /// claim lease ran out included, earliest first.
     async fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>>;
+
+    /// `due_deliveries`, and how long until the partition's next entry falls due (see
+    /// `DueEntries`; by default "look again at the next tick").
+    async fn poll_due_deliveries(&self, partition: u32, limit: usize) -> Result<DueEntries> {
+        Ok(DueEntries::unpaced(
+            self.due_deliveries(partition, limit).await?,
+        ))
+    }
 
     /// Claims the entry if it is due: in flight with a new delivery token (greater
     /// than any before it) until now + `lease`. None when it is not due or gone.

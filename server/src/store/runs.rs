@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Applied, Page, Result, StoreMeta};
+use super::{Applied, DueEntries, Page, Result, StoreMeta};
 use crate::model::{Millis, RunRecord, RunState};
 
 /// What one log line costs against a run's log bound beyond its message's bytes
@@ -374,6 +374,12 @@ pub trait RunStore: StoreMeta {
 
     /// Runs of a partition whose timer is due by the store's clock, earliest first.
     async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>>;
+
+    /// `due_runs`, and how long until the partition's next timer falls due (see
+    /// `DueEntries`; by default "look again at the next tick").
+    async fn poll_due_runs(&self, partition: u32, limit: usize) -> Result<DueEntries> {
+        Ok(DueEntries::unpaced(self.due_runs(partition, limit).await?))
+    }
 
     /// Acts on whatever deadline of the run has passed (store clock), in this order:
     /// - final or missing → the timer is dropped, `Applied::No`;

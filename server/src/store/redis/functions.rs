@@ -19,6 +19,10 @@ use std::sync::Arc;
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, RedisResult, ToRedisArgs};
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+/// The counter a function bumps after each call (`StoreMeta::activity`).
+pub(super) type Activity = Arc<watch::Sender<u64>>;
 
 /// The library's text and name.
 pub(super) struct Library {
@@ -65,11 +69,12 @@ impl Library {
         Ok(())
     }
 
-    /// One function of the library.
-    pub(super) fn function(self: &Arc<Self>, name: &str) -> Function {
+    /// One function of the library; one given `activity` bumps it after each call.
+    pub(super) fn function(self: &Arc<Self>, name: &str, activity: Option<Activity>) -> Function {
         Function {
             name: format!("{}_{name}", self.name),
             library: self.clone(),
+            activity,
         }
     }
 }
@@ -78,6 +83,7 @@ impl Library {
 pub(super) struct Function {
     name: String,
     library: Arc<Library>,
+    activity: Option<Activity>,
 }
 
 impl Function {
@@ -133,12 +139,16 @@ impl Call<'_> {
         for a in &self.args {
             cmd.arg(a.as_slice());
         }
-        match cmd.query_async(c).await {
+        let r = match cmd.query_async(c).await {
             Err(e) if e.to_string().contains("Function not found") => {
                 self.function.library.load(c).await?;
                 cmd.query_async(c).await
             }
             r => r,
+        };
+        if let Some(activity) = &self.function.activity {
+            activity.send_modify(|n| *n = n.wrapping_add(1));
         }
+        r
     }
 }

@@ -67,11 +67,11 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Admission, AppStore, Applied, Assigned, AuditEvent, AuditLog, Begun, BreakerState,
     BreakerUpdate, ClaimOutcome, ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch,
-    DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes,
-    JobStore, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved,
-    NodeSlot, Outbox, Outcome, Page, Recorded, Registered, Result, Revocation, RunQuery, RunStore,
-    SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN,
-    WebhookDelivery, partition_of,
+    DueEntries, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder,
+    Inboxes, JobStore, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine, NodeRecord, NodeRegistry,
+    NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Registered, Result, Revocation,
+    RunQuery, RunStore, SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue,
+    UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
@@ -88,7 +88,7 @@ mod runs;
 mod tests;
 mod triggers;
 
-use functions::{Call, Function, Library};
+use functions::{Activity, Call, Function, Library};
 
 const GROUP: &str = "dispatch";
 
@@ -101,8 +101,33 @@ const PRELUDE: [&str; 3] = [
     include_str!("lua/beginlib.lua"),
 ];
 
+/// The functions that never set a run timer earlier than the partition had nor make a
+/// webhook delivery due, so they leave `StoreMeta::activity` alone: the polls, reads,
+/// beats and renewals an idle server makes (bumping on them would wake the pollers at
+/// every tick), and the job writes (the scheduler has its own change notification).
+const QUIET: &[&str] = &[
+    "due_fires",
+    "claim_fires",
+    "due_runs",
+    "due_deliveries",
+    "read_jobs",
+    "apply_jobs",
+    "delete_job",
+    "enqueue_manual",
+    "trim_triggers",
+    "upsert_node",
+    "beat_instance",
+    "forget_instance",
+    "renew_leases",
+    "report_progress",
+    "append_logs",
+    "create_app",
+    "rotate_app_secret",
+    "append_audit",
+];
+
 /// The library's functions, one per script of `lua/` (named by its file), each a field
-/// of `Scripts`.
+/// of `Scripts`; all but the `QUIET` ones bump the store's activity counter.
 macro_rules! scripts {
     ($($name:ident),* $(,)?) => {
         struct Scripts {
@@ -111,13 +136,17 @@ macro_rules! scripts {
         }
 
         impl Scripts {
-            fn load() -> Self {
+            fn load(activity: &Activity) -> Self {
                 let library = Library::build(
                     &PRELUDE,
                     &[$((stringify!($name), include_str!(concat!("lua/", stringify!($name), ".lua"))),)*],
                 );
+                let function = |name: &str| {
+                    let bumps = !QUIET.contains(&name);
+                    library.function(name, bumps.then(|| activity.clone()))
+                };
                 Self {
-                    $($name: library.function(stringify!($name)),)*
+                    $($name: function(stringify!($name)),)*
                     library,
                 }
             }
@@ -178,6 +207,8 @@ struct Inner {
     partitions: u32,
     opts: StoreOptions,
     scripts: Scripts,
+    /// Bumped by the functions that may make a timer or a delivery due sooner.
+    activity: watch::Receiver<u64>,
     changes: watch::Receiver<u64>,
     /// Stops the pub/sub watcher when the last handle is dropped.
     watcher: CancellationToken,
@@ -205,6 +236,10 @@ impl StoreMeta for RedisStore {
 
     fn partitions(&self) -> u32 {
         self.inner.partitions
+    }
+
+    fn activity(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.inner.activity.clone())
     }
 
     async fn now(&self) -> Result<Millis> {
@@ -250,7 +285,8 @@ impl RedisStore {
         )
         .await
         .map_err(unavailable)?;
-        let scripts = Scripts::load();
+        let (activity, activity_rx) = watch::channel(0u64);
+        let scripts = Scripts::load(&Arc::new(activity));
         scripts
             .library
             .load(&mut shared.clone())
@@ -274,6 +310,7 @@ impl RedisStore {
                 partitions,
                 opts,
                 scripts,
+                activity: activity_rx,
                 changes: rx,
                 watcher,
             }),
@@ -465,6 +502,21 @@ impl RedisStore {
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
         transition(&r)
+    }
+
+    /// Calls `due_runs` or `due_deliveries` (the shared `due_entries` of common.lua).
+    async fn due_entries(&self, script: &Function, p: u32, limit: usize) -> Result<DueEntries> {
+        let mut c = self.conn().await?;
+        let (ids, next_in): (Vec<String>, Option<u64>) = script
+            .arg(self.pfx(p))
+            .arg(limit)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        Ok(DueEntries {
+            ids,
+            next_in: next_in.map(Duration::from_millis),
+        })
     }
 
     fn channel(&self) -> String {

@@ -6,18 +6,15 @@ use super::*;
 #[async_trait]
 impl Outbox for RedisStore {
     async fn due_deliveries(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
+        Ok(self.poll_due_deliveries(partition, limit).await?.ids)
+    }
+
+    async fn poll_due_deliveries(&self, partition: u32, limit: usize) -> Result<DueEntries> {
         if limit == 0 {
-            return Ok(Vec::new());
+            return Ok(DueEntries::default());
         }
-        let mut c = self.conn().await?;
-        self.inner
-            .scripts
-            .due_deliveries
-            .arg(self.pfx(partition))
-            .arg(limit)
-            .invoke_async(&mut c)
+        self.due_entries(&self.inner.scripts.due_deliveries, partition, limit)
             .await
-            .map_err(unavailable)
     }
 
     async fn claim_delivery(

@@ -304,15 +304,12 @@ impl RunStore for RedisStore {
     }
 
     async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
-        let mut c = self.conn().await?;
-        self.inner
-            .scripts
-            .due_runs
-            .arg(self.pfx(partition))
-            .arg(limit)
-            .invoke_async(&mut c)
+        Ok(self.poll_due_runs(partition, limit).await?.ids)
+    }
+
+    async fn poll_due_runs(&self, partition: u32, limit: usize) -> Result<DueEntries> {
+        self.due_entries(&self.inner.scripts.due_runs, partition, limit)
             .await
-            .map_err(unavailable)
     }
 
     async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {

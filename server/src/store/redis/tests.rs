@@ -466,3 +466,67 @@ async fn a_run_record_written_as_json_is_read_and_rewritten() {
         Some(leased)
     );
 }
+
+/// A poll of due runs says when the partition's next timer falls due, and the calls
+/// that may set a sooner timer move the activity counter while the polls do not: what
+/// lets an idle sweeper sleep (`store::Pacer`).
+#[tokio::test]
+async fn polls_say_when_the_next_timer_falls_due() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{job, plan, planned_run};
+    let (store, _) = store("poll-next", one_partition()).await;
+    let mut activity = store.activity().expect("redis has an activity counter");
+    assert_eq!(
+        store.poll_due_runs(0, 10).await.expect("poll"),
+        DueEntries::default(),
+        "no timer at all"
+    );
+    store.create_job(job("paced", None)).await.expect("create");
+    let run = planned_run("paced", 1000, plan(OverlapPolicy::Allow));
+    let begun = store
+        .begin_run(run, Duration::from_secs(30))
+        .await
+        .expect("begin");
+    assert!(activity.has_changed().expect("sender"), "begin moved it");
+    activity.borrow_and_update();
+    let polled = store.poll_due_runs(0, 10).await.expect("poll");
+    assert!(polled.ids.is_empty());
+    let next = polled.next_in.expect("the wait for a node is timed");
+    assert!(
+        next > Duration::from_secs(29) && next <= Duration::from_secs(30),
+        "{next:?}"
+    );
+    let node = NodeSlot {
+        node_id: "n".into(),
+        max_concurrency: 0,
+    };
+    let terms = LeaseTerms {
+        ttl: Duration::from_secs(60),
+        confirm_within: Duration::from_secs(10),
+    };
+    store
+        .assign_run(&begun.run.schedule_id, begun.run.attempt, &node, terms)
+        .await
+        .expect("assign");
+    assert!(activity.has_changed().expect("sender"), "assign moved it");
+    activity.borrow_and_update();
+    let next = store
+        .poll_due_runs(0, 10)
+        .await
+        .expect("poll")
+        .next_in
+        .expect("the confirmation is timed");
+    assert!(
+        next > Duration::from_secs(9) && next <= Duration::from_secs(10),
+        "the sooner deadline: {next:?}"
+    );
+    store.due_deliveries(0, 10).await.expect("poll");
+    assert!(
+        !activity.has_changed().expect("sender"),
+        "polls leave the counter alone"
+    );
+    assert_eq!(
+        store.poll_due_deliveries(0, 10).await.expect("poll"),
+        DueEntries::default()
+    );
+}

@@ -22,3 +22,25 @@ end
 local function int(n)
   return string.format('%.0f', n)
 end
+
+-- The members of zset `key` scored at or before the store's now (at most `limit`,
+-- earliest first) and the ms until the first one after them is due (0 when that one
+-- is due too, false when there is none): {members, next_in|false}. With nothing due,
+-- one ZRANGE (what an idle server's polls cost).
+local function due_entries(key, limit)
+  local now = store_now_ms()
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if not first[2] then
+    return {{}, false}
+  end
+  if tonumber(first[2]) > now then
+    return {{}, int(tonumber(first[2]) - now)}
+  end
+  local due = redis.call('ZRANGEBYSCORE', key, '-inf', int(now), 'LIMIT', 0, limit)
+  local after = redis.call('ZRANGE', key, #due, #due, 'WITHSCORES')
+  local next_in = false
+  if after[2] then
+    next_in = int(math.max(tonumber(after[2]) - now, 0))
+  end
+  return {due, next_in}
+end

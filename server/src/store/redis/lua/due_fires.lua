@@ -18,6 +18,14 @@ if tonumber(ARGV[4]) > 0 then
   end
   redis.call('SET', lease, ARGV[3], 'PX', ARGV[4])
 end
+-- Nothing due (an idle partition): one ZRANGE.
+local first = redis.call('ZRANGE', pending, 0, 0, 'WITHSCORES')
+if not first[2] then
+  return {int(now), {}, false}
+end
+if tonumber(first[2]) > now then
+  return {int(now), {}, first[2]}
+end
 local due = redis.call('ZRANGEBYSCORE', pending, '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, limit)
 local n = #due / 2
 local after = redis.call('ZRANGE', pending, n, n, 'WITHSCORES')
