@@ -9,7 +9,8 @@
 //!
 //! ```text
 //! <prefix>:meta                         schema version, partition count
-//! <prefix>:{p}:job:<job_id>             hash: rec (JSON), version, paused, jit (due − planned),
+//! <prefix>:{p}:job:<job_id>             hash: rec (compact MessagePack: `encode_job`), version,
+//!                                       paused, jit (due − planned),
 //!                                       member (its pending member while armed)
 //! <prefix>:{p}:jobs                     zset (score 0) of job ids, for listing
 //! <prefix>:{p}:pending                  zset "<version>:<jit>:<job_id>" -> due time (ms)
@@ -541,11 +542,12 @@ impl RedisStore {
         }
         let mut c = self.conn().await?;
         #[allow(clippy::type_complexity)]
-        let rows: Vec<(Option<String>, Option<u64>, Option<Millis>, Option<Millis>)> =
+        let rows: Vec<(Option<Vec<u8>>, Option<u64>, Option<Millis>, Option<Millis>)> =
             inv.invoke_async(&mut c).await.map_err(unavailable)?;
         let mut out = Vec::with_capacity(rows.len());
-        for (rec, version, due, jit) in rows {
-            if let Some(job) = decode_job(rec, version, due.map(|d| (d, jit.unwrap_or(0))))? {
+        for (id, (rec, version, due, jit)) in ids.iter().zip(rows) {
+            let armed = due.map(|d| (d, jit.unwrap_or(0)));
+            if let Some(job) = decode_job(id, rec, version, armed)? {
                 out.push(job);
             }
         }
@@ -616,14 +618,32 @@ async fn watch_changes(
     }
 }
 
+/// The job `id` from its stored record (see `encode_job`; a whole JSON record, as
+/// written before records were compact, is read too), its version and its armed fire
+/// (due, jitter offset).
 fn decode_job(
-    rec: Option<String>,
+    id: &str,
+    rec: Option<Vec<u8>>,
     version: Option<u64>,
     armed: Option<(Millis, Millis)>,
 ) -> Result<Option<JobRecord>> {
     let Some(rec) = rec else { return Ok(None) };
-    let mut job: JobRecord = serde_json::from_str(&rec).map_err(corrupt)?;
-    job.version = version.ok_or_else(|| corrupt("job without version"))?;
+    let version = version.ok_or_else(|| corrupt("job without version"))?;
+    let mut stored: serde_json::Value = if rec.first() == Some(&b'{') {
+        serde_json::from_slice(&rec).map_err(corrupt)?
+    } else {
+        rmp_serde::from_slice(&rec).map_err(corrupt)?
+    };
+    if let serde_json::Value::Object(record) = &mut stored {
+        restore_defaults(record, &JOB_DEFAULTS.record);
+        record.insert("version".into(), version.into());
+        if let Some(serde_json::Value::Object(spec)) = record.get_mut("spec") {
+            restore_defaults(spec, &JOB_DEFAULTS.spec);
+            spec.entry("id").or_insert_with(|| id.into());
+        }
+    }
+    let mut job: JobRecord = serde_json::from_value(stored).map_err(corrupt)?;
+    job.version = version;
     job.next_fire = armed.map(|(due, jit)| Arm {
         planned: due - jit,
         due,
@@ -643,10 +663,75 @@ fn decode_trigger(sid: &StreamId) -> std::result::Result<Trigger, String> {
 }
 
 /// The record as persisted: `next_fire` lives in its own fields, written by claims.
-fn encode_job(job: &JobRecord) -> Result<String> {
-    let mut stored = job.clone();
-    stored.next_fire = None;
-    serde_json::to_string(&stored).map_err(corrupt)
+/// A job's record as stored: MessagePack of its JSON form without `version` (the job's
+/// hash holds it), `next_fire` (its pending member), `spec.id` (its key), nor any field
+/// of the record or its spec whose value is the one `JOB_DEFAULTS` gives (`decode_job`
+/// puts them all back). Most jobs leave most of their spec at its zero value: a typical
+/// record is about 130 bytes instead of 600 (the whole JSON record before).
+fn encode_job(job: &JobRecord) -> Result<Vec<u8>> {
+    let mut stored = serde_json::to_value(job).map_err(corrupt)?;
+    if let serde_json::Value::Object(record) = &mut stored {
+        record.remove("version");
+        record.remove("next_fire");
+        drop_defaults(record, &JOB_DEFAULTS.record);
+        if let Some(serde_json::Value::Object(spec)) = record.get_mut("spec") {
+            spec.remove("id");
+            drop_defaults(spec, &JOB_DEFAULTS.spec);
+        }
+    }
+    rmp_serde::to_vec_named(&stored).map_err(corrupt)
+}
+
+/// The values a stored job record leaves out, each compared whole (a nested value is
+/// left out only when all of it is the default).
+struct JobDefaults {
+    record: serde_json::Map<String, serde_json::Value>,
+    spec: serde_json::Map<String, serde_json::Value>,
+}
+
+static JOB_DEFAULTS: std::sync::LazyLock<JobDefaults> = std::sync::LazyLock::new(|| {
+    let object = |v: serde_json::Value| match v {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    JobDefaults {
+        record: object(serde_json::json!({ "paused": false, "next_fire": null })),
+        spec: object(serde_json::json!({
+            "name": "",
+            "start_time": null,
+            "end_time": null,
+            "jitter_ms": 0,
+            "route_strategy": "round_robin",
+            "route_key": "",
+            "retry": { "max_retries": 0, "backoff_ms": 0, "backoff_multiplier": 0.0, "max_backoff_ms": 0 },
+            "misfire_policy": "fire_once",
+            "misfire_catch_up_limit": 0,
+            "overlap_policy": "allow",
+            "callback_url": null,
+            "callback_max_in_flight": 0,
+            "app_id": "",
+            "payload": "",
+            "labels": {},
+        })),
+    }
+});
+
+fn drop_defaults(
+    object: &mut serde_json::Map<String, serde_json::Value>,
+    defaults: &serde_json::Map<String, serde_json::Value>,
+) {
+    object.retain(|k, v| defaults.get(k) != Some(v));
+}
+
+fn restore_defaults(
+    object: &mut serde_json::Map<String, serde_json::Value>,
+    defaults: &serde_json::Map<String, serde_json::Value>,
+) {
+    for (k, v) in defaults {
+        if !object.contains_key(k) {
+            object.insert(k.clone(), v.clone());
+        }
+    }
 }
 
 /// (pending score, jitter offset) of an arm, as script arguments.

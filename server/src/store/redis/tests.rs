@@ -530,3 +530,77 @@ async fn polls_say_when_the_next_timer_falls_due() {
         DueEntries::default()
     );
 }
+
+/// A stored job record (MessagePack) leaves out what is at its default and its id, and
+/// gets them back when read;
+/// a job that sets everything keeps everything; a record written whole (before records
+/// were compact) is still read.
+#[test]
+fn job_records_are_stored_without_their_defaults() {
+    use crate::model::{MisfirePolicy, OverlapPolicy, RetryPolicy, RouteStrategy, Target};
+    use crate::store::conformance::{arm, job};
+    let mut plain = job("plain", Some(arm(5_000)));
+    plain.version = 3;
+    plain.created_at = 1_000;
+    plain.updated_at = 2_000;
+    plain.spec.name.clear();
+    plain.spec.app_id.clear();
+    plain.spec.payload.clear();
+    plain.spec.misfire_catch_up_limit = 0;
+    let stored = encode_job(&plain).expect("encode");
+    assert!(stored.len() < 160, "{} bytes: {stored:?}", stored.len());
+    let text = String::from_utf8_lossy(&stored);
+    for left_out in ["version", "next_fire", "labels", "retry", "name", "plain"] {
+        assert!(!text.contains(left_out), "{left_out} in {text}");
+    }
+    let read = decode_job("plain", Some(stored), Some(3), Some((5_000, 0)))
+        .expect("decode")
+        .expect("a job");
+    assert_eq!(read, plain);
+
+    let mut full = plain.clone();
+    full.paused = true;
+    full.next_fire = None;
+    let s = &mut full.spec;
+    s.name = "n".into();
+    s.start_time = Some(1);
+    s.end_time = Some(2);
+    s.jitter_ms = 3;
+    s.target = Target::Http {
+        url: "https://example.com/x".into(),
+        method: "POST".into(),
+    };
+    s.route_strategy = RouteStrategy::ConsistentHash;
+    s.route_key = "k".into();
+    s.retry = RetryPolicy {
+        max_retries: 1,
+        backoff_ms: 0,
+        backoff_multiplier: 0.0,
+        max_backoff_ms: 0,
+    };
+    s.misfire_policy = MisfirePolicy::CatchUp;
+    s.misfire_catch_up_limit = 4;
+    s.overlap_policy = OverlapPolicy::Serial;
+    s.callback_url = Some("https://example.com/cb".into());
+    s.callback_max_in_flight = 5;
+    s.app_id = "app".into();
+    s.payload = vec![0, 1];
+    s.labels.insert("team".into(), "a".into());
+    let stored = encode_job(&full).expect("encode");
+    let read = decode_job("plain", Some(stored), Some(3), None)
+        .expect("decode")
+        .expect("a job");
+    assert_eq!(read, full);
+
+    let mut whole = serde_json::to_value(&plain).expect("json");
+    whole["next_fire"] = serde_json::Value::Null;
+    let read = decode_job(
+        "plain",
+        Some(whole.to_string().into_bytes()),
+        Some(3),
+        Some((5_000, 0)),
+    )
+    .expect("decode")
+    .expect("a job");
+    assert_eq!(read, plain);
+}
