@@ -22,9 +22,10 @@
 //! <prefix>:{p}:lease:<schedule_id>      hash: holder, token, expires
 //! <prefix>:{p}:leases                   zset schedule_id -> lease expiry
 //! <prefix>:{p}:tokens                   hash job_id -> last fencing token
-//! <prefix>:{p}:outbox:<schedule_id>     webhook outbox entry (JSON: job, url, body, created_at,
-//!                                       attempts, token, in_flight, due); gone once delivered
-//!                                       or given up
+//! <prefix>:{p}:delivery:<schedule_id>   webhook outbox entry (hash: job_id, url, body,
+//!                                       created_at, attempts, token, in_flight, due); gone once
+//!                                       delivered or given up (`outbox:<schedule_id>`, one JSON
+//!                                       document, before: moved into the hash when first read)
 //! <prefix>:{p}:outbox_due               zset schedule_id -> due (next attempt, or the end of
 //!                                       an in-flight claim's lease)
 //! <prefix>:{webhooks}:breaker:<dest>    hash: state, until, failures (a day's TTL)

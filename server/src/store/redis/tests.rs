@@ -604,3 +604,87 @@ fn job_records_are_stored_without_their_defaults() {
     .expect("a job");
     assert_eq!(read, plain);
 }
+
+/// A webhook's outbox entry is a hash whose body a claim and an outcome never rewrite;
+/// one written before as a JSON document (`outbox:<sid>`) is moved into the hash when
+/// first claimed, and delivered as any other.
+#[tokio::test]
+async fn an_outbox_entry_written_as_json_is_claimed_and_delivered() {
+    use crate::model::{CallbackState, OverlapPolicy};
+    use crate::store::conformance::{hooked, job, outcome, plan, running};
+    let (redis, _) = store("json-outbox", one_partition()).await;
+    let store: Arc<dyn crate::store::Store> = Arc::new(redis.clone());
+    store.create_job(job("hooked", None)).await.expect("create");
+    let g = running(&store, "hooked", 1000, hooked(plan(OverlapPolicy::Allow))).await;
+    let sid = g.schedule_id.clone();
+    store
+        .finish_run(
+            &sid,
+            Finisher::Holder(Holder::of(&g)),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let hash = redis.key(0, &format!("delivery:{sid}"));
+    let mut c = raw_connection().await;
+    let fields: std::collections::HashMap<String, String> =
+        c.hgetall(&hash).await.expect("hgetall");
+    assert_eq!(
+        fields.get("token").map(String::as_str),
+        Some("0"),
+        "{fields:?}"
+    );
+    let body = fields.get("body").cloned().expect("body");
+    // As the build before this one wrote it.
+    let legacy = serde_json::json!({
+        "job_id": "hooked",
+        "url": fields["url"],
+        "body": body,
+        "created_at": fields["created_at"].parse::<i64>().expect("created_at"),
+        "attempts": 0,
+        "token": "0",
+        "in_flight": false,
+        "due": fields["due"].parse::<i64>().expect("due"),
+    });
+    let _: () = c.del(&hash).await.expect("del");
+    let legacy_key = redis.key(0, &format!("outbox:{sid}"));
+    let _: () = c.set(&legacy_key, legacy.to_string()).await.expect("set");
+
+    let d = store
+        .claim_delivery(&sid, Duration::from_secs(60))
+        .await
+        .expect("claim")
+        .expect("the JSON entry is due");
+    assert_eq!(
+        (d.job_id.as_str(), d.attempts, d.body.as_str()),
+        ("hooked", 0, body.as_str())
+    );
+    let moved: bool = c.exists(&legacy_key).await.expect("exists");
+    assert!(!moved, "the JSON entry was moved into the hash");
+    assert!(
+        store
+            .claim_delivery(&sid, Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .is_none(),
+        "in flight: not due again"
+    );
+    assert_eq!(
+        store
+            .finish_delivery(&sid, d.token, DeliveryOutcome::Delivered { status: 200 })
+            .await
+            .expect("finish delivery"),
+        Applied::Yes
+    );
+    let exists: bool = c.exists(&hash).await.expect("exists");
+    assert!(!exists, "delivered: the entry is gone");
+    let run = store.get_run(&sid).await.expect("get").expect("run");
+    assert_eq!(
+        (
+            run.callback_state,
+            run.callback_attempts,
+            run.callback_status
+        ),
+        (CallbackState::Done, 1, 200)
+    );
+}

@@ -2,37 +2,34 @@
 -- status, error, at (retry: delay ms; defer: due time ms). Reply: {applied, reason}.
 local P, sid, token, kind = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local status, err, at = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
-local key = P .. 'outbox:' .. sid
-local j = redis.call('GET', key)
-if not j then
+local key, f = read_delivery(P, sid, { 'token', 'in_flight', 'attempts' })
+if not f then
   return { 'no', 'unknown delivery' }
 end
-local e = cjson.decode(j)
-if e.token ~= token or not e.in_flight then
+if f[1] ~= token or f[2] ~= '1' then
   return { 'no', 'stale delivery token' }
 end
 local now = store_now_ms()
 if kind == 'defer' then
-  e.in_flight = false
-  e.due = math.max(now, at)
-  redis.call('SET', key, cjson.encode(e))
-  redis.call('ZADD', P .. 'outbox_due', int(e.due), sid)
+  local due = int(math.max(now, at))
+  redis.call('HSET', key, 'in_flight', '0', 'due', due)
+  redis.call('ZADD', P .. 'outbox_due', due, sid)
   return { 'yes', '' }
 end
+local attempts = tonumber(f[3]) or 0
 if kind ~= 'abandon' then
-  e.attempts = tonumber(e.attempts) + 1
+  attempts = attempts + 1
 end
 local run = load_run(P, sid)
 if run then
-  run.callback_attempts = e.attempts
+  run.callback_attempts = attempts
   run.callback_status = status
   run.callback_error = err
 end
 if kind == 'retry' then
-  e.in_flight = false
-  e.due = now + at
-  redis.call('SET', key, cjson.encode(e))
-  redis.call('ZADD', P .. 'outbox_due', int(e.due), sid)
+  local due = int(now + at)
+  redis.call('HSET', key, 'in_flight', '0', 'due', due, 'attempts', int(attempts))
+  redis.call('ZADD', P .. 'outbox_due', due, sid)
 else
   redis.call('DEL', key)
   redis.call('ZREM', P .. 'outbox_due', sid)

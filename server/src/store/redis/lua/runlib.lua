@@ -169,9 +169,42 @@ local function has_unqueued_active(P, job_id)
   return false
 end
 
+-- A webhook's outbox entry is the hash delivery:<sid> (job_id, url, body, created_at,
+-- attempts, token, in_flight '1' | '0', due), so a claim or an outcome reads and writes
+-- the fields it needs and never decodes or re-encodes the body; outbox_due: sid -> when
+-- it is due, or while in flight when its claim lease ends. An entry written before
+-- (outbox:<sid>, one JSON document) is moved into the hash when it is first read.
+local function move_legacy_delivery(P, sid, key)
+  local legacy = P .. 'outbox:' .. sid
+  local j = redis.call('GET', legacy)
+  if not j then
+    return false
+  end
+  local e = cjson.decode(j)
+  redis.call('DEL', legacy)
+  redis.call('HSET', key, 'job_id', e.job_id, 'url', e.url, 'body', e.body,
+    'created_at', int(tonumber(e.created_at) or 0), 'attempts', int(tonumber(e.attempts) or 0),
+    'token', tostring(e.token), 'in_flight', e.in_flight == true and '1' or '0',
+    'due', int(tonumber(e.due) or 0))
+  return true
+end
+
+-- The entry's `fields` (the first one 'token', which every entry has): the key and
+-- the values, or the key and nil when there is no entry.
+local function read_delivery(P, sid, fields)
+  local key = P .. 'delivery:' .. sid
+  local f = redis.call('HMGET', key, unpack(fields))
+  if f[1] then
+    return key, f
+  end
+  if not move_legacy_delivery(P, sid, key) then
+    return key, nil
+  end
+  return key, redis.call('HMGET', key, unpack(fields))
+end
+
 -- The run's webhook: when its plan names a callback URL, the step that makes it final
--- writes its outbox entry (outbox:<sid>, JSON; outbox_due: sid -> when it is due, or
--- while in flight when its claim lease ends) with the body fixed now, due now.
+-- writes its outbox entry with the body fixed now, due now.
 local function write_outbox(P, run, now)
   local url = type(run.plan) == 'table' and run.plan.callback_url or nil
   if type(url) ~= 'string' or url == '' then
@@ -210,17 +243,9 @@ local function write_outbox(P, run, now)
     output = str(run.output),
     node_id = str(run.node_id),
   })
-  local entry = {
-    job_id = run.job_id,
-    url = url,
-    body = body,
-    created_at = now,
-    attempts = 0,
-    token = '0',
-    in_flight = false,
-    due = now,
-  }
-  redis.call('SET', P .. 'outbox:' .. run.schedule_id, cjson.encode(entry))
+  redis.call('HSET', P .. 'delivery:' .. run.schedule_id, 'job_id', run.job_id, 'url', url,
+    'body', body, 'created_at', int(now), 'attempts', '0', 'token', '0', 'in_flight', '0',
+    'due', int(now))
   redis.call('ZADD', P .. 'outbox_due', int(now), run.schedule_id)
   run.callback_state = 'PENDING'
 end
