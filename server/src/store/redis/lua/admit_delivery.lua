@@ -16,15 +16,21 @@ if state == 'half_open' and untl > now then
   -- Another caller's probe holds the only slot.
   return { 'full', '1' }
 end
-redis.call('ZREMRANGEBYSCORE', pkey, '-inf', now)
 local window = limit
 if state ~= 'closed' then
   window = 1 -- the probe goes alone
 elseif ramp and ramp < window then
   window = ramp
 end
-if not redis.call('ZSCORE', pkey, holder) and redis.call('ZCARD', pkey) >= window then
-  return { 'full', int(window) }
+local function full()
+  return not redis.call('ZSCORE', pkey, holder) and redis.call('ZCARD', pkey) >= window
+end
+-- Slots whose lease ran out are dropped only when they would keep this one out.
+if full() then
+  redis.call('ZREMRANGEBYSCORE', pkey, '-inf', now)
+  if full() then
+    return { 'full', int(window) }
+  end
 end
 local lease = tonumber(ARGV[5])
 redis.call('ZADD', pkey, now + lease, holder)

@@ -21,7 +21,8 @@ if ARGV[4] == '1' then
     redis.call('DEL', bkey)
     redis.call('HSET', bkey, 'state', 'closed', 'ramp', ramp)
     redis.call('PEXPIRE', bkey, 86400000)
-  else
+  elseif b[1] or b[2] or b[3] or b[4] then
+    -- A healthy destination has no record: nothing to delete.
     redis.call('DEL', bkey)
   end
   return { 'closed', '0', state ~= 'closed' and '1' or '0' }
