@@ -137,6 +137,10 @@ macro_rules! scripts {
             $($name: Function,)*
         }
 
+        /// Every function's name.
+        #[cfg(test)]
+        const SCRIPT_NAMES: &[&str] = &[$(stringify!($name),)*];
+
         impl Scripts {
             fn load(activity: &Activity) -> Self {
                 let library = Library::build(

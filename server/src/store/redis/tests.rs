@@ -688,3 +688,15 @@ async fn an_outbox_entry_written_as_json_is_claimed_and_delivered() {
         (CallbackState::Done, 1, 200)
     );
 }
+
+/// Every name in `QUIET` names a function: a misspelt one would leave the function it
+/// meant bumping the activity counter, waking the idle pollers, unnoticed.
+#[test]
+fn every_quiet_function_exists() {
+    for name in QUIET {
+        assert!(
+            SCRIPT_NAMES.contains(name),
+            "{name} is not a script of lua/"
+        );
+    }
+}
