@@ -186,15 +186,7 @@ impl AuditService for AuditApi {
     ) -> Result<Response<pb::ListAuditEventsResponse>, Status> {
         let req = req.into_inner();
         let size = convert::page_size("page_size", req.page_size).map_err(status)?;
-        let before = match req.page_token.as_str() {
-            "" => None,
-            t => Some(t.parse::<u64>().map_err(|_| {
-                Status::invalid_argument(format!(
-                    "page_token: {} is not a page token a listing returned",
-                    convert::quoted(t)
-                ))
-            })?),
-        };
+        let before = convert::seq_page_token("page_token", &req.page_token).map_err(status)?;
         let events = self.store.list_audit(before, size).await?;
         let next_page_token = match events.last() {
             Some(last) if events.len() == size && last.seq > 1 => last.seq.to_string(),

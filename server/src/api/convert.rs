@@ -61,6 +61,20 @@ pub fn run_page_token(field: &'static str, raw: &str) -> Result<Option<String>, 
     Ok(Some(raw.to_owned()))
 }
 
+/// A sequence-number page token (the run log's line, the audit log's event): the number
+/// a listing returned, None when empty, anything else refused naming `field`.
+pub fn seq_page_token(field: &'static str, raw: &str) -> Result<Option<u64>, Error> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    raw.parse().map(Some).map_err(|_| {
+        invalid(
+            field,
+            format!("{} is not a page token a listing returned", quoted(raw)),
+        )
+    })
+}
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
     Error::Invalid {
         field,
@@ -669,6 +683,31 @@ mod tests {
                 .to_string();
             assert!(e.starts_with("page_token: "), "{e}");
             assert!(e.len() < 200, "a {} byte message", e.len());
+        }
+    }
+
+    #[test]
+    fn sequence_page_tokens_are_numbers() {
+        assert_eq!(seq_page_token("page_token", "").expect("empty"), None);
+        assert_eq!(
+            seq_page_token("page_token", "42").expect("a number"),
+            Some(42)
+        );
+        for bad in ["garbage", "-1", "1.5", &"9".repeat(600)] {
+            let e = crate::api::status(seq_page_token("page_token", bad).expect_err("refused"));
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(
+                e.message().starts_with("page_token: ")
+                    && e.message()
+                        .ends_with(" is not a page token a listing returned"),
+                "{}",
+                e.message()
+            );
+            assert!(
+                e.message().len() < 200,
+                "a {} byte message",
+                e.message().len()
+            );
         }
     }
 

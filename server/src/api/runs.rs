@@ -234,15 +234,9 @@ impl RunService for RunApi {
         let req = req.into_inner();
         let sid = schedule_id(&req.schedule_id)?;
         let size = convert::page_size("page_size", req.page_size).map_err(status)?;
-        let after = match req.page_token.as_str() {
-            "" => 0,
-            t => t.parse::<u64>().map_err(|_| {
-                Status::invalid_argument(format!(
-                    "page_token: {} is not a page token a listing returned",
-                    convert::quoted(t)
-                ))
-            })?,
-        };
+        let after = convert::seq_page_token("page_token", &req.page_token)
+            .map_err(status)?
+            .unwrap_or(0);
         if self.store.get_run(sid).await?.is_none() {
             return Err(Status::not_found(format!("run {sid:?} not found")));
         }
