@@ -442,14 +442,14 @@ fn holder(node: &str, token: u64) -> Holder {
     }
 }
 
-fn slot(node_id: &str, max_concurrency: u32) -> NodeSlot {
+pub fn slot(node_id: &str, max_concurrency: u32) -> NodeSlot {
     NodeSlot {
         node_id: node_id.to_owned(),
         max_concurrency,
     }
 }
 
-fn terms(ttl_ms: u64, confirm_ms: u64) -> LeaseTerms {
+pub fn terms(ttl_ms: u64, confirm_ms: u64) -> LeaseTerms {
     LeaseTerms {
         ttl: Duration::from_millis(ttl_ms),
         confirm_within: Duration::from_millis(confirm_ms),

@@ -419,7 +419,7 @@ async fn a_dead_instances_triggers_are_taken_over_at_once() {
 #[tokio::test]
 async fn a_run_record_written_as_json_is_read_and_rewritten() {
     use crate::model::OverlapPolicy;
-    use crate::store::conformance::{job, plan, planned_run};
+    use crate::store::conformance::{job, plan, planned_run, slot, terms};
     let (store, _) = store("json-run", one_partition()).await;
     store.create_job(job("legacy", None)).await.expect("create");
     let run = planned_run("legacy", 1000, plan(OverlapPolicy::Allow));
@@ -443,16 +443,13 @@ async fn a_run_record_written_as_json_is_read_and_rewritten() {
         store.get_run(&begun.run.schedule_id).await.expect("read"),
         Some(begun.run.clone())
     );
-    let node = NodeSlot {
-        node_id: "n".into(),
-        max_concurrency: 0,
-    };
-    let terms = LeaseTerms {
-        ttl: Duration::from_secs(30),
-        confirm_within: Duration::from_secs(30),
-    };
     let Assigned::Granted(leased) = store
-        .assign_run(&begun.run.schedule_id, begun.run.attempt, &node, terms)
+        .assign_run(
+            &begun.run.schedule_id,
+            begun.run.attempt,
+            &slot("n", 0),
+            terms(30_000, 30_000),
+        )
         .await
         .expect("assign")
     else {
@@ -473,7 +470,7 @@ async fn a_run_record_written_as_json_is_read_and_rewritten() {
 #[tokio::test]
 async fn polls_say_when_the_next_timer_falls_due() {
     use crate::model::OverlapPolicy;
-    use crate::store::conformance::{job, plan, planned_run};
+    use crate::store::conformance::{job, plan, planned_run, slot, terms};
     let (store, _) = store("poll-next", one_partition()).await;
     let mut activity = store.activity().expect("redis has an activity counter");
     assert_eq!(
@@ -496,16 +493,13 @@ async fn polls_say_when_the_next_timer_falls_due() {
         next > Duration::from_secs(29) && next <= Duration::from_secs(30),
         "{next:?}"
     );
-    let node = NodeSlot {
-        node_id: "n".into(),
-        max_concurrency: 0,
-    };
-    let terms = LeaseTerms {
-        ttl: Duration::from_secs(60),
-        confirm_within: Duration::from_secs(10),
-    };
     store
-        .assign_run(&begun.run.schedule_id, begun.run.attempt, &node, terms)
+        .assign_run(
+            &begun.run.schedule_id,
+            begun.run.attempt,
+            &slot("n", 0),
+            terms(60_000, 10_000),
+        )
         .await
         .expect("assign");
     assert!(activity.has_changed().expect("sender"), "assign moved it");
