@@ -259,26 +259,13 @@ impl Deliveries {
             warn!("no --webhook-secret: webhooks are sent unsigned");
         }
         info!(every = ?self.opts.every, schedule = ?self.opts.retry_schedule, "webhook delivery started");
-        let mut tick = tokio::time::interval(self.opts.every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut pacer = Pacer::new(
+        Pacer::new(
             self.store.outbox.partitions(),
             self.opts.every,
             self.store.outbox.activity(),
-        );
-        while !shutdown.is_cancelled() {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            for p in pacer.to_ask(tokio::time::Instant::now()) {
-                if shutdown.is_cancelled() {
-                    break;
-                }
-                let due = self.sweep(p, &shutdown).await;
-                pacer.asked(p, due.as_ref(), tokio::time::Instant::now());
-            }
-        }
+        )
+        .run(&shutdown, |p| self.sweep(p, &shutdown))
+        .await;
         self.tasks.close();
         self.tasks.wait().await;
         info!("webhook delivery stopped");

@@ -51,26 +51,13 @@ impl Sweeper {
 
     pub async fn run(self, shutdown: CancellationToken) {
         info!(every = ?self.opts.every, "sweeper started");
-        let mut tick = tokio::time::interval(self.opts.every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut pacer = Pacer::new(
+        Pacer::new(
             self.store.partitions(),
             self.opts.every,
             self.store.activity(),
-        );
-        while !shutdown.is_cancelled() {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            for p in pacer.to_ask(tokio::time::Instant::now()) {
-                if shutdown.is_cancelled() {
-                    break;
-                }
-                let due = self.sweep(p).await;
-                pacer.asked(p, due.as_ref(), tokio::time::Instant::now());
-            }
-        }
+        )
+        .run(&shutdown, |p| self.sweep(p))
+        .await;
         info!("sweeper stopped");
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::DueEntries;
 
@@ -19,6 +20,7 @@ pub const IDLE_TICKS: u32 = 25;
 pub struct Pacer {
     /// When each partition is next asked.
     next: Vec<Instant>,
+    tick: Duration,
     idle: Duration,
     activity: Option<watch::Receiver<u64>>,
 }
@@ -29,8 +31,33 @@ impl Pacer {
     pub fn new(partitions: u32, tick: Duration, activity: Option<watch::Receiver<u64>>) -> Self {
         Self {
             next: vec![Instant::now(); partitions as usize],
+            tick,
             idle: tick * IDLE_TICKS,
             activity,
+        }
+    }
+
+    /// Until `shutdown`: at every tick, `ask` each partition whose time has come (see
+    /// the module docs) and note what it answered (None: asking failed).
+    pub async fn run<F, Fut>(mut self, shutdown: &CancellationToken, mut ask: F)
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = Option<DueEntries>>,
+    {
+        let mut tick = tokio::time::interval(self.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !shutdown.is_cancelled() {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            for p in self.to_ask(Instant::now()) {
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                let due = ask(p).await;
+                self.asked(p, due.as_ref(), Instant::now());
+            }
         }
     }
 
