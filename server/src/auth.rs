@@ -268,6 +268,7 @@ impl Caller {
 pub const READ_RPCS: &[&str] = &[
     "/sundial.v1.JobService/GetJob",
     "/sundial.v1.JobService/ListJobs",
+    "/sundial.v1.JobService/PreviewFireTimes",
     "/sundial.v1.RunService/GetRun",
     "/sundial.v1.RunService/ListRuns",
     "/sundial.v1.RunService/GetJobStatus",

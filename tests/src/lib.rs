@@ -496,7 +496,13 @@ pub async fn register(
     let chunks: Vec<Vec<pb::JobSpec>> = specs.chunks(1000).map(<[_]>::to_vec).collect();
     let mut calls = futures::stream::iter(chunks.into_iter().map(|specs| {
         let mut jobs = jobs.clone();
-        async move { jobs.apply_jobs(pb::ApplyJobsRequest { specs }).await }
+        async move {
+            jobs.apply_jobs(pb::ApplyJobsRequest {
+                specs,
+                dry_run: false,
+            })
+            .await
+        }
     }))
     .buffer_unordered(parallel.max(1));
     while let Some(r) = calls.next().await {

@@ -764,7 +764,10 @@ async fn unknown_runs_and_later_work_answer_precisely() -> Result<()> {
 async fn apply_jobs_on(opts: SundialOptions) -> Result<()> {
     let server = Sundial::start(opts)?;
     let mut jobs = server.jobs().await?;
-    let apply = |specs: Vec<pb::JobSpec>| pb::ApplyJobsRequest { specs };
+    let apply = |specs: Vec<pb::JobSpec>| pb::ApplyJobsRequest {
+        specs,
+        dry_run: false,
+    };
     let outcomes = |r: &pb::ApplyJobsResponse| -> Vec<pb::ApplyOutcome> {
         r.results.iter().map(|x| x.outcome()).collect()
     };
@@ -840,6 +843,53 @@ async fn apply_jobs_on(opts: SundialOptions) -> Result<()> {
     renamed.name = "renamed".into();
     let mut unpaused = paused;
     unpaused.paused = false;
+
+    // A dry run says what applying would do and writes nothing.
+    let mut bad_zone = noon("apply-z");
+    bad_zone.time_zone = "Mars/Olympus".into();
+    let dry = jobs
+        .apply_jobs(pb::ApplyJobsRequest {
+            specs: vec![
+                renamed.clone(),
+                unpaused.clone(),
+                noon("apply-new"),
+                bad_zone,
+            ],
+            dry_run: true,
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        outcomes(&dry) == [Updated, Unchanged, Created, Invalid],
+        "{dry:?}"
+    );
+    let would = dry.results[0].job.clone().context("a as it would be")?;
+    ensure!(
+        would.version == 2 && would.spec.as_ref().context("spec")?.name == "renamed",
+        "{would:?}"
+    );
+    ensure!(
+        dry.results[3].error.starts_with("specs[3].time_zone: "),
+        "{:?}",
+        dry.results[3].error
+    );
+    let a_now = jobs
+        .get_job(pb::GetJobRequest {
+            job_id: "apply-a".into(),
+        })
+        .await?
+        .into_inner()
+        .job
+        .context("a")?;
+    ensure!(a_now.version == 1, "a dry run wrote a: {a_now:?}");
+    let new = jobs
+        .get_job(pb::GetJobRequest {
+            job_id: "apply-new".into(),
+        })
+        .await
+        .expect_err("a dry run created nothing");
+    ensure!(new.code() == Code::NotFound, "{new:?}");
+
     let third = jobs
         .apply_jobs(apply(vec![renamed, unpaused]))
         .await?
@@ -948,5 +998,111 @@ async fn large_jobs_are_listed_in_pages_that_fit() -> Result<()> {
             .collect::<std::collections::BTreeSet<_>>()
             == ids
     );
+    Ok(())
+}
+
+/// `PreviewFireTimes` answers a schedule that is not saved from the server's own cron
+/// code: across the spring-forward change in Europe/Berlin, inside a window, and the same times `GetJobStatus` gives once a job with that schedule is
+/// saved; bad input is refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fire_times_of_an_unsaved_schedule() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(SundialOptions::embedded(dir.path()))?;
+    let mut jobs = server.jobs().await?;
+    let preview = |cron: &str, after_ms: i64, count: i32| pb::PreviewFireTimesRequest {
+        cron: cron.into(),
+        time_zone: "Europe/Berlin".into(),
+        after_ms,
+        count,
+        ..Default::default()
+    };
+    // 2030-03-30T00:00:00Z: Berlin springs forward on 2030-03-31 at 02:00 local, so
+    // 02:30 does not exist that day: a fixed-time line fires once at 03:00 CEST, the
+    // first real instant after the gap (the DST rule of `schedule::cron`).
+    let before_spring = 1_901_059_200_000;
+    let fires = jobs
+        .preview_fire_times(preview("0 30 2 * * ?", before_spring, 3))
+        .await?
+        .into_inner()
+        .fire_times_ms;
+    let day = 86_400_000;
+    // 2030-03-30 02:30 CET = 01:30Z, 2030-03-31 03:00 CEST = 01:00Z, then
+    // 2030-04-01 02:30 CEST = 00:30Z.
+    let first = before_spring + 90 * 60_000;
+    ensure!(
+        fires == [first, first + day - 1_800_000, first + 2 * day - 3_600_000],
+        "{fires:?}"
+    );
+    // The window: nothing before the start or after the end.
+    let windowed = jobs
+        .preview_fire_times(pb::PreviewFireTimesRequest {
+            start_time_ms: first + day,
+            end_time_ms: first + 2 * day,
+            ..preview("0 30 2 * * ?", before_spring, 10)
+        })
+        .await?
+        .into_inner()
+        .fire_times_ms;
+    ensure!(windowed == [first + 2 * day - 3_600_000], "{windowed:?}");
+
+    // The same schedule saved: GetJobStatus gives the times the preview gives.
+    let mut spec = every_second("berlin");
+    spec.cron = "0 30 2 * * ?".into();
+    spec.time_zone = "Europe/Berlin".into();
+    jobs.create_job(pb::CreateJobRequest { spec: Some(spec) })
+        .await?;
+    let status = server
+        .runs()
+        .await?
+        .get_job_status(pb::GetJobStatusRequest {
+            job_id: "berlin".into(),
+            next_fires: 20,
+        })
+        .await?
+        .into_inner()
+        .next_fire_times_ms;
+    let from_now = jobs
+        .preview_fire_times(preview("0 30 2 * * ?", 0, 20))
+        .await?
+        .into_inner()
+        .fire_times_ms;
+    ensure!(
+        status == from_now,
+        "status {status:?} vs preview {from_now:?}"
+    );
+
+    for (req, field) in [
+        (preview("", 0, 5), "cron: required"),
+        (preview("61 * * * *", 0, 5), "cron: "),
+        (
+            pb::PreviewFireTimesRequest {
+                time_zone: "Mars/Olympus".into(),
+                ..preview("* * * * *", 0, 5)
+            },
+            "time_zone: ",
+        ),
+        (
+            preview("* * * * *", 0, 101),
+            "count: 101 is not between 0 and 100",
+        ),
+        (preview("* * * * *", -1, 5), "after_ms: "),
+        (
+            pb::PreviewFireTimesRequest {
+                start_time_ms: 2_000,
+                end_time_ms: 1_000,
+                ..preview("* * * * *", 0, 5)
+            },
+            "end_time_ms: must be after start_time_ms",
+        ),
+    ] {
+        let err = jobs
+            .preview_fire_times(req.clone())
+            .await
+            .expect_err("refused");
+        ensure!(
+            err.code() == Code::InvalidArgument && err.message().starts_with(field),
+            "{req:?}: {err:?}"
+        );
+    }
     Ok(())
 }

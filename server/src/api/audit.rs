@@ -254,6 +254,7 @@ mod tests {
                             ..Default::default()
                         },
                     ],
+                    dry_run: false,
                 }
                 .encode_to_vec(),
                 "jobs a, b",

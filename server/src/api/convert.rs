@@ -11,7 +11,7 @@ use crate::model::{
     OverlapPolicy, RetryPolicy, RouteStrategy, RunRecord, RunState, Target, TriggerKind,
     valid_job_id,
 };
-use crate::schedule::jobs::{Error, Plan};
+use crate::schedule::jobs::{Error, Plan, Preview};
 
 /// Executors get an hour unless the job says otherwise.
 pub const DEFAULT_TIMEOUT_MS: i64 = 3_600_000;
@@ -23,6 +23,8 @@ const MAX_LABEL_VALUE_BYTES: usize = 256;
 const MAX_RETRIES: i32 = 100;
 const MAX_JITTER_MS: i64 = 24 * 3600 * 1000;
 const MAX_CATCH_UP: i32 = 1000;
+/// Most fire times one `PreviewFireTimes` call answers.
+const MAX_PREVIEW_FIRES: i32 = 100;
 /// The most webhooks a job may have in flight to its destination (as the server's
 /// `--webhook-destination-concurrency`).
 const MAX_CALLBACK_IN_FLIGHT: i32 = 10_000;
@@ -263,6 +265,44 @@ pub fn job_spec(spec: Option<pb::JobSpec>) -> Result<(JobSpec, bool), Error> {
         other => other,
     })?;
     Ok((spec, s.paused))
+}
+
+/// Validates a `PreviewFireTimes` request; the cron and zone are parsed by
+/// [`Jobs::preview`](crate::schedule::jobs::Jobs::preview), naming `cron` or `time_zone`.
+pub fn preview(r: pb::PreviewFireTimesRequest) -> Result<Preview, Error> {
+    if r.cron.trim().is_empty() {
+        return Err(invalid("cron", "required"));
+    }
+    let start = optional_time("start_time_ms", r.start_time_ms)?;
+    let end = optional_time("end_time_ms", r.end_time_ms)?;
+    if let (Some(a), Some(b)) = (start, end)
+        && b <= a
+    {
+        return Err(invalid("end_time_ms", "must be after start_time_ms"));
+    }
+    let after = optional_time("after_ms", r.after_ms)?;
+    let count = match r.count {
+        0 => 5,
+        n if (1..=MAX_PREVIEW_FIRES).contains(&n) => n as usize,
+        n => {
+            return Err(invalid(
+                "count",
+                format!("{n} is not between 0 and {MAX_PREVIEW_FIRES}"),
+            ));
+        }
+    };
+    Ok(Preview {
+        cron: r.cron.trim().to_owned(),
+        time_zone: if r.time_zone.is_empty() {
+            "UTC".to_owned()
+        } else {
+            r.time_zone
+        },
+        start,
+        end,
+        after,
+        count,
+    })
 }
 
 fn optional_time(field: &'static str, v: i64) -> Result<Option<model::Millis>, Error> {

@@ -70,7 +70,7 @@ impl JobService for JobApi {
         &self,
         req: Request<pb::ApplyJobsRequest>,
     ) -> Result<Response<pb::ApplyJobsResponse>, Status> {
-        let specs = req.into_inner().specs;
+        let pb::ApplyJobsRequest { specs, dry_run } = req.into_inner();
         if specs.is_empty() {
             return Err(Status::invalid_argument(
                 "specs: required (1 to 1000 job specs)",
@@ -117,7 +117,7 @@ impl JobService for JobApi {
             .into_iter()
             .map(|(i, spec, paused)| (i, (spec, paused)))
             .unzip();
-        let outcomes = self.jobs.apply(valid).await.map_err(status)?;
+        let outcomes = self.jobs.apply(valid, dry_run).await.map_err(status)?;
         for (i, outcome) in slots.into_iter().zip(outcomes) {
             let r = &mut results[i];
             match outcome {
@@ -147,6 +147,7 @@ impl JobService for JobApi {
             unchanged = count(pb::ApplyOutcome::Unchanged),
             invalid = count(pb::ApplyOutcome::Invalid),
             conflict = count(pb::ApplyOutcome::Conflict),
+            dry_run,
             "jobs applied"
         );
         Ok(Response::new(pb::ApplyJobsResponse { results }))
@@ -241,6 +242,14 @@ impl JobService for JobApi {
         }))
     }
 
+    async fn preview_fire_times(
+        &self,
+        req: Request<pb::PreviewFireTimesRequest>,
+    ) -> Result<Response<pb::PreviewFireTimesResponse>, Status> {
+        let answer = self.preview(req.into_inner()).await.map_err(status)?;
+        Ok(Response::new(answer))
+    }
+
     async fn trigger_job(
         &self,
         req: Request<pb::TriggerJobRequest>,
@@ -269,6 +278,17 @@ impl JobService for JobApi {
             schedule_id: enq.schedule_id,
             duplicate: enq.duplicate,
         }))
+    }
+}
+
+impl JobApi {
+    async fn preview(
+        &self,
+        req: pb::PreviewFireTimesRequest,
+    ) -> Result<pb::PreviewFireTimesResponse, jobs::Error> {
+        let preview = convert::preview(req)?;
+        let fire_times_ms = self.jobs.preview(preview).await?;
+        Ok(pb::PreviewFireTimesResponse { fire_times_ms })
     }
 }
 

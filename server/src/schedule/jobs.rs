@@ -53,15 +53,7 @@ impl Plan {
 
     /// The first planned fire strictly after `after` inside the job's start/end window.
     pub fn next_planned(&self, after: Millis) -> Option<Millis> {
-        let after = match self.spec.start_time {
-            Some(start) => after.max(start - 1),
-            None => after,
-        };
-        let next = self.cron.next_after(after)?;
-        match self.spec.end_time {
-            Some(end) if next > end => None,
-            _ => Some(next),
-        }
+        next_in_window(&self.cron, self.spec.start_time, self.spec.end_time, after)
     }
 
     /// The fire to arm after `after`: planned time plus the job's stable jitter.
@@ -100,19 +92,67 @@ impl Plan {
 
     /// Up to `n` upcoming planned fires after `after`.
     pub fn upcoming(&self, after: Millis, n: usize) -> Vec<Millis> {
-        let mut out = Vec::with_capacity(n);
-        let mut t = after;
-        while out.len() < n {
-            match self.next_planned(t) {
-                Some(next) => {
-                    out.push(next);
-                    t = next;
-                }
-                None => break,
-            }
-        }
-        out
+        upcoming_in_window(
+            &self.cron,
+            self.spec.start_time,
+            self.spec.end_time,
+            after,
+            n,
+        )
     }
+}
+
+/// The first fire of `cron` strictly after `after` that is no earlier than `start` and
+/// no later than `end`.
+fn next_in_window(
+    cron: &CronSchedule,
+    start: Option<Millis>,
+    end: Option<Millis>,
+    after: Millis,
+) -> Option<Millis> {
+    let after = match start {
+        Some(start) => after.max(start - 1),
+        None => after,
+    };
+    let next = cron.next_after(after)?;
+    match end {
+        Some(end) if next > end => None,
+        _ => Some(next),
+    }
+}
+
+/// Up to `n` fires of `cron` after `after` inside the window.
+fn upcoming_in_window(
+    cron: &CronSchedule,
+    start: Option<Millis>,
+    end: Option<Millis>,
+    after: Millis,
+    n: usize,
+) -> Vec<Millis> {
+    let mut out = Vec::with_capacity(n);
+    let mut t = after;
+    while out.len() < n {
+        match next_in_window(cron, start, end, t) {
+            Some(next) => {
+                out.push(next);
+                t = next;
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// A schedule that is not (or not yet) a job's: what `PreviewFireTimes` computes.
+#[derive(Debug, Clone)]
+pub struct Preview {
+    pub cron: String,
+    pub time_zone: String,
+    pub start: Option<Millis>,
+    pub end: Option<Millis>,
+    /// Fires strictly after this; `None`: the store's now.
+    pub after: Option<Millis>,
+    pub count: usize,
 }
 
 /// A job's jitter is one stable offset in `[0, jitter_ms)`, derived from its id: it
@@ -227,8 +267,13 @@ impl Jobs {
     /// One read of the current jobs, then one store write per partition. The answer has
     /// one entry per spec, in order: an outcome, or the spec's own validation error.
     /// Ids must be distinct (the caller checks); a store failure fails the whole call
-    /// (some partitions may be written: applying again finishes the job).
-    pub async fn apply(&self, specs: Vec<(JobSpec, bool)>) -> Result<Vec<Result<ApplyOutcome>>> {
+    /// (some partitions may be written: applying again finishes the job). A `dry_run`
+    /// writes nothing and answers each spec with the job as applying it would leave it.
+    pub async fn apply(
+        &self,
+        specs: Vec<(JobSpec, bool)>,
+        dry_run: bool,
+    ) -> Result<Vec<Result<ApplyOutcome>>> {
         let mut answers: Vec<Option<Result<ApplyOutcome>>> = Vec::with_capacity(specs.len());
         let mut plans = Vec::new();
         for (i, (spec, paused)) in specs.into_iter().enumerate() {
@@ -263,6 +308,16 @@ impl Jobs {
                 },
                 None => JobWrite::Create(plan.new_record(paused, now)),
             };
+            if dry_run {
+                answers[i] = Some(Ok(match write {
+                    JobWrite::Create(job) => ApplyOutcome::Created(job),
+                    JobWrite::Update { mut job, .. } => {
+                        job.version += 1;
+                        ApplyOutcome::Updated(job)
+                    }
+                }));
+                continue;
+            }
             batches
                 .entry(partition_of(write.job_id(), partitions))
                 .or_default()
@@ -306,6 +361,17 @@ impl Jobs {
                 })
             })
             .collect())
+    }
+
+    /// The next planned fires of a schedule, from the same cron code and window rule
+    /// as a saved job's.
+    pub async fn preview(&self, p: Preview) -> Result<Vec<Millis>> {
+        let cron = CronSchedule::parse(&p.cron, &p.time_zone)?;
+        let after = match p.after {
+            Some(after) => after,
+            None => self.store.now().await?,
+        };
+        Ok(upcoming_in_window(&cron, p.start, p.end, after, p.count))
     }
 
     pub async fn delete(&self, job_id: &str) -> Result<()> {

@@ -230,6 +230,17 @@ pub static OPS: &[Op] = &[
     },
     Op {
         verb: Verb::Get,
+        path: "/api/v1/fire-times",
+        service: "JobService",
+        method: "PreviewFireTimes",
+        body: false,
+        bind: &[],
+        summary: "The next fire times of a cron and zone (and optional start/end window) that need not be saved: cron=..&time_zone=..&count=..",
+        success: Success::Ok,
+        handler: grpc!(jobs.preview_fire_times),
+    },
+    Op {
+        verb: Verb::Get,
         path: "/api/v1/jobs/{job_id}",
         service: "JobService",
         method: "GetJob",
