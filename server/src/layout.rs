@@ -26,6 +26,7 @@ fn layer(module: &str) -> Option<u8> {
         "api" => 6,
         "config" => 7,
         "server" => 8,
+        "cli" => 9,
         _ => return None,
     })
 }

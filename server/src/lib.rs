@@ -11,6 +11,7 @@
 // `egress`, `tls`, `fault`). ARCHITECTURE.md states the allowed import directions.
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod deliver;
 pub mod dispatch;

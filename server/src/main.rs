@@ -1,8 +1,12 @@
-//! The `sundial` binary: parses the command line and runs one server instance until
-//! SIGINT or SIGTERM.
+//! The `sundial` binary: `serve` runs one server instance until SIGINT or SIGTERM; the
+//! other subcommands (`job`, `run`, `node`, `app`) are a client of a running server
+//! (`sundial_server::cli`).
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+use sundial_server::cli;
 use sundial_server::config::{Config, Settings};
 use tokio_util::sync::CancellationToken;
 
@@ -34,19 +38,42 @@ enum Command {
         #[arg(long, env = "SUNDIAL_CONFIG")]
         config: Option<std::path::PathBuf>,
         #[command(flatten)]
-        settings: Settings,
+        settings: Box<Settings>,
     },
+    #[command(flatten)]
+    Client(cli::Command),
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    let command = match Cli::try_parse() {
+        Ok(cli) => cli.command,
+        Err(e) => {
+            // Help and version are answers, not failures; a usage error exits 1 (the
+            // CLI's documented code), not clap's 2 (which means "not found" here).
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
+        }
+    };
+    match command {
+        Command::Serve { config, settings } => match serve(config, *settings).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("Error: {e:?}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Client(command) => ExitCode::from(cli::run(command).await as u8),
+    }
+}
+
+async fn serve(config: Option<std::path::PathBuf>, settings: Settings) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let Command::Serve { config, settings } = Cli::parse().command;
     let file = match config {
         Some(path) => Settings::from_file(&path)?,
         None => Settings::default(),
