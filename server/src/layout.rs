@@ -1,7 +1,7 @@
 //! The allowed import directions between the server's modules, checked over the
 //! source tree (ARCHITECTURE.md, "Architecture Invariant: imports go down").
 //!
-//! Layers, top to bottom: `server` and `config` (wiring) → `api` (the surfaces) →
+//! Layers, top to bottom: `cli` (a client of the gRPC API) → `server` and `config` (wiring) → `api` (the surfaces) →
 //! `schedule` and `dispatch` (when and where; never each other) → `deliver` (how the
 //! world learns) → the foundation (`auth`, `tls`, `metrics`, then `store`, then
 //! `model`, `egress`, `fault`). A module imports its own layer's module and the layers

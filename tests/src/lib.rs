@@ -6,6 +6,7 @@
 //! - gRPC clients over real sockets, and helpers that wait on conditions with a
 //!   deadline instead of sleeping a fixed time.
 
+pub mod cli;
 pub mod foreign;
 pub mod raw;
 pub mod rest;

@@ -13,6 +13,7 @@ use rcgen::{
 };
 use sundial_proto::v1 as pb;
 use sundial_server::config::{Config, Settings};
+use sundial_tests::cli::Cli;
 use sundial_tests::{JobServiceClient, Sundial, SundialOptions, TestExecutor, wait_for};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
@@ -153,6 +154,17 @@ async fn grpc_rest_and_an_executor_speak_tls_and_only_tls() -> Result<()> {
     // Plaintext gRPC to the same port is refused.
     let plain = plaintext_get_job(server.grpc, "tls-echo").await;
     ensure!(plain.is_err(), "plaintext gRPC answered: {plain:?}");
+
+    // The CLI over TLS: it trusts the CA of --ca-file; without it the server's
+    // certificate is unknown and the server cannot be reached (exit 5).
+    let cli = Cli::new(&server.grpc_url());
+    let ca = pki.arg("ca.pem");
+    let got = cli
+        .run(&["job", "get", "tls-echo", "--ca-file", &ca])
+        .await?;
+    ensure!(got.code == 0 && got.stdout.contains("tls-echo"), "{got:?}");
+    let untrusted = cli.run(&["job", "get", "tls-echo"]).await?;
+    ensure!(untrusted.code == 5, "{untrusted:?}");
 
     // REST over https answers; plain http does not, nor https without trusting the CA.
     let base = server.http_url().context("no http address")?;

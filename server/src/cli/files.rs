@@ -200,6 +200,26 @@ mod tests {
         );
     }
 
+    /// The README's example of one job in each format reads as the same spec.
+    #[test]
+    fn the_readme_examples_are_one_job() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("### The `sundial` CLI")
+            .expect("the CLI section");
+        let section = &readme[start..];
+        let block = |lang: &str| {
+            let open = format!("```{lang}\n");
+            let from = section.find(&open).expect("an example") + open.len();
+            let len = section[from..].find("```").expect("its end");
+            section[from..from + len].to_owned()
+        };
+        let yaml = one("r.yaml", &block("yaml")).expect("yaml");
+        assert_eq!(yaml, one("r.toml", &block("toml")).expect("toml"));
+        assert_eq!(yaml, one("r.json", &block("json")).expect("json"));
+        assert_eq!(yaml.retry.map(|r| r.max_retries), Some(3));
+    }
+
     #[test]
     fn errors_name_the_job_and_the_field() {
         let err = one("a.yaml", "id: a\nretry: {max_retries: lots}\n").expect_err("bad type");

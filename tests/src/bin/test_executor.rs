@@ -3,7 +3,8 @@
 //! Handlers: `noop` (empty output), `echo` (the payload), `sleep` (payload = ASCII
 //! milliseconds; stops early when cancelled, answering CANCELLED), `fail` (always
 //! FAILED, code `boom`), `flaky` (FAILED on attempt 1, then succeeds), `shard`
-//! (output `<shard_index>/<shard_total>`). With `--failing`, every handler fails; with
+//! (output `<shard_index>/<shard_total>`), `ticks` (payload = ASCII count N: writes the
+//! log line `tick <i>` every 300 ms, N times, then succeeds). With `--failing`, every handler fails; with
 //! `--failing-while FILE`, every handler fails while FILE exists.
 //!
 //! With `--journal <path>` every handler start and return is appended as one line,
@@ -119,6 +120,7 @@ enum Behaviour {
     Fail,
     Flaky,
     Shard,
+    Ticks,
 }
 
 async fn behave(ctx: &RunContext, behaviour: Behaviour) -> Result<Vec<u8>, HandlerError> {
@@ -141,6 +143,18 @@ async fn behave(ctx: &RunContext, behaviour: Behaviour) -> Result<Vec<u8>, Handl
         }
         Behaviour::Flaky => Ok(Vec::new()),
         Behaviour::Shard => Ok(format!("{}/{}", ctx.shard_index(), ctx.shard_total()).into_bytes()),
+        Behaviour::Ticks => {
+            let text = std::str::from_utf8(ctx.payload())?.trim();
+            let n: u32 = text
+                .parse()
+                .map_err(|_| HandlerError::new("bad_payload", format!("not a count: {text:?}")))?;
+            for i in 1..=n {
+                ctx.info(format!("tick {i}"));
+                ctx.until_cancelled(tokio::time::sleep(Duration::from_millis(300)))
+                    .await?;
+            }
+            Ok(Vec::new())
+        }
     }
 }
 
@@ -199,6 +213,7 @@ async fn main() -> Result<()> {
         ("fail", Behaviour::Fail),
         ("flaky", Behaviour::Flaky),
         ("shard", Behaviour::Shard),
+        ("ticks", Behaviour::Ticks),
     ] {
         let behaviour = if args.failing {
             Behaviour::Fail
