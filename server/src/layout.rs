@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// The layer of a top-level module: higher may import lower.
 fn layer(module: &str) -> Option<u8> {
     Some(match module {
-        "model" | "egress" | "fault" | "testing" => 0,
+        "model" | "egress" | "fault" | "testing" | "telemetry" => 0,
         "store" => 1,
         "auth" | "metrics" => 2,
         "tls" => 3,

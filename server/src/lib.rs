@@ -24,6 +24,7 @@ pub mod model;
 pub mod schedule;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tls;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use sundial_server::cli;
 use sundial_server::config::{Config, Settings};
+use sundial_server::telemetry;
 use tokio_util::sync::CancellationToken;
 
 /// jemalloc instead of the system allocator: the server allocates and frees many small
@@ -68,17 +69,13 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(config: Option<std::path::PathBuf>, settings: Settings) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let file = match config {
         Some(path) => Settings::from_file(&path)?,
         None => Settings::default(),
     };
-    let config = Config::from_settings(settings.over(file))?;
+    let settings = settings.over(file);
+    telemetry::init(settings.log_format.unwrap_or_default());
+    let config = Config::from_settings(settings)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
     sundial_server::server::run(config, shutdown, |bound| {

@@ -23,6 +23,7 @@ use crate::egress::IpNet;
 use crate::schedule::scheduler::SchedulerOptions;
 use crate::store::LeaseTerms;
 use crate::store::StoreOptions;
+use crate::telemetry::LogFormat;
 use crate::tls::ServerTls;
 use sundial_sdk::webhook::Secret as WebhookSecret;
 
@@ -65,14 +66,15 @@ impl<'de> Deserialize<'de> for HumanDuration {
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct Settings {
     /// gRPC address (JobService, RunService, executors, health, reflection).
+    /// [default: 127.0.0.1:50051]
     #[arg(long, env = "SUNDIAL_LISTEN")]
     pub listen: Option<String>,
-    /// HTTP address (REST API, `/healthz`, `/metrics`).
+    /// HTTP address (REST API, `/healthz`, `/metrics`). [default: 127.0.0.1:8080]
     #[arg(long, env = "SUNDIAL_HTTP_LISTEN")]
     pub http_listen: Option<String>,
     /// Serve on a non-loopback address with admin authentication off (no
     /// --bearer-token, --read-token or --app-secret). Without it such a start is
-    /// refused: every admin call would be accepted from the network.
+    /// refused: every admin call would be accepted from the network. [default: false]
     #[arg(
         long,
         env = "SUNDIAL_INSECURE_LISTEN_ANY",
@@ -80,137 +82,150 @@ pub struct Settings {
         default_missing_value = "true"
     )]
     pub insecure_listen_any: Option<bool>,
+    /// How the log on stderr is written: `text` for people (colours only on a
+    /// terminal, and not with NO_COLOR), `json` for log shippers (one object per line,
+    /// job_id and schedule_id among its fields) [default: text].
+    #[arg(long, env = "SUNDIAL_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
     /// Redis URL. When absent, the embedded single-node store in --data-dir is used.
     #[arg(long, env = "SUNDIAL_REDIS_URL")]
     pub redis_url: Option<String>,
     /// Prefix of every Redis key (several deployments can share one Redis).
+    /// [default: sundial]
     #[arg(long, env = "SUNDIAL_REDIS_PREFIX")]
     pub redis_prefix: Option<String>,
-    /// Directory of the embedded store.
+    /// Directory of the embedded store. [default: sundial-data]
     #[arg(long, env = "SUNDIAL_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// This instance's name (default: host-pid-random).
+    /// This instance's name (made at start when not given: host-pid-random).
     #[arg(long, env = "SUNDIAL_INSTANCE_ID")]
     pub instance_id: Option<String>,
-    /// Partitions of a new store (an existing store keeps its own number).
+    /// Partitions of a new store (an existing store keeps its own number). [default: 16]
     #[arg(long, env = "SUNDIAL_PARTITIONS")]
     pub partitions: Option<u32>,
-    /// Longest scheduler sleep between asking the store what is due (5s; it is woken
-    /// sooner by a due fire or a job change).
+    /// Longest scheduler sleep between asking the store what is due (it is woken sooner by a
+    /// due fire or a job change). [default: 5s]
     #[arg(long, env = "SUNDIAL_SCHEDULER_MAX_SLEEP")]
     pub scheduler_max_sleep: Option<HumanDuration>,
-    /// Fires claimed per store call.
+    /// Fires claimed per store call. [default: 500]
     #[arg(long, env = "SUNDIAL_SCHEDULER_BATCH")]
     pub scheduler_batch: Option<usize>,
     /// How long an instance keeps a partition to itself while claiming (0 = never).
+    /// [default: 300ms]
     #[arg(long, env = "SUNDIAL_PARTITION_LEASE")]
     pub partition_lease: Option<HumanDuration>,
-    /// Partitions the scheduler claims concurrently.
+    /// Partitions the scheduler claims concurrently. [default: 4]
     #[arg(long, env = "SUNDIAL_SCHEDULER_PARALLEL_PARTITIONS")]
     pub scheduler_parallel_partitions: Option<usize>,
-    /// A fire claimed later than this is a misfire.
+    /// A fire claimed later than this is a misfire. [default: 5s]
     #[arg(long, env = "SUNDIAL_MISFIRE_THRESHOLD")]
     pub misfire_threshold: Option<HumanDuration>,
-    /// Default catch-up limit for the CATCH_UP misfire policy.
+    /// Default catch-up limit for the CATCH_UP misfire policy. [default: 10]
     #[arg(long, env = "SUNDIAL_MISFIRE_CATCH_UP_LIMIT")]
     pub misfire_catch_up_limit: Option<u32>,
-    /// How long a dispatcher read waits for triggers.
+    /// How long a dispatcher read waits for triggers. [default: 500ms]
     #[arg(long, env = "SUNDIAL_TRIGGER_READ_BLOCK")]
     pub trigger_read_block: Option<HumanDuration>,
     /// Triggers unacknowledged this long (their instance died) are taken over.
+    /// [default: 30s]
     #[arg(long, env = "SUNDIAL_TRIGGER_RECLAIM_IDLE")]
     pub trigger_reclaim_idle: Option<HumanDuration>,
-    /// How often to look for such triggers.
+    /// How often to look for such triggers. [default: 5s]
     #[arg(long, env = "SUNDIAL_TRIGGER_RECLAIM_EVERY")]
     pub trigger_reclaim_every: Option<HumanDuration>,
     /// Each instance beats in the store every third of this; one whose beat is this
     /// old is taken for dead and the triggers it read but never acknowledged are taken
-    /// over at once (not after trigger_reclaim_idle). Default 3s.
+    /// over at once (not after trigger_reclaim_idle). [default: 3s]
     #[arg(long, env = "SUNDIAL_INSTANCE_TTL")]
     pub instance_ttl: Option<HumanDuration>,
-    /// Acknowledged triggers are trimmed from the queue after this age.
+    /// Acknowledged triggers are trimmed from the queue after this age. [default: 1h]
     #[arg(long, env = "SUNDIAL_TRIGGER_RETENTION")]
     pub trigger_retention: Option<HumanDuration>,
-    /// How long run records are kept.
+    /// How long run records are kept. [default: 7d]
     #[arg(long, env = "SUNDIAL_RUN_RETENTION")]
     pub run_retention: Option<HumanDuration>,
-    /// At most this many runs are kept per job.
+    /// At most this many runs are kept per job. [default: 10000]
     #[arg(long, env = "SUNDIAL_MAX_RUNS_PER_JOB")]
     pub max_runs_per_job: Option<usize>,
-    /// How often executors heartbeat.
+    /// How often executors heartbeat. [default: 5s]
     #[arg(long, env = "SUNDIAL_HEARTBEAT_INTERVAL")]
     pub heartbeat_interval: Option<HumanDuration>,
-    /// An executor silent for this many heartbeat intervals is dropped.
+    /// An executor silent for this many heartbeat intervals is dropped. [default: 3]
     #[arg(long, env = "SUNDIAL_MISSED_HEARTBEATS")]
     pub missed_heartbeats: Option<u32>,
-    /// Lease of a dispatched run (default: missed_heartbeats × heartbeat_interval).
+    /// Lease of a dispatched run: missed_heartbeats × heartbeat_interval unless set.
+    /// [default: 15s]
     #[arg(long, env = "SUNDIAL_LEASE_TTL")]
     pub lease_ttl: Option<HumanDuration>,
     /// The unresponsive window: a dispatch that neither its `Started` nor a heartbeat
     /// listing it confirms within this is taken back and routed again (same attempt).
     /// A live executor lists what it holds in every heartbeat, so only a node that
-    /// sends nothing (frozen, cut off) or lost the dispatch hits it. Default: two
-    /// heartbeat intervals; at most the lease.
+    /// sends nothing (frozen, cut off) or lost the dispatch hits it. Two heartbeat
+    /// intervals unless set; at most the lease. [default: 10s]
     #[arg(long, env = "SUNDIAL_CONFIRM_WITHIN")]
     pub confirm_within: Option<HumanDuration>,
     /// An executor that leaves a dispatch unanswered and sends nothing at all for this
     /// long (frozen, cut off) is silent: the server takes its unanswered dispatches
     /// back and routes them elsewhere (same attempt), and gives it no new work until
     /// it is heard from again (ListNodes: UNRESPONSIVE). Runs it started keep their
-    /// leases. A live executor answers a dispatch at once. Default 1s (or
-    /// confirm_within if shorter); 0 = off; at most confirm_within.
+    /// leases. A live executor answers a dispatch at once. At most
+    /// confirm_within (the default too, if it is shorter); 0 = off. [default: 1s]
     #[arg(long, env = "SUNDIAL_SILENT_AFTER")]
     pub silent_after: Option<HumanDuration>,
     /// When an executor's stream ends from its side (the process died, or it closed
     /// the stream) while it holds runs, their leases end this much later unless it
     /// reconnects and lists them in its hello first: a dead executor's runs fail over
-    /// in about this long instead of a lease TTL. Default 1s (or the lease if shorter);
-    /// 0 = at once; at most the lease. A server shutting down keeps its executors' full
-    /// leases.
+    /// in about this long instead of a lease TTL. At most the lease (the default too,
+    /// if it is shorter); 0 = at once. A server shutting down keeps its executors' full
+    /// leases. [default: 1s]
     #[arg(long, env = "SUNDIAL_DISCONNECT_GRACE")]
     pub disconnect_grace: Option<HumanDuration>,
     /// How long a run may wait for an eligible executor to connect before it fails
     /// ("no_executor"); a run waiting for a connected executor's free capacity is
     /// never failed for it. A server that has just started gives its executors this
-    /// long to reconnect before it fails any run for want of one.
+    /// long to reconnect before it fails any run for want of one. [default: 30s]
     #[arg(long, env = "SUNDIAL_DISPATCH_WAIT")]
     pub dispatch_wait: Option<HumanDuration>,
-    /// How soon a run that found every executor busy is routed again.
+    /// How soon a run that found every executor busy is routed again. [default: 500ms]
     #[arg(long, env = "SUNDIAL_ROUTE_RETRY")]
     pub route_retry: Option<HumanDuration>,
     /// How often run deadlines (timeouts, retries, lease expiry) are swept.
+    /// [default: 200ms]
     #[arg(long, env = "SUNDIAL_SWEEP_EVERY")]
     pub sweep_every: Option<HumanDuration>,
     /// Longest queue of waiting runs per job under the serial overlap policy.
+    /// [default: 100]
     #[arg(long, env = "SUNDIAL_SERIAL_LIMIT")]
     pub serial_limit: Option<u32>,
     /// Executor log text kept per run, in bytes (the oldest lines fall out first).
+    /// [default: 1048576]
     #[arg(long, env = "SUNDIAL_MAX_LOG_BYTES")]
     pub max_log_bytes: Option<usize>,
-    /// HTTP-target runs one instance calls at once.
+    /// HTTP-target runs one instance calls at once. [default: 64]
     #[arg(long, env = "SUNDIAL_HTTP_MAX_CONCURRENCY")]
     pub http_max_concurrency: Option<u32>,
-    /// How long graceful shutdown waits for in-flight work.
+    /// How long graceful shutdown waits for in-flight work. [default: 10s]
     #[arg(long, env = "SUNDIAL_SHUTDOWN_GRACE")]
     pub shutdown_grace: Option<HumanDuration>,
-    /// A node's results older than this no longer count toward its health (default 1h).
+    /// A node's results older than this no longer count toward its health. [default: 1h]
     #[arg(long, env = "SUNDIAL_HEALTH_WINDOW")]
     pub health_window: Option<HumanDuration>,
-    /// Results a node needs in the window before it is judged (default 5); a handler's
+    /// Results a node needs in the window before it is judged; a handler's
     /// errors are judged against its peers only when they have this many results of it.
+    /// [default: 5]
     #[arg(long, env = "SUNDIAL_HEALTH_MIN_RESULTS")]
     pub health_min_results: Option<u32>,
     /// Share of a node's recent results that are not its own failures (its lost leases,
     /// and the errors beyond what its peers have on the same handlers) under which it is
-    /// SLOW: work goes to other nodes first (default 0.9).
+    /// SLOW: work goes to other nodes first. [default: 0.9]
     #[arg(long, env = "SUNDIAL_SLOW_BELOW")]
     pub slow_below: Option<f64>,
-    /// The same share under which a node is FAILING: it gets no work (default 0.5) but
-    /// a probe run every --health-probe-every.
+    /// The same share under which a node is FAILING: it gets no work but a
+    /// probe run every --health-probe-every. [default: 0.5]
     #[arg(long, env = "SUNDIAL_DROP_BELOW")]
     pub drop_below: Option<f64>,
     /// A FAILING node gets one run this often from each instance (a probe); three
-    /// successes in a row and its failures are forgiven (default 5s).
+    /// successes in a row and its failures are forgiven. [default: 5s]
     #[arg(long, env = "SUNDIAL_HEALTH_PROBE_EVERY")]
     pub health_probe_every: Option<HumanDuration>,
     /// Addresses HTTP targets may reach beyond public and private ones, comma-separated
@@ -291,38 +306,39 @@ pub struct Settings {
         hide_env_values = true
     )]
     pub webhook_secret: Option<Vec<SecretText>>,
-    /// The `X-Sundial-App-Id` of webhooks (default "sundial").
+    /// The `X-Sundial-App-Id` of webhooks. [default: sundial]
     #[arg(long, env = "SUNDIAL_WEBHOOK_APP_ID")]
     pub webhook_app_id: Option<String>,
-    /// One webhook attempt's time limit (default 15s).
+    /// One webhook attempt's time limit. [default: 15s]
     #[arg(long, env = "SUNDIAL_WEBHOOK_TIMEOUT")]
     pub webhook_timeout: Option<HumanDuration>,
-    /// Delays before each webhook retry, comma-separated, ±20% jitter (default
-    /// `1s,5s,30s,2m,10m`).
+    /// Delays before each webhook retry, comma-separated, ±20% jitter.
+    /// [default: 1s,5s,30s,2m,10m]
     #[arg(long, env = "SUNDIAL_WEBHOOK_RETRY_SCHEDULE")]
     pub webhook_retry_schedule: Option<String>,
-    /// A webhook not delivered this long after its run ended is given up (default 24h).
+    /// A webhook not delivered this long after its run ended is given up. [default: 24h]
     #[arg(long, env = "SUNDIAL_WEBHOOK_MAX_AGE")]
     pub webhook_max_age: Option<HumanDuration>,
-    /// Consecutive failed attempts that open a destination's circuit breaker (default 5).
+    /// Consecutive failed attempts that open a destination's circuit breaker. [default: 5]
     #[arg(long, env = "SUNDIAL_WEBHOOK_BREAKER_FAILURES")]
     pub webhook_breaker_failures: Option<u32>,
-    /// How long an open circuit breaker holds deliveries before a probe (default 30s).
+    /// How long an open circuit breaker holds deliveries before a probe. [default: 30s]
     #[arg(long, env = "SUNDIAL_WEBHOOK_BREAKER_COOLDOWN")]
     pub webhook_breaker_cooldown: Option<HumanDuration>,
-    /// How long a delivery worker owns a claimed webhook before another may take it
-    /// (default: the webhook timeout + 10s).
+    /// How long a delivery worker owns a claimed webhook before another may take it:
+    /// the webhook timeout + 10s unless set. [default: 25s]
     #[arg(long, env = "SUNDIAL_WEBHOOK_CLAIM_LEASE")]
     pub webhook_claim_lease: Option<HumanDuration>,
-    /// Webhook deliveries one instance has in flight at once (default 512, at most
-    /// 10000).
+    /// Webhook deliveries one instance has in flight at once (at most 10000).
+    /// [default: 512]
     #[arg(long, env = "SUNDIAL_WEBHOOK_CONCURRENCY")]
     pub webhook_concurrency: Option<u32>,
     /// Webhook deliveries in flight to one destination (`scheme://host:port`) at once,
-    /// counted across every instance (default 64, at most the webhook concurrency); a
+    /// counted across every instance (at most the webhook concurrency); a
     /// delivery past it waits for a slot while its claim lease allows, else it is
     /// deferred a second, no attempt spent. After a destination's circuit breaker
     /// closes, its window starts at one and grows by one with each answered attempt.
+    /// [default: 64]
     #[arg(long, env = "SUNDIAL_WEBHOOK_DESTINATION_CONCURRENCY")]
     pub webhook_destination_concurrency: Option<u32>,
     /// Every alert (failed, lost runs, misfires, late fires, failed callbacks) is also
@@ -371,6 +387,7 @@ impl Settings {
             listen,
             http_listen,
             insecure_listen_any,
+            log_format,
             redis_url,
             redis_prefix,
             data_dir,
@@ -961,6 +978,69 @@ fn default_instance_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The settings whose absence means "none" (credentials, files, Redis, allow
+    /// lists) or a value made at start (the instance id): their help says so in words.
+    const WITHOUT_DEFAULT: &[&str] = &[
+        "instance_id",
+        "redis_url",
+        "http_target_allow",
+        "webhook_allow",
+        "bearer_token",
+        "read_token",
+        "app_secret",
+        "executor_token",
+        "executor_tokens_file",
+        "tls_cert",
+        "tls_key",
+        "tls_client_ca",
+        "webhook_secret",
+        "alert_webhook_url",
+    ];
+
+    /// The value a help text gives as `[default: X]`.
+    fn default_in(help: &str) -> Option<String> {
+        let start = help.rfind("[default: ")? + "[default: ".len();
+        let len = help[start..].find(']')?;
+        Some(help[start..start + len].to_owned())
+    }
+
+    /// `serve --help` gives every setting's default as `[default: X]`, and X is the
+    /// real one: the configuration with `--flag X` is the configuration without it.
+    #[test]
+    fn help_shows_every_default_and_it_is_the_real_one() {
+        use clap::{Args as _, FromArgMatches as _};
+        let cmd = Settings::augment_args(clap::Command::new("serve").no_binary_name(true));
+        let config = |extra: &[&str]| -> String {
+            let mut args = vec!["--instance-id", "fixed"];
+            args.extend_from_slice(extra);
+            let m = cmd.clone().try_get_matches_from(args).expect("parses");
+            let s = Settings::from_arg_matches(&m).expect("settings");
+            format!("{:?}", Config::from_settings(s).expect("valid"))
+        };
+        let defaults = config(&[]);
+        let mut missing = Vec::new();
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            let help = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            match default_in(&help) {
+                Some(v) => {
+                    let flag = format!("--{}", arg.get_long().expect("a long flag"));
+                    assert_eq!(config(&[&flag, &v]), defaults, "{flag}: [default: {v}]");
+                }
+                None if WITHOUT_DEFAULT.contains(&id) => {}
+                None => missing.push(id.to_owned()),
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "no [default: ...] in the help of {missing:?}"
+        );
+    }
 
     #[test]
     fn flags_win_over_file_and_defaults_fill_the_rest() {
