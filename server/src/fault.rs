@@ -1,7 +1,8 @@
 //! Named crash points, so a fault test can stop a process exactly inside a failure
 //! window instead of hoping a timed kill lands there.
 //!
-//! `SUNDIAL_FAULT=<point>` aborts the process the first time it reaches `<point>`;
+//! `SUNDIAL_FAULT=<point>` aborts the process the first time it reaches `<point>` (a
+//! panic point panics instead, in the task that reached it);
 //! `SUNDIAL_FAULT=<point>@<n>` aborts at the n-th time. The process dies with
 //! `abort()`, as close to a SIGKILL as a process can do to itself: no destructors, no
 //! graceful shutdown, no flushing of anything but the one stderr line that says why.
@@ -30,6 +31,9 @@ pub const POINTS: &[&str] = &[
     "embedded.before_commit",
     // The batch committed (every write of it durable); no caller answered yet.
     "embedded.after_commit",
+    // A panic point: the run sweeper's loop panics as it sweeps a partition (the
+    // instance must report it and stop, not go on without a sweeper).
+    "sweeper.panic",
 ];
 
 struct Armed {
@@ -84,6 +88,19 @@ pub fn crash_point(point: &'static str) {
         if hit == a.at_hit {
             eprintln!("SUNDIAL_FAULT: crashing at {point} (hit {hit})");
             std::process::abort();
+        }
+    }
+}
+
+/// Panics here if `SUNDIAL_FAULT` names this point (and this is the n-th hit): a bug
+/// in one loop, as the instance's loop watch must see it.
+pub fn panic_point(point: &'static str) {
+    if let Some(a) = armed()
+        && a.point == point
+    {
+        let hit = a.hits.fetch_add(1, Ordering::Relaxed) + 1;
+        if hit == a.at_hit {
+            panic!("SUNDIAL_FAULT: panicking at {point} (hit {hit})");
         }
     }
 }

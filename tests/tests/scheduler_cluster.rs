@@ -343,16 +343,18 @@ async fn a_dead_instances_triggers_are_taken_over_when_its_beat_runs_out() -> Re
 #[test]
 fn every_crash_point_has_a_test() {
     // The claim path's points are tested here, the result path's with the webhooks,
-    // the embedded store's group commit with its restarts.
+    // the embedded store's group commit with its restarts, the loop watch's panic point
+    // with the server's surface.
     let sources = [
         include_str!("scheduler_cluster.rs"),
         include_str!("webhooks.rs"),
         include_str!("embedded_restart.rs"),
+        include_str!("server_surface.rs"),
     ];
     for point in sundial_server::fault::POINTS {
         assert!(
             sources.iter().any(|s| s.contains(&format!("\"{point}@"))),
-            "crash point {point} has no test here, in webhooks.rs or in embedded_restart.rs"
+            "crash point {point} has no test here, in webhooks.rs, embedded_restart.rs or server_surface.rs"
         );
     }
 }

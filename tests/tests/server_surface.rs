@@ -1,7 +1,8 @@
 //! What `sundial` shows of itself: `--help` naming every subcommand, a text log with
 //! no terminal escape codes when stderr is a pipe (even with colours allowed), and
 //! `--log-format json`, one JSON object per line with the span and event fields
-//! (`job_id`, `schedule_id`) at the top level.
+//! (`job_id`, `schedule_id`) at the top level; and a loop that panics is reported and
+//! stops the server with a non-zero exit.
 
 use std::time::Duration;
 
@@ -75,5 +76,24 @@ async fn json_log_lines_parse_and_carry_job_and_schedule_ids() -> Result<()> {
         with_ids > 0,
         "no line with job_id and schedule_id {sid}:\n{log}"
     );
+    Ok(())
+}
+
+/// The sweeper's loop panics (the `sweeper.panic` point, at its third sweep): the
+/// server logs which loop failed and why, shuts down in order and exits non-zero,
+/// instead of serving on without a sweeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_that_panics_stops_the_server_with_an_error() -> Result<()> {
+    let data = tempfile::tempdir()?;
+    let mut server =
+        Sundial::start(SundialOptions::embedded(data.path()).fault("sweeper.panic@3"))?;
+    let status = server.wait_exit(Duration::from_secs(30)).await?;
+    let log = server.stderr();
+    ensure!(!status.success(), "exit {status:?}\n{log}");
+    ensure!(
+        log.contains("loop sweeper panicked: SUNDIAL_FAULT: panicking at sweeper.panic"),
+        "{log}"
+    );
+    ensure!(log.contains("stopped"), "no orderly shutdown:\n{log}");
     Ok(())
 }

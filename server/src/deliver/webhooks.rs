@@ -734,14 +734,6 @@ impl Deliveries {
     }
 }
 
-/// Starts the worker on its own task.
-pub fn spawn(
-    deliveries: Arc<Deliveries>,
-    shutdown: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(deliveries.run(shutdown).instrument(info_span!("webhooks")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

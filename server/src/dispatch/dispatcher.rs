@@ -1094,20 +1094,6 @@ fn dispatch_message(run: &RunRecord, job: &JobRecord, route_key: &str) -> pb::se
     })
 }
 
-/// The trigger consumer and the instance's beat, until `shutdown`.
-pub fn spawn(
-    dispatcher: Arc<Dispatcher>,
-    shutdown: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    let beat = dispatcher.clone().keep_alive(shutdown.clone());
-    tokio::spawn(
-        async move {
-            tokio::join!(dispatcher.run(shutdown), beat);
-        }
-        .instrument(info_span!("dispatcher")),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ pub mod routing;
 pub mod silence;
 pub mod sweeper;
 
-pub use dispatcher::{DispatchOptions, DispatchStore, Dispatcher, run_plan, spawn};
+pub use dispatcher::{DispatchOptions, DispatchStore, Dispatcher, run_plan};
 
 /// Locks a mutex of this layer's in-memory state; a panic while it was held leaves
 /// nothing half-written that matters here, so a poisoned lock is taken as it is.

@@ -64,6 +64,7 @@ impl Sweeper {
     /// Handles the partition's due runs; answers what the store said of them (None
     /// when it could not be asked).
     async fn sweep(&self, partition: u32) -> Option<DueEntries> {
+        crate::fault::panic_point("sweeper.panic");
         let due = match self.store.poll_due_runs(partition, self.opts.batch).await {
             Ok(d) => d,
             Err(e) => {
@@ -110,8 +111,4 @@ impl Sweeper {
         }
         Some(due)
     }
-}
-
-pub fn spawn(sweeper: Sweeper, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(sweeper.run(shutdown).instrument(info_span!("sweeper")))
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{debug, info, info_span, warn};
 
 use crate::deliver::alerts::{AlertKind, Alerts};
 use crate::fault::crash_point;
@@ -514,19 +514,6 @@ fn delay_until(next_due: Option<Millis>, now: Millis, max: Duration) -> Duration
         Some(due) => Duration::from_millis((due - now) as u64).min(max),
         None => max,
     }
-}
-
-/// Spawns the loop; returns its stats handle.
-pub fn spawn(
-    store: Arc<dyn JobStore>,
-    opts: SchedulerOptions,
-    alerts: Arc<Alerts>,
-    shutdown: CancellationToken,
-) -> (tokio::task::JoinHandle<()>, SchedulerStats) {
-    let stats = SchedulerStats::default();
-    let scheduler = Scheduler::new(store, opts, stats.clone()).with_alerts(alerts);
-    let handle = tokio::spawn(scheduler.run(shutdown).instrument(info_span!("scheduler")));
-    (handle, stats)
 }
 
 #[cfg(test)]
