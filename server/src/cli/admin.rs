@@ -75,7 +75,7 @@ pub async fn nodes(client: &ClientArgs, command: NodeCommand) -> Result<Exit> {
             let node = ask(what, server.nodes().drain_node(req)).await?.node;
             match out {
                 Output::Json => show::json(&node.unwrap_or_default())?,
-                Output::Table => println!("node {node_id} draining"),
+                Output::Table => say!("node {node_id} draining"),
             }
         }
     }
@@ -133,11 +133,12 @@ pub async fn apps(client: &ClientArgs, command: AppCommand) -> Result<Exit> {
             "secret": secret,
         }))?,
         Output::Table => {
-            println!(
+            say!(
                 "app {} {what} ({} active secrets); its secret, shown this once:",
-                app.app_id, app.active_secrets
+                app.app_id,
+                app.active_secrets
             );
-            println!("{secret}");
+            say!("{secret}");
         }
     }
     Ok(Exit::Ok)

@@ -256,19 +256,22 @@ fn print(report: &Report) {
         match item.outcome {
             "unchanged" => {}
             "invalid" | "conflict" => {
-                println!(
+                say!(
                     "{}: job {:?}: {} ({})",
-                    item.file, item.job_id, item.error, item.outcome
+                    item.file,
+                    item.job_id,
+                    item.error,
+                    item.outcome
                 );
             }
-            "deleted" => println!("job {} {would}deleted (no file names it)", item.job_id),
+            "deleted" => say!("job {} {would}deleted (no file names it)", item.job_id),
             verb => {
                 let fields = if item.changed.is_empty() {
                     String::new()
                 } else {
                     format!(": {}", item.changed.join(", "))
                 };
-                println!("job {} {would}{verb}{fields} ({})", item.job_id, item.file);
+                say!("job {} {would}{verb}{fields} ({})", item.job_id, item.file);
                 print_fires("before", &item.fire_times_before_ms, &item.time_zone);
                 print_fires("after ", &item.fire_times_after_ms, &item.time_zone);
             }
@@ -277,10 +280,10 @@ fn print(report: &Report) {
     let n = |o: &str| counts.get(o).copied().unwrap_or(0);
     let total = report.items.len() - n("deleted");
     if n("created") + n("updated") + n("deleted") + n("invalid") + n("conflict") == 0 {
-        println!("no changes: {total} jobs unchanged");
+        say!("no changes: {total} jobs unchanged");
         return;
     }
-    println!(
+    say!(
         "{}{total} jobs: {} created, {} updated, {} unchanged, {} invalid, {} conflicts; {} deleted",
         if report.dry_run {
             "dry run, nothing written: "
@@ -301,7 +304,7 @@ fn print_fires(label: &str, times: &[i64], zone: &str) {
         return;
     }
     let shown: Vec<String> = times.iter().map(|t| show::time_in(*t, zone)).collect();
-    println!("    next fires {label}: {}", shown.join(", "));
+    say!("    next fires {label}: {}", shown.join(", "));
 }
 
 #[cfg(test)]

@@ -132,7 +132,7 @@ pub async fn run(client: &ClientArgs, command: JobCommand) -> Result<Exit> {
             .await?;
             match out {
                 Output::Json => show::json(&answer)?,
-                Output::Table => println!("deleted job {job_id}"),
+                Output::Table => say!("deleted job {job_id}"),
             }
             Ok(Exit::Ok)
         }
@@ -173,7 +173,7 @@ fn changed(out: Output, verb: &str, job: Option<pb::Job>) -> Result<Exit> {
         Output::Json => show::json(&job)?,
         Output::Table => {
             let spec = job.spec.unwrap_or_default();
-            println!(
+            say!(
                 "{verb} job {} (version {}, next fire {})",
                 spec.id,
                 job.version,
@@ -373,11 +373,11 @@ async fn trigger(
     .await?;
     match out {
         Output::Json => show::json(&answer)?,
-        Output::Table if answer.duplicate => println!(
+        Output::Table if answer.duplicate => say!(
             "{} (the idempotency key was used before: this is its first run)",
             answer.schedule_id
         ),
-        Output::Table => println!("{}", answer.schedule_id),
+        Output::Table => say!("{}", answer.schedule_id),
     }
     Ok(Exit::Ok)
 }
@@ -440,7 +440,7 @@ pub fn print_fires(out: Output, zone: &str, times: &[i64]) -> Result<()> {
         })),
         Output::Table => {
             for t in times {
-                println!(
+                say!(
                     "{}  ({})",
                     show::time_in(*t, zone),
                     show::time_in(*t, "UTC")

@@ -6,6 +6,14 @@
 //! is told ([`Failure`]); the connection is `connect.rs`, job files and `job apply` are
 //! `files.rs` and `apply.rs`, output is `show.rs`, one file per noun for the rest.
 
+/// `println!` for answers: a closed stdout (`sundial job list | head -1`) ends the
+/// process quietly, as a command killed by SIGPIPE would, instead of a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::show::line(format_args!($($arg)*))
+    };
+}
+
 mod admin;
 mod apply;
 mod connect;

@@ -271,11 +271,11 @@ async fn logs(server: &Server, out: Output, schedule_id: String, follow: bool) -
         let line = line.map_err(|s| Failure::rpc(&what, &s))?;
         match out {
             // One JSON object per line, as it comes (newline-delimited JSON).
-            Output::Json => println!(
+            Output::Json => say!(
                 "{}",
                 serde_json::to_string(&line).map_err(|e| Failure::usage(e.to_string()))?
             ),
-            Output::Table => println!(
+            Output::Table => say!(
                 "{}  {:<5}  {}",
                 show::precise_time_in(line.time_ms, &zone),
                 line.level,

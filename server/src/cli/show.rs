@@ -8,11 +8,25 @@ use serde::Serialize;
 
 use super::{Failure, Result};
 
+/// Writes one line on stdout (see `say!`): a closed pipe ends the process with
+/// success, any other write error with failure.
+pub fn line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{args}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write the answer: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// Prints `value` as pretty JSON on stdout.
 pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Failure::usage(format!("cannot print the answer as JSON: {e}")))?;
-    println!("{text}");
+    say!("{text}");
     Ok(())
 }
 
@@ -27,7 +41,7 @@ pub fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) {
         column.set_padding((0, 2));
     }
     for line in t.lines() {
-        println!("{}", line.trim_end());
+        say!("{}", line.trim_end());
     }
 }
 
@@ -35,7 +49,7 @@ pub fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) {
 pub fn fields(pairs: &[(&str, String)]) {
     let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
     for (key, value) in pairs.iter().filter(|(_, v)| !v.is_empty()) {
-        println!("{:<width$} {value}", format!("{key}:"));
+        say!("{:<width$} {value}", format!("{key}:"));
     }
 }
 

@@ -81,12 +81,13 @@ pub async fn run(
         parts.auth.clone(),
         Arc::new(StoreNonces(parts.store.clone())),
     );
-    let served = serve::Served::start(&config, &parts, guard, listeners, loops.stop()).await?;
+    let mut served = serve::Served::start(&config, &parts, guard, listeners, loops.stop()).await?;
     on_bound(served.bound);
 
     let failure = tokio::select! {
         () = shutdown.cancelled() => None,
         failure = loops.first_failure() => Some(failure),
+        failure = served.first_failure() => Some(failure),
     };
     info!("shutting down: health NOT_SERVING, stopping loops");
     served.not_serving().await;

@@ -175,6 +175,12 @@ impl Served {
         })
     }
 
+    /// Waits until the gRPC or HTTP server ends before it was asked to (an error it
+    /// logged), and says which; pending forever while both serve.
+    pub async fn first_failure(&mut self) -> super::LoopFailure {
+        self.servers.first_failure().await
+    }
+
     /// Health says NOT_SERVING, so load balancers stop sending.
     pub async fn not_serving(&self) {
         set_health(&self.health, tonic_health::ServingStatus::NotServing).await;
