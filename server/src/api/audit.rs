@@ -140,7 +140,13 @@ fn named(msg: &DynamicMessage) -> String {
                 _ => None,
             })
             .collect();
-        return format!("jobs {}", ids.join(", "));
+        // A dry run changes nothing, and says so first (a long list is clipped).
+        let dry = matches!(
+            msg.get_field_by_name("dry_run").as_deref(),
+            Some(Value::Bool(true))
+        );
+        let what = if dry { "dry run of jobs" } else { "jobs" };
+        return format!("{what} {}", ids.join(", "));
     }
     for (field, kind) in [
         ("schedule_id", "run"),
@@ -258,6 +264,18 @@ mod tests {
                 }
                 .encode_to_vec(),
                 "jobs a, b",
+            ),
+            (
+                "/sundial.v1.JobService/ApplyJobs",
+                pb::ApplyJobsRequest {
+                    specs: vec![pb::JobSpec {
+                        id: "a".into(),
+                        ..Default::default()
+                    }],
+                    dry_run: true,
+                }
+                .encode_to_vec(),
+                "dry run of jobs a",
             ),
             (
                 "/sundial.v1.RunService/CancelRun",
