@@ -3,7 +3,7 @@
 //! (`sundial_server::cli`).
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use std::process::ExitCode;
 
 use sundial_server::cli;
@@ -47,7 +47,12 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let command = match Cli::try_parse() {
+    // `serve --help` shows each setting's declared default (config::settings).
+    let parsed = Cli::command()
+        .mut_subcommand("serve", Settings::with_defaults_in_help)
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let command = match parsed {
         Ok(cli) => cli.command,
         Err(e) => {
             // Help and version are answers, not failures; a usage error exits 1 (the

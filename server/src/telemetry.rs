@@ -27,6 +27,17 @@ pub enum LogFormat {
     Json,
 }
 
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(format!("{other:?} is not a log format (text or json)")),
+        }
+    }
+}
+
 /// Installs the process's log subscriber (once, at start).
 pub fn init(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

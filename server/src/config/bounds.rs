@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{Error, HumanDuration};
+use super::{Error, HumanDuration, given};
 
 /// One setting's range, inclusive.
 pub(super) struct Bound<T> {
@@ -189,6 +189,12 @@ fn human(d: Duration) -> String {
 }
 
 impl Bound<Duration> {
+    /// The setting's value (it has a declared default, so it is set), or the error
+    /// naming it.
+    pub fn get(&self, v: Option<HumanDuration>) -> Result<Duration, Error> {
+        self.check(Some(given(self.field, v)?), Duration::ZERO)
+    }
+
     /// The setting's value (`default` when unset), or the error naming it.
     pub fn check(&self, v: Option<HumanDuration>, default: Duration) -> Result<Duration, Error> {
         let Some(HumanDuration(d)) = v else {
@@ -209,6 +215,16 @@ impl Bound<Duration> {
 }
 
 impl Bound<u64> {
+    /// The setting's value (it has a declared default, so it is set), or the error
+    /// naming it.
+    pub fn get<T>(&self, v: Option<T>) -> Result<T, Error>
+    where
+        T: Copy + TryInto<u64>,
+    {
+        let n = given(self.field, v)?;
+        self.check(Some(n), n)
+    }
+
     /// The setting's value (`default` when unset), or the error naming it.
     pub fn check<T>(&self, v: Option<T>, default: T) -> Result<T, Error>
     where

@@ -23,11 +23,13 @@ use crate::egress::IpNet;
 use crate::schedule::scheduler::SchedulerOptions;
 use crate::store::LeaseTerms;
 use crate::store::StoreOptions;
-use crate::telemetry::LogFormat;
 use crate::tls::ServerTls;
 use sundial_sdk::webhook::Secret as WebhookSecret;
 
 mod bounds;
+mod settings;
+
+pub use settings::Settings;
 
 use bounds::*;
 
@@ -60,293 +62,6 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
-/// Settings as given, each optional: the same fields come from the TOML file and from
-/// flags / `SUNDIAL_*` variables, and the more specific source wins.
-#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
-pub struct Settings {
-    /// gRPC address (JobService, RunService, executors, health, reflection).
-    /// [default: 127.0.0.1:50051]
-    #[arg(long, env = "SUNDIAL_LISTEN")]
-    pub listen: Option<String>,
-    /// HTTP address (REST API, `/healthz`, `/metrics`). [default: 127.0.0.1:8080]
-    #[arg(long, env = "SUNDIAL_HTTP_LISTEN")]
-    pub http_listen: Option<String>,
-    /// Serve on a non-loopback address with admin authentication off (no
-    /// --bearer-token, --read-token or --app-secret). Without it such a start is
-    /// refused: every admin call would be accepted from the network. [default: false]
-    #[arg(
-        long,
-        env = "SUNDIAL_INSECURE_LISTEN_ANY",
-        num_args = 0..=1,
-        default_missing_value = "true"
-    )]
-    pub insecure_listen_any: Option<bool>,
-    /// How the log on stderr is written: `text` for people (colours only on a
-    /// terminal, and not with NO_COLOR), `json` for log shippers (one object per line,
-    /// job_id and schedule_id among its fields) [default: text].
-    #[arg(long, env = "SUNDIAL_LOG_FORMAT", value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// Redis URL. When absent, the embedded single-node store in --data-dir is used.
-    #[arg(long, env = "SUNDIAL_REDIS_URL")]
-    pub redis_url: Option<String>,
-    /// Prefix of every Redis key (several deployments can share one Redis).
-    /// [default: sundial]
-    #[arg(long, env = "SUNDIAL_REDIS_PREFIX")]
-    pub redis_prefix: Option<String>,
-    /// Directory of the embedded store. [default: sundial-data]
-    #[arg(long, env = "SUNDIAL_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// This instance's name (made at start when not given: host-pid-random).
-    #[arg(long, env = "SUNDIAL_INSTANCE_ID")]
-    pub instance_id: Option<String>,
-    /// Partitions of a new store (an existing store keeps its own number). [default: 16]
-    #[arg(long, env = "SUNDIAL_PARTITIONS")]
-    pub partitions: Option<u32>,
-    /// Longest scheduler sleep between asking the store what is due (it is woken sooner by a
-    /// due fire or a job change). [default: 5s]
-    #[arg(long, env = "SUNDIAL_SCHEDULER_MAX_SLEEP")]
-    pub scheduler_max_sleep: Option<HumanDuration>,
-    /// Fires claimed per store call. [default: 500]
-    #[arg(long, env = "SUNDIAL_SCHEDULER_BATCH")]
-    pub scheduler_batch: Option<usize>,
-    /// How long an instance keeps a partition to itself while claiming (0 = never).
-    /// [default: 300ms]
-    #[arg(long, env = "SUNDIAL_PARTITION_LEASE")]
-    pub partition_lease: Option<HumanDuration>,
-    /// Partitions the scheduler claims concurrently. [default: 4]
-    #[arg(long, env = "SUNDIAL_SCHEDULER_PARALLEL_PARTITIONS")]
-    pub scheduler_parallel_partitions: Option<usize>,
-    /// A fire claimed later than this is a misfire. [default: 5s]
-    #[arg(long, env = "SUNDIAL_MISFIRE_THRESHOLD")]
-    pub misfire_threshold: Option<HumanDuration>,
-    /// Default catch-up limit for the CATCH_UP misfire policy. [default: 10]
-    #[arg(long, env = "SUNDIAL_MISFIRE_CATCH_UP_LIMIT")]
-    pub misfire_catch_up_limit: Option<u32>,
-    /// How long a dispatcher read waits for triggers. [default: 500ms]
-    #[arg(long, env = "SUNDIAL_TRIGGER_READ_BLOCK")]
-    pub trigger_read_block: Option<HumanDuration>,
-    /// Triggers unacknowledged this long (their instance died) are taken over.
-    /// [default: 30s]
-    #[arg(long, env = "SUNDIAL_TRIGGER_RECLAIM_IDLE")]
-    pub trigger_reclaim_idle: Option<HumanDuration>,
-    /// How often to look for such triggers. [default: 5s]
-    #[arg(long, env = "SUNDIAL_TRIGGER_RECLAIM_EVERY")]
-    pub trigger_reclaim_every: Option<HumanDuration>,
-    /// Each instance beats in the store every third of this; one whose beat is this
-    /// old is taken for dead and the triggers it read but never acknowledged are taken
-    /// over at once (not after trigger_reclaim_idle). [default: 3s]
-    #[arg(long, env = "SUNDIAL_INSTANCE_TTL")]
-    pub instance_ttl: Option<HumanDuration>,
-    /// Acknowledged triggers are trimmed from the queue after this age. [default: 1h]
-    #[arg(long, env = "SUNDIAL_TRIGGER_RETENTION")]
-    pub trigger_retention: Option<HumanDuration>,
-    /// How long run records are kept. [default: 7d]
-    #[arg(long, env = "SUNDIAL_RUN_RETENTION")]
-    pub run_retention: Option<HumanDuration>,
-    /// At most this many runs are kept per job. [default: 10000]
-    #[arg(long, env = "SUNDIAL_MAX_RUNS_PER_JOB")]
-    pub max_runs_per_job: Option<usize>,
-    /// How often executors heartbeat. [default: 5s]
-    #[arg(long, env = "SUNDIAL_HEARTBEAT_INTERVAL")]
-    pub heartbeat_interval: Option<HumanDuration>,
-    /// An executor silent for this many heartbeat intervals is dropped. [default: 3]
-    #[arg(long, env = "SUNDIAL_MISSED_HEARTBEATS")]
-    pub missed_heartbeats: Option<u32>,
-    /// Lease of a dispatched run: missed_heartbeats × heartbeat_interval unless set.
-    /// [default: 15s]
-    #[arg(long, env = "SUNDIAL_LEASE_TTL")]
-    pub lease_ttl: Option<HumanDuration>,
-    /// The unresponsive window: a dispatch that neither its `Started` nor a heartbeat
-    /// listing it confirms within this is taken back and routed again (same attempt).
-    /// A live executor lists what it holds in every heartbeat, so only a node that
-    /// sends nothing (frozen, cut off) or lost the dispatch hits it. Two heartbeat
-    /// intervals unless set; at most the lease. [default: 10s]
-    #[arg(long, env = "SUNDIAL_CONFIRM_WITHIN")]
-    pub confirm_within: Option<HumanDuration>,
-    /// An executor that leaves a dispatch unanswered and sends nothing at all for this
-    /// long (frozen, cut off) is silent: the server takes its unanswered dispatches
-    /// back and routes them elsewhere (same attempt), and gives it no new work until
-    /// it is heard from again (ListNodes: UNRESPONSIVE). Runs it started keep their
-    /// leases. A live executor answers a dispatch at once. At most
-    /// confirm_within (the default too, if it is shorter); 0 = off. [default: 1s]
-    #[arg(long, env = "SUNDIAL_SILENT_AFTER")]
-    pub silent_after: Option<HumanDuration>,
-    /// When an executor's stream ends from its side (the process died, or it closed
-    /// the stream) while it holds runs, their leases end this much later unless it
-    /// reconnects and lists them in its hello first: a dead executor's runs fail over
-    /// in about this long instead of a lease TTL. At most the lease (the default too,
-    /// if it is shorter); 0 = at once. A server shutting down keeps its executors' full
-    /// leases. [default: 1s]
-    #[arg(long, env = "SUNDIAL_DISCONNECT_GRACE")]
-    pub disconnect_grace: Option<HumanDuration>,
-    /// How long a run may wait for an eligible executor to connect before it fails
-    /// ("no_executor"); a run waiting for a connected executor's free capacity is
-    /// never failed for it. A server that has just started gives its executors this
-    /// long to reconnect before it fails any run for want of one. [default: 30s]
-    #[arg(long, env = "SUNDIAL_DISPATCH_WAIT")]
-    pub dispatch_wait: Option<HumanDuration>,
-    /// How soon a run that found every executor busy is routed again. [default: 500ms]
-    #[arg(long, env = "SUNDIAL_ROUTE_RETRY")]
-    pub route_retry: Option<HumanDuration>,
-    /// How often run deadlines (timeouts, retries, lease expiry) are swept.
-    /// [default: 200ms]
-    #[arg(long, env = "SUNDIAL_SWEEP_EVERY")]
-    pub sweep_every: Option<HumanDuration>,
-    /// Longest queue of waiting runs per job under the serial overlap policy.
-    /// [default: 100]
-    #[arg(long, env = "SUNDIAL_SERIAL_LIMIT")]
-    pub serial_limit: Option<u32>,
-    /// Executor log text kept per run, in bytes (the oldest lines fall out first).
-    /// [default: 1048576]
-    #[arg(long, env = "SUNDIAL_MAX_LOG_BYTES")]
-    pub max_log_bytes: Option<usize>,
-    /// HTTP-target runs one instance calls at once. [default: 64]
-    #[arg(long, env = "SUNDIAL_HTTP_MAX_CONCURRENCY")]
-    pub http_max_concurrency: Option<u32>,
-    /// How long graceful shutdown waits for in-flight work. [default: 10s]
-    #[arg(long, env = "SUNDIAL_SHUTDOWN_GRACE")]
-    pub shutdown_grace: Option<HumanDuration>,
-    /// A node's results older than this no longer count toward its health. [default: 1h]
-    #[arg(long, env = "SUNDIAL_HEALTH_WINDOW")]
-    pub health_window: Option<HumanDuration>,
-    /// Results a node needs in the window before it is judged; a handler's
-    /// errors are judged against its peers only when they have this many results of it.
-    /// [default: 5]
-    #[arg(long, env = "SUNDIAL_HEALTH_MIN_RESULTS")]
-    pub health_min_results: Option<u32>,
-    /// Share of a node's recent results that are not its own failures (its lost leases,
-    /// and the errors beyond what its peers have on the same handlers) under which it is
-    /// SLOW: work goes to other nodes first. [default: 0.9]
-    #[arg(long, env = "SUNDIAL_SLOW_BELOW")]
-    pub slow_below: Option<f64>,
-    /// The same share under which a node is FAILING: it gets no work but a
-    /// probe run every --health-probe-every. [default: 0.5]
-    #[arg(long, env = "SUNDIAL_DROP_BELOW")]
-    pub drop_below: Option<f64>,
-    /// A FAILING node gets one run this often from each instance (a probe); three
-    /// successes in a row and its failures are forgiven. [default: 5s]
-    #[arg(long, env = "SUNDIAL_HEALTH_PROBE_EVERY")]
-    pub health_probe_every: Option<HumanDuration>,
-    /// Addresses HTTP targets may reach beyond public and private ones, comma-separated
-    /// CIDRs or addresses (e.g. `127.0.0.1/32,fd00:ec2::254`). Loopback, link-local and
-    /// metadata addresses are reached only when listed here.
-    #[arg(long, env = "SUNDIAL_HTTP_TARGET_ALLOW")]
-    pub http_target_allow: Option<String>,
-    /// Addresses webhooks may reach beyond public ones, comma-separated CIDRs or
-    /// addresses (e.g. `10.0.0.0/8`).
-    #[arg(long, env = "SUNDIAL_WEBHOOK_ALLOW")]
-    pub webhook_allow: Option<String>,
-    /// A token admin and status callers may present as `Authorization: Bearer <token>`,
-    /// as `NAME=TOKEN` to name its caller in the audit log (unnamed: `bearer-1`, ...;
-    /// repeatable; the variable takes a comma-separated list). With no bearer token
-    /// and no app secret, admin authentication is OFF (dev mode).
-    #[arg(
-        long,
-        env = "SUNDIAL_BEARER_TOKENS",
-        value_name = "[NAME=]TOKEN",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub bearer_token: Option<Vec<Secret>>,
-    /// A read-only token, presented like a bearer token and named like one (`NAME=TOKEN`;
-    /// repeatable; the variable takes a comma-separated list): it may read jobs, runs, logs, nodes and apps, over gRPC
-    /// and REST, and nothing else (PERMISSION_DENIED, 403). For dashboards.
-    #[arg(
-        long,
-        env = "SUNDIAL_READ_TOKENS",
-        value_name = "[NAME=]TOKEN",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub read_token: Option<Vec<Secret>>,
-    /// An app that may sign requests, as `APP_ID=whsec_<base64 key>` (repeatable; two
-    /// for one app while its secret rotates; the variable takes a comma-separated list).
-    #[arg(
-        long,
-        env = "SUNDIAL_APP_SECRETS",
-        value_name = "APP_ID=SECRET",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub app_secret: Option<Vec<Secret>>,
-    /// The token executors of a group present in their hello, as `GROUP=TOKEN`, or
-    /// `*=TOKEN` for groups without their own (repeatable; the variable takes a
-    /// comma-separated list). With none, any executor may connect (dev mode).
-    #[arg(
-        long,
-        env = "SUNDIAL_EXECUTOR_TOKENS",
-        value_name = "GROUP=TOKEN",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub executor_token: Option<Vec<Secret>>,
-    /// A file of executor tokens, one `GROUP=TOKEN` a line (`#` comments allowed), in
-    /// force beside --executor-token and read again on SIGHUP: rotate a group's token
-    /// by adding the new one, moving the executors, then removing the old one. With a
-    /// file, executor tokens are always required, even while it is empty.
-    #[arg(long, env = "SUNDIAL_EXECUTOR_TOKENS_FILE", value_name = "FILE")]
-    pub executor_tokens_file: Option<PathBuf>,
-    /// PEM certificate chain (leaf first): with --tls-key, gRPC and HTTP serve TLS only.
-    #[arg(long, env = "SUNDIAL_TLS_CERT", value_name = "PEM_FILE")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
-    #[arg(long, env = "SUNDIAL_TLS_KEY", value_name = "PEM_FILE")]
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates: gRPC callers must then present a client certificate they
-    /// signed (mutual TLS; the HTTP listener does not ask for one).
-    #[arg(long, env = "SUNDIAL_TLS_CLIENT_CA", value_name = "PEM_FILE")]
-    pub tls_client_ca: Option<PathBuf>,
-    /// Webhook signing secret, `whsec_<base64>`. Give it twice (or comma-separated)
-    /// while rotating: every delivery is signed with each. Never logged.
-    #[arg(
-        long,
-        env = "SUNDIAL_WEBHOOK_SECRET",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub webhook_secret: Option<Vec<SecretText>>,
-    /// The `X-Sundial-App-Id` of webhooks. [default: sundial]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_APP_ID")]
-    pub webhook_app_id: Option<String>,
-    /// One webhook attempt's time limit. [default: 15s]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_TIMEOUT")]
-    pub webhook_timeout: Option<HumanDuration>,
-    /// Delays before each webhook retry, comma-separated, ±20% jitter.
-    /// [default: 1s,5s,30s,2m,10m]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_RETRY_SCHEDULE")]
-    pub webhook_retry_schedule: Option<String>,
-    /// A webhook not delivered this long after its run ended is given up. [default: 24h]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_MAX_AGE")]
-    pub webhook_max_age: Option<HumanDuration>,
-    /// Consecutive failed attempts that open a destination's circuit breaker. [default: 5]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_BREAKER_FAILURES")]
-    pub webhook_breaker_failures: Option<u32>,
-    /// How long an open circuit breaker holds deliveries before a probe. [default: 30s]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_BREAKER_COOLDOWN")]
-    pub webhook_breaker_cooldown: Option<HumanDuration>,
-    /// How long a delivery worker owns a claimed webhook before another may take it:
-    /// the webhook timeout + 10s unless set. [default: 25s]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_CLAIM_LEASE")]
-    pub webhook_claim_lease: Option<HumanDuration>,
-    /// Webhook deliveries one instance has in flight at once (at most 10000).
-    /// [default: 512]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_CONCURRENCY")]
-    pub webhook_concurrency: Option<u32>,
-    /// Webhook deliveries in flight to one destination (`scheme://host:port`) at once,
-    /// counted across every instance (at most the webhook concurrency); a
-    /// delivery past it waits for a slot while its claim lease allows, else it is
-    /// deferred a second, no attempt spent. After a destination's circuit breaker
-    /// closes, its window starts at one and grows by one with each answered attempt.
-    /// [default: 64]
-    #[arg(long, env = "SUNDIAL_WEBHOOK_DESTINATION_CONCURRENCY")]
-    pub webhook_destination_concurrency: Option<u32>,
-    /// Every alert (failed, lost runs, misfires, late fires, failed callbacks) is also
-    /// POSTed here, signed like webhooks (best effort; the log line is the record).
-    #[arg(long, env = "SUNDIAL_ALERT_WEBHOOK_URL")]
-    pub alert_webhook_url: Option<String>,
-}
-
 /// A secret as given on the command line, in the environment or in the file: its
 /// `Debug` never shows it, and it is parsed (into a webhook secret) by validation, whose
 /// error names the field without echoing the value.
@@ -372,82 +87,7 @@ impl<'de> Deserialize<'de> for SecretText {
     }
 }
 
-macro_rules! overlay {
-    ($hi:expr, $lo:expr, $($f:ident),* $(,)?) => {
-        Settings { $($f: $hi.$f.or($lo.$f)),* }
-    };
-}
-
 impl Settings {
-    /// `self` where set, else `lower`.
-    pub fn over(self, lower: Settings) -> Settings {
-        overlay!(
-            self,
-            lower,
-            listen,
-            http_listen,
-            insecure_listen_any,
-            log_format,
-            redis_url,
-            redis_prefix,
-            data_dir,
-            instance_id,
-            partitions,
-            scheduler_max_sleep,
-            scheduler_batch,
-            scheduler_parallel_partitions,
-            partition_lease,
-            misfire_threshold,
-            misfire_catch_up_limit,
-            trigger_read_block,
-            trigger_reclaim_idle,
-            trigger_reclaim_every,
-            instance_ttl,
-            trigger_retention,
-            run_retention,
-            max_runs_per_job,
-            heartbeat_interval,
-            missed_heartbeats,
-            lease_ttl,
-            confirm_within,
-            silent_after,
-            disconnect_grace,
-            dispatch_wait,
-            route_retry,
-            sweep_every,
-            serial_limit,
-            max_log_bytes,
-            http_max_concurrency,
-            shutdown_grace,
-            health_window,
-            health_min_results,
-            slow_below,
-            drop_below,
-            health_probe_every,
-            http_target_allow,
-            webhook_allow,
-            bearer_token,
-            read_token,
-            app_secret,
-            executor_token,
-            executor_tokens_file,
-            tls_cert,
-            tls_key,
-            tls_client_ca,
-            webhook_secret,
-            webhook_app_id,
-            webhook_timeout,
-            webhook_retry_schedule,
-            webhook_max_age,
-            webhook_breaker_failures,
-            webhook_breaker_cooldown,
-            webhook_claim_lease,
-            webhook_concurrency,
-            webhook_destination_concurrency,
-            alert_webhook_url,
-        )
-    }
-
     pub fn from_file(path: &std::path::Path) -> Result<Settings, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::File {
             path: path.to_owned(),
@@ -501,6 +141,15 @@ fn addr(field: &'static str, v: &str) -> Result<SocketAddr, Error> {
     })
 }
 
+/// A setting that has a declared default, so it is always set once the defaults are
+/// under it.
+fn given<T>(field: &'static str, v: Option<T>) -> Result<T, Error> {
+    v.ok_or_else(|| Error::Invalid {
+        field,
+        reason: "has no value and no default".into(),
+    })
+}
+
 fn allow_list(field: &'static str, v: Option<&str>) -> Result<Vec<IpNet>, Error> {
     crate::egress::parse_allow_list(v.unwrap_or("")).map_err(|e| Error::Invalid {
         field,
@@ -509,15 +158,18 @@ fn allow_list(field: &'static str, v: Option<&str>) -> Result<Vec<IpNet>, Error>
 }
 
 impl Config {
+    /// The configuration `s` gives, each setting it leaves unset at its declared
+    /// default (`settings.rs`), checked against its range (`bounds.rs`) and against the
+    /// others.
     pub fn from_settings(s: Settings) -> Result<Config, Error> {
-        let listen = addr("listen", s.listen.as_deref().unwrap_or("127.0.0.1:50051"))?;
-        let sweep_every = SWEEP_EVERY.check(s.sweep_every, SweepOptions::default().every)?;
+        let s = s.over(Settings::defaults()?);
+        let listen = addr("listen", &given("listen", s.listen.clone())?)?;
+        let sweep_every = SWEEP_EVERY.get(s.sweep_every)?;
         // The webhook worker sweeps the outbox as often as the sweeper sweeps run timers.
         let webhooks = webhook_options(&s, sweep_every)?;
-        let http_listen = match s.http_listen.as_deref() {
-            Some("") | Some("off") => None,
-            Some(v) => Some(addr("http_listen", v)?),
-            None => Some(addr("http_listen", "127.0.0.1:8080")?),
+        let http_listen = match given("http_listen", s.http_listen.clone())?.as_str() {
+            "" | "off" => None,
+            v => Some(addr("http_listen", v)?),
         };
         let instance_id = match s.instance_id {
             Some(id) if !crate::model::valid_job_id(&id) => {
@@ -539,44 +191,35 @@ impl Config {
                 }
                 StoreConfig::Redis {
                     url,
-                    prefix: s.redis_prefix.unwrap_or_else(|| "sundial".into()),
+                    prefix: given("redis_prefix", s.redis_prefix)?,
                 }
             }
             _ => StoreConfig::Embedded {
-                path: s
-                    .data_dir
-                    .unwrap_or_else(|| PathBuf::from("sundial-data"))
-                    .join("sundial.redb"),
+                path: given("data_dir", s.data_dir)?.join("sundial.redb"),
             },
         };
-        let partitions = PARTITIONS.check(s.partitions, 16)?;
+        let partitions = PARTITIONS.get(s.partitions)?;
         let defaults = StoreOptions::default();
         let mut store_opts = StoreOptions {
             partitions,
-            run_retention: RUN_RETENTION.check(s.run_retention, defaults.run_retention)?,
-            max_runs_per_job: MAX_RUNS_PER_JOB
-                .check(s.max_runs_per_job, defaults.max_runs_per_job)?,
+            run_retention: RUN_RETENTION.get(s.run_retention)?,
+            max_runs_per_job: MAX_RUNS_PER_JOB.get(s.max_runs_per_job)?,
             idempotency_ttl: defaults.idempotency_ttl,
             instance_id: instance_id.clone(),
-            partition_lease: PARTITION_LEASE.check(s.partition_lease, defaults.partition_lease)?,
+            partition_lease: PARTITION_LEASE.get(s.partition_lease)?,
             reopen_lease_grace: defaults.reopen_lease_grace,
         };
-        let sd = SchedulerOptions::default();
         let scheduler = SchedulerOptions {
-            batch_size: SCHEDULER_BATCH.check(s.scheduler_batch, sd.batch_size)?,
-            max_sleep: SCHEDULER_MAX_SLEEP.check(s.scheduler_max_sleep, sd.max_sleep)?,
-            misfire_threshold: MISFIRE_THRESHOLD
-                .check(s.misfire_threshold, sd.misfire_threshold)?,
-            default_catch_up_limit: MISFIRE_CATCH_UP_LIMIT
-                .check(s.misfire_catch_up_limit, sd.default_catch_up_limit)?,
+            batch_size: SCHEDULER_BATCH.get(s.scheduler_batch)?,
+            max_sleep: SCHEDULER_MAX_SLEEP.get(s.scheduler_max_sleep)?,
+            misfire_threshold: MISFIRE_THRESHOLD.get(s.misfire_threshold)?,
+            default_catch_up_limit: MISFIRE_CATCH_UP_LIMIT.get(s.misfire_catch_up_limit)?,
             parallel_partitions: SCHEDULER_PARALLEL_PARTITIONS
-                .check(s.scheduler_parallel_partitions, sd.parallel_partitions)?,
+                .get(s.scheduler_parallel_partitions)?,
         };
         let ed = ExecutorOptions::default();
-        let heartbeat_interval =
-            HEARTBEAT_INTERVAL.check(s.heartbeat_interval, ed.heartbeat_interval)?;
-        let missed_heartbeats =
-            MISSED_HEARTBEATS.check(s.missed_heartbeats, ed.missed_heartbeats)?;
+        let heartbeat_interval = HEARTBEAT_INTERVAL.get(s.heartbeat_interval)?;
+        let missed_heartbeats = MISSED_HEARTBEATS.get(s.missed_heartbeats)?;
         let lease_ttl = LEASE_TTL.check(s.lease_ttl, heartbeat_interval * missed_heartbeats)?;
         // A restart gives the leases that lapsed meanwhile one lease to be renewed.
         store_opts.reopen_lease_grace = lease_ttl;
@@ -614,21 +257,19 @@ impl Config {
                 reason: format!("{disconnect_grace:?} must be at most the lease ({lease_ttl:?})"),
             });
         }
-        let hd = HealthPolicy::default();
-        let rate = |field: &'static str, v: Option<f64>, default: f64| match v {
-            None => Ok(default),
-            Some(r) if (0.0..=1.0).contains(&r) => Ok(r),
-            Some(r) => Err(Error::Invalid {
+        let rate = |field: &'static str, v: Option<f64>| match given(field, v)? {
+            r if (0.0..=1.0).contains(&r) => Ok(r),
+            r => Err(Error::Invalid {
                 field,
                 reason: format!("{r} is not a rate between 0 and 1"),
             }),
         };
         let health = HealthPolicy {
-            window: HEALTH_WINDOW.check(s.health_window, hd.window)?,
-            min_results: HEALTH_MIN_RESULTS.check(s.health_min_results, hd.min_results)?,
-            slow_below: rate("slow_below", s.slow_below, hd.slow_below)?,
-            drop_below: rate("drop_below", s.drop_below, hd.drop_below)?,
-            probe_every: HEALTH_PROBE_EVERY.check(s.health_probe_every, hd.probe_every)?,
+            window: HEALTH_WINDOW.get(s.health_window)?,
+            min_results: HEALTH_MIN_RESULTS.get(s.health_min_results)?,
+            slow_below: rate("slow_below", s.slow_below)?,
+            drop_below: rate("drop_below", s.drop_below)?,
+            probe_every: HEALTH_PROBE_EVERY.get(s.health_probe_every)?,
         };
         if health.drop_below > health.slow_below {
             return Err(Error::Invalid {
@@ -648,25 +289,24 @@ impl Config {
             lease_ttl,
             disconnect_grace,
             silent_after,
-            max_log_bytes: MAX_LOG_BYTES.check(s.max_log_bytes, ed.max_log_bytes)?,
+            max_log_bytes: MAX_LOG_BYTES.get(s.max_log_bytes)?,
         };
         let dd = DispatchOptions::default();
         let dispatch = DispatchOptions {
             consumer: instance_id.clone(),
             batch_size: dd.batch_size,
-            read_block: TRIGGER_READ_BLOCK.check(s.trigger_read_block, dd.read_block)?,
-            reclaim_idle: TRIGGER_RECLAIM_IDLE.check(s.trigger_reclaim_idle, dd.reclaim_idle)?,
-            reclaim_every: TRIGGER_RECLAIM_EVERY
-                .check(s.trigger_reclaim_every, dd.reclaim_every)?,
-            instance_ttl: INSTANCE_TTL.check(s.instance_ttl, dd.instance_ttl)?,
-            queue_retention: TRIGGER_RETENTION.check(s.trigger_retention, dd.queue_retention)?,
+            read_block: TRIGGER_READ_BLOCK.get(s.trigger_read_block)?,
+            reclaim_idle: TRIGGER_RECLAIM_IDLE.get(s.trigger_reclaim_idle)?,
+            reclaim_every: TRIGGER_RECLAIM_EVERY.get(s.trigger_reclaim_every)?,
+            instance_ttl: INSTANCE_TTL.get(s.instance_ttl)?,
+            queue_retention: TRIGGER_RETENTION.get(s.trigger_retention)?,
             lease: LeaseTerms {
                 ttl: lease_ttl,
                 confirm_within,
             },
-            route_retry: ROUTE_RETRY.check(s.route_retry, dd.route_retry)?,
-            dispatch_wait: DISPATCH_WAIT.check(s.dispatch_wait, dd.dispatch_wait)?,
-            serial_limit: SERIAL_LIMIT.check(s.serial_limit, dd.serial_limit)?,
+            route_retry: ROUTE_RETRY.get(s.route_retry)?,
+            dispatch_wait: DISPATCH_WAIT.get(s.dispatch_wait)?,
+            serial_limit: SERIAL_LIMIT.get(s.serial_limit)?,
             node_refresh: dd.node_refresh,
             health,
         };
@@ -684,7 +324,7 @@ impl Config {
         let open = auth.bearer_tokens.is_empty()
             && auth.read_tokens.is_empty()
             && auth.app_secrets.is_empty();
-        if open && !s.insecure_listen_any.unwrap_or(false) {
+        if open && !given("insecure_listen_any", s.insecure_listen_any)? {
             for (field, addr) in [("listen", Some(listen)), ("http_listen", http_listen)] {
                 if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
                     return Err(Error::Invalid {
@@ -699,7 +339,7 @@ impl Config {
         Ok(Config {
             executors,
             sweep,
-            http_max_concurrency: HTTP_MAX_CONCURRENCY.check(s.http_max_concurrency, 64)?,
+            http_max_concurrency: HTTP_MAX_CONCURRENCY.get(s.http_max_concurrency)?,
             listen,
             http_listen,
             instance_id,
@@ -707,7 +347,7 @@ impl Config {
             store_opts,
             scheduler,
             dispatch,
-            shutdown_grace: SHUTDOWN_GRACE.check(s.shutdown_grace, Duration::from_secs(10))?,
+            shutdown_grace: SHUTDOWN_GRACE.get(s.shutdown_grace)?,
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
             auth,
@@ -878,29 +518,27 @@ fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Erro
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let app_id = s.webhook_app_id.clone().unwrap_or(wd.app_id);
+    let app_id = given("webhook_app_id", s.webhook_app_id.clone())?;
     if app_id.is_empty() || !app_id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(Error::Invalid {
             field: "webhook_app_id",
             reason: "must be visible ASCII without spaces (it is a header value)".into(),
         });
     }
-    let timeout = WEBHOOK_TIMEOUT.check(s.webhook_timeout, wd.timeout)?;
-    let retry_schedule = match s.webhook_retry_schedule.as_deref() {
-        None => wd.retry_schedule,
-        Some(text) => retry_schedule(text)?,
-    };
-    let breaker_failures =
-        WEBHOOK_BREAKER_FAILURES.check(s.webhook_breaker_failures, wd.breaker_failures)?;
+    let timeout = WEBHOOK_TIMEOUT.get(s.webhook_timeout)?;
+    let retry_schedule = retry_schedule(&given(
+        "webhook_retry_schedule",
+        s.webhook_retry_schedule.clone(),
+    )?)?;
+    let breaker_failures = WEBHOOK_BREAKER_FAILURES.get(s.webhook_breaker_failures)?;
     Ok(WebhookOptions {
         app_id,
         secrets,
         timeout,
         retry_schedule,
-        max_age: WEBHOOK_MAX_AGE.check(s.webhook_max_age, wd.max_age)?,
+        max_age: WEBHOOK_MAX_AGE.get(s.webhook_max_age)?,
         breaker_failures,
-        breaker_cooldown: WEBHOOK_BREAKER_COOLDOWN
-            .check(s.webhook_breaker_cooldown, wd.breaker_cooldown)?,
+        breaker_cooldown: WEBHOOK_BREAKER_COOLDOWN.get(s.webhook_breaker_cooldown)?,
         claim_lease: WEBHOOK_CLAIM_LEASE
             .check(s.webhook_claim_lease, timeout + Duration::from_secs(10))?,
         every,
@@ -912,8 +550,7 @@ fn webhook_options(s: &Settings, every: Duration) -> Result<WebhookOptions, Erro
 
 /// The two webhook concurrency bounds, the per-destination one at most the instance's.
 fn webhook_concurrency(s: &Settings, wd: &WebhookOptions) -> Result<(usize, u32), Error> {
-    let instance =
-        WEBHOOK_CONCURRENCY.check(s.webhook_concurrency.map(|n| n as usize), wd.max_in_flight)?;
+    let instance = WEBHOOK_CONCURRENCY.get(s.webhook_concurrency.map(|n| n as usize))?;
     let destination = match s.webhook_destination_concurrency {
         None => (wd.max_in_flight_per_destination as usize).min(instance),
         v => WEBHOOK_DESTINATION_CONCURRENCY.check(v, 0)? as usize,
@@ -1010,7 +647,9 @@ mod tests {
     #[test]
     fn help_shows_every_default_and_it_is_the_real_one() {
         use clap::{Args as _, FromArgMatches as _};
-        let cmd = Settings::augment_args(clap::Command::new("serve").no_binary_name(true));
+        let cmd = Settings::with_defaults_in_help(Settings::augment_args(
+            clap::Command::new("serve").no_binary_name(true),
+        ));
         let config = |extra: &[&str]| -> String {
             let mut args = vec!["--instance-id", "fixed"];
             args.extend_from_slice(extra);
