@@ -163,199 +163,267 @@ impl Config {
     /// others.
     pub fn from_settings(s: Settings) -> Result<Config, Error> {
         let s = s.over(Settings::defaults()?);
-        let listen = addr("listen", &given("listen", s.listen.clone())?)?;
+        let (listen, http_listen) = listeners(&s)?;
+        let instance_id = instance_id(s.instance_id.clone())?;
         let sweep_every = SWEEP_EVERY.get(s.sweep_every)?;
-        // The webhook worker sweeps the outbox as often as the sweeper sweeps run timers.
-        let webhooks = webhook_options(&s, sweep_every)?;
-        let http_listen = match given("http_listen", s.http_listen.clone())?.as_str() {
-            "" | "off" => None,
-            v => Some(addr("http_listen", v)?),
-        };
-        let instance_id = match s.instance_id {
-            Some(id) if !crate::model::valid_job_id(&id) => {
-                return Err(Error::Invalid {
-                    field: "instance_id",
-                    reason: "must match [A-Za-z0-9._-]{1,128}, not . or ..".into(),
-                });
-            }
-            Some(id) => id,
-            None => default_instance_id(),
-        };
-        let store = match s.redis_url {
-            Some(url) if !url.is_empty() => {
-                if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                    return Err(Error::Invalid {
-                        field: "redis_url",
-                        reason: "must start with redis:// or rediss://".into(),
-                    });
-                }
-                StoreConfig::Redis {
-                    url,
-                    prefix: given("redis_prefix", s.redis_prefix)?,
-                }
-            }
-            _ => StoreConfig::Embedded {
-                path: given("data_dir", s.data_dir)?.join("sundial.redb"),
-            },
-        };
-        let partitions = PARTITIONS.get(s.partitions)?;
-        let defaults = StoreOptions::default();
-        let mut store_opts = StoreOptions {
-            partitions,
-            run_retention: RUN_RETENTION.get(s.run_retention)?,
-            max_runs_per_job: MAX_RUNS_PER_JOB.get(s.max_runs_per_job)?,
-            idempotency_ttl: defaults.idempotency_ttl,
-            instance_id: instance_id.clone(),
-            partition_lease: PARTITION_LEASE.get(s.partition_lease)?,
-            reopen_lease_grace: defaults.reopen_lease_grace,
-        };
-        let scheduler = SchedulerOptions {
-            batch_size: SCHEDULER_BATCH.get(s.scheduler_batch)?,
-            max_sleep: SCHEDULER_MAX_SLEEP.get(s.scheduler_max_sleep)?,
-            misfire_threshold: MISFIRE_THRESHOLD.get(s.misfire_threshold)?,
-            default_catch_up_limit: MISFIRE_CATCH_UP_LIMIT.get(s.misfire_catch_up_limit)?,
-            parallel_partitions: SCHEDULER_PARALLEL_PARTITIONS
-                .get(s.scheduler_parallel_partitions)?,
-        };
-        let ed = ExecutorOptions::default();
-        let heartbeat_interval = HEARTBEAT_INTERVAL.get(s.heartbeat_interval)?;
-        let missed_heartbeats = MISSED_HEARTBEATS.get(s.missed_heartbeats)?;
-        let lease_ttl = LEASE_TTL.check(s.lease_ttl, heartbeat_interval * missed_heartbeats)?;
-        // A restart gives the leases that lapsed meanwhile one lease to be renewed.
-        store_opts.reopen_lease_grace = lease_ttl;
-        if lease_ttl <= heartbeat_interval {
-            return Err(Error::Invalid {
-                field: "lease_ttl",
-                reason: format!(
-                    "{lease_ttl:?} must be longer than the heartbeat interval ({heartbeat_interval:?})"
-                ),
-            });
-        }
-        let confirm_within =
-            CONFIRM_WITHIN.check(s.confirm_within, (heartbeat_interval * 2).min(lease_ttl))?;
-        if confirm_within > lease_ttl {
-            return Err(Error::Invalid {
-                field: "confirm_within",
-                reason: format!("{confirm_within:?} must be at most the lease ({lease_ttl:?})"),
-            });
-        }
-        let silent_after =
-            SILENT_AFTER.check(s.silent_after, ed.silent_after.min(confirm_within))?;
-        if silent_after > confirm_within {
-            return Err(Error::Invalid {
-                field: "silent_after",
-                reason: format!(
-                    "{silent_after:?} must be at most confirm_within ({confirm_within:?})"
-                ),
-            });
-        }
-        let disconnect_grace =
-            DISCONNECT_GRACE.check(s.disconnect_grace, ed.disconnect_grace.min(lease_ttl))?;
-        if disconnect_grace > lease_ttl {
-            return Err(Error::Invalid {
-                field: "disconnect_grace",
-                reason: format!("{disconnect_grace:?} must be at most the lease ({lease_ttl:?})"),
-            });
-        }
-        let rate = |field: &'static str, v: Option<f64>| match given(field, v)? {
-            r if (0.0..=1.0).contains(&r) => Ok(r),
-            r => Err(Error::Invalid {
-                field,
-                reason: format!("{r} is not a rate between 0 and 1"),
-            }),
-        };
-        let health = HealthPolicy {
-            window: HEALTH_WINDOW.get(s.health_window)?,
-            min_results: HEALTH_MIN_RESULTS.get(s.health_min_results)?,
-            slow_below: rate("slow_below", s.slow_below)?,
-            drop_below: rate("drop_below", s.drop_below)?,
-            probe_every: HEALTH_PROBE_EVERY.get(s.health_probe_every)?,
-        };
-        if health.drop_below > health.slow_below {
-            return Err(Error::Invalid {
-                field: "drop_below",
-                reason: format!(
-                    "{} is above slow_below ({}): a node must turn slow before it is dropped",
-                    health.drop_below, health.slow_below
-                ),
-            });
-        }
-        let executors = ExecutorOptions {
-            health,
-            instance_id: instance_id.clone(),
-            heartbeat_interval,
-            missed_heartbeats,
-            hello_timeout: ed.hello_timeout,
-            lease_ttl,
-            disconnect_grace,
-            silent_after,
-            max_log_bytes: MAX_LOG_BYTES.get(s.max_log_bytes)?,
-        };
-        let dd = DispatchOptions::default();
-        let dispatch = DispatchOptions {
-            consumer: instance_id.clone(),
-            batch_size: dd.batch_size,
-            read_block: TRIGGER_READ_BLOCK.get(s.trigger_read_block)?,
-            reclaim_idle: TRIGGER_RECLAIM_IDLE.get(s.trigger_reclaim_idle)?,
-            reclaim_every: TRIGGER_RECLAIM_EVERY.get(s.trigger_reclaim_every)?,
-            instance_ttl: INSTANCE_TTL.get(s.instance_ttl)?,
-            queue_retention: TRIGGER_RETENTION.get(s.trigger_retention)?,
-            lease: LeaseTerms {
-                ttl: lease_ttl,
-                confirm_within,
-            },
-            route_retry: ROUTE_RETRY.get(s.route_retry)?,
-            dispatch_wait: DISPATCH_WAIT.get(s.dispatch_wait)?,
-            serial_limit: SERIAL_LIMIT.get(s.serial_limit)?,
-            node_refresh: dd.node_refresh,
-            health,
-        };
-        let sweep = SweepOptions {
-            every: sweep_every,
-            ..SweepOptions::default()
-        };
+        let leases = leases(&s)?;
+        let health = health_policy(&s)?;
         let auth = auth_options(
-            s.bearer_token,
-            s.read_token,
-            s.app_secret,
-            s.executor_token,
-            s.executor_tokens_file,
+            s.bearer_token.clone(),
+            s.read_token.clone(),
+            s.app_secret.clone(),
+            s.executor_token.clone(),
+            s.executor_tokens_file.clone(),
         )?;
-        let open = auth.bearer_tokens.is_empty()
-            && auth.read_tokens.is_empty()
-            && auth.app_secrets.is_empty();
-        if open && !given("insecure_listen_any", s.insecure_listen_any)? {
-            for (field, addr) in [("listen", Some(listen)), ("http_listen", http_listen)] {
-                if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
-                    return Err(Error::Invalid {
-                        field,
-                        reason: format!(
-                            "{addr} is not a loopback address and admin authentication is off (no --bearer-token, --read-token or --app-secret): every admin call would be accepted from the network; configure credentials, or pass --insecure-listen-any to serve it anyway"
-                        ),
-                    });
-                }
-            }
-        }
+        refuse_open_network(&s, &auth, listen, http_listen)?;
         Ok(Config {
-            executors,
-            sweep,
+            store: store_config(&s)?,
+            store_opts: store_options(&s, &instance_id, &leases)?,
+            scheduler: scheduler_options(&s)?,
+            executors: executor_options(&s, &instance_id, &leases, health)?,
+            dispatch: dispatch_options(&s, &instance_id, &leases, health)?,
+            sweep: SweepOptions {
+                every: sweep_every,
+                ..SweepOptions::default()
+            },
+            // The webhook worker sweeps the outbox as often as the sweeper sweeps run
+            // timers.
+            webhooks: webhook_options(&s, sweep_every)?,
             http_max_concurrency: HTTP_MAX_CONCURRENCY.get(s.http_max_concurrency)?,
             listen,
             http_listen,
             instance_id,
-            store,
-            store_opts,
-            scheduler,
-            dispatch,
             shutdown_grace: SHUTDOWN_GRACE.get(s.shutdown_grace)?,
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,
             webhook_allow: allow_list("webhook_allow", s.webhook_allow.as_deref())?,
             auth,
             tls: tls_options(s.tls_cert, s.tls_key, s.tls_client_ca)?,
-            webhooks,
             alert_webhook: alert_webhook(s.alert_webhook_url.as_deref())?,
         })
     }
+}
+
+/// The gRPC address, and the HTTP one unless it is "" or "off".
+fn listeners(s: &Settings) -> Result<(SocketAddr, Option<SocketAddr>), Error> {
+    let listen = addr("listen", &given("listen", s.listen.clone())?)?;
+    let http_listen = match given("http_listen", s.http_listen.clone())?.as_str() {
+        "" | "off" => None,
+        v => Some(addr("http_listen", v)?),
+    };
+    Ok((listen, http_listen))
+}
+
+/// The instance's name as given (an id), else one made now.
+fn instance_id(given: Option<String>) -> Result<String, Error> {
+    match given {
+        Some(id) if !crate::model::valid_job_id(&id) => Err(Error::Invalid {
+            field: "instance_id",
+            reason: "must match [A-Za-z0-9._-]{1,128}, not . or ..".into(),
+        }),
+        Some(id) => Ok(id),
+        None => Ok(default_instance_id()),
+    }
+}
+
+/// Redis when a URL is given, else the embedded store in the data directory.
+fn store_config(s: &Settings) -> Result<StoreConfig, Error> {
+    match s.redis_url.clone() {
+        Some(url) if !url.is_empty() => {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(Error::Invalid {
+                    field: "redis_url",
+                    reason: "must start with redis:// or rediss://".into(),
+                });
+            }
+            Ok(StoreConfig::Redis {
+                url,
+                prefix: given("redis_prefix", s.redis_prefix.clone())?,
+            })
+        }
+        _ => Ok(StoreConfig::Embedded {
+            path: given("data_dir", s.data_dir.clone())?.join("sundial.redb"),
+        }),
+    }
+}
+
+fn store_options(s: &Settings, instance_id: &str, leases: &Leases) -> Result<StoreOptions, Error> {
+    let defaults = StoreOptions::default();
+    Ok(StoreOptions {
+        partitions: PARTITIONS.get(s.partitions)?,
+        run_retention: RUN_RETENTION.get(s.run_retention)?,
+        max_runs_per_job: MAX_RUNS_PER_JOB.get(s.max_runs_per_job)?,
+        idempotency_ttl: defaults.idempotency_ttl,
+        instance_id: instance_id.to_owned(),
+        partition_lease: PARTITION_LEASE.get(s.partition_lease)?,
+        // A restart gives the leases that lapsed meanwhile one lease to be renewed.
+        reopen_lease_grace: leases.ttl,
+    })
+}
+
+fn scheduler_options(s: &Settings) -> Result<SchedulerOptions, Error> {
+    Ok(SchedulerOptions {
+        batch_size: SCHEDULER_BATCH.get(s.scheduler_batch)?,
+        max_sleep: SCHEDULER_MAX_SLEEP.get(s.scheduler_max_sleep)?,
+        misfire_threshold: MISFIRE_THRESHOLD.get(s.misfire_threshold)?,
+        default_catch_up_limit: MISFIRE_CATCH_UP_LIMIT.get(s.misfire_catch_up_limit)?,
+        parallel_partitions: SCHEDULER_PARALLEL_PARTITIONS.get(s.scheduler_parallel_partitions)?,
+    })
+}
+
+/// How long a run's lease lasts and the windows inside it, each checked against the
+/// others.
+struct Leases {
+    heartbeat_interval: Duration,
+    missed_heartbeats: u32,
+    ttl: Duration,
+    confirm_within: Duration,
+    silent_after: Duration,
+    disconnect_grace: Duration,
+}
+
+fn leases(s: &Settings) -> Result<Leases, Error> {
+    let ed = ExecutorOptions::default();
+    let heartbeat_interval = HEARTBEAT_INTERVAL.get(s.heartbeat_interval)?;
+    let missed_heartbeats = MISSED_HEARTBEATS.get(s.missed_heartbeats)?;
+    let ttl = LEASE_TTL.check(s.lease_ttl, heartbeat_interval * missed_heartbeats)?;
+    let at_most = |field: &'static str, v: Duration, limit: Duration, what: &str| {
+        if v > limit {
+            Err(Error::Invalid {
+                field,
+                reason: format!("{v:?} must be at most {what} ({limit:?})"),
+            })
+        } else {
+            Ok(v)
+        }
+    };
+    if ttl <= heartbeat_interval {
+        return Err(Error::Invalid {
+            field: "lease_ttl",
+            reason: format!(
+                "{ttl:?} must be longer than the heartbeat interval ({heartbeat_interval:?})"
+            ),
+        });
+    }
+    let confirm_within =
+        CONFIRM_WITHIN.check(s.confirm_within, (heartbeat_interval * 2).min(ttl))?;
+    let confirm_within = at_most("confirm_within", confirm_within, ttl, "the lease")?;
+    let silent_after = SILENT_AFTER.check(s.silent_after, ed.silent_after.min(confirm_within))?;
+    let silent_after = at_most(
+        "silent_after",
+        silent_after,
+        confirm_within,
+        "confirm_within",
+    )?;
+    let disconnect_grace =
+        DISCONNECT_GRACE.check(s.disconnect_grace, ed.disconnect_grace.min(ttl))?;
+    let disconnect_grace = at_most("disconnect_grace", disconnect_grace, ttl, "the lease")?;
+    Ok(Leases {
+        heartbeat_interval,
+        missed_heartbeats,
+        ttl,
+        confirm_within,
+        silent_after,
+        disconnect_grace,
+    })
+}
+
+fn health_policy(s: &Settings) -> Result<HealthPolicy, Error> {
+    let rate = |field: &'static str, v: Option<f64>| match given(field, v)? {
+        r if (0.0..=1.0).contains(&r) => Ok(r),
+        r => Err(Error::Invalid {
+            field,
+            reason: format!("{r} is not a rate between 0 and 1"),
+        }),
+    };
+    let health = HealthPolicy {
+        window: HEALTH_WINDOW.get(s.health_window)?,
+        min_results: HEALTH_MIN_RESULTS.get(s.health_min_results)?,
+        slow_below: rate("slow_below", s.slow_below)?,
+        drop_below: rate("drop_below", s.drop_below)?,
+        probe_every: HEALTH_PROBE_EVERY.get(s.health_probe_every)?,
+    };
+    if health.drop_below > health.slow_below {
+        return Err(Error::Invalid {
+            field: "drop_below",
+            reason: format!(
+                "{} is above slow_below ({}): a node must turn slow before it is dropped",
+                health.drop_below, health.slow_below
+            ),
+        });
+    }
+    Ok(health)
+}
+
+fn executor_options(
+    s: &Settings,
+    instance_id: &str,
+    leases: &Leases,
+    health: HealthPolicy,
+) -> Result<ExecutorOptions, Error> {
+    Ok(ExecutorOptions {
+        health,
+        instance_id: instance_id.to_owned(),
+        heartbeat_interval: leases.heartbeat_interval,
+        missed_heartbeats: leases.missed_heartbeats,
+        hello_timeout: ExecutorOptions::default().hello_timeout,
+        lease_ttl: leases.ttl,
+        disconnect_grace: leases.disconnect_grace,
+        silent_after: leases.silent_after,
+        max_log_bytes: MAX_LOG_BYTES.get(s.max_log_bytes)?,
+    })
+}
+
+fn dispatch_options(
+    s: &Settings,
+    instance_id: &str,
+    leases: &Leases,
+    health: HealthPolicy,
+) -> Result<DispatchOptions, Error> {
+    let dd = DispatchOptions::default();
+    Ok(DispatchOptions {
+        consumer: instance_id.to_owned(),
+        batch_size: dd.batch_size,
+        read_block: TRIGGER_READ_BLOCK.get(s.trigger_read_block)?,
+        reclaim_idle: TRIGGER_RECLAIM_IDLE.get(s.trigger_reclaim_idle)?,
+        reclaim_every: TRIGGER_RECLAIM_EVERY.get(s.trigger_reclaim_every)?,
+        instance_ttl: INSTANCE_TTL.get(s.instance_ttl)?,
+        queue_retention: TRIGGER_RETENTION.get(s.trigger_retention)?,
+        lease: LeaseTerms {
+            ttl: leases.ttl,
+            confirm_within: leases.confirm_within,
+        },
+        route_retry: ROUTE_RETRY.get(s.route_retry)?,
+        dispatch_wait: DISPATCH_WAIT.get(s.dispatch_wait)?,
+        serial_limit: SERIAL_LIMIT.get(s.serial_limit)?,
+        node_refresh: dd.node_refresh,
+        health,
+    })
+}
+
+/// With admin authentication off, only loopback listeners, unless the operator said
+/// `--insecure-listen-any`.
+fn refuse_open_network(
+    s: &Settings,
+    auth: &AuthOptions,
+    listen: SocketAddr,
+    http_listen: Option<SocketAddr>,
+) -> Result<(), Error> {
+    let open =
+        auth.bearer_tokens.is_empty() && auth.read_tokens.is_empty() && auth.app_secrets.is_empty();
+    if !open || given("insecure_listen_any", s.insecure_listen_any)? {
+        return Ok(());
+    }
+    for (field, addr) in [("listen", Some(listen)), ("http_listen", http_listen)] {
+        if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+            return Err(Error::Invalid {
+                field,
+                reason: format!(
+                    "{addr} is not a loopback address and admin authentication is off (no --bearer-token, --read-token or --app-secret): every admin call would be accepted from the network; configure credentials, or pass --insecure-listen-any to serve it anyway"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Both or neither of the certificate and the key; the files are read and checked
