@@ -276,11 +276,9 @@ async fn every_subcommand_answers_and_fails_with_its_exit_code() -> Result<()> {
     );
     let table = cli.run(&["job", "list"]).await?;
     ensure!(table.stdout.starts_with("ID") && table.stdout.contains("echo"));
-    expect(
-        &cli.run(&["job", "list", "--state", "asleep"]).await?,
-        1,
-        "job list --state asleep",
-    )?;
+    let asleep = cli.run(&["job", "list", "--state", "asleep"]).await?;
+    expect(&asleep, 1, "job list --state asleep")?;
+    ensure!(asleep.stderr.contains("'asleep'"), "{}", asleep.stderr);
 
     // job pause / resume
     expect(&cli.run(&["job", "pause", "echo"]).await?, 0, "pause")?;
@@ -368,6 +366,10 @@ async fn every_subcommand_answers_and_fails_with_its_exit_code() -> Result<()> {
     expect(&nodes, 0, "node list")?;
     ensure!(nodes.stdout.contains("cli-node") && nodes.stdout.contains("healthy"));
     expect(&cli.run(&["node", "drain", "nope"]).await?, 2, "drain nope")?;
+    let elsewhere = Cli::new("http://127.0.0.1:1")
+        .run(&["node", "list"])
+        .await?;
+    expect(&elsewhere, 5, "node list of no server")?;
     let app = cli.run(&["app", "create", "billing"]).await?;
     expect(&app, 0, "app create")?;
     ensure!(app.stdout.contains("whsec_"), "{}", app.stdout);

@@ -31,9 +31,9 @@ pub enum AppCommand {
     /// Create an app; prints its webhook signing secret, shown this once.
     Create {
         app_id: String,
-        /// A name for people.
-        #[arg(long, default_value = "")]
-        name: String,
+        /// A name for people (none unless given).
+        #[arg(long)]
+        name: Option<String>,
     },
     /// Give an app a new secret; the old one keeps signing too for --overlap.
     Rotate {
@@ -107,7 +107,7 @@ pub async fn apps(client: &ClientArgs, command: AppCommand) -> Result<Exit> {
         AppCommand::Create { app_id, name } => {
             let req = pb::CreateAppRequest {
                 app_id: app_id.clone(),
-                name,
+                name: name.unwrap_or_default(),
                 secret: String::new(),
             };
             let what = format_args!("create app {app_id:?}");
