@@ -2,10 +2,10 @@
 //! other subcommands (`job`, `run`, `node`, `app`) are a client of a running server
 //! (`sundial_server::cli`).
 
-use anyhow::Context as _;
-use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use std::process::ExitCode;
 
+use anyhow::Context as _;
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use sundial_server::cli;
 use sundial_server::config::{Config, Settings};
 use sundial_server::telemetry;

@@ -43,7 +43,8 @@ pub struct Server {
 impl Server {
     pub async fn connect(args: &ClientArgs) -> Result<Self> {
         let bearer = Bearer(token(args)?);
-        let mut endpoint = Endpoint::from_shared(args.server.clone())
+        let address = address(&args.server);
+        let mut endpoint = Endpoint::from_shared(address.clone())
             .map_err(|e| {
                 Failure::usage(format!(
                     "--server: {:?} is not a URL such as {DEFAULT_SERVER} ({e})",
@@ -51,7 +52,7 @@ impl Server {
                 ))
             })?
             .connect_timeout(Duration::from_secs(5));
-        let tls = args.server.starts_with("https://");
+        let tls = address.starts_with("https://");
         match (&args.ca_file, tls) {
             (Some(_), false) => {
                 return Err(Failure::usage(
@@ -74,7 +75,7 @@ impl Server {
         }
         let channel = endpoint.connect().await.map_err(|e| Failure {
             exit: Exit::Unavailable,
-            message: format!("cannot reach the server at {}: {}", args.server, chain(&e)),
+            message: format!("cannot reach the server at {address}: {}", chain(&e)),
         })?;
         Ok(Self { channel, bearer })
     }
@@ -93,6 +94,15 @@ impl Server {
 
     pub fn apps(&self) -> AppServiceClient<Svc> {
         AppServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
+    }
+}
+
+/// The server's URL: `host:port` alone means plaintext `http://host:port`.
+fn address(raw: &str) -> String {
+    if raw.contains("://") {
+        raw.to_owned()
+    } else {
+        format!("http://{raw}")
     }
 }
 
@@ -143,4 +153,15 @@ pub async fn ask<T>(
     call.await
         .map(tonic::Response::into_inner)
         .map_err(|status| Failure::rpc(what, &status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_host_and_port_is_plaintext() {
+        assert_eq!(address("127.0.0.1:50051"), "http://127.0.0.1:50051");
+        assert_eq!(address("https://sundial:443"), "https://sundial:443");
+    }
 }

@@ -100,7 +100,7 @@ pub enum Output {
 /// Where the server is and how to talk to it; accepted after any subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// The server's gRPC address (https:// for TLS).
+    /// The server's gRPC address (https:// for TLS; host:port alone is http://).
     #[arg(long, env = "SUNDIAL_SERVER", default_value = DEFAULT_SERVER, global = true)]
     pub server: String,
     /// A file holding the bearer token (else SUNDIAL_TOKEN, else none).

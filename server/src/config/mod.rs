@@ -749,6 +749,45 @@ mod tests {
         );
     }
 
+    /// The components' own `Default`s (what tests and benchmarks build in process) are
+    /// the settings table's defaults, so an in-process scheduler or dispatcher runs as
+    /// a served one does.
+    #[test]
+    fn component_defaults_are_the_declared_ones() {
+        let cfg = Config::from_settings(Settings {
+            instance_id: Some("sundial".into()),
+            ..Settings::default()
+        })
+        .expect("valid");
+        let same = |served: String, default: String| assert_eq!(served, default);
+        same(
+            format!("{:?}", cfg.scheduler),
+            format!("{:?}", SchedulerOptions::default()),
+        );
+        same(
+            format!("{:?}", cfg.dispatch),
+            format!("{:?}", DispatchOptions::default()),
+        );
+        same(
+            format!("{:?}", cfg.executors),
+            format!("{:?}", ExecutorOptions::default()),
+        );
+        same(
+            format!("{:?}", cfg.sweep),
+            format!("{:?}", SweepOptions::default()),
+        );
+        same(
+            format!("{:?}", cfg.webhooks),
+            format!("{:?}", WebhookOptions::default()),
+        );
+        // A served store gives lapsed leases one lease to be renewed after a restart.
+        let store = StoreOptions {
+            reopen_lease_grace: Duration::ZERO,
+            ..cfg.store_opts
+        };
+        assert_eq!(store, StoreOptions::default());
+    }
+
     #[test]
     fn flags_win_over_file_and_defaults_fill_the_rest() {
         let file: Settings = toml::from_str(
