@@ -160,9 +160,10 @@ const STORE_TRAITS: &[(&str, &[&str])] = &[
     ("schedule/jobs.rs", &["JobStore"]),
     ("schedule/scheduler.rs", &["JobStore"]),
     (
-        "dispatch/dispatcher.rs",
+        "dispatch/dispatcher/mod.rs",
         &["JobStore", "TriggerQueue", "RunStore", "NodeRegistry"],
     ),
+    ("dispatch/dispatcher/node_cache.rs", &["NodeRegistry"]),
     ("dispatch/executors.rs", &["RunStore", "NodeRegistry"]),
     ("dispatch/http_target.rs", &["RunStore"]),
     ("dispatch/sweeper.rs", &["RunStore"]),

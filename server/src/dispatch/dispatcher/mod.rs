@@ -16,23 +16,25 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
 use sundial_proto::v1 as pb;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::deliver::alerts::Alerts;
-use crate::dispatch::health::{self, Health, HealthPolicy};
+use crate::dispatch::health::{Health, HealthPolicy};
 use crate::dispatch::http_target::HttpTargets;
 use crate::dispatch::links::Links;
 use crate::dispatch::lock;
 use crate::dispatch::routing::{self, NodeView, Route, RouteState};
-use crate::fault::crash_point;
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::store::{
-    Assigned, Begun, Delivery, FannedOut, Finisher, JobStore, LeaseTerms, NodeRecord, NodeRegistry,
-    NodeSlot, Outcome, Revocation, RunStore, Transition, TriggerQueue,
+    Assigned, FannedOut, Finisher, JobStore, LeaseTerms, NodeRecord, NodeRegistry, NodeSlot,
+    Outcome, Revocation, RunStore, Transition, TriggerQueue,
 };
+
+mod consumer;
+mod node_cache;
+
+use node_cache::NodeCache;
 
 /// The store traits the dispatcher uses, each for its own part of the work.
 #[derive(Clone)]
@@ -99,93 +101,6 @@ impl Default for DispatchOptions {
             node_refresh: Duration::from_millis(250),
             health: HealthPolicy::default(),
         }
-    }
-}
-
-/// A registry snapshot and the health of each of its nodes, by index.
-type Judged = (Arc<Vec<NodeRecord>>, Arc<Vec<Health>>);
-
-/// The node registry as routing sees it, re-read at most every `node_refresh`, and
-/// what this instance saw happen on each node since that read: leases it granted, less
-/// the runs whose end a stream attached here reported. The snapshot's counts do not
-/// show those yet; without them every run of a burst would see the same node as the
-/// least busy one.
-struct NodeCache {
-    refresh: Duration,
-    /// When it was read, the registry, and each node's health judged against its
-    /// peers in it (once per read, not per routing decision).
-    snapshot: tokio::sync::Mutex<(Option<Instant>, Judged)>,
-    since_read: Mutex<HashMap<String, i64>>,
-    policy: HealthPolicy,
-}
-
-impl NodeCache {
-    fn new(refresh: Duration, policy: HealthPolicy) -> Self {
-        Self {
-            refresh,
-            snapshot: tokio::sync::Mutex::new((None, (Arc::default(), Arc::default()))),
-            since_read: Mutex::new(HashMap::new()),
-            policy,
-        }
-    }
-
-    async fn get(&self, store: &dyn NodeRegistry) -> Arc<Vec<NodeRecord>> {
-        self.judged(store).await.0
-    }
-
-    /// The snapshot and the health of each of its nodes, by index.
-    async fn judged(&self, store: &dyn NodeRegistry) -> Judged {
-        let mut s = self.snapshot.lock().await;
-        if s.0.is_none_or(|t| t.elapsed() >= self.refresh) {
-            match store.list_nodes(None).await {
-                Ok(nodes) => {
-                    let health = nodes
-                        .iter()
-                        .map(|n| health::classify(n, &nodes, &self.policy))
-                        .collect();
-                    *s = (Some(Instant::now()), (Arc::new(nodes), Arc::new(health)));
-                    lock(&self.since_read).clear();
-                }
-                Err(e) => {
-                    warn!(error = %e, "reading the node registry failed; using the last snapshot")
-                }
-            }
-        }
-        s.1.clone()
-    }
-
-    /// Forgets the snapshot: the next routing decision reads the registry again.
-    async fn invalidate(&self) {
-        self.snapshot.lock().await.0 = None;
-    }
-
-    /// One more (`delta` 1: a lease granted here) or one fewer (-1: a run's end
-    /// reported here) active run on `node_id` than the snapshot says.
-    fn moved(&self, node_id: &str, delta: i64) {
-        *lock(&self.since_read)
-            .entry(node_id.to_owned())
-            .or_default() += delta;
-    }
-
-    /// The node's active runs as routing should count them: the store's lease count
-    /// when the registry was read, plus the leases granted here since, less the runs
-    /// that ended here since (whether they were in the count or granted after it).
-    /// The executor's own `active` figure is left out: a handler runs only on a lease
-    /// (the go-ahead), so it never exceeds the lease count, and it comes with
-    /// heartbeats, so it may be seconds old (an old high figure starved a node).
-    fn busy(&self, node: &NodeRecord) -> u32 {
-        let since = self.since(&node.node_id);
-        u32::try_from((i64::from(node.leased) + since).max(0)).unwrap_or(u32::MAX)
-    }
-
-    /// The node holds its whole window as far as this instance knows (`busy`).
-    fn at_window(&self, node: &NodeRecord) -> bool {
-        node.max_concurrency > 0 && self.busy(node) >= node.max_concurrency
-    }
-
-    /// Leases granted on the node here since the snapshot, less the runs that ended.
-    fn since(&self, node_id: &str) -> i64 {
-        lock(&self.since_read).get(node_id).copied().unwrap_or(0)
     }
 }
 
@@ -292,137 +207,6 @@ impl Dispatcher {
         self.nodes.moved(node_id, -1);
     }
 
-    /// Consumes the trigger queue until `shutdown`; the batch in hand is finished
-    /// before it returns.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        info!(consumer = %self.opts.consumer, "dispatcher started");
-        let mut last_reclaim = tokio::time::Instant::now();
-        let mut backoff = Duration::from_millis(50);
-        while !shutdown.is_cancelled() {
-            let mut batch = match self
-                .store
-                .triggers
-                .read_triggers(
-                    &self.opts.consumer,
-                    self.opts.batch_size,
-                    self.opts.read_block,
-                )
-                .await
-            {
-                Ok(b) => b,
-                Err(e) => {
-                    warn!(error = %e, "reading triggers failed; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    continue;
-                }
-            };
-            backoff = Duration::from_millis(50);
-            if last_reclaim.elapsed() >= self.opts.reclaim_every {
-                last_reclaim = tokio::time::Instant::now();
-                batch.extend(self.reclaim().await);
-            }
-            self.begin_all(batch).await;
-        }
-        info!("dispatcher stopped");
-    }
-
-    /// Runs of different jobs begin concurrently; one job's triggers keep their queue
-    /// order (it matters to the serial policy).
-    async fn begin_all(&self, batch: Vec<Delivery>) {
-        let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
-        for d in batch {
-            by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
-        }
-        futures::stream::iter(by_job.into_values())
-            .for_each_concurrent(BEGIN_CONCURRENCY, |group| async {
-                for d in group {
-                    self.begin(d).await;
-                }
-            })
-            .await;
-    }
-
-    /// Beats for this instance every third of `instance_ttl` until `shutdown`, and
-    /// begins at once the triggers an instance whose beat ran out (killed) had read
-    /// and not acknowledged: their runs begin about `instance_ttl` after its death
-    /// instead of `reclaim_idle` (which stays the net for instances that never beat).
-    /// Beats have their own task, so a busy dispatch loop never looks dead.
-    pub async fn keep_alive(self: Arc<Self>, shutdown: CancellationToken) {
-        let me = self.opts.consumer.clone();
-        let mut tick = tokio::time::interval(self.opts.instance_ttl / 3);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            let dead = match self
-                .store
-                .triggers
-                .beat_instance(&me, self.opts.instance_ttl)
-                .await
-            {
-                Ok(d) => d,
-                Err(e) => {
-                    warn!(error = %e, "beating failed; other instances may take this one's triggers");
-                    continue;
-                }
-            };
-            for instance in dead {
-                match self
-                    .store
-                    .triggers
-                    .take_over_triggers(&instance, &me, self.opts.batch_size)
-                    .await
-                {
-                    Ok(taken) if taken.is_empty() => {}
-                    Ok(taken) => {
-                        info!(%instance, count = taken.len(), "took over the triggers of an instance that stopped beating");
-                        self.begin_all(taken).await;
-                    }
-                    Err(e) => {
-                        warn!(%instance, error = %e, "taking over a dead instance's triggers failed")
-                    }
-                }
-            }
-        }
-    }
-
-    async fn reclaim(&self) -> Vec<Delivery> {
-        let reclaimed = self
-            .store
-            .triggers
-            .reclaim_triggers(
-                &self.opts.consumer,
-                self.opts.reclaim_idle,
-                self.opts.batch_size,
-            )
-            .await
-            .unwrap_or_else(|e| {
-                warn!(error = %e, "reclaiming triggers failed");
-                Vec::new()
-            });
-        if !reclaimed.is_empty() {
-            info!(count = reclaimed.len(), "took over unacknowledged triggers");
-        }
-        let cutoff = self
-            .store
-            .runs
-            .now()
-            .await
-            .map(|now| now - duration_ms(self.opts.queue_retention));
-        if let Ok(cutoff) = cutoff
-            && let Err(e) = self.store.triggers.trim_triggers(cutoff).await
-        {
-            warn!(error = %e, "trimming the trigger queue failed");
-        }
-        reclaimed
-    }
-
     /// The job as of at least `version` (None when it is gone).
     async fn job(&self, job_id: &str, version: u64) -> Option<Arc<JobRecord>> {
         if let Some(j) = lock(&self.jobs).get(job_id)
@@ -449,112 +233,6 @@ impl Dispatcher {
 
     /// Begins the trigger's run, then acknowledges the trigger and routes the run. On
     /// a store error the trigger stays unacknowledged and comes back through reclaim.
-    /// A run of an executor job whose node routing can name now is begun and leased
-    /// to it in one store decision (`begin_and_assign`); if that node is full, or the
-    /// run is queued or skipped, it goes on as any begun run.
-    async fn begin(&self, d: Delivery) {
-        let schedule_id = d.trigger.schedule_id();
-        let span = info_span!("dispatch", job_id = %d.trigger.job_id, %schedule_id);
-        async {
-            crash_point("dispatch.before_record");
-            let mut run = RunRecord::from_trigger(&d.trigger);
-            let job = self.job(&d.trigger.job_id, d.trigger.job_version).await;
-            if let Some(job) = &job {
-                run.plan = run_plan(job, &self.opts);
-            }
-            let first = match &job {
-                Some(job) => self.first_node(&run, job).await,
-                None => None,
-            };
-            let node = first.as_ref().map(|(nodes, i, _)| &nodes[*i]);
-            let (begun, assigned) = match self.begin_on(run, node).await {
-                Ok(b) => b,
-                Err(e) => {
-                    warn!(error = %e, "beginning the run failed; the trigger will be retried");
-                    return;
-                }
-            };
-            debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
-            self.alerts.metrics().record_begun(&begun);
-            crash_point("dispatch.before_ack");
-            if let Err(e) = self.store.triggers.ack_trigger(&d.entry_id).await {
-                warn!(error = %e, "acknowledging the trigger failed; it will be redelivered");
-            }
-            for rv in &begun.revoked {
-                self.send_cancel(rv).await;
-            }
-            match (assigned, &first, &job) {
-                (Some(Assigned::Granted(leased)), Some((nodes, i, route_key)), Some(job)) => {
-                    self.dispatch(&leased, job, &nodes[*i], route_key).await;
-                }
-                (Some(Assigned::NotWaiting(_)), _, _) => debug!("run no longer waiting"),
-                // Not assigned here (no node named, or it was full), or a trigger seen
-                // again whose run is still waiting: routed as any waiting run.
-                _ if begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0 => {
-                    self.route(begun.run).await;
-                }
-                _ => {}
-            }
-        }
-        .instrument(span)
-        .await;
-    }
-
-    /// Begins the run; when routing named a node for it, leases it to that node in
-    /// the same store decision (`begin_and_assign`: its outcome is `Some` when tried).
-    async fn begin_on(
-        &self,
-        run: RunRecord,
-        node: Option<&NodeRecord>,
-    ) -> crate::store::Result<(Begun, Option<Assigned>)> {
-        let grace = self.opts.route_retry;
-        let Some(node) = node else {
-            return self
-                .store
-                .runs
-                .begin_run(run, grace)
-                .await
-                .map(|b| (b, None));
-        };
-        let slot = NodeSlot {
-            node_id: node.node_id.clone(),
-            max_concurrency: node.max_concurrency,
-        };
-        // Counted on the node from the pick on, not from the grant: the begins of a
-        // burst pick side by side, and least active must see the runs its neighbours
-        // are about to lease.
-        self.nodes.moved(&slot.node_id, 1);
-        let begun = self
-            .store
-            .runs
-            .begin_and_assign(run, grace, &slot, self.opts.lease)
-            .await;
-        if !matches!(begun, Ok((_, Some(Assigned::Granted(_))))) {
-            self.nodes.moved(&slot.node_id, -1);
-        }
-        begun
-    }
-
-    /// The node routing would try first for a run of `job` about to begin, when it
-    /// is an executor job routed to one node and some node can take it now.
-    async fn first_node(
-        &self,
-        run: &RunRecord,
-        job: &JobRecord,
-    ) -> Option<(Arc<Vec<NodeRecord>>, usize, String)> {
-        let Target::Executor { group, handler } = &job.spec.target else {
-            return None;
-        };
-        match self.pick(run, job, group, handler).await {
-            Pick::Order {
-                nodes,
-                order,
-                route_key,
-            } => order.first().map(|&i| (nodes, i, route_key)),
-            Pick::NoNode | Pick::Broadcast { .. } => None,
-        }
-    }
-
     /// Acts on what a transition left to do: count it (metrics and alerts, when
     /// applied), cancel a revoked lease, route the serial run it released. Every
     /// applied transition but `begin_run` and the HTTP executor's results comes here
@@ -1092,62 +770,4 @@ fn dispatch_message(run: &RunRecord, job: &JobRecord, route_key: &str) -> pb::se
         scheduled_at_ms: run.scheduled_at,
         labels: job.spec.labels.clone().into_iter().collect(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cache() -> NodeCache {
-        NodeCache::new(Duration::from_secs(60), HealthPolicy::default())
-    }
-
-    fn node(id: &str, window: u32, leased: u32) -> NodeRecord {
-        NodeRecord {
-            node_id: id.into(),
-            group: "g".into(),
-            handlers: vec!["h".into()],
-            weight: 1,
-            max_concurrency: window,
-            labels: Default::default(),
-            instance: "i".into(),
-            session: String::new(),
-            ready: true,
-            draining: false,
-            silent_since: 0,
-            // The executor's own figure, seconds old: never counted.
-            active: 1_000,
-            leased,
-            load: 0.0,
-            mean_duration_ms: 0,
-            recent_errors: 0,
-            recent_results: 0,
-            recent_faults: 0,
-            by_handler: Vec::new(),
-            connected_at: 0,
-            last_heartbeat: 0,
-        }
-    }
-
-    #[test]
-    fn the_window_counts_the_store_leases_plus_what_happened_here_since() {
-        let c = cache();
-        let n = node("a", 4, 3);
-        assert_eq!(c.busy(&n), 3);
-        assert!(!c.at_window(&n), "one credit left");
-        c.moved("a", 1);
-        assert!(c.at_window(&n), "the lease granted here spent it");
-        c.moved("a", -1);
-        assert!(!c.at_window(&n), "a run that ended here returns it");
-        // More ends seen here than the snapshot counted (runs granted and ended since
-        // the read): never below zero, and the other nodes are untouched.
-        for _ in 0..5 {
-            c.moved("a", -1);
-        }
-        assert_eq!(c.busy(&n), 0);
-        assert_eq!(c.busy(&node("b", 4, 2)), 2);
-        // A node with window 0 (the HTTP target's unlimited one) is never full.
-        let unlimited = node("h", 0, 10_000);
-        assert!(!c.at_window(&unlimited));
-    }
 }

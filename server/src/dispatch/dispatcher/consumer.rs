@@ -1,0 +1,256 @@
+//! The trigger-queue consumer: reads triggers in batches, begins their runs (begun and
+//! leased in one store decision when routing can name a node with room), acknowledges
+//! each trigger only once its run is durable, takes over the triggers of instances
+//! whose beat ran out, and keeps this instance's own beat.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::{BEGIN_CONCURRENCY, Dispatcher, Pick, run_plan};
+use crate::fault::crash_point;
+use crate::model::{JobRecord, RunRecord, RunState, Target, duration_ms};
+use crate::store::{Assigned, Begun, Delivery, NodeRecord, NodeSlot};
+
+impl Dispatcher {
+    /// Consumes the trigger queue until `shutdown`; the batch in hand is finished
+    /// before it returns.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        info!(consumer = %self.opts.consumer, "dispatcher started");
+        let mut last_reclaim = tokio::time::Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        while !shutdown.is_cancelled() {
+            let mut batch = match self
+                .store
+                .triggers
+                .read_triggers(
+                    &self.opts.consumer,
+                    self.opts.batch_size,
+                    self.opts.read_block,
+                )
+                .await
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(error = %e, "reading triggers failed; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(50);
+            if last_reclaim.elapsed() >= self.opts.reclaim_every {
+                last_reclaim = tokio::time::Instant::now();
+                batch.extend(self.reclaim().await);
+            }
+            self.begin_all(batch).await;
+        }
+        info!("dispatcher stopped");
+    }
+
+    /// Runs of different jobs begin concurrently; one job's triggers keep their queue
+    /// order (it matters to the serial policy).
+    async fn begin_all(&self, batch: Vec<Delivery>) {
+        let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
+        for d in batch {
+            by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
+        }
+        futures::stream::iter(by_job.into_values())
+            .for_each_concurrent(BEGIN_CONCURRENCY, |group| async {
+                for d in group {
+                    self.begin(d).await;
+                }
+            })
+            .await;
+    }
+
+    /// Beats for this instance every third of `instance_ttl` until `shutdown`, and
+    /// begins at once the triggers an instance whose beat ran out (killed) had read
+    /// and not acknowledged: their runs begin about `instance_ttl` after its death
+    /// instead of `reclaim_idle` (which stays the net for instances that never beat).
+    /// Beats have their own task, so a busy dispatch loop never looks dead.
+    pub async fn keep_alive(self: Arc<Self>, shutdown: CancellationToken) {
+        let me = self.opts.consumer.clone();
+        let mut tick = tokio::time::interval(self.opts.instance_ttl / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let dead = match self
+                .store
+                .triggers
+                .beat_instance(&me, self.opts.instance_ttl)
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(error = %e, "beating failed; other instances may take this one's triggers");
+                    continue;
+                }
+            };
+            for instance in dead {
+                match self
+                    .store
+                    .triggers
+                    .take_over_triggers(&instance, &me, self.opts.batch_size)
+                    .await
+                {
+                    Ok(taken) if taken.is_empty() => {}
+                    Ok(taken) => {
+                        info!(%instance, count = taken.len(), "took over the triggers of an instance that stopped beating");
+                        self.begin_all(taken).await;
+                    }
+                    Err(e) => {
+                        warn!(%instance, error = %e, "taking over a dead instance's triggers failed")
+                    }
+                }
+            }
+        }
+    }
+
+    async fn reclaim(&self) -> Vec<Delivery> {
+        let reclaimed = self
+            .store
+            .triggers
+            .reclaim_triggers(
+                &self.opts.consumer,
+                self.opts.reclaim_idle,
+                self.opts.batch_size,
+            )
+            .await
+            .unwrap_or_else(|e| {
+                warn!(error = %e, "reclaiming triggers failed");
+                Vec::new()
+            });
+        if !reclaimed.is_empty() {
+            info!(count = reclaimed.len(), "took over unacknowledged triggers");
+        }
+        let cutoff = self
+            .store
+            .runs
+            .now()
+            .await
+            .map(|now| now - duration_ms(self.opts.queue_retention));
+        if let Ok(cutoff) = cutoff
+            && let Err(e) = self.store.triggers.trim_triggers(cutoff).await
+        {
+            warn!(error = %e, "trimming the trigger queue failed");
+        }
+        reclaimed
+    }
+
+    /// A run of an executor job whose node routing can name now is begun and leased
+    /// to it in one store decision (`begin_and_assign`); if that node is full, or the
+    /// run is queued or skipped, it goes on as any begun run.
+    async fn begin(&self, d: Delivery) {
+        let schedule_id = d.trigger.schedule_id();
+        let span = info_span!("dispatch", job_id = %d.trigger.job_id, %schedule_id);
+        async {
+            crash_point("dispatch.before_record");
+            let mut run = RunRecord::from_trigger(&d.trigger);
+            let job = self.job(&d.trigger.job_id, d.trigger.job_version).await;
+            if let Some(job) = &job {
+                run.plan = run_plan(job, &self.opts);
+            }
+            let first = match &job {
+                Some(job) => self.first_node(&run, job).await,
+                None => None,
+            };
+            let node = first.as_ref().map(|(nodes, i, _)| &nodes[*i]);
+            let (begun, assigned) = match self.begin_on(run, node).await {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(error = %e, "beginning the run failed; the trigger will be retried");
+                    return;
+                }
+            };
+            debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
+            self.alerts.metrics().record_begun(&begun);
+            crash_point("dispatch.before_ack");
+            if let Err(e) = self.store.triggers.ack_trigger(&d.entry_id).await {
+                warn!(error = %e, "acknowledging the trigger failed; it will be redelivered");
+            }
+            for rv in &begun.revoked {
+                self.send_cancel(rv).await;
+            }
+            match (assigned, &first, &job) {
+                (Some(Assigned::Granted(leased)), Some((nodes, i, route_key)), Some(job)) => {
+                    self.dispatch(&leased, job, &nodes[*i], route_key).await;
+                }
+                (Some(Assigned::NotWaiting(_)), _, _) => debug!("run no longer waiting"),
+                // Not assigned here (no node named, or it was full), or a trigger seen
+                // again whose run is still waiting: routed as any waiting run.
+                _ if begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0 => {
+                    self.route(begun.run).await;
+                }
+                _ => {}
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// Begins the run; when routing named a node for it, leases it to that node in
+    /// the same store decision (`begin_and_assign`: its outcome is `Some` when tried).
+    async fn begin_on(
+        &self,
+        run: RunRecord,
+        node: Option<&NodeRecord>,
+    ) -> crate::store::Result<(Begun, Option<Assigned>)> {
+        let grace = self.opts.route_retry;
+        let Some(node) = node else {
+            return self
+                .store
+                .runs
+                .begin_run(run, grace)
+                .await
+                .map(|b| (b, None));
+        };
+        let slot = NodeSlot {
+            node_id: node.node_id.clone(),
+            max_concurrency: node.max_concurrency,
+        };
+        // Counted on the node from the pick on, not from the grant: the begins of a
+        // burst pick side by side, and least active must see the runs its neighbours
+        // are about to lease.
+        self.nodes.moved(&slot.node_id, 1);
+        let begun = self
+            .store
+            .runs
+            .begin_and_assign(run, grace, &slot, self.opts.lease)
+            .await;
+        if !matches!(begun, Ok((_, Some(Assigned::Granted(_))))) {
+            self.nodes.moved(&slot.node_id, -1);
+        }
+        begun
+    }
+
+    /// The node routing would try first for a run of `job` about to begin, when it
+    /// is an executor job routed to one node and some node can take it now.
+    async fn first_node(
+        &self,
+        run: &RunRecord,
+        job: &JobRecord,
+    ) -> Option<(Arc<Vec<NodeRecord>>, usize, String)> {
+        let Target::Executor { group, handler } = &job.spec.target else {
+            return None;
+        };
+        match self.pick(run, job, group, handler).await {
+            Pick::Order {
+                nodes,
+                order,
+                route_key,
+            } => order.first().map(|&i| (nodes, i, route_key)),
+            Pick::NoNode | Pick::Broadcast { .. } => None,
+        }
+    }
+}
