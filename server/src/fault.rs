@@ -79,29 +79,27 @@ pub fn validate_env() -> Result<Option<String>, String> {
     }
 }
 
+/// Which hit of `point` this is, when `SUNDIAL_FAULT` names it and this is the hit it
+/// names (once per process).
+fn reached(point: &'static str) -> Option<u64> {
+    let a = armed().as_ref().filter(|a| a.point == point)?;
+    let hit = a.hits.fetch_add(1, Ordering::Relaxed) + 1;
+    (hit == a.at_hit).then_some(hit)
+}
+
 /// Aborts the process here if `SUNDIAL_FAULT` names this point (and this is the n-th hit).
 pub fn crash_point(point: &'static str) {
-    if let Some(a) = armed()
-        && a.point == point
-    {
-        let hit = a.hits.fetch_add(1, Ordering::Relaxed) + 1;
-        if hit == a.at_hit {
-            eprintln!("SUNDIAL_FAULT: crashing at {point} (hit {hit})");
-            std::process::abort();
-        }
+    if let Some(hit) = reached(point) {
+        eprintln!("SUNDIAL_FAULT: crashing at {point} (hit {hit})");
+        std::process::abort();
     }
 }
 
 /// Panics here if `SUNDIAL_FAULT` names this point (and this is the n-th hit): a bug
 /// in one loop, as the instance's loop watch must see it.
 pub fn panic_point(point: &'static str) {
-    if let Some(a) = armed()
-        && a.point == point
-    {
-        let hit = a.hits.fetch_add(1, Ordering::Relaxed) + 1;
-        if hit == a.at_hit {
-            panic!("SUNDIAL_FAULT: panicking at {point} (hit {hit})");
-        }
+    if let Some(hit) = reached(point) {
+        panic!("SUNDIAL_FAULT: panicking at {point} (hit {hit})");
     }
 }
 

@@ -27,14 +27,11 @@ pub enum LogFormat {
     Json,
 }
 
+/// The names `--log-format` takes (clap's), for the settings table's default.
 impl std::str::FromStr for LogFormat {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "text" => Ok(Self::Text),
-            "json" => Ok(Self::Json),
-            other => Err(format!("{other:?} is not a log format (text or json)")),
-        }
+        <Self as clap::ValueEnum>::from_str(s, false)
     }
 }
 

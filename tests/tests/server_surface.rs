@@ -58,7 +58,6 @@ async fn json_log_lines_parse_and_carry_job_and_schedule_ids() -> Result<()> {
         run.state == sundial_proto::v1::RunState::Succeeded as i32,
         "{run:?}"
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
     server.stop()?;
     let log = server.stderr();
     let mut with_ids = 0;

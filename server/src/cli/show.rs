@@ -59,18 +59,18 @@ pub fn time_in(ms: i64, zone: &str) -> String {
     if ms == 0 {
         return "-".to_owned();
     }
-    let tz: chrono_tz::Tz = zone.parse().unwrap_or(chrono_tz::UTC);
-    match tz.timestamp_millis_opt(ms).single() {
-        Some(t) => t.format("%Y-%m-%d %H:%M:%S %Z").to_string(),
-        None => format!("{ms} ms"),
-    }
+    formatted(ms, zone, "%Y-%m-%d %H:%M:%S %Z")
 }
 
 /// A time with milliseconds, for log lines.
 pub fn precise_time_in(ms: i64, zone: &str) -> String {
+    formatted(ms, zone, "%Y-%m-%d %H:%M:%S%.3f %Z")
+}
+
+fn formatted(ms: i64, zone: &str, format: &str) -> String {
     let tz: chrono_tz::Tz = zone.parse().unwrap_or(chrono_tz::UTC);
     match tz.timestamp_millis_opt(ms).single() {
-        Some(t) => t.format("%Y-%m-%d %H:%M:%S%.3f %Z").to_string(),
+        Some(t) => t.format(format).to_string(),
         None => format!("{ms} ms"),
     }
 }

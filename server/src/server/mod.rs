@@ -91,10 +91,10 @@ pub async fn run(
     };
     info!("shutting down: health NOT_SERVING, stopping loops");
     served.not_serving().await;
-    let stopping = loops.stop_all(config.shutdown_grace).await;
-    served.stop(config.shutdown_grace).await;
+    let loops_stopping = loops.stop_all(config.shutdown_grace).await;
+    let servers_stopping = served.stop(config.shutdown_grace).await;
     info!("stopped");
-    match failure.or(stopping) {
+    match failure.or(loops_stopping).or(servers_stopping) {
         Some(f) => Err(f.into()),
         None => Ok(()),
     }

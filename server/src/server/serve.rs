@@ -145,19 +145,13 @@ impl Served {
         let app = http_app(config, parts, &services, guard);
         let stop = servers.stop().cancelled_owned();
         match (http, https) {
-            (Some(l), _) => servers.spawn("http_server", async move {
+            (Some(l), _) => {
                 let l = l.tap_io(|tcp| {
                     let _ = tcp.set_nodelay(true);
                 });
-                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(stop).await {
-                    error!(error = %e, "the HTTP server failed");
-                }
-            }),
-            (None, Some(l)) => servers.spawn("http_server", async move {
-                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(stop).await {
-                    error!(error = %e, "the HTTP server failed");
-                }
-            }),
+                servers.spawn("http_server", serve_http(l, app, stop));
+            }
+            (None, Some(l)) => servers.spawn("http_server", serve_http(l, app, stop)),
             (None, None) => {}
         }
         info!(
@@ -186,9 +180,10 @@ impl Served {
         set_health(&self.health, tonic_health::ServingStatus::NotServing).await;
     }
 
-    /// The servers finish their in-flight requests (up to `grace`) and stop.
-    pub async fn stop(self, grace: Duration) {
-        self.servers.stop_all(grace).await;
+    /// The servers finish their in-flight requests (up to `grace`) and stop; a panic
+    /// while stopping is answered.
+    pub async fn stop(self, grace: Duration) -> Option<super::LoopFailure> {
+        self.servers.stop_all(grace).await
     }
 }
 
@@ -276,6 +271,23 @@ fn grpc_server(
         .add_service(AppServiceServer::from_arc(services.apps.clone()))
         .add_service(AuditServiceServer::from_arc(services.audit.clone()))
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned()))
+}
+
+/// Serves `app` on `listener` (plain TCP or TLS) until `stop`.
+async fn serve_http<L>(
+    listener: L,
+    app: axum::Router,
+    stop: impl Future<Output = ()> + Send + 'static,
+) where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+    {
+        error!(error = %e, "the HTTP server failed");
+    }
 }
 
 /// The HTTP routes: REST over the same services, `/healthz`, `/metrics`.
