@@ -192,14 +192,16 @@ impl Bound<Duration> {
     /// The setting's value (it has a declared default, so it is set), or the error
     /// naming it.
     pub fn get(&self, v: Option<HumanDuration>) -> Result<Duration, Error> {
-        self.check(Some(given(self.field, v)?), Duration::ZERO)
+        self.within(given(self.field, v)?.0)
     }
 
-    /// The setting's value (`default` when unset), or the error naming it.
+    /// The setting's value (`default`, derived from others, when unset), or the error
+    /// naming it.
     pub fn check(&self, v: Option<HumanDuration>, default: Duration) -> Result<Duration, Error> {
-        let Some(HumanDuration(d)) = v else {
-            return Ok(default);
-        };
+        v.map_or(Ok(default), |HumanDuration(d)| self.within(d))
+    }
+
+    fn within(&self, d: Duration) -> Result<Duration, Error> {
         if d < self.min || d > self.max {
             return Err(Error::Invalid {
                 field: self.field,
@@ -221,18 +223,22 @@ impl Bound<u64> {
     where
         T: Copy + TryInto<u64>,
     {
-        let n = given(self.field, v)?;
-        self.check(Some(n), n)
+        self.within(given(self.field, v)?)
     }
 
-    /// The setting's value (`default` when unset), or the error naming it.
+    /// The setting's value (`default`, derived from others, when unset), or the error
+    /// naming it.
     pub fn check<T>(&self, v: Option<T>, default: T) -> Result<T, Error>
     where
         T: Copy + TryInto<u64>,
     {
-        let Some(n) = v else {
-            return Ok(default);
-        };
+        v.map_or(Ok(default), |n| self.within(n))
+    }
+
+    fn within<T>(&self, n: T) -> Result<T, Error>
+    where
+        T: Copy + TryInto<u64>,
+    {
         match n.try_into() {
             Ok(x) if (self.min..=self.max).contains(&x) => Ok(n),
             Ok(x) => Err(Error::Invalid {
