@@ -32,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // `ExecutorService.Connect` would collide with the generated `connect` constructor;
         // clients are built with `new(channel)` instead.
         .build_transport(false)
+        .codec_path("crate::codec::LeanCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -41,7 +41,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::auth::Authenticator;
 use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
-use crate::dispatch::links::Links;
+use crate::dispatch::links::{Links, Outgoing, StreamSender};
 use crate::dispatch::silence::Liveness;
 use crate::dispatch::{Dispatcher, lock};
 use crate::model::{RunState, duration_ms, now_ms, reported_time, valid_job_id};
@@ -253,8 +253,13 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
     })
 }
 
-fn out(msg: Out) -> Result<pb::ServerMessage, Status> {
-    Ok(pb::ServerMessage { msg: Some(msg) })
+fn out(msg: Out) -> Outgoing {
+    Box::new(Ok(pb::ServerMessage { msg: Some(msg) }))
+}
+
+/// The status that ends a stream, as its last item.
+fn end(status: Status) -> Outgoing {
+    Box::new(Err(status))
 }
 
 type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::ServerMessage, Status>> + Send>>;
@@ -341,7 +346,7 @@ impl ExecutorService for Executors {
                 .session(node, (conn, liveness), inbound, tx)
                 .instrument(span),
         );
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(|m| *m))))
     }
 }
 
@@ -358,7 +363,7 @@ impl Executors {
         node: NodeRecord,
         (conn, liveness): (u64, Arc<Liveness>),
         inbound: Streaming<pb::ExecutorMessage>,
-        tx: mpsc::Sender<Result<pb::ServerMessage, Status>>,
+        tx: StreamSender,
     ) {
         let node_id = node.node_id.clone();
         let state = Arc::new(Mutex::new(NodeState {
@@ -412,14 +417,17 @@ impl Executors {
             let mut ended = None;
             for item in batch.drain(..) {
                 match item {
-                    Read::Message(m) => msgs.push(m),
+                    Read::Message(m) => msgs.push(*m),
                     Read::Ended(status) => {
                         ended = Some(status);
                         break;
                     }
                 }
             }
-            let handled = self.handle_batch(&state, msgs).await;
+            // Boxed, as are the heartbeat's and the silence check's work: the state of an
+            // await lives in its task for the stream's whole life, and an idle stream
+            // should hold only what waiting needs.
+            let handled = Box::pin(self.handle_batch(&state, msgs)).await;
             let (replies, failed) = match handled {
                 Ok(replies) => (replies, None),
                 Err((replies, status)) => (replies, Some(status)),
@@ -431,13 +439,13 @@ impl Executors {
             }
             if let Some(status) = failed {
                 warn!(%status, "executor protocol error; closing its stream");
-                let _ = tx.send(Err(status)).await;
+                let _ = tx.send(end(status)).await;
                 break;
             }
             if let Some(status) = ended {
                 // Say why, in case the executor is still listening.
                 if let Some(status) = status {
-                    let _ = tx.send(Err(status)).await;
+                    let _ = tx.send(end(status)).await;
                 }
                 break;
             }
@@ -469,7 +477,7 @@ impl Executors {
     async fn read_stream(
         self,
         mut inbound: Streaming<pb::ExecutorMessage>,
-        (to_session, beats): (mpsc::Sender<Read>, mpsc::Sender<pb::Heartbeat>),
+        (to_session, beats): (mpsc::Sender<Read>, mpsc::Sender<Box<pb::Heartbeat>>),
         liveness: Arc<Liveness>,
         stop: CancellationToken,
     ) {
@@ -499,12 +507,12 @@ impl Executors {
                 Ok(Ok(Some(pb::ExecutorMessage {
                     msg: Some(Msg::Heartbeat(hb)),
                 }))) => {
-                    if beats.send(hb).await.is_err() {
+                    if beats.send(Box::new(hb)).await.is_err() {
                         return;
                     }
                     continue;
                 }
-                Ok(Ok(Some(m))) => Read::Message(m),
+                Ok(Ok(Some(m))) => Read::Message(Box::new(m)),
             };
             let last = matches!(item, Read::Ended(_));
             if to_session.send(item).await.is_err() || last {
@@ -534,30 +542,36 @@ impl Executors {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            self.note_ends(&state).await;
-            if after.is_zero() {
-                continue;
-            }
-            let verdict = liveness.check(Instant::now(), after);
-            if let Some(silent) = verdict.turned {
-                self.mark_silent(&state, silent).await;
-            }
-            let runs = verdict.take_back.len();
-            let taken: usize = futures::stream::iter(verdict.take_back)
-                .map(|run| self.take_back(&state, run))
-                .buffer_unordered(REPORT_CONCURRENCY)
-                .map(usize::from)
-                .collect::<Vec<_>>()
-                .await
-                .into_iter()
-                .sum();
-            if runs > 0 {
-                info!(
-                    unanswered = runs,
-                    taken_back = taken,
-                    "dispatches of a silent executor taken back; routing them elsewhere"
-                );
-            }
+            Box::pin(self.check_silence(&state, &liveness)).await;
+        }
+    }
+
+    /// One pass of [`Executors::watch_silence`].
+    async fn check_silence(&self, state: &Mutex<NodeState>, liveness: &Liveness) {
+        self.note_ends(state).await;
+        let after = self.opts.silent_after;
+        if after.is_zero() {
+            return;
+        }
+        let verdict = liveness.check(Instant::now(), after);
+        if let Some(silent) = verdict.turned {
+            self.mark_silent(state, silent).await;
+        }
+        let runs = verdict.take_back.len();
+        let taken: usize = futures::stream::iter(verdict.take_back)
+            .map(|run| self.take_back(state, run))
+            .buffer_unordered(REPORT_CONCURRENCY)
+            .map(usize::from)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .sum();
+        if runs > 0 {
+            info!(
+                unanswered = runs,
+                taken_back = taken,
+                "dispatches of a silent executor taken back; routing them elsewhere"
+            );
         }
     }
 
@@ -639,13 +653,13 @@ impl Executors {
     /// that is refused (malformed, or the store failed) ends the session.
     async fn answer_heartbeats(
         self,
-        mut beats: mpsc::Receiver<pb::Heartbeat>,
+        mut beats: mpsc::Receiver<Box<pb::Heartbeat>>,
         state: Arc<Mutex<NodeState>>,
-        replies: mpsc::Sender<Result<pb::ServerMessage, Status>>,
+        replies: StreamSender,
         session: mpsc::Sender<Read>,
     ) {
         while let Some(hb) = beats.recv().await {
-            match self.heartbeat(&state, hb).await {
+            match Box::pin(self.heartbeat(&state, *hb)).await {
                 Ok(go_away @ Out::GoAway(_)) => {
                     // Superseded by a newer stream of the node: it holds the node's
                     // registration and runs now; this stream ends without removing them.
@@ -1235,9 +1249,9 @@ fn stretches(msgs: Vec<pb::ExecutorMessage>) -> Vec<Stretch> {
     out
 }
 
-/// What the reader task hands the session.
+/// What the reader task hands the session (a message boxed: see [`Outgoing`]).
 enum Read {
-    Message(pb::ExecutorMessage),
+    Message(Box<pb::ExecutorMessage>),
     /// The stream ended: cleanly (None) or with the status to answer it with.
     Ended(Option<Status>),
 }
