@@ -19,12 +19,19 @@ pub struct StreamsArgs {
     pub streams: usize,
     #[arg(long, value_enum, default_value_t = StoreKind::Redis)]
     pub store: StoreKind,
+    /// Instead of executors, open this many bare gRPC connections, each making one
+    /// `ListNodes` call and then idling: what the HTTP/2 connection alone costs, the
+    /// floor under an executor stream's figure.
+    #[arg(long)]
+    pub bare: bool,
 }
 
 #[derive(Debug, Serialize)]
 pub struct StreamsReport {
     pub scenario: &'static str,
     pub store: &'static str,
+    /// Bare connections (`--bare`) rather than executor streams.
+    pub bare: bool,
     pub streams: usize,
     pub nodes_listed: usize,
     pub server_rss_before_kib: u64,
@@ -37,13 +44,19 @@ pub struct StreamsReport {
 impl crate::Report for StreamsReport {
     fn print(&self) {
         println!(
-            "executors: {} idle streams ({} listed), store {}: server RSS {} KiB -> {} KiB, {:.1} KiB per stream",
+            "executors: {} idle {} ({} listed), store {}: server RSS {} KiB -> {} KiB, {:.1} KiB per {}",
             self.streams,
+            if self.bare {
+                "bare connections"
+            } else {
+                "streams"
+            },
             self.nodes_listed,
             self.store,
             self.server_rss_before_kib,
             self.server_rss_after_kib,
-            self.kib_per_stream
+            self.kib_per_stream,
+            if self.bare { "connection" } else { "stream" },
         );
         RedisCeiling::print(self.redis_ceiling);
     }
@@ -75,22 +88,65 @@ pub async fn run(bins: &Binaries, args: &StreamsArgs) -> Result<StreamsReport> {
     let before = crate::registered::rss_kib(pid)?;
     let shutdown = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..args.streams {
-        let executor = Executor::builder()
-            .group("streams")
-            .node_id(format!("stream-{i}"))
-            .endpoint(server.grpc_url())
-            .handler("noop", |_ctx| async { Ok(Vec::new()) })
-            .build()?;
-        tasks.spawn(executor.run(shutdown.clone()));
-    }
+    let mut bare = Vec::new();
     let mut nodes = pb::node_service_client::NodeServiceClient::new(server.channel().await?);
-    let listed = sundial_tests::wait_for(
+    let listed = if args.bare {
+        for _ in 0..args.streams {
+            let mut client =
+                pb::node_service_client::NodeServiceClient::new(server.channel().await?);
+            client
+                .list_nodes(pb::ListNodesRequest::default())
+                .await
+                .context("ListNodes on a bare connection")?;
+            bare.push(client);
+        }
+        args.streams
+    } else {
+        for i in 0..args.streams {
+            let executor = Executor::builder()
+                .group("streams")
+                .node_id(format!("stream-{i}"))
+                .endpoint(server.grpc_url())
+                .handler("noop", |_ctx| async { Ok(Vec::new()) })
+                .build()?;
+            tasks.spawn(executor.run(shutdown.clone()));
+        }
+        every_stream_listed(&nodes, args.streams).await?
+    };
+    // A heartbeat round, so the figure is of streams at rest.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let after = crate::registered::rss_kib(pid)?;
+    let _ = nodes
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .context("ListNodes")?;
+    shutdown.cancel();
+    while tasks.join_next().await.is_some() {}
+    drop(bare);
+    let redis_ceiling = RedisCeiling::of(&rig)?;
+    Ok(StreamsReport {
+        scenario: "executors",
+        redis_ceiling,
+        store: args.store.name(),
+        bare: args.bare,
+        streams: args.streams,
+        nodes_listed: listed,
+        server_rss_before_kib: before,
+        server_rss_after_kib: after,
+        kib_per_stream: after.saturating_sub(before) as f64 / args.streams.max(1) as f64,
+    })
+}
+
+/// Waits until `ListNodes` lists `want` streams; how many it listed.
+async fn every_stream_listed(
+    nodes: &pb::node_service_client::NodeServiceClient<tonic::transport::Channel>,
+    want: usize,
+) -> Result<usize> {
+    sundial_tests::wait_for(
         "every stream in ListNodes",
         Duration::from_secs(120),
         || {
             let mut nodes = nodes.clone();
-            let want = args.streams;
             async move {
                 let n = nodes
                     .list_nodes(pb::ListNodesRequest {
@@ -105,25 +161,5 @@ pub async fn run(bins: &Binaries, args: &StreamsArgs) -> Result<StreamsReport> {
         },
     )
     .await
-    .context("the streams did not all register")?;
-    // A heartbeat round, so the figure is of streams at rest.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let after = crate::registered::rss_kib(pid)?;
-    let _ = nodes
-        .list_nodes(pb::ListNodesRequest::default())
-        .await
-        .context("ListNodes")?;
-    shutdown.cancel();
-    while tasks.join_next().await.is_some() {}
-    let redis_ceiling = RedisCeiling::of(&rig)?;
-    Ok(StreamsReport {
-        scenario: "executors",
-        redis_ceiling,
-        store: args.store.name(),
-        streams: args.streams,
-        nodes_listed: listed,
-        server_rss_before_kib: before,
-        server_rss_after_kib: after,
-        kib_per_stream: after.saturating_sub(before) as f64 / args.streams.max(1) as f64,
-    })
+    .context("the streams did not all register")
 }
