@@ -291,3 +291,75 @@ async fn a_wait_for_capacity_ends_at_the_jobs_timeout() -> Result<()> {
     );
     Ok(())
 }
+
+/// A slot freed by a result is refilled from the runs waiting for room at once, oldest
+/// first, not by their timers: with `route_retry` at 30 s (a waiting run's timer would
+/// not route it again for 30 s or more) and one executor with a window of 1, five runs
+/// of a 200 ms `sleep` triggered together all succeed within 20 s, one after another
+/// in the order they were triggered, on both stores.
+async fn a_freed_slot_is_refilled_from_the_room(opts: SundialOptions) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = Sundial::start(opts.arg("route-retry", "30s"))?;
+    let execs = start_executors(std::slice::from_ref(&server), &["r1"], "1", dir.path())?;
+    wait_for("the executor", Duration::from_secs(20), || async {
+        Ok((node_count(&server).await? == 1).then_some(()))
+    })
+    .await?;
+    server
+        .create_job(pb::JobSpec {
+            id: "queued".into(),
+            cron: sundial_tests::MANUAL_ONLY.into(),
+            target: Some(pb::job_spec::Target::Executor(pb::ExecutorTarget {
+                group: "g".into(),
+                handler: "sleep".into(),
+            })),
+            payload: b"200".to_vec(),
+            ..Default::default()
+        })
+        .await?;
+    let mut sids = Vec::new();
+    for _ in 0..5 {
+        sids.push(server.trigger("queued").await?);
+    }
+    let journal = execs[0].journal.clone();
+    wait_for("five runs to finish", Duration::from_secs(20), || async {
+        let entries = sundial_tests::read_journals(std::slice::from_ref(&journal))?;
+        let finished = entries.iter().filter(|e| e.event == "finish").count();
+        Ok((finished >= sids.len()).then_some(()))
+    })
+    .await?;
+    for sid in &sids {
+        let run = server.run(sid).await?;
+        ensure!(
+            run.state == pb::RunState::Succeeded as i32 && run.attempt == 1,
+            "{run:?}"
+        );
+    }
+    let entries = sundial_tests::read_journals(&[journal])?;
+    let started: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.event == "start")
+        .map(|e| e.schedule_id.as_str())
+        .collect();
+    ensure!(
+        started == sids.iter().map(String::as_str).collect::<Vec<_>>(),
+        "started once each, in the order triggered: {started:?}, triggered {sids:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_slot_is_refilled_from_the_room_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    a_freed_slot_is_refilled_from_the_room(tuned(SundialOptions::redis(&redis), "a")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_slot_is_refilled_from_the_room_on_the_embedded_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    a_freed_slot_is_refilled_from_the_room(tuned(
+        SundialOptions::embedded(&dir.path().join("data")),
+        "a",
+    ))
+    .await
+}

@@ -1068,9 +1068,11 @@ impl Executors {
                     health::Kind::Error
                 };
                 st.window.record(now_ms(), handler, kind, duration);
-                (st.node.node_id.clone(), st.window.recovered())
+                let node = &st.node;
+                self.dispatcher
+                    .run_ended_on(&node.node_id, &node.group, &node.handlers);
+                (node.node_id.clone(), st.window.recovered())
             };
-            self.dispatcher.run_ended_on(&node_id);
             let forgiven = recovered && self.forgive(state, &node_id).await;
             self.publish_figures(state, forgiven).await?;
             if forgiven {

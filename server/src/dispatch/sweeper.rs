@@ -72,8 +72,8 @@ impl Sweeper {
                 return None;
             }
         };
-        let grace = self.dispatcher.options().route_retry;
         for schedule_id in &due.ids {
+            let grace = self.dispatcher.wake_grace(schedule_id);
             let (job_id, _) = crate::model::split_schedule_id(schedule_id).unwrap_or(("", ""));
             let span = info_span!("deadline", %job_id, %schedule_id);
             async {

@@ -201,6 +201,7 @@ impl Parts {
         .with_alerts(self.alerts.clone());
         loops.spawn("scheduler", scheduler.run(stop.clone()));
         loops.spawn("dispatcher", self.dispatcher.clone().run(stop.clone()));
+        loops.spawn("room", self.dispatcher.clone().refill_room(stop.clone()));
         loops.spawn(
             "instance_beat",
             self.dispatcher.clone().keep_alive(stop.clone()),

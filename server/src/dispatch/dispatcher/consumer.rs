@@ -11,7 +11,8 @@ use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::{BEGIN_CONCURRENCY, Dispatcher, Pick, run_plan};
+use super::{BEGIN_CONCURRENCY, Dispatcher, Pick, run_plan, waits_in_room};
+use crate::dispatch::lock;
 use crate::fault::crash_point;
 use crate::model::{JobRecord, RunRecord, RunState, Target, duration_ms};
 use crate::store::{Assigned, Begun, Delivery, NodeRecord, NodeSlot};
@@ -163,10 +164,17 @@ impl Dispatcher {
             }
             let first = match &job {
                 Some(job) => self.first_node(&run, job).await,
-                None => None,
+                None => First::Other,
+            };
+            let (first, grace) = match first {
+                First::Node(nodes, i, route_key) => (Some((nodes, i, route_key)), self.opts.route_retry),
+                // It will wait in the room, which routes it when a slot frees: its timer
+                // is only for an instance that dies meanwhile.
+                First::NoRoom => (None, self.room_grace(run.plan.timeout_ms)),
+                First::Other => (None, self.opts.route_retry),
             };
             let node = first.as_ref().map(|(nodes, i, _)| &nodes[*i]);
-            let (begun, assigned) = match self.begin_on(run, node).await {
+            let (begun, assigned) = match self.begin_on(run, node, grace).await {
                 Ok(b) => b,
                 Err(e) => {
                     warn!(error = %e, "beginning the run failed; the trigger will be retried");
@@ -205,8 +213,8 @@ impl Dispatcher {
         &self,
         run: RunRecord,
         node: Option<&NodeRecord>,
+        grace: std::time::Duration,
     ) -> crate::store::Result<(Begun, Option<Assigned>)> {
-        let grace = self.opts.route_retry;
         let Some(node) = node else {
             return self
                 .store
@@ -231,26 +239,45 @@ impl Dispatcher {
         if !matches!(begun, Ok((_, Some(Assigned::Granted(_))))) {
             self.nodes.moved(&slot.node_id, -1);
         }
+        if matches!(begun, Ok((_, Some(Assigned::NodeFull)))) {
+            self.nodes.saw_full(node);
+        }
         begun
     }
 
     /// The node routing would try first for a run of `job` about to begin, when it
     /// is an executor job routed to one node and some node can take it now.
-    async fn first_node(
-        &self,
-        run: &RunRecord,
-        job: &JobRecord,
-    ) -> Option<(Arc<Vec<NodeRecord>>, usize, String)> {
+    async fn first_node(&self, run: &RunRecord, job: &JobRecord) -> First {
         let Target::Executor { group, handler } = &job.spec.target else {
-            return None;
+            return First::Other;
         };
+        let roomy = waits_in_room(run, job);
+        if roomy && lock(&self.room).waiting(group, handler) {
+            // Older runs wait for a slot on these nodes: this one goes behind them.
+            return First::NoRoom;
+        }
         match self.pick(run, job, group, handler).await {
             Pick::Order {
                 nodes,
                 order,
                 route_key,
-            } => order.first().map(|&i| (nodes, i, route_key)),
-            Pick::NoNode | Pick::Broadcast { .. } => None,
+            } => match order.first() {
+                Some(&i) => First::Node(nodes, i, route_key),
+                None if roomy => First::NoRoom,
+                None => First::Other,
+            },
+            Pick::NoNode | Pick::Broadcast { .. } => First::Other,
         }
     }
+}
+
+/// Where a run about to begin would go first.
+enum First {
+    /// To this node of the snapshot, with this route key.
+    Node(Arc<Vec<NodeRecord>>, usize, String),
+    /// Into the room queue: every eligible node is at its window, or runs wait already.
+    NoRoom,
+    /// Anywhere else (no node, a broadcast, an HTTP target, a run that waits by its
+    /// timer): routed as any begun run.
+    Other,
 }

@@ -11,6 +11,8 @@
 //!
 //! Nothing here is the only record of anything: a run that could not be routed now
 //! stays WAITING with a timer in the store, and the sweeper (`sweeper`) brings it back.
+//! A run that found every eligible node at its window also waits in this instance's
+//! room queue (`room`), from which a freed slot is refilled at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,8 +35,10 @@ use crate::store::{
 
 mod consumer;
 mod node_cache;
+mod room;
 
 use node_cache::NodeCache;
+use room::Room;
 
 /// The store traits the dispatcher uses, each for its own part of the work.
 #[derive(Clone)]
@@ -127,6 +131,8 @@ pub struct Dispatcher {
     routes: Mutex<HashMap<String, RouteState>>,
     /// When this instance last sent each FAILING node a probe run.
     probes: Mutex<HashMap<String, Instant>>,
+    /// Runs waiting for a node with room, oldest first (see `room`).
+    room: Mutex<Room>,
     /// When this instance began to serve: no run fails "no_executor" before it has
     /// served for `dispatch_wait` (see `no_node_yet`).
     serving_since: tokio::time::Instant,
@@ -134,6 +140,15 @@ pub struct Dispatcher {
 
 /// Jobs whose triggers one dispatcher begins at once.
 const BEGIN_CONCURRENCY: usize = 64;
+
+/// A run waiting in the room queue is woken by its timer only this many times
+/// `route_retry` apart (the room routes it as soon as a slot frees; the timer is for an
+/// instance that died or forgot it), instead of every `route_retry`: each wake-up is a
+/// store call, which a burst waiting for room would make for every waiting run.
+const ROOM_GRACE_RETRIES: u32 = 10;
+
+/// Runs one refill routes before it lets others have the room's lock and the runtime.
+const REFILL_BATCH: usize = 256;
 
 /// The run-relevant part of a job, snapshotted into the run when it begins.
 pub fn run_plan(job: &JobRecord, opts: &DispatchOptions) -> RunPlan {
@@ -170,6 +185,7 @@ impl Dispatcher {
             jobs: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
             probes: Mutex::new(HashMap::new()),
+            room: Mutex::new(Room::default()),
             serving_since: tokio::time::Instant::now(),
         }
     }
@@ -201,10 +217,106 @@ impl Dispatcher {
         self.nodes.invalidate().await;
     }
 
-    /// A stream attached here reported the end of a run on `node_id`: routing counts
-    /// the node one run less busy until its next registry read.
-    pub fn run_ended_on(&self, node_id: &str) {
+    /// A stream attached here reported the end of a run on `node_id` (of `group`,
+    /// serving `handlers`): routing counts the node one run less busy until its next
+    /// registry read, and the runs waiting in the room for such a node are routed now.
+    pub fn run_ended_on(self: &Arc<Self>, node_id: &str, group: &str, handlers: &[String]) {
         self.nodes.moved(node_id, -1);
+        let keys: Vec<(String, String)> = {
+            let room = lock(&self.room);
+            handlers
+                .iter()
+                .filter(|h| room.waiting(group, h))
+                .map(|h| (group.to_owned(), h.clone()))
+                .collect()
+        };
+        if keys.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(
+            async move {
+                for (group, handler) in keys {
+                    me.refill(&group, &handler).await;
+                }
+            }
+            .in_current_span(),
+        );
+    }
+
+    /// How far a sweep moves the timer of a run that is due again: further while the
+    /// run waits in the room (see [`Dispatcher::room_grace`]).
+    pub fn wake_grace(&self, schedule_id: &str) -> Duration {
+        match lock(&self.room).waits(schedule_id) {
+            Some(timeout_ms) => self.room_grace(timeout_ms),
+            None => self.opts.route_retry,
+        }
+    }
+
+    /// How far apart the timer of a run waiting in the room wakes it: up to
+    /// [`ROOM_GRACE_RETRIES`] times `route_retry`, but at most a tenth of its job's
+    /// timeout (each wake-up is where a wait longer than the timeout is failed), and
+    /// never less often than `route_retry`.
+    pub(super) fn room_grace(&self, timeout_ms: i64) -> Duration {
+        let longest = self.opts.route_retry * ROOM_GRACE_RETRIES;
+        let grace = match u64::try_from(timeout_ms) {
+            Ok(ms) if ms > 0 => longest.min(Duration::from_millis(ms / 10)),
+            _ => longest,
+        };
+        grace.max(self.opts.route_retry)
+    }
+
+    /// Until `stop`: every `node_refresh`, routes what waits in the room (a node may
+    /// have room that no result seen here freed: a new node, runs ended on another
+    /// instance's streams, a lease revoked).
+    pub async fn refill_room(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(self.opts.node_refresh);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let keys = lock(&self.room).keys();
+            for (group, handler) in keys {
+                self.refill(&group, &handler).await;
+            }
+        }
+    }
+
+    /// Routes the runs waiting in the room for a node of `group` serving `handler`,
+    /// oldest first, until one finds no room (it is put back at the head of the queue).
+    async fn refill(&self, group: &str, handler: &str) {
+        for _ in 0..REFILL_BATCH {
+            if !self.has_room(group, handler).await {
+                return;
+            }
+            let Some(run) = lock(&self.room).pop(group, handler) else {
+                return;
+            };
+            let span = info_span!("route", job_id = %run.job_id, schedule_id = %run.schedule_id, attempt = run.attempt);
+            let routed = async {
+                let Some(job) = self.job(&run.job_id, run.job_version).await else {
+                    self.fail_waiting(&run, "no_job", "the job was deleted")
+                        .await;
+                    return Routed::Settled;
+                };
+                match &job.spec.target {
+                    Target::Executor { group, handler } => {
+                        self.route_executor(&run, &job, group, handler, true).await
+                    }
+                    Target::Http { .. } => {
+                        self.route_http(&run, &job).await;
+                        Routed::Settled
+                    }
+                }
+            }
+            .instrument(span)
+            .await;
+            if routed == Routed::NoRoom {
+                return;
+            }
+        }
     }
 
     /// The job as of at least `version` (None when it is gone).
@@ -297,7 +409,7 @@ impl Dispatcher {
             match &job.spec.target {
                 Target::Http { .. } => self.route_http(&run, &job).await,
                 Target::Executor { group, handler } => {
-                    self.route_executor(&run, &job, group, handler).await;
+                    self.route_executor(&run, &job, group, handler, false).await;
                 }
             }
         }
@@ -317,15 +429,37 @@ impl Dispatcher {
             .await
         {
             Ok(Assigned::Granted(run)) => self.http.start(run, job.clone()),
-            Ok(Assigned::NodeFull) => self.still_waiting(run).await,
+            Ok(Assigned::NodeFull) => {
+                self.still_waiting(run).await;
+            }
             Ok(Assigned::NotWaiting(_)) => debug!("run no longer waiting"),
             Err(e) => warn!(error = %e, "assigning the run failed; its timer will retry"),
         }
     }
 
-    async fn route_executor(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) {
+    /// Routes an executor job's WAITING run; `queued` when it was taken out of the
+    /// room queue (where it goes back to the head if it finds no room again).
+    async fn route_executor(
+        &self,
+        run: &RunRecord,
+        job: &JobRecord,
+        group: &str,
+        handler: &str,
+        queued: bool,
+    ) -> Routed {
+        let roomy = waits_in_room(run, job);
+        if roomy && !queued && lock(&self.room).waiting(group, handler) {
+            // Older runs wait for these nodes: this one queues behind them, and the
+            // room is refilled now in case a node has room already.
+            self.wait_for_room(run, group, handler, false).await;
+            Box::pin(self.refill(group, handler)).await;
+            return Routed::NoRoom;
+        }
         match self.pick(run, job, group, handler).await {
-            Pick::NoNode => self.no_node_yet(run, group, handler).await,
+            Pick::NoNode => {
+                self.no_node_yet(run, group, handler).await;
+                Routed::Settled
+            }
             Pick::Broadcast {
                 nodes,
                 candidates,
@@ -333,6 +467,7 @@ impl Dispatcher {
             } => {
                 let candidates = candidates.iter().map(|&i| &nodes[i]).collect();
                 self.broadcast(run, job, candidates, &route_key).await;
+                Routed::Settled
             }
             Pick::Order {
                 nodes,
@@ -341,12 +476,50 @@ impl Dispatcher {
             } => {
                 for i in order {
                     match self.assign_to(run, job, &nodes[i], &route_key).await {
-                        Placed::Done => return,
+                        Placed::Done => return Routed::Settled,
                         Placed::Full => continue,
                     }
                 }
-                self.still_waiting(run).await;
+                if roomy {
+                    self.wait_for_room(run, group, handler, queued).await;
+                } else {
+                    self.still_waiting(run).await;
+                }
+                Routed::NoRoom
             }
+        }
+    }
+
+    /// Whether a routable node of `group` serving `handler` has room as far as this
+    /// instance knows (routing would ask the store about it).
+    async fn has_room(&self, group: &str, handler: &str) -> bool {
+        let (snapshot, health) = self.nodes.judged(self.store.nodes.as_ref()).await;
+        snapshot.iter().zip(health.iter()).any(|(n, h)| {
+            n.group == group
+                && h.routable()
+                && n.handlers.iter().any(|x| x == handler)
+                && !self.nodes.at_window(n)
+        })
+    }
+
+    /// Every eligible node is at its window: unless it has waited past its timeout
+    /// (`still_waiting`), the run waits in the room queue, at the head when it was
+    /// taken from there, else behind the runs already waiting.
+    async fn wait_for_room(&self, run: &RunRecord, group: &str, handler: &str, front: bool) {
+        if !self.still_waiting(run).await {
+            return;
+        }
+        let mut room = lock(&self.room);
+        let queued = if front {
+            room.push_front(group, handler, run.clone())
+        } else {
+            room.push_back(group, handler, run.clone())
+        };
+        if !queued && !room.holds(&run.schedule_id, run.attempt) {
+            debug!(
+                waiting = room.len(),
+                "the room queue is full; the run waits for its timer"
+            );
         }
     }
 
@@ -574,22 +747,34 @@ impl Dispatcher {
         node: &NodeRecord,
         route_key: &str,
     ) -> Placed {
+        if self.nodes.at_window(node) {
+            // Filled since the pick (routing decisions run side by side).
+            return Placed::Full;
+        }
         let slot = NodeSlot {
             node_id: node.node_id.clone(),
             max_concurrency: node.max_concurrency,
         };
-        match self
+        // Counted on the node from here, not from the grant, so the decisions running
+        // beside this one do not all ask the store for the same free slot.
+        self.nodes.moved(&node.node_id, 1);
+        let assigned = self
             .store
             .runs
             .assign_run(&run.schedule_id, run.attempt, &slot, self.opts.lease)
-            .await
-        {
+            .await;
+        if !matches!(assigned, Ok(Assigned::Granted(_))) {
+            self.nodes.moved(&node.node_id, -1);
+        }
+        match assigned {
             Ok(Assigned::Granted(leased)) => {
-                self.nodes.moved(&node.node_id, 1);
                 self.dispatch(&leased, job, node, route_key).await;
                 Placed::Done
             }
-            Ok(Assigned::NodeFull) => Placed::Full,
+            Ok(Assigned::NodeFull) => {
+                self.nodes.saw_full(node);
+                Placed::Full
+            }
             Ok(Assigned::NotWaiting(_)) => {
                 debug!("run no longer waiting");
                 Placed::Done
@@ -622,7 +807,8 @@ impl Dispatcher {
     /// however long that takes, unless the job has a timeout: a run that has waited
     /// longer than its timeout for capacity fails "timeout" (retried per its policy).
     /// Waiting for capacity never fails it "no_executor".
-    async fn still_waiting(&self, run: &RunRecord) {
+    /// Whether it still waits (false: it failed "timeout").
+    async fn still_waiting(&self, run: &RunRecord) -> bool {
         let since = waiting_since(run);
         // Only a job with a timeout needs the store's clock (a round trip on Redis,
         // for every waiting run at every retry).
@@ -637,8 +823,10 @@ impl Dispatcher {
                 "every eligible executor stayed at its window for longer than the job's timeout",
             )
             .await;
+            false
         } else {
             debug!("every eligible node is at its window; the run waits");
+            true
         }
     }
 
@@ -703,6 +891,27 @@ fn keeps_affinity(strategy: RouteStrategy) -> bool {
         strategy,
         RouteStrategy::ConsistentHash | RouteStrategy::Failover | RouteStrategy::First
     )
+}
+
+/// Whether a run that finds every eligible node at its window waits in the room queue:
+/// not when its strategy keeps its affinity (it waits for its own node, by its timer),
+/// nor a broadcast run about to fan out.
+fn waits_in_room(run: &RunRecord, job: &JobRecord) -> bool {
+    match job.spec.route_strategy {
+        RouteStrategy::ShardingBroadcast => !run.parent.is_empty(),
+        other => !keeps_affinity(other),
+    }
+}
+
+/// What routing a WAITING run came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routed {
+    /// Dispatched, or nothing more for routing to do now (no node connected yet, fanned
+    /// out, moved on by someone else, failed, or the store failed and its timer brings
+    /// it back).
+    Settled,
+    /// Every eligible node is at its window: it waits (in the room queue, if it may).
+    NoRoom,
 }
 
 /// When a WAITING run began to wait (store clock), 0 if unknown: every step that

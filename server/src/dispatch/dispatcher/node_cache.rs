@@ -89,6 +89,16 @@ impl NodeCache {
         u32::try_from((i64::from(node.leased) + since).max(0)).unwrap_or(u32::MAX)
     }
 
+    /// The store answered that the node holds its whole window (`NodeFull`): count it
+    /// full until the next registry read or a run's end reported here, so routing
+    /// stops asking the store about it (each ask is a store call answered the same).
+    pub(super) fn saw_full(&self, node: &NodeRecord) {
+        let full = i64::from(node.max_concurrency) - i64::from(node.leased);
+        let mut since = lock(&self.since_read);
+        let s = since.entry(node.node_id.clone()).or_default();
+        *s = (*s).max(full);
+    }
+
     /// The node holds its whole window as far as this instance knows (`busy`).
     pub(super) fn at_window(&self, node: &NodeRecord) -> bool {
         node.max_concurrency > 0 && self.busy(node) >= node.max_concurrency
@@ -152,6 +162,11 @@ mod tests {
         }
         assert_eq!(c.busy(&n), 0);
         assert_eq!(c.busy(&node("b", 4, 2)), 2);
+        // The store said it is full: so it is, until a run ends there.
+        c.saw_full(&n);
+        assert!(c.at_window(&n));
+        c.moved("a", -1);
+        assert!(!c.at_window(&n));
         // A node with window 0 (the HTTP target's unlimited one) is never full.
         let unlimited = node("h", 0, 10_000);
         assert!(!c.at_window(&unlimited));

@@ -1,0 +1,190 @@
+//! The room queue: runs that found every eligible node at its window, kept in memory in
+//! the order they began to wait for room, per executor group and handler, so that a
+//! slot freed by a result is refilled at once, oldest run first, instead of at the
+//! run's next timer (a sweep every `route_retry`, each a store call per waiting run).
+//!
+//! A hint, never the record: each queued run stays WAITING in the store with its
+//! timer, which brings it back if this instance forgets it (the queue was full, the
+//! instance restarted), and the store judges every assignment (a run another instance
+//! routed meanwhile answers `NotWaiting` and is dropped).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::model::RunRecord;
+
+/// Runs one instance keeps waiting for room, over all groups: past this a run waits
+/// for its timer instead (each entry holds its run record, about a kilobyte).
+pub(super) const ROOM_CAPACITY: usize = 50_000;
+
+/// Which runs a node can take: its group and one of its handlers.
+type Key = (String, String);
+
+#[derive(Debug, Default)]
+pub(super) struct Room {
+    /// Per group and handler, the runs in the order they began to wait.
+    queues: HashMap<Key, VecDeque<RunRecord>>,
+    /// (schedule_id, attempt) of every queued run, so a run woken again by its timer
+    /// while it waits here is not queued twice.
+    queued: HashSet<(String, u32)>,
+    /// How many attempts of each run are queued (one, but for an attempt that failed
+    /// while its predecessor still waited here), and its job's timeout.
+    runs: HashMap<String, (usize, i64)>,
+}
+
+impl Room {
+    /// Queues `run` behind the others waiting for a node of `group` serving `handler`.
+    /// False when it is not queued: already waiting here (its place is kept), or the
+    /// room is full.
+    pub(super) fn push_back(&mut self, group: &str, handler: &str, run: RunRecord) -> bool {
+        self.push(group, handler, run, false)
+    }
+
+    /// Puts back at the head of its queue a run taken out to be routed that found no
+    /// room after all, so it keeps its turn.
+    pub(super) fn push_front(&mut self, group: &str, handler: &str, run: RunRecord) -> bool {
+        self.push(group, handler, run, true)
+    }
+
+    fn push(&mut self, group: &str, handler: &str, run: RunRecord, front: bool) -> bool {
+        if self.queued.len() >= ROOM_CAPACITY {
+            return false;
+        }
+        if !self.queued.insert((run.schedule_id.clone(), run.attempt)) {
+            return false;
+        }
+        self.runs
+            .entry(run.schedule_id.clone())
+            .or_insert((0, run.plan.timeout_ms))
+            .0 += 1;
+        let queue = self
+            .queues
+            .entry((group.to_owned(), handler.to_owned()))
+            .or_default();
+        if front {
+            queue.push_front(run);
+        } else {
+            queue.push_back(run);
+        }
+        true
+    }
+
+    /// The run that has waited longest for a node of `group` serving `handler`.
+    pub(super) fn pop(&mut self, group: &str, handler: &str) -> Option<RunRecord> {
+        let key = (group.to_owned(), handler.to_owned());
+        let queue = self.queues.get_mut(&key)?;
+        let run = queue.pop_front();
+        if queue.is_empty() {
+            self.queues.remove(&key);
+        }
+        let run = run?;
+        self.queued.remove(&(run.schedule_id.clone(), run.attempt));
+        if let Some((n, _)) = self.runs.get_mut(&run.schedule_id) {
+            *n -= 1;
+            if *n == 0 {
+                self.runs.remove(&run.schedule_id);
+            }
+        }
+        Some(run)
+    }
+
+    /// Whether runs wait here for a node of `group` serving `handler`: a newer run for
+    /// such a node queues behind them rather than taking the next free slot first.
+    pub(super) fn waiting(&self, group: &str, handler: &str) -> bool {
+        self.queues
+            .contains_key(&(group.to_owned(), handler.to_owned()))
+    }
+
+    /// Whether this attempt of the run waits here.
+    pub(super) fn holds(&self, schedule_id: &str, attempt: u32) -> bool {
+        self.queued.contains(&(schedule_id.to_owned(), attempt))
+    }
+
+    /// When some attempt of the run waits here: its job's timeout (`plan.timeout_ms`).
+    pub(super) fn waits(&self, schedule_id: &str) -> Option<i64> {
+        self.runs.get(schedule_id).map(|&(_, timeout)| timeout)
+    }
+
+    /// Every group and handler runs wait for.
+    pub(super) fn keys(&self) -> Vec<(String, String)> {
+        self.queues.keys().cloned().collect()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.queued.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Trigger, TriggerKind};
+
+    fn run(job: &str, attempt: u32) -> RunRecord {
+        let mut run = RunRecord::from_trigger(&Trigger {
+            job_id: job.into(),
+            schedule_no: "1".into(),
+            kind: TriggerKind::Cron,
+            scheduled_at: 1,
+            triggered_at: 1,
+            job_version: 1,
+            payload_override: None,
+            route_key_override: None,
+            skip_reason: None,
+        });
+        run.attempt = attempt;
+        run
+    }
+
+    #[test]
+    fn runs_leave_in_the_order_they_came_per_group_and_handler() {
+        let mut room = Room::default();
+        assert!(room.push_back("g", "h", run("a", 1)));
+        assert!(room.push_back("g", "other", run("b", 1)));
+        assert!(room.push_back("g", "h", run("c", 1)));
+        assert!(room.waiting("g", "h") && room.waiting("g", "other"));
+        assert!(!room.waiting("g2", "h"));
+        assert_eq!(room.len(), 3);
+        assert_eq!(room.pop("g", "h").map(|r| r.job_id), Some("a".into()));
+        // One that found no room after all keeps its turn.
+        assert!(room.push_front("g", "h", run("a", 1)));
+        assert_eq!(room.pop("g", "h").map(|r| r.job_id), Some("a".into()));
+        assert_eq!(room.pop("g", "h").map(|r| r.job_id), Some("c".into()));
+        assert_eq!(room.pop("g", "h"), None);
+        assert!(!room.waiting("g", "h"));
+        assert_eq!(room.keys(), vec![("g".to_owned(), "other".to_owned())]);
+    }
+
+    #[test]
+    fn a_run_waits_once_per_attempt() {
+        let mut room = Room::default();
+        assert!(room.push_back("g", "h", run("a", 1)));
+        assert!(
+            !room.push_back("g", "h", run("a", 1)),
+            "woken again by its timer"
+        );
+        assert!(room.holds("a@1", 1));
+        // A later attempt is another wait (the earlier one is dropped when routing
+        // finds it no longer waiting).
+        assert!(room.push_back("g", "h", run("a", 2)));
+        assert_eq!(room.len(), 2);
+        room.pop("g", "h");
+        assert!(!room.holds("a@1", 1));
+        assert!(room.holds("a@1", 2));
+        assert_eq!(room.waits("a@1"), Some(0));
+        room.pop("g", "h");
+        assert_eq!(room.waits("a@1"), None);
+        assert_eq!(room.len(), 0);
+    }
+
+    #[test]
+    fn a_full_room_queues_nothing_more() {
+        let mut room = Room::default();
+        for i in 0..ROOM_CAPACITY {
+            assert!(room.push_back("g", "h", run(&format!("j{i}"), 1)));
+        }
+        assert!(!room.push_back("g", "h", run("one-more", 1)));
+        assert_eq!(room.len(), ROOM_CAPACITY);
+        room.pop("g", "h");
+        assert!(room.push_back("g", "h", run("one-more", 1)));
+    }
+}
