@@ -262,7 +262,7 @@ impl CronSchedule {
             cron,
             fixed_time,
             last_day,
-        } = parse_expression(expr)?;
+        } = parse_remembered(expr)?;
         let tz = parse_time_zone(time_zone)?;
         let schedule = CronSchedule {
             cron,
@@ -473,11 +473,40 @@ fn parse_time_zone(time_zone: &str) -> Result<Tz, CronError> {
 }
 
 /// An expression as croner reads it, and what Sundial adds.
+#[derive(Clone)]
 struct Parsed {
     cron: Cron,
     /// Whether it is a fixed-time line (see the module docs).
     fixed_time: bool,
     last_day: Option<LastDayOffset>,
+}
+
+/// How many parsed expressions [`parse_remembered`] keeps.
+const REMEMBERED: usize = 4096;
+
+/// Expressions parsed lately, by their text: croner's parse is most of what parsing a
+/// schedule costs (about 20 µs, a third of registering a job), and jobs share a few
+/// expressions (`0 * * * *`). Forgotten all at once when full.
+static PARSED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Parsed>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// `parse_expression`, remembered (errors are not: they are cheap and rare).
+fn parse_remembered(expr: &str) -> Result<Parsed, CronError> {
+    let remembered = || {
+        PARSED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some(parsed) = remembered().get(expr) {
+        return Ok(parsed.clone());
+    }
+    let parsed = parse_expression(expr)?;
+    let mut all = remembered();
+    if all.len() >= REMEMBERED {
+        all.clear();
+    }
+    all.insert(expr.to_owned(), parsed.clone());
+    Ok(parsed)
 }
 
 /// Checks the expression against Sundial's rules, then has croner parse it.
