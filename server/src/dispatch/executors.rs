@@ -427,17 +427,8 @@ impl Executors {
             // Boxed, as are the heartbeat's and the silence check's work: the state of an
             // await lives in its task for the stream's whole life, and an idle stream
             // should hold only what waiting needs.
-            let handled = Box::pin(self.handle_batch(&state, msgs)).await;
-            let (replies, failed) = match handled {
-                Ok(replies) => (replies, None),
-                Err((replies, status)) => (replies, Some(status)),
-            };
-            for r in replies {
-                if tx.send(out(r)).await.is_err() {
-                    break;
-                }
-            }
-            if let Some(status) = failed {
+            let handled = Box::pin(self.handle_batch(&state, msgs, &tx)).await;
+            if let Err(status) = handled {
                 warn!(%status, "executor protocol error; closing its stream");
                 let _ = tx.send(end(status)).await;
                 break;
@@ -728,42 +719,44 @@ impl Executors {
 
     /// Handles a batch of messages in their order, except that each stretch of run
     /// reports (`Started`, `Result`) naming distinct runs goes to the store concurrently:
-    /// a report never overtakes an earlier message about the same run. The replies so
-    /// far, and the status that ends the stream if one message did.
+    /// a report never overtakes an earlier message about the same run. Each message's
+    /// replies are sent on `tx` as soon as its store call is done (a `StartAck` never
+    /// waits for the rest of its batch); the status that ends the stream if one message
+    /// did. A stream whose receiving side is gone stops being answered.
     async fn handle_batch(
         &self,
         state: &Mutex<NodeState>,
         msgs: Vec<pb::ExecutorMessage>,
-    ) -> Result<Vec<Out>, (Vec<Out>, Status)> {
-        let mut replies = Vec::new();
+        tx: &StreamSender,
+    ) -> Result<(), Status> {
+        let send = |replies: Vec<Out>| async move {
+            for r in replies {
+                if tx.send(out(r)).await.is_err() {
+                    return false;
+                }
+            }
+            true
+        };
         for stretch in stretches(msgs) {
             let reports = match stretch {
                 Stretch::One(m) => {
-                    match self.handle(state, m).await {
-                        Ok(r) => replies.extend(r),
-                        Err(status) => return Err((replies, status)),
+                    if !send(self.handle(state, m).await?).await {
+                        return Ok(());
                     }
                     continue;
                 }
                 Stretch::Reports(reports) => reports,
             };
-            let reported: Vec<Result<Reported, Status>> = futures::stream::iter(reports)
+            let mut reported = futures::stream::iter(reports)
                 .map(|m| self.report(state, m))
-                .buffered(REPORT_CONCURRENCY)
-                .collect()
-                .await;
-            for r in reported {
-                let settled = match r {
-                    Ok(r) => self.settle(state, r).await,
-                    Err(status) => Err(status),
-                };
-                match settled {
-                    Ok(reply) => replies.extend(reply),
-                    Err(status) => return Err((replies, status)),
+                .buffered(REPORT_CONCURRENCY);
+            while let Some(r) = reported.next().await {
+                if !send(self.settle(state, r?).await?).await {
+                    return Ok(());
                 }
             }
         }
-        Ok(replies)
+        Ok(())
     }
 
     /// Renews the listed leases held by `node_id`: the lease statuses, and the runs
