@@ -147,7 +147,8 @@ const BEGIN_CONCURRENCY: usize = 64;
 /// store call, which a burst waiting for room would make for every waiting run.
 const ROOM_GRACE_RETRIES: u32 = 10;
 
-/// Runs one refill routes before it lets others have the room's lock and the runtime.
+/// Runs one refill routes at most: a refill started by a result (or the tick) ends, and
+/// the next result or tick starts another.
 const REFILL_BATCH: usize = 256;
 
 /// The run-relevant part of a job, snapshotted into the run when it begins.
@@ -807,6 +808,7 @@ impl Dispatcher {
     /// however long that takes, unless the job has a timeout: a run that has waited
     /// longer than its timeout for capacity fails "timeout" (retried per its policy).
     /// Waiting for capacity never fails it "no_executor".
+    ///
     /// Whether it still waits (false: it failed "timeout").
     async fn still_waiting(&self, run: &RunRecord) -> bool {
         let since = waiting_since(run);

@@ -484,9 +484,10 @@ struct Parsed {
 /// How many parsed expressions [`parse_remembered`] keeps.
 const REMEMBERED: usize = 4096;
 
-/// Expressions parsed lately, by their text: croner's parse is most of what parsing a
-/// schedule costs (about 20 µs, a third of registering a job), and jobs share a few
-/// expressions (`0 * * * *`). Forgotten all at once when full.
+/// Expressions parsed lately, by their text: croner's parse is the larger part of what
+/// validating a job costs (remembering it took 10 000 jobs' `ApplyJobs` on the embedded
+/// store from ~285 to ~160 ms), and jobs share a few expressions (`0 * * * *`).
+/// Forgotten all at once when full.
 static PARSED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Parsed>>> =
     std::sync::LazyLock::new(Default::default);
 
