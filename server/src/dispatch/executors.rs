@@ -341,8 +341,10 @@ impl ExecutorService for Executors {
             .links
             .attach(&node.node_id, tx.clone(), liveness.clone());
         let span = info_span!("executor", node_id = %node.node_id);
+        // One copy of the service per stream, shared by its four tasks (each held a
+        // copy of its options before).
         tokio::spawn(
-            self.clone()
+            Arc::new(self.clone())
                 .session(node, (conn, liveness), inbound, tx)
                 .instrument(span),
         );
@@ -359,7 +361,7 @@ impl Executors {
     /// however far its reports are behind), and this loop handles them in batches, the
     /// run reports of a batch concurrently ([`Executors::handle_batch`]).
     async fn session(
-        self,
+        self: Arc<Self>,
         node: NodeRecord,
         (conn, liveness): (u64, Arc<Liveness>),
         inbound: Streaming<pb::ExecutorMessage>,
@@ -466,7 +468,7 @@ impl Executors {
     /// messages' store calls), everything else to the session, in order. Each message
     /// is noted in `liveness` as it arrives, with the runs it answers for.
     async fn read_stream(
-        self,
+        self: Arc<Self>,
         mut inbound: Streaming<pb::ExecutorMessage>,
         (to_session, beats): (mpsc::Sender<Read>, mpsc::Sender<Box<pb::Heartbeat>>),
         liveness: Arc<Liveness>,
@@ -518,7 +520,7 @@ impl Executors {
     /// it is marked so in the registry (no instance routes to it) and every dispatch it
     /// left unanswered is taken back and routed again; heard from again, it is marked
     /// answering.
-    async fn watch_silence(self, state: Arc<Mutex<NodeState>>, stop: CancellationToken) {
+    async fn watch_silence(self: Arc<Self>, state: Arc<Mutex<NodeState>>, stop: CancellationToken) {
         let liveness = lock(&state).liveness.clone();
         let after = self.opts.silent_after;
         let period = if after.is_zero() {
@@ -643,7 +645,7 @@ impl Executors {
     /// Answers the stream's heartbeats in order until the stream ends; a heartbeat
     /// that is refused (malformed, or the store failed) ends the session.
     async fn answer_heartbeats(
-        self,
+        self: Arc<Self>,
         mut beats: mpsc::Receiver<Box<pb::Heartbeat>>,
         state: Arc<Mutex<NodeState>>,
         replies: StreamSender,
