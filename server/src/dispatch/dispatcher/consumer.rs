@@ -15,7 +15,7 @@ use super::{BEGIN_CONCURRENCY, Dispatcher, Pick, run_plan, waits_in_room};
 use crate::dispatch::lock;
 use crate::fault::crash_point;
 use crate::model::{JobRecord, RunRecord, RunState, Target, duration_ms};
-use crate::store::{Assigned, Begun, Delivery, NodeRecord, NodeSlot};
+use crate::store::{Assigned, Begun, Delivery, NodeRecord};
 
 impl Dispatcher {
     /// Consumes the trigger queue until `shutdown`; the batch in hand is finished
@@ -223,25 +223,15 @@ impl Dispatcher {
                 .await
                 .map(|b| (b, None));
         };
-        let slot = NodeSlot {
-            node_id: node.node_id.clone(),
-            max_concurrency: node.max_concurrency,
-        };
-        // Counted on the node from the pick on, not from the grant: the begins of a
-        // burst pick side by side, and least active must see the runs its neighbours
-        // are about to lease.
-        self.nodes.moved(&slot.node_id, 1);
+        // Least active must see the runs the begins beside this one are about to lease.
+        let slot = self.nodes.asking(node);
         let begun = self
             .store
             .runs
             .begin_and_assign(run, grace, &slot, self.opts.lease)
             .await;
-        if !matches!(begun, Ok((_, Some(Assigned::Granted(_))))) {
-            self.nodes.moved(&slot.node_id, -1);
-        }
-        if matches!(begun, Ok((_, Some(Assigned::NodeFull)))) {
-            self.nodes.saw_full(node);
-        }
+        let assigned = begun.as_ref().ok().and_then(|(_, a)| a.as_ref());
+        self.nodes.answered(node, assigned);
         begun
     }
 

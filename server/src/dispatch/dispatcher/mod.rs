@@ -752,30 +752,19 @@ impl Dispatcher {
             // Filled since the pick (routing decisions run side by side).
             return Placed::Full;
         }
-        let slot = NodeSlot {
-            node_id: node.node_id.clone(),
-            max_concurrency: node.max_concurrency,
-        };
-        // Counted on the node from here, not from the grant, so the decisions running
-        // beside this one do not all ask the store for the same free slot.
-        self.nodes.moved(&node.node_id, 1);
+        let slot = self.nodes.asking(node);
         let assigned = self
             .store
             .runs
             .assign_run(&run.schedule_id, run.attempt, &slot, self.opts.lease)
             .await;
-        if !matches!(assigned, Ok(Assigned::Granted(_))) {
-            self.nodes.moved(&node.node_id, -1);
-        }
+        self.nodes.answered(node, assigned.as_ref().ok());
         match assigned {
             Ok(Assigned::Granted(leased)) => {
                 self.dispatch(&leased, job, node, route_key).await;
                 Placed::Done
             }
-            Ok(Assigned::NodeFull) => {
-                self.nodes.saw_full(node);
-                Placed::Full
-            }
+            Ok(Assigned::NodeFull) => Placed::Full,
             Ok(Assigned::NotWaiting(_)) => {
                 debug!("run no longer waiting");
                 Placed::Done

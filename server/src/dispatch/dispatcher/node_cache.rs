@@ -11,7 +11,7 @@ use tracing::warn;
 
 use crate::dispatch::health::{self, Health, HealthPolicy};
 use crate::dispatch::lock;
-use crate::store::{NodeRecord, NodeRegistry};
+use crate::store::{Assigned, NodeRecord, NodeRegistry, NodeSlot};
 
 /// A registry snapshot and the health of each of its nodes, by index.
 pub(super) type Judged = (Arc<Vec<NodeRecord>>, Arc<Vec<Health>>);
@@ -89,10 +89,35 @@ impl NodeCache {
         u32::try_from((i64::from(node.leased) + since).max(0)).unwrap_or(u32::MAX)
     }
 
+    /// A lease about to be asked of the store on `node`: counted from now, not from the
+    /// grant, so the decisions made side by side (the begins of a burst, the refills of
+    /// the room) see it and do not all ask for the same free slot. The slot to ask for.
+    pub(super) fn asking(&self, node: &NodeRecord) -> NodeSlot {
+        self.moved(&node.node_id, 1);
+        NodeSlot {
+            node_id: node.node_id.clone(),
+            max_concurrency: node.max_concurrency,
+        }
+    }
+
+    /// What the store answered the ask (`None`: the call failed, or it tried no
+    /// assignment): anything but a grant gives the count back, and `NodeFull` counts
+    /// the node full (`saw_full`).
+    pub(super) fn answered(&self, node: &NodeRecord, assigned: Option<&Assigned>) {
+        match assigned {
+            Some(Assigned::Granted(_)) => {}
+            Some(Assigned::NodeFull) => {
+                self.moved(&node.node_id, -1);
+                self.saw_full(node);
+            }
+            _ => self.moved(&node.node_id, -1),
+        }
+    }
+
     /// The store answered that the node holds its whole window (`NodeFull`): count it
     /// full until the next registry read or a run's end reported here, so routing
     /// stops asking the store about it (each ask is a store call answered the same).
-    pub(super) fn saw_full(&self, node: &NodeRecord) {
+    fn saw_full(&self, node: &NodeRecord) {
         let full = i64::from(node.max_concurrency) - i64::from(node.leased);
         let mut since = lock(&self.since_read);
         let s = since.entry(node.node_id.clone()).or_default();
@@ -162,8 +187,15 @@ mod tests {
         }
         assert_eq!(c.busy(&n), 0);
         assert_eq!(c.busy(&node("b", 4, 2)), 2);
+        // An ask is counted until the store answers; anything but a grant gives it back.
+        let m = node("c", 4, 3);
+        c.asking(&m);
+        assert!(c.at_window(&m), "the ask holds the last slot");
+        c.answered(&m, None);
+        assert_eq!(c.busy(&m), 3);
         // The store said it is full: so it is, until a run ends there.
-        c.saw_full(&n);
+        c.asking(&n);
+        c.answered(&n, Some(&Assigned::NodeFull));
         assert!(c.at_window(&n));
         c.moved("a", -1);
         assert!(!c.at_window(&n));
