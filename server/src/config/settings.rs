@@ -152,8 +152,8 @@ settings! {
     /// long to reconnect before it fails any run for want of one.
     dispatch_wait: HumanDuration, env "SUNDIAL_DISPATCH_WAIT", default "30s";
     /// How soon the timer of a run that found every executor busy routes it again. A
-    /// run waiting in the room queue is routed as soon as a slot frees, and its timer
-    /// wakes it only every ten of these (the safety net if this instance dies).
+    /// run waiting in the room queue is routed as soon as a slot frees; on the embedded
+    /// store its timer wakes it only every ten of these (the net if the process dies).
     route_retry: HumanDuration, env "SUNDIAL_ROUTE_RETRY", default "500ms";
     /// How often run deadlines (timeouts, retries, lease expiry) are swept.
     sweep_every: HumanDuration, env "SUNDIAL_SWEEP_EVERY", default "200ms";

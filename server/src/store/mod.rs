@@ -173,6 +173,10 @@ pub trait StoreMeta: Send + Sync + 'static {
     /// The number of partitions; a job lives in `partition_of(job_id)` forever.
     fn partitions(&self) -> u32;
 
+    /// Whether other instances may share this store (Redis), or this process is its
+    /// only one (the embedded store).
+    fn shared(&self) -> bool;
+
     /// The store's clock.
     async fn now(&self) -> Result<Millis>;
 

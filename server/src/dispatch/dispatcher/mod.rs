@@ -254,11 +254,17 @@ impl Dispatcher {
         }
     }
 
-    /// How far apart the timer of a run waiting in the room wakes it: up to
-    /// [`ROOM_GRACE_RETRIES`] times `route_retry`, but at most a tenth of its job's
-    /// timeout (each wake-up is where a wait longer than the timeout is failed), and
-    /// never less often than `route_retry`.
+    /// How far apart the timer of a run waiting in the room wakes it: on a store other
+    /// instances share, every `route_retry` as any waiting run (their rooms do not see
+    /// this one's runs: a wake-up is how an instance whose own nodes have room finds
+    /// them, which a longer grace left idle while this instance's nodes took the whole
+    /// backlog); on a store of its own, up to [`ROOM_GRACE_RETRIES`] times
+    /// `route_retry`, but at most a tenth of its job's timeout (each wake-up is where a
+    /// wait longer than the timeout is failed), and never less often than `route_retry`.
     pub(super) fn room_grace(&self, timeout_ms: i64) -> Duration {
+        if self.store.runs.shared() {
+            return self.opts.route_retry;
+        }
         let longest = self.opts.route_retry * ROOM_GRACE_RETRIES;
         let grace = match u64::try_from(timeout_ms) {
             Ok(ms) if ms > 0 => longest.min(Duration::from_millis(ms / 10)),

@@ -304,6 +304,10 @@ impl StoreMeta for EmbeddedStore {
         self.inner.partitions
     }
 
+    fn shared(&self) -> bool {
+        false
+    }
+
     async fn now(&self) -> Result<Millis> {
         Ok(now_ms())
     }

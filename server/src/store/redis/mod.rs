@@ -244,6 +244,10 @@ impl StoreMeta for RedisStore {
         self.inner.partitions
     }
 
+    fn shared(&self) -> bool {
+        true
+    }
+
     fn activity(&self) -> Option<watch::Receiver<u64>> {
         Some(self.inner.activity.clone())
     }
