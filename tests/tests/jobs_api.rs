@@ -589,6 +589,29 @@ async fn crud_versions_triggers_and_status() -> Result<()> {
         .await?
         .into_inner();
     ensure!(paused.jobs.len() == 1 && paused.jobs[0].spec.as_ref().context("spec")?.id == "other");
+    // And by the start of the id (the console's search box).
+    let by_prefix = jobs
+        .list_jobs(pb::ListJobsRequest {
+            id_prefix: "oth".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        by_prefix.jobs.len() == 1 && by_prefix.jobs[0].spec.as_ref().context("spec")?.id == "other",
+        "{by_prefix:?}"
+    );
+    let too_long = jobs
+        .list_jobs(pb::ListJobsRequest {
+            id_prefix: "x".repeat(129),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a prefix longer than any id");
+    ensure!(
+        too_long.code() == Code::InvalidArgument && too_long.message().starts_with("id_prefix:"),
+        "{too_long:?}"
+    );
 
     // Pause, resume, delete.
     let p = jobs

@@ -171,6 +171,11 @@ impl JobService for JobApi {
         let req = req.into_inner();
         let size = convert::page_size("page_size", req.page_size).map_err(status)?;
         let state = convert::job_state_filter(req.state).map_err(status)?;
+        if req.id_prefix.chars().count() > 128 {
+            return Err(Status::invalid_argument(
+                "id_prefix: longer than a job id (128 characters)",
+            ));
+        }
         let mut cursor = (!req.page_token.is_empty()).then_some(req.page_token);
         let mut jobs = Vec::new();
         let mut room = Budget::new(MAX_LIST_BYTES);
@@ -181,7 +186,8 @@ impl JobService for JobApi {
                 .await
                 .map_err(status)?;
             let wanted = page.items.into_iter().filter(|j| {
-                state.is_none_or(|s| convert::job_state(j) == s)
+                j.spec.id.starts_with(&req.id_prefix)
+                    && state.is_none_or(|s| convert::job_state(j) == s)
                     && req
                         .label_selector
                         .iter()

@@ -3,13 +3,15 @@
 //! `crate::dispatch::executors`. Handlers validate through [`convert`] and forward to
 //! the core; errors become a `tonic::Status` in exactly one place, [`status`]. REST:
 //! [`rest`], every admin operation over JSON on the HTTP port, calling the same
-//! implementations. Both check admin credentials before a handler runs: [`grpc_auth`]
+//! implementations; [`console`], the web console at `/`, a client of that REST API.
+//! Both check admin credentials before a handler runs: [`grpc_auth`]
 //! for gRPC, [`rest::require_admin`] for REST, over the rules in [`crate::auth`]. A
 //! gRPC request that does not decode answers `INVALID_ARGUMENT` ([`grpc_errors`]).
 
 mod apps;
 pub mod audit;
 pub mod budget;
+pub mod console;
 pub mod convert;
 pub mod destinations;
 pub mod grpc_auth;

@@ -338,6 +338,7 @@ pub async fn all_jobs(
             page_token,
             label_selector: label_selector.clone(),
             state: state as i32,
+            ..Default::default()
         };
         let page = ask("list jobs", server.jobs().list_jobs(req)).await?;
         jobs.extend(page.jobs);

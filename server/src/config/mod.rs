@@ -112,6 +112,8 @@ pub enum StoreConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub http_listen: Option<SocketAddr>,
+    /// Serve the web console at `/` of the HTTP listener.
+    pub console: bool,
     pub instance_id: String,
     pub store: StoreConfig,
     pub store_opts: StoreOptions,
@@ -192,6 +194,7 @@ impl Config {
             http_max_concurrency: HTTP_MAX_CONCURRENCY.get(s.http_max_concurrency)?,
             listen,
             http_listen,
+            console: given("console", s.console)?,
             instance_id,
             shutdown_grace: SHUTDOWN_GRACE.get(s.shutdown_grace)?,
             http_target_allow: allow_list("http_target_allow", s.http_target_allow.as_deref())?,

@@ -69,8 +69,12 @@ macro_rules! settings {
 settings! {
     /// gRPC address (JobService, RunService, executors, health, reflection).
     listen: String, env "SUNDIAL_LISTEN", default "127.0.0.1:50051";
-    /// HTTP address (REST API, `/healthz`, `/metrics`).
+    /// HTTP address (REST API, the web console, `/healthz`, `/metrics`).
     http_listen: String, env "SUNDIAL_HTTP_LISTEN", default "127.0.0.1:8080";
+    /// Serve the web console at `/` of the HTTP address (`--console false` turns it
+    /// off; the REST API it calls stays).
+    console: bool, env "SUNDIAL_CONSOLE", default "true",
+        arg(num_args = 0..=1, default_missing_value = "true");
     /// Serve on a non-loopback address with admin authentication off (no
     /// --bearer-token, --read-token or --app-secret). Without it such a start is
     /// refused: every admin call would be accepted from the network.

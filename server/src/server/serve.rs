@@ -290,7 +290,8 @@ async fn serve_http<L>(
     }
 }
 
-/// The HTTP routes: REST over the same services, `/healthz`, `/metrics`.
+/// The HTTP routes: REST over the same services, the web console (unless turned
+/// off), `/healthz`, `/metrics`.
 fn http_app(
     config: &Config,
     parts: &Parts,
@@ -303,6 +304,11 @@ fn http_app(
         store: parts.store.clone(),
         health: config.dispatch.health,
     };
+    let console = if config.console {
+        crate::api::console::router()
+    } else {
+        axum::Router::new()
+    };
     crate::api::rest::router(
         StatusSource {
             jobs: Jobs::new(parts.store.clone()),
@@ -311,6 +317,7 @@ fn http_app(
         services,
         guard,
         scrape,
+        console,
     )
 }
 

@@ -47,13 +47,15 @@ pub use ops::Services;
 /// many specs that gRPC takes, REST takes too.
 pub const MAX_SIGNED_BODY: usize = 4 << 20;
 
-/// The REST routes over the services of this instance; all but `/healthz` and
-/// `/metrics` behind `guard`.
+/// The REST routes over the services of this instance; all but `/healthz`, `/metrics`
+/// and the `open` routes (the console's files, which hold no data) behind `guard`.
+/// Every route, `open` ones included, answers failures in the one error shape.
 pub fn router(
     status: StatusSource,
     services: &Services,
     guard: AdminGuard,
     scrape: Scrape,
+    open: axum::Router,
 ) -> axum::Router {
     axum::Router::new()
         .route("/api/v1/openapi.json", get(openapi::serve))
@@ -61,11 +63,13 @@ pub fn router(
             "/api/v1/tasks/{job_id}",
             get(tasks::task_status).with_state(status),
         )
+        .route("/api/v1/whoami", get(whoami))
         .merge(ops::routes(services))
         // Applies to the routes above only: the ones below are open.
         .layer(axum::middleware::from_fn_with_state(guard, require_admin))
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics).with_state(scrape))
+        .merge(open)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_SIGNED_BODY))
         .layer(axum::middleware::from_fn(json_errors))
 }
@@ -125,6 +129,24 @@ pub(crate) fn clip(s: &str) -> String {
         Some((end, _)) => format!("{}…", &s[..end]),
         None => s.to_owned(),
     }
+}
+
+/// `GET /api/v1/whoami`: who the credentials of this request are, and whether they may
+/// change anything: what the console asks to know which buttons to show.
+async fn whoami(axum::Extension(caller): axum::Extension<auth::Caller>) -> Response {
+    let (kind, name) = match &caller {
+        auth::Caller::Open => ("open", ""),
+        auth::Caller::Bearer { name } => ("admin", name.as_str()),
+        auth::Caller::App { app_id } => ("app", app_id.as_str()),
+        auth::Caller::Reader { name } => ("reader", name.as_str()),
+    };
+    Json(serde_json::json!({
+        "caller": kind,
+        "name": name,
+        "mayWrite": caller.may_write(),
+        "devMode": matches!(caller, auth::Caller::Open),
+    }))
+    .into_response()
 }
 
 /// `GET /metrics`: the instance's metrics in the Prometheus text format.

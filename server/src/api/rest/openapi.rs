@@ -290,6 +290,14 @@ fn hand_written_paths() -> Vec<(&'static str, Value)> {
             }}),
         ),
         (
+            "/api/v1/whoami",
+            json!({"get": {"operationId": "WhoAmI", "summary": "Who the request's credentials are: caller (open in dev mode, admin, app or reader), its name, mayWrite, devMode", "tags": ["Status"],
+                "responses": {"200": {"description": "the caller", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "caller": {"type": "string", "enum": ["open", "admin", "app", "reader"]},
+                    "name": {"type": "string"}, "mayWrite": {"type": "boolean"}, "devMode": {"type": "boolean"}}}}}},
+                    "401": {"$ref": "#/components/responses/E401"}}}}),
+        ),
+        (
             "/api/v1/openapi.json",
             json!({"get": {"operationId": "GetOpenApi", "summary": "This document", "tags": ["Status"],
                 "responses": {"200": {"description": "the OpenAPI 3.1 document", "content": {"application/json": {"schema": {"type": "object"}}}}}}}),
