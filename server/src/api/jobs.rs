@@ -182,12 +182,11 @@ impl JobService for JobApi {
         'pages: for _ in 0..MAX_SCAN_PAGES {
             let page = self
                 .jobs
-                .list(cursor.as_deref(), size - jobs.len())
+                .list(cursor.as_deref(), &req.id_prefix, size - jobs.len())
                 .await
                 .map_err(status)?;
             let wanted = page.items.into_iter().filter(|j| {
-                j.spec.id.starts_with(&req.id_prefix)
-                    && state.is_none_or(|s| convert::job_state(j) == s)
+                state.is_none_or(|s| convert::job_state(j) == s)
                     && req
                         .label_selector
                         .iter()

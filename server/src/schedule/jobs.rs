@@ -382,8 +382,14 @@ impl Jobs {
         self.require(job_id).await
     }
 
-    pub async fn list(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
-        Ok(self.store.list_jobs(cursor, limit).await?)
+    /// Jobs whose id starts with `prefix` (all when empty), `limit` at a time.
+    pub async fn list(
+        &self,
+        cursor: Option<&str>,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Page<JobRecord>> {
+        Ok(self.store.list_jobs(cursor, prefix, limit).await?)
     }
 
     /// The cursor that continues a listing right after the job `job_id`.

@@ -144,10 +144,17 @@ pub trait JobStore: StoreMeta {
         Ok(out)
     }
 
-    /// Jobs in a stable order, `limit` at a time, from after `cursor` (a page's
-    /// `next_cursor`); a cursor no listing of this store could have returned is
-    /// refused with [`Error::BadCursor`](super::Error::BadCursor).
-    async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>>;
+    /// Jobs whose id starts with `prefix` (all of them when it is empty) in a stable
+    /// order, `limit` at a time, from after `cursor` (a page's `next_cursor`), read by
+    /// the prefix's range, never by scanning the jobs outside it; a cursor no listing
+    /// of this store could have returned is refused with
+    /// [`Error::BadCursor`](super::Error::BadCursor).
+    async fn list_jobs(
+        &self,
+        cursor: Option<&str>,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Page<JobRecord>>;
 
     /// The cursor that continues a listing of jobs right after the job `job_id` (for a
     /// caller that stops before the end of a page).

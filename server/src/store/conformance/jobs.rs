@@ -97,7 +97,7 @@ pub async fn job_list_paging(store: Arc<dyn Store>) {
     let mut cursor: Option<String> = None;
     for _ in 0..10 {
         let page = store
-            .list_jobs(cursor.as_deref(), 10)
+            .list_jobs(cursor.as_deref(), "", 10)
             .await
             .expect("list jobs");
         sizes.push(page.items.len());
@@ -117,12 +117,12 @@ pub async fn job_list_paging(store: Arc<dyn Store>) {
     assert_eq!(&sizes[..3], &[10, 10, 5], "page sizes {sizes:?}");
     assert!(sizes[3..].iter().all(|s| *s == 0), "page sizes {sizes:?}");
     // A listing stopped after any job continues right after it.
-    let all = store.list_jobs(None, 100).await.expect("list all");
+    let all = store.list_jobs(None, "", 100).await.expect("list all");
     let all: Vec<String> = all.items.into_iter().map(|j| j.spec.id).collect();
     for (i, id) in all.iter().enumerate() {
         let after = store.job_cursor_after(id);
         let page = store
-            .list_jobs(Some(&after), 100)
+            .list_jobs(Some(&after), "", 100)
             .await
             .expect("list after");
         let rest: Vec<String> = page.items.into_iter().map(|j| j.spec.id).collect();
@@ -131,11 +131,76 @@ pub async fn job_list_paging(store: Arc<dyn Store>) {
     // A cursor no listing returned is refused, not read as "from the start" (or as
     // corrupt data): garbage, a partition that is not a number or does not exist.
     for bad in ["not a cursor!", "x:y", "-1:a", "99999:", "1:not an id"] {
-        match store.list_jobs(Some(bad), 10).await {
+        match store.list_jobs(Some(bad), "", 10).await {
             Err(Error::BadCursor(c)) => assert_eq!(c, bad),
             other => panic!("cursor {bad:?}: {other:?}"),
         }
     }
+}
+
+pub async fn job_list_by_prefix(store: Arc<dyn Store>) {
+    let ids = [
+        "bill",
+        "billing-a",
+        "billing-b",
+        "billing-c",
+        "billing-d",
+        "billinz",
+        "bilk",
+        "pay-1",
+        "a-billing",
+    ];
+    for id in ids {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    // Two at a time, every page from the prefix's range only.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let page = store
+            .list_jobs(cursor.as_deref(), "billing-", 2)
+            .await
+            .expect("list by prefix");
+        assert!(page.items.len() <= 2, "{} items", page.items.len());
+        seen.extend(page.items.into_iter().map(|j| j.spec.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, ["billing-a", "billing-b", "billing-c", "billing-d"]);
+    let ids_of = |page: crate::store::Page<JobRecord>| {
+        let mut ids: Vec<String> = page.items.into_iter().map(|j| j.spec.id).collect();
+        ids.sort();
+        ids
+    };
+    let bill = store.list_jobs(None, "bill", 100).await.expect("list bill");
+    assert_eq!(
+        ids_of(bill),
+        [
+            "bill",
+            "billing-a",
+            "billing-b",
+            "billing-c",
+            "billing-d",
+            "billinz"
+        ]
+    );
+    let none = store.list_jobs(None, "zzz", 100).await.expect("list zzz");
+    assert!(none.items.is_empty(), "{:?}", none.items);
+    // A listing stopped after a job continues within the prefix.
+    let after = store.job_cursor_after("billing-b");
+    let rest = store
+        .list_jobs(Some(&after), "billing-", 100)
+        .await
+        .expect("list after");
+    let rest = ids_of(rest);
+    assert!(
+        rest.iter()
+            .all(|id| id.starts_with("billing-") && id != "billing-b"),
+        "{rest:?}"
+    );
 }
 
 // ---- fires

@@ -70,6 +70,7 @@ macro_rules! store_conformance_tests {
             job_store {
                 job_crud: options,
                 job_list_paging: options,
+                job_list_by_prefix: options,
                 update_rewrites_pending: options,
                 paused_job_is_never_due: options,
                 due_fires_order_limit_partition: options,

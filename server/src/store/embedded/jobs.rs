@@ -122,18 +122,27 @@ impl JobStore for EmbeddedStore {
     }
 
     /// Jobs in job id order; the cursor is the last job id of the previous page.
-    async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
+    async fn list_jobs(
+        &self,
+        cursor: Option<&str>,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Page<JobRecord>> {
         if let Some(c) = cursor.filter(|c| !crate::model::valid_job_id(c)) {
             return Err(Error::BadCursor(c.to_owned()));
         }
         let cursor = cursor.map(str::to_owned);
+        let prefix = prefix.to_owned();
         self.blocking(move |inner| {
             let limit = page_limit(limit);
             let txn = read(&inner.db)?;
             let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            // The table is ordered by id: the prefix's jobs are one range, from the
+            // prefix itself (or after the cursor, when that is further on).
             let start = match cursor.as_deref() {
-                Some(c) => Bound::Excluded(c),
-                None => Bound::Unbounded,
+                Some(c) if c >= prefix.as_str() => Bound::Excluded(c),
+                _ if !prefix.is_empty() => Bound::Included(prefix.as_str()),
+                _ => Bound::Unbounded,
             };
             let mut items = Vec::new();
             let mut more = false;
@@ -141,11 +150,14 @@ impl JobStore for EmbeddedStore {
                 .range::<&str>((start, Bound::Unbounded))
                 .ctx("scan jobs")?
             {
+                let (k, v) = item.ctx("scan jobs")?;
+                if !k.value().starts_with(prefix.as_str()) {
+                    break;
+                }
                 if items.len() == limit {
                     more = true;
                     break;
                 }
-                let (k, v) = item.ctx("scan jobs")?;
                 items.push(decode::<JobRecord>("job", k.value(), v.value())?);
             }
             let next_cursor = if more {

@@ -135,9 +135,16 @@ impl JobStore for RedisStore {
         Ok(out)
     }
 
-    async fn list_jobs(&self, cursor: Option<&str>, limit: usize) -> Result<Page<JobRecord>> {
+    async fn list_jobs(
+        &self,
+        cursor: Option<&str>,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Page<JobRecord>> {
         // Cursor: "<partition>:<last job id>" — jobs are listed partition by partition,
-        // by id within one.
+        // by id within one; a prefix is a lexical range of each partition's ids (ids
+        // are ASCII below DEL, so every id that starts with it sorts before
+        // prefix + DEL).
         let (mut p, mut after) = match cursor {
             None => (0, String::new()),
             Some(c) => match c
@@ -156,17 +163,24 @@ impl JobStore for RedisStore {
         let limit = limit.max(1);
         let mut items = Vec::new();
         let mut c = self.conn().await?;
+        let max = if prefix.is_empty() {
+            "+".to_owned()
+        } else {
+            format!("({prefix}\u{7f}")
+        };
         while p < self.inner.partitions && items.len() < limit {
-            let min = if after.is_empty() {
-                "-".to_owned()
-            } else {
+            let min = if !after.is_empty() && after.as_str() >= prefix {
                 format!("({after}")
+            } else if !prefix.is_empty() {
+                format!("[{prefix}")
+            } else {
+                "-".to_owned()
             };
             let want = limit - items.len();
             let ids: Vec<String> = redis::cmd("ZRANGEBYLEX")
                 .arg(self.key(p, "jobs"))
                 .arg(min)
-                .arg("+")
+                .arg(&max)
                 .arg("LIMIT")
                 .arg(0)
                 .arg(want)

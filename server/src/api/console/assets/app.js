@@ -267,9 +267,11 @@ async function navigate() {
   try {
     await route[1](route[0].exec(path), new URLSearchParams(qs || ''), my);
     if (my === view) {
-      // What the browser test reads: how long the page took, its data included.
-      document.body.dataset.page = path;
+      // What the browser test reads: the page shown with its data, how long that took
+      // since this navigation and since the document was loaded.
+      document.body.dataset.page = decodeURIComponent(path);
       document.body.dataset.renderMs = String(Math.round(performance.now() - started));
+      document.body.dataset.sinceLoadMs = String(Math.round(performance.now()));
     }
   } catch (e) {
     if (e.status === 401) {
@@ -550,6 +552,13 @@ async function jobPage(id, q, my) {
     if (my === view) renderRuns(list);
   };
   renderRuns(runs);
+  // The newest runs keep coming while the page is shown.
+  const follow = async () => {
+    if (my !== view) return;
+    if (!token) await refreshRuns().catch(() => {});
+    if (my === view) setTimeout(follow, 2000);
+  };
+  setTimeout(follow, 2000);
   show(
     my,
     h('h1', {}, h('span', { id: 'job-id' }, id), jobBadge(job.state)),
