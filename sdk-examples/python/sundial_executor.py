@@ -20,7 +20,8 @@ What it does for the handlers (each a plain function run on its own thread):
   its ResultAck.
 - Cancel, a lease a HeartbeatAck reports gone, or one not renewed within the lease TTL
   on this process's clock set the run's ``cancelled`` event; no Result is sent for it.
-- Reject for an unknown handler and while draining; Drain stops admitting work.
+- Reject for an unknown handler and while draining; Drain stops admitting work,
+  Undrain admits it again.
 - GoAway and broken streams: reconnect with jittered exponential backoff across the
   endpoints (and those a GoAway names).
 - ``stop(grace_s)``: no new work, running handlers get the grace to finish and deliver
@@ -246,6 +247,11 @@ class Executor:
                     log.info("draining: %s", msg.drain.reason)
                     with self.lock:
                         self.draining = True
+                    self._heartbeat()
+                elif kind == "undrain":
+                    log.info("undrained: taking work again: %s", msg.undrain.reason)
+                    with self.lock:
+                        self.draining = False
                     self._heartbeat()
                 elif kind == "go_away":
                     with self.lock:

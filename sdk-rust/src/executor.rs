@@ -233,7 +233,7 @@ struct Core {
     /// Handed to every run's context.
     notes_tx: mpsc::UnboundedSender<Note>,
     notes_rx: mpsc::UnboundedReceiver<Note>,
-    /// A server said `Drain`: take no new work for the rest of this process.
+    /// A server said `Drain` (and no `Undrain` since): take no new work.
     drained: bool,
     grace: Duration,
     /// Shutdown was asked; the grace period ends then.
@@ -498,6 +498,13 @@ impl Core {
                 info!(reason = %d.reason, "draining: taking no new work");
                 self.drained = true;
                 self.heartbeat(session)?;
+            }
+            In::Undrain(u) => {
+                if self.drained {
+                    info!(reason = %u.reason, "undrained: taking work again");
+                    self.drained = false;
+                    self.heartbeat(session)?;
+                }
             }
             In::GoAway(g) => {
                 debug!(reason = %g.reason, "go-away");

@@ -27,8 +27,8 @@
 //!   reconnect; a run's log lines are batched and always sent before its result;
 //! - it reconnects with jittered backoff, started over (from its minimum) and to an
 //!   endpoint the server suggested, if any, after a go-away;
-//! - on `Drain`, or when shut down, it takes no new work and finishes what runs
-//!   (shutdown waits at most a grace period).
+//! - on `Drain` (until an `Undrain`), or when shut down, it takes no new work and
+//!   finishes what runs (shutdown waits at most a grace period).
 //!
 //! Admin callers that sign as an app use [`app_auth::AppSigner`] (REST and gRPC).
 //!

@@ -394,6 +394,18 @@ async fn every_subcommand_answers_and_fails_with_its_exit_code() -> Result<()> {
     )?;
     let drained = cli.run(&["node", "drain", "cli-node"]).await?;
     expect(&drained, 0, "node drain")?;
+    let undrained = cli.run(&["node", "undrain", "cli-node"]).await?;
+    expect(&undrained, 0, "node undrain")?;
+    ensure!(
+        undrained.stdout.contains("takes work again"),
+        "{}",
+        undrained.stdout
+    );
+    expect(
+        &cli.run(&["node", "undrain", "nope"]).await?,
+        2,
+        "undrain nope",
+    )?;
 
     // job delete, and a server that is not there.
     expect(&cli.run(&["job", "delete", "echo"]).await?, 0, "delete")?;

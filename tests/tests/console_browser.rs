@@ -2,7 +2,7 @@
 //! (WebDriver, the `thirtyfour` crate) against a live server with a real executor. An
 //! operator signs in, creates a job (its fire times previewed before saving), sees its
 //! runs succeed, reads a run's log, pauses the job and sees no further runs, resumes
-//! it and runs it now, drains the executor; a read-only token is shown no button that
+//! it and runs it now, drains and undrains the executor; a read-only token is shown no button that
 //! writes. Then, at 10,000 jobs, each page's load time is printed (not asserted). A
 //! screenshot of each page is saved under `target/console-screenshots/`.
 //!
@@ -334,6 +334,22 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
     b.rendered("/executors").await?;
     b.shows("#nodes tr[data-node=console-node]", "DRAINING")
         .await?;
+    b.shot("executors-draining").await?;
+    // Undrained: it reports ready at its next heartbeat (the page is reloaded until
+    // it shows), and the job's runs succeed on it again.
+    b.leaving().await?;
+    b.click("#nodes tr[data-node=console-node] [data-action=undrain]")
+        .await?;
+    b.rendered("/executors").await?;
+    let browser = &b;
+    wait_for("the node healthy again", WAIT, || async move {
+        browser.leaving().await?;
+        browser.d().refresh().await?;
+        browser.rendered("/executors").await?;
+        let row = browser.el("#nodes tr[data-node=console-node]").await?;
+        Ok(row.text().await?.contains("HEALTHY").then_some(()))
+    })
+    .await?;
 
     // A read-only token sees no button that writes.
     b.click("[data-action=sign-out]").await?;
@@ -341,7 +357,8 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
     b.shows(".who", "viewer (read-only)").await?;
     b.el("#jobs tr[data-job=console-demo]").await?;
     let writes = [
-        "new-job", "pause", "resume", "trigger", "edit", "delete", "drain", "cancel", "save",
+        "new-job", "pause", "resume", "trigger", "edit", "delete", "drain", "undrain", "cancel",
+        "save",
     ];
     for (url, page) in [
         (format!("{base}/#/jobs"), "/jobs".to_owned()),

@@ -485,6 +485,24 @@ async fn every_operation(server: &Sundial, journal: &std::path::Path) -> Result<
         .expect(404, "POST", "/api/v1/nodes/ghost/drain", None)
         .await?;
     error(&v, "NOT_FOUND")?;
+    // ---- undrain: the node is no longer draining (ready again at its next heartbeat)
+    let undrained = api
+        .expect(
+            200,
+            "POST",
+            "/api/v1/nodes/rest-node-1/undrain",
+            Some(json!({"reason": "test over"})),
+        )
+        .await?;
+    ensure!(
+        undrained["node"]["nodeId"] == "rest-node-1"
+            && undrained["node"]["health"] != "NODE_HEALTH_DRAINING",
+        "{undrained}"
+    );
+    let v = api
+        .expect(404, "POST", "/api/v1/nodes/ghost/undrain", None)
+        .await?;
+    error(&v, "NOT_FOUND")?;
     executor.kill()?;
     let deleted = api.expect(200, "DELETE", "/api/v1/jobs/r1", None).await?;
     ensure!(deleted == json!({}), "{deleted}");

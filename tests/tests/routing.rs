@@ -294,7 +294,7 @@ async fn failing_node_stops_getting_work() -> Result<()> {
 }
 
 /// DrainNode: the node finishes what it holds and gets no new work; ListNodes shows
-/// it draining; an unknown node is NOT_FOUND.
+/// it draining; an unknown node is NOT_FOUND. UndrainNode: it takes work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drained_node_gets_no_new_work() -> Result<()> {
     let redis = RedisServer::start()?;
@@ -394,6 +394,45 @@ async fn drained_node_gets_no_new_work() -> Result<()> {
             && run.error_message.contains("no healthy executor"),
         "{run:?}"
     );
+
+    // UndrainNode: d1 takes work again (told so on its stream, ready at its next
+    // heartbeat); d2 stays drained.
+    let undrained = admin
+        .undrain_node(pb::UndrainNodeRequest {
+            node_id: "d1".into(),
+            reason: "maintenance over".into(),
+        })
+        .await?
+        .into_inner()
+        .node
+        .context("no node")?;
+    ensure!(
+        undrained.health != pb::NodeHealth::Draining as i32,
+        "{undrained:?}"
+    );
+    let unknown = admin
+        .undrain_node(pb::UndrainNodeRequest {
+            node_id: "nope".into(),
+            reason: String::new(),
+        })
+        .await
+        .expect_err("unknown node");
+    ensure!(unknown.code() == tonic::Code::NotFound, "{unknown:?}");
+    wait_for("d1 to report healthy", Duration::from_secs(10), || async {
+        Ok(node(&server, "d1")
+            .await?
+            .filter(|n| n.health == pb::NodeHealth::Healthy as i32)
+            .map(|_| ()))
+    })
+    .await?;
+    for _ in 0..4 {
+        let sid = server.trigger("rr").await?;
+        let run = server.finished(&sid).await?;
+        ensure!(
+            run.state == pb::RunState::Succeeded as i32 && run.node_id == "d1",
+            "{run:?}"
+        );
+    }
     Ok(())
 }
 

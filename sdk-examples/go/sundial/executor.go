@@ -24,7 +24,8 @@
 //   - Cancel, a lease that a HeartbeatAck reports gone, or a lease not renewed for
 //     Welcome.lease_ttl_ms on this process's clock (the server unreachable) cancel the
 //     handler's context; no Result is sent for it.
-//   - Reject for an unknown handler and while draining; Drain stops admitting work.
+//   - Reject for an unknown handler and while draining; Drain stops admitting work,
+//     Undrain admits it again.
 //   - GoAway and broken streams: reconnect with jittered exponential backoff, across
 //     the configured endpoints and those a GoAway names.
 //   - When Run's context ends: heartbeats say not_ready, no new work is admitted,
@@ -312,6 +313,12 @@ func (e *Executor) session(ctx context.Context, endpoint string) (welcomed bool,
 			e.log.Info("draining", "reason", m.Drain.GetReason())
 			e.mu.Lock()
 			e.draining = true
+			e.mu.Unlock()
+			e.heartbeat()
+		case *pb.ServerMessage_Undrain:
+			e.log.Info("undrained: taking work again", "reason", m.Undrain.GetReason())
+			e.mu.Lock()
+			e.draining = false
 			e.mu.Unlock()
 			e.heartbeat()
 		case *pb.ServerMessage_GoAway:

@@ -1,4 +1,4 @@
-//! `sundial node …` (the executor nodes with their health; drain one) and
+//! `sundial node …` (the executor nodes with their health; drain or undrain one) and
 //! `sundial app …` (the apps whose secrets sign webhooks; create one, rotate its secret).
 
 use std::time::Duration;
@@ -22,6 +22,13 @@ pub enum NodeCommand {
         node_id: String,
         /// Why, kept on the node.
         #[arg(long, default_value = "drained by an operator")]
+        reason: String,
+    },
+    /// End a node's drain: it takes work again.
+    Undrain {
+        node_id: String,
+        /// Why, for the executor's log.
+        #[arg(long, default_value = "undrained by an operator")]
         reason: String,
     },
 }
@@ -76,6 +83,18 @@ pub async fn nodes(client: &ClientArgs, command: NodeCommand) -> Result<Exit> {
             match out {
                 Output::Json => show::json(&node.unwrap_or_default())?,
                 Output::Table => say!("node {node_id} draining"),
+            }
+        }
+        NodeCommand::Undrain { node_id, reason } => {
+            let req = pb::UndrainNodeRequest {
+                node_id: node_id.clone(),
+                reason,
+            };
+            let what = format_args!("undrain node {node_id:?}");
+            let node = ask(what, server.nodes().undrain_node(req)).await?.node;
+            match out {
+                Output::Json => show::json(&node.unwrap_or_default())?,
+                Output::Table => say!("node {node_id} takes work again"),
             }
         }
     }

@@ -131,7 +131,7 @@ pub enum Command {
         #[command(subcommand)]
         command: runs::RunCommand,
     },
-    /// Executor nodes: list them with their health, drain one.
+    /// Executor nodes: list them with their health, drain or undrain one.
     Node {
         #[command(flatten)]
         client: ClientArgs,

@@ -1369,32 +1369,61 @@ impl NodeService for Executors {
         req: Request<pb::DrainNodeRequest>,
     ) -> Result<Response<pb::DrainNodeResponse>, Status> {
         let req = req.into_inner();
-        if req.node_id.is_empty() || req.node_id.len() > 256 {
+        let node = self
+            .tell_node(&req.node_id, req.reason, true, |reason| {
+                Out::Drain(pb::Drain { reason })
+            })
+            .await?;
+        Ok(Response::new(pb::DrainNodeResponse { node: Some(node) }))
+    }
+
+    async fn undrain_node(
+        &self,
+        req: Request<pb::UndrainNodeRequest>,
+    ) -> Result<Response<pb::UndrainNodeResponse>, Status> {
+        let req = req.into_inner();
+        let node = self
+            .tell_node(&req.node_id, req.reason, false, |reason| {
+                Out::Undrain(pb::Undrain { reason })
+            })
+            .await?;
+        Ok(Response::new(pb::UndrainNodeResponse { node: Some(node) }))
+    }
+}
+
+impl Executors {
+    /// Drains (`draining`) or undrains the connected node `node_id`: sends it the
+    /// message `say(reason)` wherever its stream is attached, and answers the node as
+    /// it is now to be seen.
+    async fn tell_node(
+        &self,
+        node_id: &str,
+        mut reason: String,
+        draining: bool,
+        say: impl FnOnce(String) -> Out,
+    ) -> Result<pb::Node, Status> {
+        if node_id.is_empty() || node_id.len() > 256 {
             return Err(Status::invalid_argument(
                 "node_id: required, at most 256 bytes",
             ));
         }
-        let mut reason = req.reason;
         truncate_utf8(&mut reason, 256);
         let nodes = self.store.nodes.list_nodes(None).await?;
-        let Some(mut node) = nodes.iter().find(|n| n.node_id == req.node_id).cloned() else {
+        let Some(mut node) = nodes.iter().find(|n| n.node_id == node_id).cloned() else {
             return Err(Status::not_found(format!(
-                "node_id: no connected node {:?}",
-                req.node_id
+                "node_id: no connected node {node_id:?}"
             )));
         };
-        info!(node_id = %node.node_id, %reason, "draining node");
+        if draining {
+            info!(node_id = %node.node_id, %reason, "draining node");
+        } else {
+            info!(node_id = %node.node_id, %reason, "undraining node");
+        }
         self.links
-            .deliver(
-                &node.node_id,
-                &node.instance,
-                Out::Drain(pb::Drain { reason }),
-            )
+            .deliver(&node.node_id, &node.instance, say(reason))
             .await;
-        node.draining = true;
-        Ok(Response::new(pb::DrainNodeResponse {
-            node: Some(node_view(node, &nodes, &self.opts.health)),
-        }))
+        node.draining = draining;
+        Ok(node_view(node, &nodes, &self.opts.health))
     }
 }
 

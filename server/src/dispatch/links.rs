@@ -102,7 +102,7 @@ impl Links {
     }
 
     /// Sends on the node's stream if it is attached here (a `Drain` also marks it
-    /// draining); gives the message back if it is not.
+    /// draining, an `Undrain` no longer); gives the message back if it is not.
     fn send_local(
         &self,
         node_id: &str,
@@ -115,6 +115,7 @@ impl Links {
             };
             match &msg {
                 pb::server_message::Msg::Drain(_) => link.draining = true,
+                pb::server_message::Msg::Undrain(_) => link.draining = false,
                 pb::server_message::Msg::Dispatch(pb::Dispatch {
                     run: Some(run),
                     handler,

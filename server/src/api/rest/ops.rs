@@ -395,6 +395,17 @@ pub static OPS: &[Op] = &[
     },
     Op {
         verb: Verb::Post,
+        path: "/api/v1/nodes/{node_id}/undrain",
+        service: "NodeService",
+        method: "UndrainNode",
+        body: true,
+        bind: &[("node_id", "node_id")],
+        summary: "End a node's drain: it takes work again",
+        success: Success::Ok,
+        handler: grpc!(nodes.undrain_node),
+    },
+    Op {
+        verb: Verb::Post,
         path: "/api/v1/apps",
         service: "AppService",
         method: "CreateApp",

@@ -888,9 +888,16 @@ async function executorsPage(my) {
         'td',
         {},
         draining
-          ? null
+          ? writeButton('Undrain', 'undrain', async () => {
+              try {
+                await api('POST', '/api/v1/nodes/' + enc(n.nodeId) + '/undrain', { reason: 'undrained from the console' });
+                go('#/executors');
+              } catch (e) {
+                msg.replaceChildren(errorBox(e));
+              }
+            })
           : writeButton('Drain', 'drain', async () => {
-              const reason = prompt('Drain ' + n.nodeId + ': it finishes what it holds and gets no new runs. Reason?', 'maintenance');
+              const reason = prompt('Drain ' + n.nodeId + ': it finishes what it holds and gets no new runs until undrained. Reason?', 'maintenance');
               if (reason === null) return;
               try {
                 await api('POST', '/api/v1/nodes/' + enc(n.nodeId) + '/drain', { reason });

@@ -54,7 +54,8 @@ import java.util.logging.Logger;
  *       until its ResultAck.
  *   <li>Cancel, a lease a HeartbeatAck reports gone, or one not renewed within the lease
  *       TTL on this process's clock interrupt the handler; no Result is sent for it.
- *   <li>Reject for an unknown handler and while draining; Drain stops admitting work.
+ *   <li>Reject for an unknown handler and while draining; Drain stops admitting work,
+ *       Undrain admits it again.
  *   <li>GoAway and broken streams: reconnect with jittered exponential backoff across
  *       the endpoints (and those a GoAway names).
  *   <li>{@link #shutdown(Duration)} (e.g. from a shutdown hook on SIGTERM): no new work,
@@ -274,6 +275,13 @@ public final class SundialExecutor {
         LOG.info("draining: " + m.getDrain().getReason());
         synchronized (this) {
           draining = true;
+        }
+        heartbeat();
+      }
+      case UNDRAIN -> {
+        LOG.info("undrained: taking work again: " + m.getUndrain().getReason());
+        synchronized (this) {
+          draining = false;
         }
         heartbeat();
       }
