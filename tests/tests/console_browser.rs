@@ -197,6 +197,34 @@ impl Drop for Browser {
     }
 }
 
+/// The job `id` as GET /api/v1/jobs/{id} answers it.
+async fn job_json(base: &str, id: &str) -> Result<Value> {
+    let got: Value = reqwest::Client::new()
+        .get(format!("{base}/api/v1/jobs/{id}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(got["job"].clone())
+}
+
+/// Another operator renames the job (UpdateJob at its current version).
+async fn change_name_behind_the_page(base: &str, id: &str, name: &str) -> Result<()> {
+    let job = job_json(base, id).await?;
+    let mut spec = job["spec"].clone();
+    spec["name"] = json!(name);
+    reqwest::Client::new()
+        .put(format!("{base}/api/v1/jobs/{id}"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"spec": spec, "expectedVersion": job["version"]}))
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(())
+}
+
 /// The `data-action` buttons and links on the page (what a caller may do there).
 async fn actions(b: &Browser) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -255,6 +283,29 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
     b.click("[data-action=new-job]").await?;
     b.rendered("/new").await?;
     b.type_into("#f-id", "console-demo").await?;
+    // Across Berlin's spring-forward of 2030-03-31: 02:30 does not exist that day and
+    // fires at 03:00 CEST, as the scheduler fires it (the CLI's `job next` test).
+    b.type_into("#f-cron", "30 2 * * *").await?;
+    b.type_into("#f-timeZone", "Europe/Berlin").await?;
+    b.type_into("#preview-from", "2030-03-29").await?;
+    b.shows(
+        "#preview li:nth-child(1)",
+        "2030-03-29 02:30:00 Europe/Berlin GMT+1",
+    )
+    .await?;
+    b.shows(
+        "#preview li:nth-child(3)",
+        "2030-03-31 03:00:00 Europe/Berlin GMT+2",
+    )
+    .await?;
+    b.shows(
+        "#preview li:nth-child(4)",
+        "2030-04-01 02:30:00 Europe/Berlin GMT+2",
+    )
+    .await?;
+    b.shot("new-job-dst-preview").await?;
+    b.type_into("#preview-from", "").await?;
+    b.type_into("#f-timeZone", "UTC").await?;
     b.type_into("#f-cron", "*/2 * * * * *").await?;
     b.type_into("#f-group", "g").await?;
     b.type_into("#f-handler", "ticks").await?;
@@ -270,6 +321,24 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
     b.click("button[data-action=save]").await?;
     b.rendered("/jobs/console-demo").await?;
     b.shows("#job-id", "console-demo").await?;
+
+    // An edit from a version someone else changed meanwhile is refused and shown,
+    // never written over theirs.
+    b.open(
+        &format!("{base}/#/jobs/console-demo/edit"),
+        "/jobs/console-demo/edit",
+    )
+    .await?;
+    b.type_into("#f-name", "my edit").await?;
+    change_name_behind_the_page(&base, "console-demo", "their edit").await?;
+    b.click("button[data-action=save]").await?;
+    b.shows("#conflict", "Someone changed this job after you opened it")
+        .await?;
+    b.shot("edit-conflict").await?;
+    let job = job_json(&base, "console-demo").await?;
+    ensure!(job["spec"]["name"] == "their edit", "{job}");
+    b.open(&format!("{base}/#/jobs/console-demo"), "/jobs/console-demo")
+        .await?;
 
     // Its runs appear and succeed (the page follows them).
     b.shows("#runs", "SUCCEEDED").await?;
@@ -380,6 +449,16 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
     b.shot("jobs-read-only").await?;
 
     page_times_at_10000_jobs(&b, &base, &run).await?;
+
+    // A server with no credentials configured: anyone is in, and the banner says so.
+    let open_dir = tempfile::tempdir()?;
+    let open = Sundial::start(SundialOptions::embedded(open_dir.path()))?;
+    let open_base = open.http_url().context("no http address")?;
+    b.open(&format!("{open_base}/#/jobs"), "/jobs").await?;
+    b.shows("#banner", "Dev mode").await?;
+    b.shows(".who", "dev mode").await?;
+    b.el("[data-action=new-job]").await?;
+    b.shot("dev-mode").await?;
     b.quit().await
 }
 

@@ -141,6 +141,21 @@ function fmtTime(ms, zone) {
   }
 }
 
+// The zone's UTC offset at `ms` ("GMT+2"), which shows a DST change in a list of times.
+function offsetAt(ms, zone) {
+  try {
+    const parts = new Intl.DateTimeFormat('en-US', { timeZone: zone || 'UTC', timeZoneName: 'shortOffset' }).formatToParts(new Date(Number(ms)));
+    const part = parts.find((p) => p.type === 'timeZoneName');
+    return part ? part.value : '';
+  } catch (_) {
+    return '';
+  }
+}
+
+function fireItem(t, zone) {
+  return h('li', {}, fmtTime(t, zone), h('span', { class: 'muted' }, ' ' + offsetAt(t, zone) + ', ' + fmtAgo(t)));
+}
+
 function fmtAgo(ms) {
   ms = Number(ms);
   if (!ms) return '';
@@ -534,7 +549,7 @@ async function jobPage(id, q, my) {
       ['Updated', when(job.updatedAtMs, zone)],
     ].map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]),
   );
-  const fires = (status.nextFireTimesMs || []).map((t) => h('li', {}, fmtTime(t, zone), h('span', { class: 'muted' }, ' ' + fmtAgo(t))));
+  const fires = (status.nextFireTimesMs || []).map((t) => fireItem(t, zone));
   const runsBox = h('div');
   const renderRuns = (list) => {
     runsBox.replaceChildren(
@@ -629,6 +644,8 @@ async function editPage(id, my) {
   const kind = spec.http ? 'http' : 'executor';
   const preview = h('ol', { class: 'preview', id: 'preview' });
   const previewMsg = h('div');
+  // Fire times from a later day: a DST change ahead can be checked before saving.
+  const fromIn = h('input', { id: 'preview-from', placeholder: 'from YYYY-MM-DD (UTC), default now', size: 30 });
   const msg = h('div');
   const form = h(
     'form',
@@ -671,10 +688,13 @@ async function editPage(id, my) {
     previewTimer = setTimeout(async () => {
       if (my !== view) return;
       try {
-        const p = await api('GET', '/api/v1/fire-times' + query({ cron: f.cron.value.trim(), timeZone: f.timeZone.value.trim(), count: 8 }));
+        const from = fromIn.value.trim();
+        const afterMs = /^\d{4}-\d{2}-\d{2}$/.test(from) ? Date.parse(from + 'T00:00:00Z') - 1 : '';
+        if (from && !afterMs) throw new Error('from: not a date (YYYY-MM-DD)');
+        const p = await api('GET', '/api/v1/fire-times' + query({ cron: f.cron.value.trim(), timeZone: f.timeZone.value.trim(), count: 8, afterMs }));
         const zone = f.timeZone.value.trim() || 'UTC';
         previewMsg.replaceChildren();
-        preview.replaceChildren(...(p.fireTimesMs || []).map((t) => h('li', {}, fmtTime(t, zone), h('span', { class: 'muted' }, ' ' + fmtAgo(t)))));
+        preview.replaceChildren(...(p.fireTimesMs || []).map((t) => fireItem(t, zone)));
         if (!(p.fireTimesMs || []).length) previewMsg.replaceChildren(h('p', { class: 'muted' }, 'This schedule never fires.'));
       } catch (e) {
         preview.replaceChildren();
@@ -684,6 +704,7 @@ async function editPage(id, my) {
   };
   f.cron.addEventListener('input', refreshPreview);
   f.timeZone.addEventListener('input', refreshPreview);
+  fromIn.addEventListener('input', refreshPreview);
   if (spec.cron) refreshPreview();
 
   async function save(ev) {
@@ -745,7 +766,7 @@ async function editPage(id, my) {
     my,
     h('h1', {}, id ? 'Edit ' + id : 'New job', job ? h('span', { class: 'muted' }, 'version ' + job.version) : null),
     msg,
-    h('div', { class: 'split' }, form, h('div', { class: 'card' }, h('h2', {}, 'Next fire times'), h('p', { class: 'muted' }, 'As the scheduler would fire this cron in this zone (DST included), before saving.'), previewMsg, preview)),
+    h('div', { class: 'split' }, form, h('div', { class: 'card' }, h('h2', {}, 'Next fire times'), h('p', { class: 'muted' }, 'As the scheduler would fire this cron in this zone (DST included), before saving.'), fromIn, previewMsg, preview)),
   );
 }
 
@@ -763,7 +784,8 @@ async function runPage(sid, my) {
     for (let i = 0; i < 20; i++) {
       const page = await api('GET', '/api/v1/runs/' + enc(sid) + '/logs' + query({ pageSize: 1000, pageToken: lastSeq }));
       for (const l of page.lines || []) {
-        logBox.append(h('span', { class: 'lvl-' + (l.level || 'INFO') }, fmtTime(l.timeMs, zone).slice(11, 19) + ' ' + (l.level || 'INFO').padEnd(5) + ' #' + (l.attempt || 1) + ' ' + l.message + '\n'));
+        const level = (l.level || 'info').toLowerCase();
+        logBox.append(h('span', { class: 'lvl-' + level }, fmtTime(l.timeMs, zone).slice(11, 19) + ' ' + level.padEnd(5) + ' #' + (l.attempt || 1) + ' ' + l.message + '\n'));
         lastSeq = l.seq;
         lines++;
       }
