@@ -309,6 +309,42 @@ pub struct RunRecord {
     pub callback_status: u16,
     #[serde(default)]
     pub callback_error: String,
+    /// The run's steps, oldest first: each change of state, attempt, node or webhook
+    /// attempts, noted by the store as it writes the record (the last
+    /// [`RunEvent::KEPT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<RunEvent>,
+}
+
+/// One step of a run's life (see [`RunRecord::history`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunEvent {
+    /// When, by the store's clock.
+    pub at: Millis,
+    /// The state the run entered (`RunState`'s name, e.g. `DISPATCHED`), or `WEBHOOK`
+    /// for a webhook delivery attempt.
+    pub what: String,
+    pub attempt: u32,
+    /// The node holding (or that held) the run, if any.
+    #[serde(default)]
+    pub node_id: String,
+    /// Why: the run's reason or error; a delivery's HTTP status and error.
+    #[serde(default)]
+    pub detail: String,
+}
+
+impl RunEvent {
+    /// How many steps a record keeps (the oldest fall out first).
+    pub const KEPT: usize = 32;
+}
+
+/// What a run's history notes a change of: state, attempt, node, webhook attempts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunMark {
+    state: RunState,
+    attempt: u32,
+    node_id: String,
+    callback_attempts: u32,
 }
 
 /// Where a run's webhook stands.
@@ -384,6 +420,67 @@ impl WebhookBody {
 }
 
 impl RunRecord {
+    /// What its history notes a change of.
+    pub fn mark(&self) -> RunMark {
+        RunMark {
+            state: self.state,
+            attempt: self.attempt,
+            node_id: self.node_id.clone(),
+            callback_attempts: self.callback_attempts,
+        }
+    }
+
+    /// Notes in `history` what changed since the record was `before` (None: the
+    /// record is new), at `at`: a webhook attempt when only the webhook's attempts
+    /// changed, else the state entered. The store calls it as it writes the record (the
+    /// Redis scripts mirror it in `runlib.lua`'s `note_change`).
+    pub fn note_change(&mut self, before: Option<&RunMark>, at: Millis) {
+        let now = self.mark();
+        if before == Some(&now) {
+            return;
+        }
+        let webhook = before.is_some_and(|b| {
+            b.callback_attempts != now.callback_attempts
+                && b.state == now.state
+                && b.attempt == now.attempt
+                && b.node_id == now.node_id
+        });
+        let (what, detail) = if webhook {
+            let status = match self.callback_status {
+                0 => "no answer".to_owned(),
+                s => format!("HTTP {s}"),
+            };
+            let detail = if self.callback_error.is_empty() {
+                status
+            } else {
+                format!("{status}: {}", self.callback_error)
+            };
+            ("WEBHOOK".to_owned(), detail)
+        } else {
+            let state = serde_json::to_value(self.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let detail = match (self.error_code.is_empty(), self.state.is_final()) {
+                (false, true) if self.error_message.is_empty() => self.error_code.clone(),
+                (false, true) => format!("{}: {}", self.error_code, self.error_message),
+                _ => self.reason.clone(),
+            };
+            (state, detail)
+        };
+        self.history.push(RunEvent {
+            at,
+            what,
+            attempt: self.attempt,
+            node_id: self.node_id.clone(),
+            detail,
+        });
+        if self.history.len() > RunEvent::KEPT {
+            let excess = self.history.len() - RunEvent::KEPT;
+            self.history.drain(..excess);
+        }
+    }
+
     /// Whether this record is what a lost lease left: retried ("retry: lost") or, with
     /// its attempts spent, FAILED "lost".
     pub fn lost_its_lease(&self) -> bool {
@@ -565,6 +662,7 @@ impl RunRecord {
             callback_attempts: 0,
             callback_status: 0,
             callback_error: String::new(),
+            history: Vec::new(),
         }
     }
 }

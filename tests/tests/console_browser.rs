@@ -225,6 +225,33 @@ async fn change_name_behind_the_page(base: &str, id: &str, name: &str) -> Result
     Ok(())
 }
 
+/// Creates a job whose handler fails its first attempt (one retry allowed) and runs it
+/// now; returns the run's schedule_id.
+async fn trigger_flaky_run(base: &str) -> Result<String> {
+    let http = reqwest::Client::new();
+    let spec = json!({"id": "flaky-demo", "cron": "0 0 0 1 1 * 2099",
+        "executor": {"group": "g", "handler": "flaky"}, "retry": {"maxRetries": 1}});
+    http.post(format!("{base}/api/v1/jobs"))
+        .bearer_auth(ADMIN)
+        .json(&json!({ "spec": spec }))
+        .send()
+        .await?
+        .error_for_status()?;
+    let queued: Value = http
+        .post(format!("{base}/api/v1/jobs/flaky-demo/trigger"))
+        .bearer_auth(ADMIN)
+        .json(&json!({}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    queued["scheduleId"]
+        .as_str()
+        .map(str::to_owned)
+        .context("no scheduleId")
+}
+
 /// The `data-action` buttons and links on the page (what a caller may do there).
 async fn actions(b: &Browser) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -359,8 +386,22 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
     b.click(&format!("#runs tr[data-run='{run}'] a")).await?;
     b.rendered(&format!("/runs/{run}")).await?;
     b.shows("#timeline", "Dispatched to console-node").await?;
+    b.shows("#timeline", "Started on console-node").await?;
     b.shows("#log", "tick 3").await?;
     b.shot("run").await?;
+
+    // A retried run's timeline has both attempts: the failure that caused the retry,
+    // then the second attempt to its end.
+    let flaky = trigger_flaky_run(&base).await?;
+    b.open(
+        &format!("{base}/#/runs/{}", flaky.replace('@', "%40")),
+        &format!("/runs/{flaky}"),
+    )
+    .await?;
+    b.shows("h1 .badge", "SUCCEEDED").await?;
+    b.shows("#timeline li", "retry: flaky").await?;
+    b.shows("#timeline li", "attempt 2 on console-node").await?;
+    b.shot("run-retried").await?;
 
     // Paused: no further runs.
     b.open(&format!("{base}/#/jobs/console-demo"), "/jobs/console-demo")

@@ -594,6 +594,17 @@ pub fn run_to_pb(r: RunRecord) -> pb::Run {
         callback_attempts: r.callback_attempts,
         callback_status: u32::from(r.callback_status),
         callback_error: r.callback_error,
+        history: r
+            .history
+            .into_iter()
+            .map(|e| pb::RunEvent {
+                at_ms: e.at,
+                what: e.what,
+                attempt: e.attempt,
+                node_id: e.node_id,
+                detail: e.detail,
+            })
+            .collect(),
     }
 }
 

@@ -130,6 +130,7 @@ macro_rules! store_conformance_tests {
                 breaker_transitions: options,
                 delivery_slots_pace_a_destination: options,
                 a_closed_breaker_ramps_up: options,
+                run_history_notes_each_step: options,
             }
             app_store {
                 apps_and_rotation: options,

@@ -751,3 +751,91 @@ pub async fn a_closed_breaker_ramps_up(store: Arc<dyn Store>) {
     // 2 + 4 = 6: the ramp is over, the window is the limit.
     assert_eq!(window(6).await, (6, Admission::Full { window: 6 }));
 }
+
+/// A run's history notes each step in order, the same on every store: begun WAITING,
+/// DISPATCHED to a node, RUNNING, a failed attempt back to WAITING for its retry,
+/// DISPATCHED to another node, RUNNING, SUCCEEDED, then each webhook delivery attempt
+/// with its answer. A report that changes nothing notes nothing.
+pub async fn run_history_notes_each_step(store: Arc<dyn Store>) {
+    store.create_job(job("hist", None)).await.expect("create");
+    let two = hooked(RunPlan {
+        max_attempts: 2,
+        ..plan(OverlapPolicy::Allow)
+    });
+    let r = begin(&store, planned_run("hist", 1000, two)).await.run;
+    let sid = r.schedule_id.as_str();
+    let g1 = grant(&store, sid, 1, &slot("hist-a", 0), LONG).await;
+    store
+        .mark_started(sid, &Holder::of(&g1))
+        .await
+        .expect("start");
+    // Started again (a re-sent report): nothing changes, nothing is noted.
+    store
+        .mark_started(sid, &Holder::of(&g1))
+        .await
+        .expect("start again");
+    store
+        .finish_run(sid, Finisher::Holder(Holder::of(&g1)), failed("E1"))
+        .await
+        .expect("fail");
+    let g2 = grant(&store, sid, 2, &slot("hist-b", 0), LONG).await;
+    store
+        .mark_started(sid, &Holder::of(&g2))
+        .await
+        .expect("start 2");
+    store
+        .finish_run(
+            sid,
+            Finisher::Holder(Holder::of(&g2)),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("succeed");
+    let d1 = claim(&store, sid, 60_000).await;
+    let retry = DeliveryOutcome::Retry {
+        after: Duration::from_millis(1),
+        status: 500,
+        error: "http_500".to_owned(),
+    };
+    store
+        .finish_delivery(sid, d1.token, retry)
+        .await
+        .expect("retry delivery");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let d2 = claim(&store, sid, 60_000).await;
+    store
+        .finish_delivery(sid, d2.token, DeliveryOutcome::Delivered { status: 200 })
+        .await
+        .expect("deliver");
+
+    let run = get(&store, sid).await;
+    let steps: Vec<(&str, u32, &str, &str)> = run
+        .history
+        .iter()
+        .map(|e| {
+            (
+                e.what.as_str(),
+                e.attempt,
+                e.node_id.as_str(),
+                e.detail.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("WAITING", 1, "", ""),
+            ("DISPATCHED", 1, "hist-a", ""),
+            ("RUNNING", 1, "hist-a", ""),
+            ("WAITING", 2, "hist-a", "retry: E1"),
+            ("DISPATCHED", 2, "hist-b", ""),
+            ("RUNNING", 2, "hist-b", ""),
+            ("SUCCEEDED", 2, "hist-b", ""),
+            ("WEBHOOK", 2, "hist-b", "HTTP 500: http_500"),
+            ("WEBHOOK", 2, "hist-b", "HTTP 200"),
+        ]
+    );
+    let at: Vec<Millis> = run.history.iter().map(|e| e.at).collect();
+    assert!(at.windows(2).all(|w| w[0] <= w[1]), "in order: {at:?}");
+    assert!(at[0] >= run.created_at, "{at:?} from {}", run.created_at);
+}

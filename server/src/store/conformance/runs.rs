@@ -10,7 +10,25 @@ pub async fn record_run_idempotent_and_skips(store: Arc<dyn Store>) {
     let given = run("rec-1", 1_000_000, t0);
     let first = store.record_run(given.clone()).await.expect("record");
     assert!(first.created);
-    assert_eq!(first.run, given, "recorded as given");
+    // As given, its history one step: recorded TRIGGERED.
+    assert_eq!(
+        RunRecord {
+            history: Vec::new(),
+            ..first.run.clone()
+        },
+        given,
+        "recorded as given"
+    );
+    assert_eq!(
+        first
+            .run
+            .history
+            .iter()
+            .map(|e| (e.what.as_str(), e.attempt))
+            .collect::<Vec<_>>(),
+        [("TRIGGERED", 1)]
+    );
+    let given = first.run.clone();
     assert_eq!(
         store.get_run(&given.schedule_id).await.expect("get"),
         Some(given.clone())

@@ -620,7 +620,7 @@ fn extend_lapsed_leases(inner: &Inner, grace: Duration) -> Result<usize> {
             };
             if held(run.state) && run.deadlines.lease_expires < until {
                 run.deadlines.lease_expires = until;
-                t.save(&run)?;
+                t.save(&mut run)?;
                 extended += 1;
             }
         }

@@ -66,7 +66,7 @@ impl NodeRegistry for EmbeddedStore {
                     if held(run.state) && run.node_id == node_id && run.deadlines.lease_expires > by
                     {
                         run.deadlines.lease_expires = by;
-                        t.save(&run)?;
+                        t.save(&mut run)?;
                         leases_shortened += 1;
                     }
                 }

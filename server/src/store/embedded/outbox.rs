@@ -400,8 +400,8 @@ fn apply_delivery_outcome(
             }
         }
     }
-    if let Some(run) = run {
-        t.save(&run)?;
+    if let Some(mut run) = run {
+        t.save(&mut run)?;
     }
     Ok(Applied::Yes)
 }

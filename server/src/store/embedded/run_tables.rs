@@ -5,6 +5,8 @@
 
 use std::cell::RefCell;
 
+use crate::model::RunMark;
+
 use super::*;
 
 /// Every table that describes runs, open together for one write transaction, with the
@@ -43,6 +45,9 @@ pub(super) struct RunTables<'t> {
     /// The timer key of each stored record this batch read or wrote, so that a save
     /// moves the run's timer without decoding the record it replaces.
     timer_keys: RefCell<HashMap<String, Option<TimerKey>>>,
+    /// What each stored record this batch read or wrote was (its `RunMark`), so that a
+    /// save notes in the record's history what changed.
+    marks: RefCell<HashMap<String, RunMark>>,
 }
 
 /// Where a run's timer sits in the timer index: (partition, due).
@@ -84,6 +89,7 @@ impl<'t> RunTables<'t> {
                 .open_table(OUTBOX_DUE)
                 .ctx("open webhook outbox index")?,
             timer_keys: RefCell::new(HashMap::new()),
+            marks: RefCell::new(HashMap::new()),
         };
         t.set_clock(now_us());
         Ok(t)
@@ -113,6 +119,9 @@ impl<'t> RunTables<'t> {
             self.timer_keys
                 .borrow_mut()
                 .insert(schedule_id.to_owned(), timer_key(run, self.partitions));
+            self.marks
+                .borrow_mut()
+                .insert(schedule_id.to_owned(), run.mark());
         }
         Ok(run)
     }
@@ -148,11 +157,18 @@ impl<'t> RunTables<'t> {
         }
     }
 
-    /// Writes the run back and moves its timer to where the new record puts it: the
+    /// Writes the run back, its history noting what changed since the stored record
+    /// (or that it is new), and moves its timer to where the new record puts it: the
     /// earliest deadline while it is not final, none once it is.
-    pub(super) fn save(&mut self, run: &RunRecord) -> Result<()> {
+    pub(super) fn save(&mut self, run: &mut RunRecord) -> Result<()> {
+        let old = self.stored_timer(&run.schedule_id)?;
+        let before = self.marks.borrow().get(&run.schedule_id).cloned();
+        run.note_change(before.as_ref(), self.now);
+        self.marks
+            .borrow_mut()
+            .insert(run.schedule_id.clone(), run.mark());
+        let run = &*run;
         let sid = run.schedule_id.as_str();
-        let old = self.stored_timer(sid)?;
         let new = timer_key(run, self.partitions);
         let json = encode("run", run)?;
         self.runs.insert(sid, json.as_str()).ctx("write run")?;
@@ -348,7 +364,7 @@ impl<'t> RunTables<'t> {
             run.deadlines.wake_at = self.now;
             run.deadlines.wait_until = self.now.saturating_add(run.plan.dispatch_wait_ms);
             run.reason.clear();
-            self.save(&run)?;
+            self.save(&mut run)?;
             return Ok(Some(sid));
         }
         Ok(None)
@@ -473,7 +489,7 @@ impl<'t> RunTables<'t> {
             };
             next = self.finalize(&mut parent, state, "", true)?;
         }
-        self.save(&parent)?;
+        self.save(&mut parent)?;
         Ok(next)
     }
 
@@ -499,7 +515,7 @@ impl<'t> RunTables<'t> {
                 }
                 revoked.extend(self.revoke(&mut shard, reason)?);
                 self.finalize(&mut shard, RunState::Cancelled, reason, false)?;
-                self.save(&shard)?;
+                self.save(&mut shard)?;
             }
         }
         Ok((revoked, next))
@@ -535,10 +551,11 @@ impl<'t> RunTables<'t> {
 
     /// Writes a new run record with its indexes and timer, then keeps the job's index
     /// bounded: the oldest (by scheduled time) fall out first, with everything of theirs.
-    pub(super) fn insert_new(&mut self, run: &RunRecord) -> Result<()> {
+    pub(super) fn insert_new(&mut self, run: &mut RunRecord) -> Result<()> {
+        self.save(run)?;
+        let run = &*run;
         let sid = run.schedule_id.as_str();
         let job_id = run.job_id.as_str();
-        self.save(run)?;
         self.by_job
             .insert((job_id, run.scheduled_at, sid), ())
             .ctx("write run index key")?;
@@ -601,6 +618,7 @@ impl<'t> RunTables<'t> {
         let job_id = run.job_id.as_str();
         // Before the record goes: it says where the timer is.
         self.drop_timer(sid)?;
+        self.marks.borrow_mut().remove(sid);
         self.runs.remove(sid).ctx("delete run")?;
         let indexed = self
             .by_job

@@ -38,7 +38,7 @@ impl RunStore for EmbeddedStore {
             if run.state.is_final() && run.finished_at.is_none() {
                 run.finished_at = Some(now);
             }
-            t.insert_new(&run)?;
+            t.insert_new(&mut run)?;
             Ok(Recorded { run, created: true })
         })
         .await
@@ -181,7 +181,7 @@ impl RunStore for EmbeddedStore {
                     run.state = RunState::Running;
                     run.started_at = Some(t.now);
                     run.deadlines.confirm_by = 0;
-                    t.save(&run)?;
+                    t.save(&mut run)?;
                     Ok(applied(run, [], None))
                 }
                 other => Ok(refused(&format!("run is {other}"), Some(run))),
@@ -214,7 +214,7 @@ impl RunStore for EmbeddedStore {
                     Some(mut run) => {
                         run.deadlines.lease_expires = t.now.saturating_add(ttl);
                         run.deadlines.confirm_by = 0;
-                        t.save(&run)?;
+                        t.save(&mut run)?;
                         out.push(Some(ttl));
                     }
                     None => out.push(None),
@@ -285,7 +285,7 @@ impl RunStore for EmbeddedStore {
                     wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
                     ..Deadlines::default()
                 };
-                t.save(&run)?;
+                t.save(&mut run)?;
                 return Ok(applied(run, [], None));
             }
             if !outcome.state.is_final() {
@@ -323,7 +323,7 @@ impl RunStore for EmbeddedStore {
             } else {
                 t.finalize(&mut run, outcome.state, "", true)?
             };
-            t.save(&run)?;
+            t.save(&mut run)?;
             Ok(applied(run, [], next))
         })
         .await
@@ -360,12 +360,12 @@ impl RunStore for EmbeddedStore {
                     run.error_message = "the attempt exceeded its timeout".to_owned();
                     let delay = run.plan.backoff_after(run.attempt);
                     let next = t.retry_or_final(&mut run, RunState::TimedOut, "timeout", delay)?;
-                    t.save(&run)?;
+                    t.save(&mut run)?;
                     return Ok(applied(run, rv, next));
                 }
                 if !confirmed && (passed(d.confirm_by) || d.lease_expires <= now) {
                     let rv = unconfirmed(t, &mut run)?;
-                    t.save(&run)?;
+                    t.save(&mut run)?;
                     return Ok(applied(run, rv, None));
                 }
                 if passed(d.lease_expires) {
@@ -373,16 +373,16 @@ impl RunStore for EmbeddedStore {
                     run.error_code = "lost".to_owned();
                     run.error_message = "the executor stopped renewing its lease".to_owned();
                     let next = t.retry_or_final(&mut run, RunState::Failed, "lost", 0)?;
-                    t.save(&run)?;
+                    t.save(&mut run)?;
                     return Ok(applied(run, rv, next));
                 }
             } else if run.state == RunState::Waiting && passed(d.wake_at) {
                 run.deadlines.wake_at = now.saturating_add(duration_ms(route_grace));
-                t.save(&run)?;
+                t.save(&mut run)?;
                 return Ok(applied(run, [], None));
             }
             // Nothing due (the timer was early, e.g. after a renewal): re-score it.
-            t.save(&run)?;
+            t.save(&mut run)?;
             Ok(refused("nothing due", Some(run)))
         })
         .await
@@ -409,7 +409,7 @@ impl RunStore for EmbeddedStore {
                 return Ok(refused("the dispatch is confirmed", Some(run)));
             }
             let rv = unconfirmed(t, &mut run)?;
-            t.save(&run)?;
+            t.save(&mut run)?;
             Ok(applied(run, rv, None))
         })
         .await
@@ -452,6 +452,7 @@ impl RunStore for EmbeddedStore {
                 shard.last_node.clear();
                 shard.started_at = None;
                 shard.finished_at = None;
+                shard.history.clear();
                 shard.created_at = now;
                 shard.fencing_token = t.new_token(&run.job_id)?;
                 shard.deadlines = Deadlines {
@@ -459,7 +460,7 @@ impl RunStore for EmbeddedStore {
                     wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
                     ..Deadlines::default()
                 };
-                t.save(&shard)?;
+                t.save(&mut shard)?;
                 // Retention like any run; not in the job's run list.
                 t.by_created
                     .insert((shard.created_at, shard.schedule_id.as_str()), ())
@@ -474,7 +475,7 @@ impl RunStore for EmbeddedStore {
             run.shards_succeeded = 0;
             run.started_at = Some(now);
             run.deadlines = Deadlines::default();
-            t.save(&run)?;
+            t.save(&mut run)?;
             Ok(FannedOut::Shards {
                 parent: run,
                 shards: out,
@@ -497,7 +498,7 @@ impl RunStore for EmbeddedStore {
                 return Ok(refused(&why, Some(run)));
             }
             let (revoked, next) = t.cancel_tree(&mut run, reason, true)?;
-            t.save(&run)?;
+            t.save(&mut run)?;
             Ok(applied(run, revoked, next))
         })
         .await
@@ -526,7 +527,7 @@ impl RunStore for EmbeddedStore {
             }
             run.progress_percent = percent;
             run.progress_message = message;
-            t.save(&run)?;
+            t.save(&mut run)?;
             Ok(Applied::Yes)
         })
         .await
@@ -687,7 +688,7 @@ fn begin(
                 for mut old in live {
                     let (rvs, _) = t.cancel_tree(&mut old, "replaced", false)?;
                     revoked.extend(rvs);
-                    t.save(&old)?;
+                    t.save(&mut old)?;
                 }
                 Start::Route
             }
@@ -719,7 +720,7 @@ fn begin(
     if run.state == RunState::Skipped {
         run.finished_at = Some(now);
     }
-    t.insert_new(&run)?;
+    t.insert_new(&mut run)?;
     Ok(Begun {
         run,
         created: true,
@@ -763,7 +764,7 @@ fn assign(
     t.node_runs
         .insert((node.node_id.as_str(), schedule_id), ())
         .ctx("write node run")?;
-    t.save(&run)?;
+    t.save(&mut run)?;
     Ok(Assigned::Granted(run))
 }
 

@@ -49,8 +49,11 @@ async fn data_survives_reopen() {
         .ack_trigger(&delivered[0].entry_id)
         .await
         .expect("ack");
-    let r = run("keep-due", 5000, t0);
-    store.record_run(r.clone()).await.expect("record");
+    let r = store
+        .record_run(run("keep-due", 5000, t0))
+        .await
+        .expect("record")
+        .run;
     // A run in flight: leased, logged, with a serial run queued behind it.
     let serial = RunPlan {
         overlap: OverlapPolicy::Serial,

@@ -130,12 +130,15 @@ function pad(n) {
   return String(n).padStart(2, '0');
 }
 
-function fmtTime(ms, zone) {
+// `ms` as wall time in `zone` ("2026-12-05 00:47:36 UTC"), with milliseconds when
+// `withMs` (a run's steps are often milliseconds apart).
+function fmtTime(ms, zone, withMs) {
   ms = Number(ms);
   if (!ms) return '—';
   const opts = { year: 'numeric', month: '2-digit', day: '2-digit', hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23' };
+  const frac = withMs ? '.' + String(ms % 1000).padStart(3, '0') : '';
   try {
-    return new Intl.DateTimeFormat('sv-SE', { ...opts, timeZone: zone || 'UTC' }).format(new Date(ms)) + ' ' + (zone || 'UTC');
+    return new Intl.DateTimeFormat('sv-SE', { ...opts, timeZone: zone || 'UTC' }).format(new Date(ms)) + frac + ' ' + (zone || 'UTC');
   } catch (_) {
     return new Date(ms).toISOString();
   }
@@ -845,11 +848,40 @@ async function runPage(sid, my) {
   if (!FINAL.includes(first.run.state)) setTimeout(poll, 1000);
 }
 
+// A run's timeline: its history as the store noted it (each state entered, attempt,
+// node and webhook attempt); a record written before histories were kept is told from
+// its fields.
 function timeline(run, zone) {
   const items = [];
-  const item = (cls, what, at, detail) => items.push(h('li', { class: cls }, h('strong', {}, what), at ? ' ' + fmtTime(at, zone) : '', detail ? h('div', { class: 'muted' }, detail) : null));
-  item('info', 'Planned', run.scheduledAtMs, 'schedule ' + run.scheduleNo);
-  item('info', 'Triggered (' + short(run.triggerKind, 'TRIGGER_KIND_').toLowerCase() + ')', run.triggeredAtMs, 'job version ' + (run.jobVersion || '—'));
+  const item = (cls, what, at, detail) => items.push(h('li', { class: cls }, h('strong', {}, what), at ? ' ' + fmtTime(at, zone, true) : '', detail ? h('div', { class: 'muted' }, detail) : null));
+  item('info', 'Planned', run.scheduledAtMs, 'schedule ' + run.scheduleNo + ', triggered (' + short(run.triggerKind, 'TRIGGER_KIND_').toLowerCase() + ') from job version ' + (run.jobVersion || '—'));
+  if (run.history && run.history.length) {
+    for (const e of run.history) {
+      const attempt = 'attempt ' + (e.attempt || 1);
+      const why = e.detail ? ': ' + e.detail : '';
+      switch (e.what) {
+        case 'WAITING':
+          item('', 'Waiting', e.atMs, attempt + why);
+          break;
+        case 'DISPATCHED':
+          item('info', 'Dispatched to ' + e.nodeId, e.atMs, attempt);
+          break;
+        case 'RUNNING':
+          item('info', 'Started on ' + (e.nodeId || 'its node'), e.atMs, attempt);
+          break;
+        case 'WEBHOOK':
+          item(/HTTP 2\d\d$/.test(e.detail || '') ? 'ok' : 'bad', 'Webhook attempt', e.atMs, e.detail || '');
+          break;
+        default: {
+          const state = e.what.charAt(0) + e.what.slice(1).toLowerCase().replace('_', ' ');
+          item(e.what === 'SUCCEEDED' ? 'ok' : FINAL.includes('RUN_STATE_' + e.what) ? 'bad' : 'info', state, e.atMs, attempt + (e.nodeId ? ' on ' + e.nodeId : '') + why);
+        }
+      }
+    }
+    if (run.callbackState === 'CALLBACK_STATE_PENDING') item('', 'Webhook pending', null, (run.callbackAttempts || 0) + ' attempts so far');
+    return h('ol', { class: 'timeline', id: 'timeline' }, items);
+  }
+  item('info', 'Triggered', run.triggeredAtMs, null);
   const state = short(run.state, 'RUN_STATE_');
   if (state === 'WAITING') item('', 'Waiting', null, run.reason || 'for a node with room');
   if ((run.attempt || 1) > 1) item('', 'Retried', null, 'attempt ' + run.attempt + (run.reason && run.reason.startsWith('retry') ? ': ' + run.reason : ''));

@@ -23,7 +23,8 @@ if run.state == 'SKIPPED' and (run.finished_at == nil or run.finished_at == cjso
   run.finished_at = now
 end
 -- MessagePack, as the run scripts write records (see runlib.lua); nulls become nil.
-local json = cmsgpack.pack(run)
+note_change(run)
+local json = encode_run(run)
 redis.call('SET', runkey, json, 'PX', ARGV[6])
 local index = P .. 'runs:' .. id
 redis.call('ZADD', index, ARGV[5], sid)

@@ -16,8 +16,59 @@ local function decode_run(bytes)
   end
   return cmsgpack.unpack(bytes)
 end
+-- `_before` (what the record was when loaded, for its history) is not part of it.
 local function encode_run(run)
-  return cmsgpack.pack(run)
+  local before = run._before
+  run._before = nil
+  local bytes = cmsgpack.pack(run)
+  run._before = before
+  return bytes
+end
+
+local function text(v)
+  if type(v) == 'string' then
+    return v
+  end
+  return ''
+end
+
+-- What a run's history notes a change of: {state, attempt, node, webhook attempts}
+-- (RunRecord::mark in Rust).
+local function mark_of(run)
+  return { text(run.state), tonumber(run.attempt) or 0, text(run.node_id), tonumber(run.callback_attempts) or 0 }
+end
+
+-- Notes in run.history what changed since the record was loaded (or that it is new):
+-- a webhook attempt when only the webhook's attempts changed, else the state entered;
+-- the last 32 steps are kept. RunRecord::note_change in Rust is the same rule.
+local function note_change(run)
+  local b, m = run._before, mark_of(run)
+  if b and b[1] == m[1] and b[2] == m[2] and b[3] == m[3] and b[4] == m[4] then
+    return
+  end
+  local what, detail
+  if b and b[4] ~= m[4] and b[1] == m[1] and b[2] == m[2] and b[3] == m[3] then
+    local status = tonumber(run.callback_status) or 0
+    what, detail = 'WEBHOOK', status == 0 and 'no answer' or ('HTTP ' .. string.format('%d', status))
+    if text(run.callback_error) ~= '' then
+      detail = detail .. ': ' .. run.callback_error
+    end
+  else
+    local code, msg = text(run.error_code), text(run.error_message)
+    what, detail = m[1], text(run.reason)
+    if code ~= '' and FINAL[m[1]] then
+      detail = msg == '' and code or (code .. ': ' .. msg)
+    end
+  end
+  if type(run.history) ~= 'table' then
+    run.history = {}
+  end
+  local h = run.history
+  h[#h + 1] = { at = store_now_ms(), what = what, attempt = m[2], node_id = m[3], detail = detail }
+  while #h > 32 do
+    table.remove(h, 1)
+  end
+  run._before = m
 end
 
 local function load_run(P, sid)
@@ -26,6 +77,7 @@ local function load_run(P, sid)
     return nil
   end
   local run = decode_run(j)
+  run._before = mark_of(run)
   if type(run.deadlines) ~= 'table' then
     run.deadlines = {}
   end
@@ -83,8 +135,10 @@ local function earliest(d)
   return m
 end
 
--- Writes the record back (keeping its retention TTL) and re-scores its timer.
+-- Writes the record back (keeping its retention TTL), its history noting what
+-- changed, and re-scores its timer.
 local function save_run(P, run)
+  note_change(run)
   local json = encode_run(run)
   redis.call('SET', P .. 'run:' .. run.schedule_id, json, 'KEEPTTL')
   local t = earliest(run.deadlines)
@@ -385,6 +439,7 @@ end
 -- are dropped from the oldest up to the first that still exists, at most 8 a call).
 local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
   local sid = run.schedule_id
+  note_change(run)
   local json = encode_run(run)
   redis.call('SET', P .. 'run:' .. sid, json, 'PX', retention_ms)
   local index = P .. 'runs:' .. run.job_id
