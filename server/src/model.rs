@@ -316,7 +316,9 @@ pub struct RunRecord {
     pub history: Vec<RunEvent>,
 }
 
-/// One step of a run's life (see [`RunRecord::history`]).
+/// One step of a run's life (see [`RunRecord::history`]). Stored as a map (JSON) or,
+/// by the Redis scripts, as an array of its fields in this order: serde reads both, so
+/// the fields keep their order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunEvent {
     /// When, by the store's clock.

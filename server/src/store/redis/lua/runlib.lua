@@ -64,7 +64,9 @@ local function note_change(run)
     run.history = {}
   end
   local h = run.history
-  h[#h + 1] = { at = store_now_ms(), what = what, attempt = m[2], node_id = m[3], detail = detail }
+  -- An array [at, what, attempt, node_id, detail] (RunEvent's fields in order: half
+  -- the MessagePack of a map, decoded by position).
+  h[#h + 1] = { store_now_ms(), what, m[2], m[3], detail }
   while #h > 32 do
     table.remove(h, 1)
   end
