@@ -276,6 +276,23 @@ async fn every_subcommand_answers_and_fails_with_its_exit_code() -> Result<()> {
     );
     let table = cli.run(&["job", "list"]).await?;
     ensure!(table.stdout.starts_with("ID") && table.stdout.contains("echo"));
+    let by_prefix = cli
+        .run(&["job", "list", "--prefix", "ec", "-o", "json"])
+        .await?;
+    expect(&by_prefix, 0, "job list --prefix ec")?;
+    ensure!(
+        by_prefix.json()?[0]["spec"]["id"] == "echo",
+        "{}",
+        by_prefix.stdout
+    );
+    let no_match = cli
+        .run(&["job", "list", "--prefix", "zz", "-o", "json"])
+        .await?;
+    ensure!(
+        no_match.json()?.as_array().is_some_and(Vec::is_empty),
+        "{}",
+        no_match.stdout
+    );
     let asleep = cli.run(&["job", "list", "--state", "asleep"]).await?;
     expect(&asleep, 1, "job list --state asleep")?;
     ensure!(asleep.stderr.contains("'asleep'"), "{}", asleep.stderr);
@@ -310,6 +327,15 @@ async fn every_subcommand_answers_and_fails_with_its_exit_code() -> Result<()> {
     expect(&shown, 0, "run get")?;
     ensure!(
         shown.stdout.contains("succeeded") && shown.stdout.contains("output:      hi"),
+        "{}",
+        shown.stdout
+    );
+    // Its history: each step, the node it ran on.
+    ensure!(
+        shown.stdout.contains("history:")
+            && shown.stdout.contains("DISPATCHED")
+            && shown.stdout.contains("RUNNING")
+            && shown.stdout.contains("SUCCEEDED"),
         "{}",
         shown.stdout
     );

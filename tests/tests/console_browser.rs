@@ -225,12 +225,14 @@ async fn change_name_behind_the_page(base: &str, id: &str, name: &str) -> Result
     Ok(())
 }
 
-/// Creates a job whose handler fails its first attempt (one retry allowed) and runs it
-/// now; returns the run's schedule_id.
-async fn trigger_flaky_run(base: &str) -> Result<String> {
+/// Creates the job `id` running `handler` with `payload` (one retry allowed, armed far
+/// ahead) and runs it now; returns the run's schedule_id.
+async fn trigger_run(base: &str, id: &str, handler: &str, payload: &str) -> Result<String> {
+    use base64::Engine as _;
     let http = reqwest::Client::new();
-    let spec = json!({"id": "flaky-demo", "cron": "0 0 0 1 1 * 2099",
-        "executor": {"group": "g", "handler": "flaky"}, "retry": {"maxRetries": 1}});
+    let payload = base64::engine::general_purpose::STANDARD.encode(payload);
+    let spec = json!({"id": id, "cron": "0 0 0 1 1 * 2099", "payload": payload,
+        "executor": {"group": "g", "handler": handler}, "retry": {"maxRetries": 1}});
     http.post(format!("{base}/api/v1/jobs"))
         .bearer_auth(ADMIN)
         .json(&json!({ "spec": spec }))
@@ -238,7 +240,7 @@ async fn trigger_flaky_run(base: &str) -> Result<String> {
         .await?
         .error_for_status()?;
     let queued: Value = http
-        .post(format!("{base}/api/v1/jobs/flaky-demo/trigger"))
+        .post(format!("{base}/api/v1/jobs/{id}/trigger"))
         .bearer_auth(ADMIN)
         .json(&json!({}))
         .send()
@@ -392,7 +394,7 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
 
     // A retried run's timeline has both attempts: the failure that caused the retry,
     // then the second attempt to its end.
-    let flaky = trigger_flaky_run(&base).await?;
+    let flaky = trigger_run(&base, "flaky-demo", "flaky", "").await?;
     b.open(
         &format!("{base}/#/runs/{}", flaky.replace('@', "%40")),
         &format!("/runs/{flaky}"),
@@ -402,6 +404,21 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
     b.shows("#timeline li", "retry: flaky").await?;
     b.shows("#timeline li", "attempt 2 on console-node").await?;
     b.shot("run-retried").await?;
+
+    // A run cancelled from its page while its log is followed.
+    let slow = trigger_run(&base, "slow-demo", "ticks", "30").await?;
+    b.open(
+        &format!("{base}/#/runs/{}", slow.replace('@', "%40")),
+        &format!("/runs/{slow}"),
+    )
+    .await?;
+    b.shows("#log", "tick 2").await?;
+    b.shows("#log-state", "following").await?;
+    b.click("[data-action=cancel]").await?;
+    b.shows("h1 .badge", "CANCELLED").await?;
+    b.shows("#timeline li", "cancelled from the console")
+        .await?;
+    b.shot("run-cancelled").await?;
 
     // Paused: no further runs.
     b.open(&format!("{base}/#/jobs/console-demo"), "/jobs/console-demo")

@@ -90,6 +90,7 @@ pub async fn run(server: &Server, out: Output, args: ApplyArgs) -> Result<Exit> 
             server,
             args.selector.iter().cloned().collect(),
             pb::JobState::Unspecified,
+            "",
             0,
         )
         .await?;

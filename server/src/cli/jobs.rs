@@ -28,6 +28,9 @@ pub enum JobCommand {
         /// Only jobs in this state.
         #[arg(long, value_enum)]
         state: Option<JobState>,
+        /// Only jobs whose id starts with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
         /// At most this many jobs (0: all).
         #[arg(long, default_value_t = 0)]
         limit: usize,
@@ -92,8 +95,9 @@ pub async fn run(client: &ClientArgs, command: JobCommand) -> Result<Exit> {
         JobCommand::List {
             selector,
             state,
+            prefix,
             limit,
-        } => list(&server, out, selector, state, limit).await,
+        } => list(&server, out, selector, state, &prefix, limit).await,
         JobCommand::Pause { job_id } => {
             let req = pb::PauseJobRequest {
                 job_id: job_id.clone(),
@@ -283,6 +287,7 @@ async fn list(
     out: Output,
     selector: Vec<(String, String)>,
     state: Option<JobState>,
+    prefix: &str,
     limit: usize,
 ) -> Result<Exit> {
     let state = match state {
@@ -291,7 +296,7 @@ async fn list(
         Some(JobState::Paused) => pb::JobState::Paused,
         Some(JobState::Finished) => pb::JobState::Finished,
     };
-    let jobs = all_jobs(server, selector.into_iter().collect(), state, limit).await?;
+    let jobs = all_jobs(server, selector.into_iter().collect(), state, prefix, limit).await?;
     if out == Output::Json {
         show::json(&jobs)?;
         return Ok(Exit::Ok);
@@ -322,12 +327,13 @@ async fn list(
     Ok(Exit::Ok)
 }
 
-/// Every job matching the selector and state, a page of 1000 at a time (at most
-/// `limit`; 0: all).
+/// Every job matching the selector, state and id prefix, a page of 1000 at a time (at
+/// most `limit`; 0: all).
 pub async fn all_jobs(
     server: &Server,
     label_selector: std::collections::HashMap<String, String>,
     state: pb::JobState,
+    id_prefix: &str,
     limit: usize,
 ) -> Result<Vec<pb::Job>> {
     let mut jobs = Vec::new();
@@ -338,7 +344,7 @@ pub async fn all_jobs(
             page_token,
             label_selector: label_selector.clone(),
             state: state as i32,
-            ..Default::default()
+            id_prefix: id_prefix.to_owned(),
         };
         let page = ask("list jobs", server.jobs().list_jobs(req)).await?;
         jobs.extend(page.jobs);

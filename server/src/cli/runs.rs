@@ -249,6 +249,21 @@ async fn print_run(server: &Server, out: Output, run: pb::Run) -> Result<Exit> {
         ("output", String::from_utf8_lossy(&run.output).into_owned()),
         ("webhook", webhook),
     ]);
+    if !run.history.is_empty() {
+        say!("history:");
+        show::table(
+            &["AT", "STEP", "ATTEMPT", "NODE", "WHY"],
+            run.history.iter().map(|e| {
+                vec![
+                    show::precise_time_in(e.at_ms, &zone),
+                    e.what.clone(),
+                    e.attempt.to_string(),
+                    e.node_id.clone(),
+                    e.detail.clone(),
+                ]
+            }),
+        );
+    }
     Ok(Exit::Ok)
 }
 
