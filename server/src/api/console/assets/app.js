@@ -971,6 +971,11 @@ async function executorsPage(my) {
       ? h('table', { id: 'nodes' }, h('thead', {}, h('tr', {}, ['Node', 'Group', 'Handlers', 'Health', 'Active / window', 'Weight', 'Success', 'Last heartbeat', 'Instance', ''].map((t) => h('th', {}, t)))), h('tbody', {}, rows))
       : h('p', { class: 'muted' }, 'No executor is connected.'),
   );
+  // Health changes with heartbeats (a drain shows once the node reports it): the list
+  // is read again every 3 s while it is shown.
+  setTimeout(() => {
+    if (my === view) executorsPage(my).catch(() => {});
+  }, 3000);
 }
 
 window.addEventListener('hashchange', navigate);
