@@ -69,6 +69,45 @@ pub const MAX_WEIGHTED_CYCLE: u64 = 10_000;
 /// Virtual nodes per node on the consistent-hash ring.
 pub const DEFAULT_VIRTUAL_NODES: u32 = 200;
 
+/// The nodes a run is routed among: a retry prefers another node than the one its last
+/// attempt ran on (`ran_last`), so those are left out, unless no other serves it.
+pub fn retry_candidates<T>(eligible: Vec<T>, ran_last: impl Fn(&T) -> bool) -> Vec<T> {
+    if eligible.iter().all(&ran_last) {
+        return eligible;
+    }
+    eligible.into_iter().filter(|n| !ran_last(n)).collect()
+}
+
+/// Strategies whose choice is the node itself (a key's node, the first healthy one):
+/// when it is at its window the run waits for it rather than moving elsewhere.
+pub fn keeps_affinity(strategy: RouteStrategy) -> bool {
+    matches!(
+        strategy,
+        RouteStrategy::ConsistentHash | RouteStrategy::Failover | RouteStrategy::First
+    )
+}
+
+/// The order to ask `nodes` in, as their indexes: the strategy's pick (`first`) before
+/// the others, then a healthy node before a slow one, the least busy first, by id last;
+/// only the pick when the strategy keeps its affinity; none that `full` says is at its
+/// window (the store would answer it is full).
+pub fn fallback_order(
+    strategy: RouteStrategy,
+    nodes: &[NodeView],
+    first: &str,
+    full: &[bool],
+) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..nodes.len())
+        .filter(|&i| !keeps_affinity(strategy) || nodes[i].node_id == first)
+        .filter(|&i| !full.get(i).copied().unwrap_or(false))
+        .collect();
+    order.sort_by_key(|&i| {
+        let n = &nodes[i];
+        (n.node_id != first, n.slow, n.active, n.node_id.clone())
+    });
+    order
+}
+
 /// Routes one run. `nodes` are the healthy nodes that serve the job's group and handler
 /// (any order: strategies sort by node id where order matters); `random` is a uniform
 /// value in [0, 1) for RANDOM.
@@ -322,6 +361,60 @@ mod tests {
             Route::One(n) => n,
             other => panic!("expected one node, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_retry_avoids_the_node_of_its_last_attempt_unless_it_is_the_only_one() {
+        let eligible = vec!["a", "b", "c"];
+        assert_eq!(
+            retry_candidates(eligible.clone(), |n| *n == "b"),
+            ["a", "c"]
+        );
+        assert_eq!(
+            retry_candidates(eligible.clone(), |_| false),
+            ["a", "b", "c"]
+        );
+        assert_eq!(retry_candidates(vec!["b"], |n| *n == "b"), ["b"]);
+        assert!(retry_candidates(Vec::<&str>::new(), |_| true).is_empty());
+    }
+
+    #[test]
+    fn fallback_order_puts_the_pick_first_then_healthy_and_least_busy() {
+        let view = |id: &str, active: u32, slow: bool| NodeView {
+            active,
+            slow,
+            ..node(id)
+        };
+        let nodes = [
+            view("a", 5, false),
+            view("b", 1, true),
+            view("c", 2, false),
+            view("d", 2, false),
+            view("e", 0, false),
+        ];
+        let none = [false; 5];
+        // The pick, then healthy by load (ties by id), then the slow one.
+        assert_eq!(
+            fallback_order(RouteStrategy::RoundRobin, &nodes, "a", &none),
+            [0, 4, 2, 3, 1]
+        );
+        // Nodes known to be at their window are not asked, the pick included.
+        let full = [true, false, false, true, false];
+        assert_eq!(
+            fallback_order(RouteStrategy::Busyover, &nodes, "a", &full),
+            [4, 2, 1]
+        );
+        // Affinity: only the pick, and nothing when it is full (the run waits for it).
+        for s in [
+            RouteStrategy::ConsistentHash,
+            RouteStrategy::Failover,
+            RouteStrategy::First,
+        ] {
+            assert!(keeps_affinity(s));
+            assert_eq!(fallback_order(s, &nodes, "c", &none), [2]);
+            assert!(fallback_order(s, &nodes, "a", &full).is_empty());
+        }
+        assert!(!keeps_affinity(RouteStrategy::LeastActive));
     }
 
     #[test]

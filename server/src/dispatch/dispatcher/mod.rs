@@ -560,15 +560,8 @@ impl Dispatcher {
                 None => Pick::NoNode,
             };
         }
-        // A retry prefers another node than the one that just failed it.
-        let mut candidates: Vec<usize> = eligible
-            .iter()
-            .copied()
-            .filter(|&i| snapshot[i].node_id != run.last_node)
-            .collect();
-        if candidates.is_empty() {
-            candidates = eligible;
-        }
+        let candidates =
+            routing::retry_candidates(eligible, |&i| snapshot[i].node_id == run.last_node);
         let strategy = match job.spec.route_strategy {
             // A shard (a broadcast sub-run being routed again) goes to one node.
             RouteStrategy::ShardingBroadcast if !run.parent.is_empty() => {
@@ -635,21 +628,14 @@ impl Dispatcher {
         // unless the strategy keeps its affinity: then the run waits for its node.
         // A node this instance knows to be at its window is not asked (the store
         // would answer NodeFull); the estimate is re-read every `node_refresh`.
-        let mut order: Vec<usize> = candidates
-            .into_iter()
-            .filter(|&i| !keeps_affinity(strategy) || snapshot[i].node_id == first)
-            .filter(|&i| !self.nodes.at_window(&snapshot[i]))
+        let full: Vec<bool> = candidates
+            .iter()
+            .map(|&i| self.nodes.at_window(&snapshot[i]))
             .collect();
-        order.sort_by_key(|&i| {
-            let n = &snapshot[i];
-            let slow = health[i] == Health::Slow;
-            (
-                n.node_id != first,
-                slow,
-                self.nodes.busy(n),
-                n.node_id.clone(),
-            )
-        });
+        let mut order: Vec<usize> = routing::fallback_order(strategy, &views, &first, &full)
+            .into_iter()
+            .map(|k| candidates[k])
+            .collect();
         if let Some(i) = probe {
             order.insert(0, i);
         }
@@ -881,22 +867,13 @@ impl Dispatcher {
     }
 }
 
-/// Strategies whose choice is the node itself (a key's node, the first healthy one):
-/// when it is at its window the run waits for it rather than moving elsewhere.
-fn keeps_affinity(strategy: RouteStrategy) -> bool {
-    matches!(
-        strategy,
-        RouteStrategy::ConsistentHash | RouteStrategy::Failover | RouteStrategy::First
-    )
-}
-
 /// Whether a run that finds every eligible node at its window waits in the room queue:
 /// not when its strategy keeps its affinity (it waits for its own node, by its timer),
 /// nor a broadcast run about to fan out.
 fn waits_in_room(run: &RunRecord, job: &JobRecord) -> bool {
     match job.spec.route_strategy {
         RouteStrategy::ShardingBroadcast => !run.parent.is_empty(),
-        other => !keeps_affinity(other),
+        other => !routing::keeps_affinity(other),
     }
 }
 
