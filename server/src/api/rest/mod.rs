@@ -10,8 +10,9 @@
 //! [`json_errors`]. A body needs `Content-Type: application/json` (415 otherwise) and
 //! must parse (400 naming `body`); messages quote at most 100 characters of the input.
 //!
-//! Every route but `/healthz` and `/metrics` needs admin credentials (a bearer token or an app
-//! signature, see [`crate::auth`]) unless admin authentication is off (dev mode);
+//! Every route but `/healthz`, `/metrics` and the console's files (the `open` routes of
+//! [`router`]) needs admin credentials (a bearer token or an app signature, see
+//! [`crate::auth`]) unless admin authentication is off (dev mode);
 //! [`require_admin`] checks them before routing, buffering a signed request's body (at
 //! most [`MAX_SIGNED_BODY`]) to verify it and then passing the same bytes on. Refusals
 //! are 401 with the usual error body, code `UNAUTHENTICATED`; a read-only token on
