@@ -301,26 +301,7 @@ impl Dispatcher {
             let Some(run) = lock(&self.room).pop(group, handler) else {
                 return;
             };
-            let span = info_span!("route", job_id = %run.job_id, schedule_id = %run.schedule_id, attempt = run.attempt);
-            let routed = async {
-                let Some(job) = self.job(&run.job_id, run.job_version).await else {
-                    self.fail_waiting(&run, "no_job", "the job was deleted")
-                        .await;
-                    return Routed::Settled;
-                };
-                match &job.spec.target {
-                    Target::Executor { group, handler } => {
-                        self.route_executor(&run, &job, group, handler, true).await
-                    }
-                    Target::Http { .. } => {
-                        self.route_http(&run, &job).await;
-                        Routed::Settled
-                    }
-                }
-            }
-            .instrument(span)
-            .await;
-            if routed == Routed::NoRoom {
+            if self.route_one(&run, true).await == Routed::NoRoom {
                 return;
             }
         }
@@ -406,22 +387,31 @@ impl Dispatcher {
     /// runs out; when its group has no healthy node at all, the attempt fails with
     /// "no executor" (retried per the job's policy).
     pub async fn route(&self, run: RunRecord) {
+        self.route_one(&run, false).await;
+    }
+
+    /// Routes `run` (`queued`: taken out of the room queue) in its span; NoRoom when
+    /// it found every eligible node at its window.
+    async fn route_one(&self, run: &RunRecord, queued: bool) -> Routed {
         let span = info_span!("route", job_id = %run.job_id, schedule_id = %run.schedule_id, attempt = run.attempt);
         async {
             let Some(job) = self.job(&run.job_id, run.job_version).await else {
-                self.fail_waiting(&run, "no_job", "the job was deleted")
+                self.fail_waiting(run, "no_job", "the job was deleted")
                     .await;
-                return;
+                return Routed::Settled;
             };
             match &job.spec.target {
-                Target::Http { .. } => self.route_http(&run, &job).await,
+                Target::Http { .. } => {
+                    self.route_http(run, &job).await;
+                    Routed::Settled
+                }
                 Target::Executor { group, handler } => {
-                    self.route_executor(&run, &job, group, handler, false).await;
+                    self.route_executor(run, &job, group, handler, queued).await
                 }
             }
         }
         .instrument(span)
-        .await;
+        .await
     }
 
     async fn route_http(&self, run: &RunRecord, job: &Arc<JobRecord>) {
