@@ -42,12 +42,18 @@ pub(super) struct RunTables<'t> {
     pub(super) outbox: Table<'t, &'static str, &'static str>,
     /// (partition, due, schedule_id): when each outbox entry is due.
     pub(super) outbox_due: Table<'t, (u32, i64, &'static str), ()>,
-    /// The timer key of each stored record this batch read or wrote, so that a save
-    /// moves the run's timer without decoding the record it replaces.
-    timer_keys: RefCell<HashMap<String, Option<TimerKey>>>,
-    /// What each stored record this batch read or wrote was (its `RunMark`), so that a
-    /// save notes in the record's history what changed.
-    marks: RefCell<HashMap<String, RunMark>>,
+    /// What this batch knows of each stored record it read or wrote, so that a save
+    /// moves the run's timer and notes its history without decoding the record it
+    /// replaces.
+    stored: RefCell<HashMap<String, Stored>>,
+}
+
+/// What a batch knows of a stored run record.
+struct Stored {
+    /// Where its timer sits (none while it has none, or once it is deleted).
+    timer: Option<TimerKey>,
+    /// What it was (`RunMark`), for its history; none once it is deleted.
+    mark: Option<RunMark>,
 }
 
 /// Where a run's timer sits in the timer index: (partition, due).
@@ -88,8 +94,7 @@ impl<'t> RunTables<'t> {
             outbox_due: txn
                 .open_table(OUTBOX_DUE)
                 .ctx("open webhook outbox index")?,
-            timer_keys: RefCell::new(HashMap::new()),
-            marks: RefCell::new(HashMap::new()),
+            stored: RefCell::new(HashMap::new()),
         };
         t.set_clock(now_us());
         Ok(t)
@@ -112,24 +117,25 @@ impl<'t> RunTables<'t> {
         Ok(self.read(schedule_id)?.filter(|r| !self.expired(r)))
     }
 
-    /// The stored record, past retention or not, its timer key noted.
+    /// The stored record, past retention or not, its timer key and mark noted.
     fn read(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
         let run = load_run(&self.runs, schedule_id)?;
         if let Some(run) = &run {
-            self.timer_keys
-                .borrow_mut()
-                .insert(schedule_id.to_owned(), timer_key(run, self.partitions));
-            self.marks
-                .borrow_mut()
-                .insert(schedule_id.to_owned(), run.mark());
+            self.stored.borrow_mut().insert(
+                schedule_id.to_owned(),
+                Stored {
+                    timer: timer_key(run, self.partitions),
+                    mark: Some(run.mark()),
+                },
+            );
         }
         Ok(run)
     }
 
     /// The timer key of the stored record (none if there is no record).
     fn stored_timer(&self, schedule_id: &str) -> Result<Option<TimerKey>> {
-        if let Some(key) = self.timer_keys.borrow().get(schedule_id) {
-            return Ok(*key);
+        if let Some(s) = self.stored.borrow().get(schedule_id) {
+            return Ok(s.timer);
         }
         Ok(self
             .read(schedule_id)?
@@ -162,11 +168,12 @@ impl<'t> RunTables<'t> {
     /// earliest deadline while it is not final, none once it is.
     pub(super) fn save(&mut self, run: &mut RunRecord) -> Result<()> {
         let old = self.stored_timer(&run.schedule_id)?;
-        let before = self.marks.borrow().get(&run.schedule_id).cloned();
+        let before = self
+            .stored
+            .borrow()
+            .get(&run.schedule_id)
+            .and_then(|s| s.mark.clone());
         run.note_change(before.as_ref(), self.now);
-        self.marks
-            .borrow_mut()
-            .insert(run.schedule_id.clone(), run.mark());
         let run = &*run;
         let sid = run.schedule_id.as_str();
         let new = timer_key(run, self.partitions);
@@ -184,7 +191,13 @@ impl<'t> RunTables<'t> {
                     .ctx("write run timer index")?;
             }
         }
-        self.timer_keys.borrow_mut().insert(sid.to_owned(), new);
+        self.stored.borrow_mut().insert(
+            sid.to_owned(),
+            Stored {
+                timer: new,
+                mark: Some(run.mark()),
+            },
+        );
         Ok(())
     }
 
@@ -195,9 +208,14 @@ impl<'t> RunTables<'t> {
                 .remove((p, due, schedule_id))
                 .ctx("delete run timer index")?;
         }
-        self.timer_keys
+        self.stored
             .borrow_mut()
-            .insert(schedule_id.to_owned(), None);
+            .entry(schedule_id.to_owned())
+            .or_insert(Stored {
+                timer: None,
+                mark: None,
+            })
+            .timer = None;
         Ok(())
     }
 
@@ -618,7 +636,9 @@ impl<'t> RunTables<'t> {
         let job_id = run.job_id.as_str();
         // Before the record goes: it says where the timer is.
         self.drop_timer(sid)?;
-        self.marks.borrow_mut().remove(sid);
+        if let Some(s) = self.stored.borrow_mut().get_mut(sid) {
+            s.mark = None;
+        }
         self.runs.remove(sid).ctx("delete run")?;
         let indexed = self
             .by_job
