@@ -459,10 +459,7 @@ impl RunRecord {
             };
             ("WEBHOOK".to_owned(), detail)
         } else {
-            let state = serde_json::to_value(self.state)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let state = self.state.to_string();
             let detail = match (self.error_code.is_empty(), self.state.is_final()) {
                 (false, true) if self.error_message.is_empty() => self.error_code.clone(),
                 (false, true) => format!("{}: {}", self.error_code, self.error_message),
