@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use sundial_tests::TestExecutor;
 
 use crate::rig::{Rig, info_field, redis_info};
 
@@ -86,6 +87,12 @@ pub struct Costs {
     pub redis_cpu_per_run_in_sets: Option<f64>,
     /// The servers' CPU (user + sys, all instances) per run.
     pub server_cpu_us_per_run: f64,
+    /// The `test_executor` processes' CPU per run (the SDK's stream, the no-op handler
+    /// and the journal line each start and finish writes).
+    pub executor_cpu_us_per_run: f64,
+    /// Redis, the servers and the executors together, per run: what the machine's
+    /// cores are shared by (the benchmark's own reading of journals is not counted).
+    pub all_cpu_us_per_run: f64,
     /// The embedded store's commits (fsyncs) per run, from `sundial_store_commits_total`.
     pub store_commits_per_run: Option<f64>,
     pub redis_ceiling: Option<RedisCeiling>,
@@ -123,7 +130,10 @@ impl Costs {
                 .collect();
             println!("    top: {}", top.join(", "));
         }
-        println!("  server CPU per run: {:.0} µs", self.server_cpu_us_per_run);
+        println!(
+            "  server CPU per run: {:.0} µs; executors' {:.0} µs; all processes' (Redis, servers, executors) {:.0} µs",
+            self.server_cpu_us_per_run, self.executor_cpu_us_per_run, self.all_cpu_us_per_run
+        );
         if let Some(commits) = self.store_commits_per_run {
             println!("  store commits (fsyncs) per run: {commits:.3}");
         }
@@ -137,6 +147,8 @@ pub struct CostProbe {
     commits: Option<(Vec<String>, f64)>,
     pids: Vec<u32>,
     server_cpu: u64,
+    executor_pids: Vec<u32>,
+    executor_cpu: u64,
     monitor: Option<Monitor>,
     ceiling: Option<RedisCeiling>,
 }
@@ -162,7 +174,9 @@ impl CostProbe {
             .iter()
             .map(sundial_tests::Sundial::pid)
             .collect();
-        let server_cpu = server_cpu_us(&pids)?;
+        let server_cpu = processes_cpu_us(&pids)?;
+        let executor_pids: Vec<u32> = rig.executors.iter().map(TestExecutor::pid).collect();
+        let executor_cpu = processes_cpu_us(&executor_pids)?;
         let commits = match rig.redis_url() {
             Some(_) => None,
             None => {
@@ -181,6 +195,8 @@ impl CostProbe {
             commits,
             pids,
             server_cpu,
+            executor_pids,
+            executor_cpu,
             monitor,
             ceiling,
         })
@@ -189,9 +205,12 @@ impl CostProbe {
     /// Ends the window: the costs per run of `runs`.
     pub async fn finish(self, runs: usize) -> Result<Costs> {
         let per_run = |n: f64| n / runs.max(1) as f64;
-        let server_cpu = server_cpu_us(&self.pids)?.saturating_sub(self.server_cpu);
+        let server_cpu = processes_cpu_us(&self.pids)?.saturating_sub(self.server_cpu);
+        let executor_cpu = processes_cpu_us(&self.executor_pids)?.saturating_sub(self.executor_cpu);
         let mut costs = Costs {
             server_cpu_us_per_run: per_run(server_cpu as f64),
+            executor_cpu_us_per_run: per_run(executor_cpu as f64),
+            all_cpu_us_per_run: per_run((server_cpu + executor_cpu) as f64),
             redis_ceiling: self.ceiling,
             ..Costs::default()
         };
@@ -226,6 +245,7 @@ impl CostProbe {
         costs.redis_top_commands_per_run = sorted;
         let cpu = per_run(redis_cpu_us(url).await?.saturating_sub(*cpu_before) as f64);
         costs.redis_cpu_us_per_run = Some(cpu);
+        costs.all_cpu_us_per_run += cpu;
         let scripts = script_time(url).await?;
         let calls = scripts.calls.saturating_sub(scripts_before.calls);
         costs.redis_us_per_script_call = (calls > 0)
@@ -392,7 +412,7 @@ async fn redis_cpu_us(url: &str) -> Result<u64> {
 
 /// The CPU (utime + stime) of these processes so far, µs, from `/proc/<pid>/stat`
 /// (in clock ticks of 1/100 s, Linux's `USER_HZ`).
-fn server_cpu_us(pids: &[u32]) -> Result<u64> {
+fn processes_cpu_us(pids: &[u32]) -> Result<u64> {
     let mut total = 0;
     for pid in pids {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
