@@ -3,7 +3,7 @@
 //! each trigger only once its run is durable, takes over the triggers of instances
 //! whose beat ran out, and keeps this instance's own beat.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +59,7 @@ impl Dispatcher {
     /// Runs of different jobs begin concurrently; one job's triggers keep their queue
     /// order (it matters to the serial policy).
     async fn begin_all(&self, batch: Vec<Delivery>) {
+        self.prefetch_jobs(&batch).await;
         let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
         for d in batch {
             by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
@@ -70,6 +71,33 @@ impl Dispatcher {
                 }
             })
             .await;
+    }
+
+    /// Reads the jobs of a batch that the cache does not hold at their trigger's version
+    /// in one store call per partition, instead of one call per run as each begins
+    /// (a burst of jobs firing for the first time would read each job alone). A job
+    /// not found, or a store error, is left to `job`, which reads it on its own.
+    async fn prefetch_jobs(&self, batch: &[Delivery]) {
+        let missing: Vec<String> = {
+            let jobs = lock(&self.jobs);
+            let ids: BTreeSet<&str> = batch
+                .iter()
+                .map(|d| &d.trigger)
+                .filter(|t| {
+                    jobs.get(&t.job_id)
+                        .is_none_or(|j| j.version < t.job_version)
+                })
+                .map(|t| t.job_id.as_str())
+                .collect();
+            ids.into_iter().map(str::to_owned).collect()
+        };
+        if missing.is_empty() {
+            return;
+        }
+        match self.store.jobs.get_jobs(&missing).await {
+            Ok(found) => self.cache_jobs(found),
+            Err(e) => debug!(error = %e, "reading a batch's jobs failed; each run reads its own"),
+        }
     }
 
     /// Beats for this instance every third of `instance_ttl` until `shutdown`, and

@@ -331,8 +331,19 @@ impl Dispatcher {
         }
     }
 
-    /// Begins the trigger's run, then acknowledges the trigger and routes the run. On
-    /// a store error the trigger stays unacknowledged and comes back through reclaim.
+    /// Keeps these jobs in the cache, unless it holds a newer version of one.
+    fn cache_jobs(&self, found: Vec<JobRecord>) {
+        let mut jobs = lock(&self.jobs);
+        for job in found {
+            match jobs.get(&job.spec.id) {
+                Some(held) if held.version >= job.version => {}
+                _ => {
+                    jobs.insert(job.spec.id.clone(), Arc::new(job));
+                }
+            }
+        }
+    }
+
     /// Acts on what a transition left to do: count it (metrics and alerts, when
     /// applied), cancel a revoked lease, route the serial run it released. Every
     /// applied transition but `begin_run` and the HTTP executor's results comes here

@@ -128,11 +128,10 @@ impl JobStore for RedisStore {
                 .or_default()
                 .push(id.clone());
         }
-        let mut out = Vec::with_capacity(job_ids.len());
-        for (p, ids) in by_partition {
-            out.extend(self.read_jobs(p, &ids).await?);
-        }
-        Ok(out)
+        // One call per partition, sent together (pipelined on the shared connection).
+        let reads = by_partition.iter().map(|(p, ids)| self.read_jobs(*p, ids));
+        let found = futures::future::try_join_all(reads).await?;
+        Ok(found.into_iter().flatten().collect())
     }
 
     async fn list_jobs(
