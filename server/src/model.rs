@@ -240,6 +240,11 @@ impl fmt::Display for RunState {
 }
 
 /// One planned execution. The store keeps it for the retention period.
+///
+/// Stored compactly: a field holding its default (an empty string, 0, none, a plan
+/// field of [`RunPlan::DEFAULT`], an unset deadline) is left out of the record and read
+/// back as that default; the Redis scripts read records the same way (`RUN_DEFAULTS`
+/// and `PLAN_DEFAULTS` in `runlib.lua` are these fields and values).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub schedule_id: String,
@@ -252,21 +257,28 @@ pub struct RunRecord {
     /// through the store's scripts.
     #[serde(with = "u64_string")]
     pub fencing_token: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node_id: String,
     pub scheduled_at: Millis,
     pub triggered_at: Millis,
     pub created_at: Millis,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error_code: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error_message: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
     pub job_version: u64,
-    #[serde(default, with = "b64_opt")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_opt")]
     pub payload_override: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_key_override: Option<String>,
     /// The result bytes of the final attempt, as the executor sent them.
-    #[serde(default, with = "b64_opt")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_opt")]
     pub output: Option<Vec<u8>>,
     /// How this run executes, copied from the job when the run began.
     #[serde(default)]
@@ -275,39 +287,39 @@ pub struct RunRecord {
     #[serde(default)]
     pub deadlines: Deadlines,
     /// The node of the previous attempt, avoided when a retry is routed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub last_node: String,
     /// The executor's last progress report.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub progress_percent: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub progress_message: String,
     /// Sharding broadcast. On a shard (a sub-run, schedule_id `{parent}#{index}`): its
     /// index from 0 and the number of shards. On the parent: `shard_total` shards were
     /// fanned out (0 = not a broadcast run).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub shard_index: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub shard_total: u32,
     /// On a shard: the parent run's schedule_id (empty on every other run).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub parent: String,
     /// On a parent: shards that reached a final state, and how many of them succeeded.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub shards_done: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub shards_succeeded: u32,
     /// Where the run's webhook stands: PENDING from the step that made the run final
     /// (when its plan has a callback URL) until the outbox entry is delivered (DONE) or
     /// given up (FAILED). The other fields are the delivery record: attempts made, the
     /// last HTTP status (0: no response) and the last error.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub callback_state: CallbackState,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub callback_attempts: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub callback_status: u16,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub callback_error: String,
     /// The run's steps, oldest first: each change of state, attempt, node or webhook
     /// attempts, noted by the store as it writes the record (the last
@@ -347,6 +359,11 @@ pub struct RunMark {
     attempt: u32,
     node_id: String,
     callback_attempts: u32,
+}
+
+/// Whether `v` is its type's default: a stored record leaves such fields out.
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 /// Where a run's webhook stands.
@@ -532,35 +549,75 @@ impl RunRecord {
 #[serde(default)]
 pub struct RunPlan {
     /// 1 + the job's max_retries.
+    #[serde(skip_serializing_if = "plan_default::max_attempts")]
     pub max_attempts: u32,
+    #[serde(skip_serializing_if = "plan_default::backoff_ms")]
     pub backoff_ms: i64,
+    #[serde(skip_serializing_if = "plan_default::backoff_multiplier")]
     pub backoff_multiplier: f64,
+    #[serde(skip_serializing_if = "plan_default::max_backoff_ms")]
     pub max_backoff_ms: i64,
     /// Execution timeout per attempt, counted from dispatch (0 = none).
+    #[serde(skip_serializing_if = "plan_default::timeout_ms")]
     pub timeout_ms: i64,
+    #[serde(skip_serializing_if = "plan_default::overlap")]
     pub overlap: OverlapPolicy,
     /// Longest serial queue per job; a trigger beyond it is SKIPPED.
+    #[serde(skip_serializing_if = "plan_default::serial_limit")]
     pub serial_limit: u32,
     /// How long a run may wait for an eligible node to connect before it fails with
     /// "no_executor" (waiting for a connected node's capacity never fails it).
+    #[serde(skip_serializing_if = "plan_default::dispatch_wait_ms")]
     pub dispatch_wait_ms: i64,
     /// The job's webhook: the step that makes the run final writes its outbox entry.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub callback_url: Option<String>,
+}
+
+impl RunPlan {
+    /// What a plan's fields are when nothing sets them; a stored plan leaves out each
+    /// field that holds this value (so do the Redis scripts' `PLAN_DEFAULTS`).
+    pub const DEFAULT: RunPlan = RunPlan {
+        max_attempts: 1,
+        backoff_ms: 1000,
+        backoff_multiplier: 1.0,
+        max_backoff_ms: 60_000,
+        timeout_ms: 0,
+        overlap: OverlapPolicy::Allow,
+        serial_limit: 100,
+        dispatch_wait_ms: 30_000,
+        callback_url: None,
+    };
+}
+
+/// Whether a plan's field holds [`RunPlan::DEFAULT`]'s value (serde's
+/// `skip_serializing_if` wants one function per field).
+mod plan_default {
+    use super::{OverlapPolicy, RunPlan};
+
+    macro_rules! same_as_default {
+        ($($field:ident: $ty:ty),* $(,)?) => {$(
+            pub fn $field(v: &$ty) -> bool {
+                *v == RunPlan::DEFAULT.$field
+            }
+        )*};
+    }
+
+    same_as_default!(
+        max_attempts: u32,
+        backoff_ms: i64,
+        backoff_multiplier: f64,
+        max_backoff_ms: i64,
+        timeout_ms: i64,
+        overlap: OverlapPolicy,
+        serial_limit: u32,
+        dispatch_wait_ms: i64,
+    );
 }
 
 impl Default for RunPlan {
     fn default() -> Self {
-        Self {
-            max_attempts: 1,
-            backoff_ms: 1000,
-            backoff_multiplier: 1.0,
-            max_backoff_ms: 60_000,
-            timeout_ms: 0,
-            overlap: OverlapPolicy::Allow,
-            serial_limit: 100,
-            dispatch_wait_ms: 30_000,
-            callback_url: None,
-        }
+        Self::DEFAULT
     }
 }
 
@@ -588,17 +645,22 @@ impl RunPlan {
 #[serde(default)]
 pub struct Deadlines {
     /// DISPATCHED/RUNNING: the lease runs out (renewed by heartbeats).
+    #[serde(skip_serializing_if = "is_default")]
     pub lease_expires: Millis,
     /// DISPATCHED: no Started or heartbeat confirmed the dispatch by then → re-route
     /// without spending an attempt.
+    #[serde(skip_serializing_if = "is_default")]
     pub confirm_by: Millis,
     /// DISPATCHED/RUNNING: the attempt times out.
+    #[serde(skip_serializing_if = "is_default")]
     pub timeout_at: Millis,
     /// WAITING: route (again) at this time (retry backoff, busy nodes, a lost route).
+    #[serde(skip_serializing_if = "is_default")]
     pub wake_at: Millis,
     /// WAITING: no eligible node connected by then → FAILED "no_executor" (retried
     /// per policy); `wait_until - plan.dispatch_wait_ms` is when the run began to
     /// wait, which bounds a wait for capacity by the job's timeout.
+    #[serde(skip_serializing_if = "is_default")]
     pub wait_until: Millis,
 }
 
@@ -764,6 +826,106 @@ impl std::fmt::Debug for AppSecret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn new_run() -> RunRecord {
+        RunRecord::from_trigger(&Trigger {
+            job_id: "j".into(),
+            schedule_no: "1000".into(),
+            kind: TriggerKind::Cron,
+            scheduled_at: 1000,
+            triggered_at: 1001,
+            job_version: 1,
+            skip_reason: None,
+            payload_override: None,
+            route_key_override: None,
+        })
+    }
+
+    #[test]
+    fn a_stored_run_leaves_out_its_defaults_and_reads_them_back()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let run = new_run();
+        let json = serde_json::to_value(&run)?;
+        let mut fields: Vec<&str> = json
+            .as_object()
+            .ok_or("not an object")?
+            .keys()
+            .map(String::as_str)
+            .collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            [
+                "attempt",
+                "created_at",
+                "deadlines",
+                "fencing_token",
+                "job_id",
+                "job_version",
+                "kind",
+                "plan",
+                "schedule_id",
+                "schedule_no",
+                "scheduled_at",
+                "state",
+                "triggered_at"
+            ]
+        );
+        assert_eq!(json["plan"], serde_json::json!({}));
+        assert_eq!(json["deadlines"], serde_json::json!({}));
+        let back: RunRecord = rmp_serde::from_slice(&rmp_serde::to_vec_named(&run)?)?;
+        assert_eq!(back, run);
+        // A field set to something else is kept.
+        let mut set = run.clone();
+        set.plan.max_attempts = 3;
+        set.plan.callback_url = Some("https://example.com/h".into());
+        set.deadlines.wake_at = 5;
+        set.node_id = "n".into();
+        set.shard_total = 2;
+        let back: RunRecord = serde_json::from_value(serde_json::to_value(&set)?)?;
+        assert_eq!(back, set);
+        Ok(())
+    }
+
+    #[test]
+    fn an_empty_plan_or_deadlines_written_by_lua_reads_as_defaults()
+    -> Result<(), Box<dyn std::error::Error>> {
+        // cmsgpack writes an empty Lua table as an empty array, not an empty map.
+        #[derive(Serialize)]
+        struct Stored<'a> {
+            schedule_id: &'a str,
+            job_id: &'a str,
+            schedule_no: &'a str,
+            state: RunState,
+            kind: TriggerKind,
+            attempt: u32,
+            fencing_token: &'a str,
+            scheduled_at: i64,
+            triggered_at: i64,
+            created_at: i64,
+            job_version: u64,
+            plan: [u8; 0],
+            deadlines: [u8; 0],
+        }
+        let bytes = rmp_serde::to_vec_named(&Stored {
+            schedule_id: "j@1000",
+            job_id: "j",
+            schedule_no: "1000",
+            state: RunState::Triggered,
+            kind: TriggerKind::Cron,
+            attempt: 1,
+            fencing_token: "0",
+            scheduled_at: 1000,
+            triggered_at: 1001,
+            created_at: 0,
+            job_version: 1,
+            plan: [],
+            deadlines: [],
+        })?;
+        let run: RunRecord = rmp_serde::from_slice(&bytes)?;
+        assert_eq!(run, new_run());
+        Ok(())
+    }
 
     #[test]
     fn job_ids() {

@@ -67,8 +67,10 @@ pub use triggers::{Delivery, TriggerQueue};
 /// Version of the persisted layout in Redis (the embedded store versions its file
 /// apart). A server refuses a store written by a newer schema, and raises an older one
 /// to its own when it connects. 1: the first; 2: run records are MessagePack (a
-/// version-1 store's JSON records are still read, and rewritten at their next step).
-pub const SCHEMA_VERSION: u32 = 2;
+/// version-1 store's JSON records are still read, and rewritten at their next step);
+/// 3: run records leave out the fields at their default (see `RunRecord`; a version-2
+/// record, with every field, is read as it is).
+pub const SCHEMA_VERSION: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

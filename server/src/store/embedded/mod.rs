@@ -153,8 +153,10 @@ const ACTIVE: TableDefinition<(&str, &str), ()> = TableDefinition::new("active_r
 const SERIAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("serial_queue");
 /// Version of the file's layout (the embedded store's own; redis keeps
 /// `SCHEMA_VERSION`). 1: the first; 2: a run's timer is found from its record, and
-/// `run_timers` is gone (a version-1 file is migrated when opened).
-pub const FILE_VERSION: u32 = 2;
+/// `run_timers` is gone (a version-1 file is migrated when opened); 3: run records leave
+/// out the fields at their default (see `RunRecord`; older records, with every field,
+/// are read as they are), so a build before it must not open the file.
+pub const FILE_VERSION: u32 = 3;
 
 /// Version 1's index from a run to its timer, deleted by the migration to version 2.
 const TIMERS: TableDefinition<&str, (u32, i64)> = TableDefinition::new("run_timers");
@@ -549,6 +551,8 @@ fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
     };
     if found < 2 {
         migrate_run_timers(&txn, partitions)?;
+    }
+    if found < u64::from(FILE_VERSION) {
         txn.open_table(META)
             .ctx("open meta table")?
             .insert(META_SCHEMA, u64::from(FILE_VERSION))

@@ -7,7 +7,7 @@ if existing then
   return {0, existing}
 end
 local now = store_now_ms()
-local run = cjson.decode(ARGV[4])
+local run = decode_run(ARGV[4])
 local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused')
 if run.state ~= 'SKIPPED' then
   if not job[1] then

@@ -6,15 +6,50 @@
 local FINAL = { SUCCEEDED = true, FAILED = true, TIMED_OUT = true, CANCELLED = true, SKIPPED = true }
 local HELD = { DISPATCHED = true, RUNNING = true }
 
+-- A stored record leaves out every field that holds its default (RunRecord's
+-- `skip_serializing_if` in model.rs, the same fields and values): a new record is about
+-- half the elements, which every step decodes and encodes. A decoded record reads them
+-- back through these metatables; a step that sets one writes it again.
+local RUN_DEFAULTS = {
+  node_id = '', error_code = '', error_message = '', reason = '', last_node = '',
+  progress_percent = 0, progress_message = '', shard_index = 0, shard_total = 0,
+  parent = '', shards_done = 0, shards_succeeded = 0, callback_state = 'NONE',
+  callback_attempts = 0, callback_status = 0, callback_error = '',
+}
+-- RunPlan::default().
+local PLAN_DEFAULTS = {
+  max_attempts = 1, backoff_ms = 1000, backoff_multiplier = 1, max_backoff_ms = 60000,
+  timeout_ms = 0, overlap = 'allow', serial_limit = 100, dispatch_wait_ms = 30000,
+}
+local RUN_MT = { __index = RUN_DEFAULTS }
+local PLAN_MT = { __index = PLAN_DEFAULTS }
+local DEADLINES_MT = { __index = function() return 0 end }
+
 -- Run records are MessagePack (`cmsgpack`: about half the cost of cjson to decode and
 -- encode, and integers stay exact); a record written before they were is JSON, and
 -- starts with '{', which no MessagePack map does. JSON nulls decode as cjson.null,
 -- which cmsgpack writes as nil (the key then absent, as a MessagePack nil decodes).
+-- Deadlines are numbers (0: not set) once decoded.
 local function decode_run(bytes)
+  local run
   if string.byte(bytes, 1) == 123 then
-    return cjson.decode(bytes)
+    run = cjson.decode(bytes)
+  else
+    run = cmsgpack.unpack(bytes)
   end
-  return cmsgpack.unpack(bytes)
+  if type(run.plan) ~= 'table' then
+    run.plan = {}
+  end
+  setmetatable(run.plan, PLAN_MT)
+  if type(run.deadlines) ~= 'table' then
+    run.deadlines = {}
+  end
+  local d = run.deadlines
+  for k, v in pairs(d) do
+    d[k] = tonumber(v) or 0
+  end
+  setmetatable(d, DEADLINES_MT)
+  return setmetatable(run, RUN_MT)
 end
 -- `_before` (what the record was when loaded, for its history) is not part of it.
 local function encode_run(run)
@@ -80,13 +115,6 @@ local function load_run(P, sid)
   end
   local run = decode_run(j)
   run._before = mark_of(run)
-  if type(run.deadlines) ~= 'table' then
-    run.deadlines = {}
-  end
-  local d = run.deadlines
-  for _, k in ipairs({ 'lease_expires', 'confirm_by', 'timeout_at', 'wake_at', 'wait_until' }) do
-    d[k] = tonumber(d[k]) or 0
-  end
   return run
 end
 
@@ -152,8 +180,9 @@ local function save_run(P, run)
   return json
 end
 
+-- Every deadline unset (0; left out of the record until one is set).
 local function clear_deadlines(run)
-  run.deadlines = { lease_expires = 0, confirm_by = 0, timeout_at = 0, wake_at = 0, wait_until = 0 }
+  run.deadlines = setmetatable({}, DEADLINES_MT)
 end
 
 local function new_token(P, job_id)
