@@ -66,6 +66,10 @@ pub trait TriggerQueue: StoreMeta {
     /// Acknowledges a delivered trigger; it will not be delivered again.
     async fn ack_trigger(&self, entry_id: &str) -> Result<()>;
 
+    /// Acknowledges delivered triggers together (an entry acknowledged before, or
+    /// unknown, changes nothing).
+    async fn ack_triggers(&self, entry_ids: &[String]) -> Result<()>;
+
     /// Drops acknowledged queue entries older than `older_than` (by age, never count).
     async fn trim_triggers(&self, older_than: Millis) -> Result<()>;
 }

@@ -57,20 +57,32 @@ impl Dispatcher {
     }
 
     /// Runs of different jobs begin concurrently; one job's triggers keep their queue
-    /// order (it matters to the serial policy).
+    /// order (it matters to the serial policy). The triggers whose runs are durable are
+    /// acknowledged together once the batch is done (one store call, not one per run;
+    /// a trigger redelivered meanwhile finds its run).
     async fn begin_all(&self, batch: Vec<Delivery>) {
         self.prefetch_jobs(&batch).await;
         let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
         for d in batch {
             by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
         }
+        let durable = std::sync::Mutex::new(Vec::new());
         futures::stream::iter(by_job.into_values())
             .for_each_concurrent(BEGIN_CONCURRENCY, |group| async {
                 for d in group {
-                    self.begin(d).await;
+                    if let Some(entry_id) = self.begin(d).await {
+                        lock(&durable).push(entry_id);
+                    }
                 }
             })
             .await;
+        let durable = durable.into_inner().unwrap_or_else(|e| e.into_inner());
+        if durable.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.triggers.ack_triggers(&durable).await {
+            warn!(error = %e, count = durable.len(), "acknowledging triggers failed; they will be redelivered");
+        }
     }
 
     /// Reads the jobs of a batch that the cache does not hold at their trigger's version
@@ -179,8 +191,10 @@ impl Dispatcher {
 
     /// A run of an executor job whose node routing can name now is begun and leased
     /// to it in one store decision (`begin_and_assign`); if that node is full, or the
-    /// run is queued or skipped, it goes on as any begun run.
-    async fn begin(&self, d: Delivery) {
+    /// run is queued or skipped, it goes on as any begun run. Answers the trigger's
+    /// entry once its run is durable (to be acknowledged), None when beginning failed
+    /// (the trigger will be delivered again).
+    async fn begin(&self, d: Delivery) -> Option<String> {
         let schedule_id = d.trigger.schedule_id();
         let span = info_span!("dispatch", job_id = %d.trigger.job_id, %schedule_id);
         async {
@@ -206,15 +220,12 @@ impl Dispatcher {
                 Ok(b) => b,
                 Err(e) => {
                     warn!(error = %e, "beginning the run failed; the trigger will be retried");
-                    return;
+                    return None;
                 }
             };
             debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
             self.alerts.metrics().record_begun(&begun);
             crash_point("dispatch.before_ack");
-            if let Err(e) = self.store.triggers.ack_trigger(&d.entry_id).await {
-                warn!(error = %e, "acknowledging the trigger failed; it will be redelivered");
-            }
             for rv in &begun.revoked {
                 self.send_cancel(rv).await;
             }
@@ -230,9 +241,10 @@ impl Dispatcher {
                 }
                 _ => {}
             }
+            Some(d.entry_id)
         }
         .instrument(span)
-        .await;
+        .await
     }
 
     /// Begins the run; when routing named a node for it, leases it to that node in

@@ -86,13 +86,28 @@ impl TriggerQueue for EmbeddedStore {
     }
 
     async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
-        let seq = parse_entry_id(entry_id)?;
+        self.ack_triggers(&[entry_id.to_owned()]).await
+    }
+
+    /// One writer step for all of them.
+    async fn ack_triggers(&self, entry_ids: &[String]) -> Result<()> {
+        let seqs = entry_ids
+            .iter()
+            .map(|id| parse_entry_id(id))
+            .collect::<Result<Vec<u64>>>()?;
+        let written = seqs.clone();
         self.write(move |_, b| {
-            b.triggers()?.remove(seq).ctx("delete trigger")?;
+            let triggers = b.triggers()?;
+            for seq in &written {
+                triggers.remove(*seq).ctx("delete trigger")?;
+            }
             Ok(())
         })
         .await?;
-        self.inner.queue_state().delivered.remove(&seq);
+        let mut queue = self.inner.queue_state();
+        for seq in &seqs {
+            queue.delivered.remove(seq);
+        }
         Ok(())
     }
 

@@ -156,15 +156,32 @@ impl TriggerQueue for RedisStore {
     }
 
     async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
-        let (p, id) = split_entry(entry_id)?;
-        let mut c = self.conn().await?;
-        let r: redis::RedisResult<i64> = c.xack(self.key(p, "triggers"), GROUP, &[id]).await;
-        match r {
-            Ok(_) => Ok(()),
-            // The group vanished with a Redis restart: nothing is pending any more.
-            Err(e) if is_nogroup(&e) => Ok(()),
-            Err(e) => Err(unavailable(e)),
+        self.ack_triggers(&[entry_id.to_owned()]).await
+    }
+
+    /// One `XACK` per partition, sent together.
+    async fn ack_triggers(&self, entry_ids: &[String]) -> Result<()> {
+        let mut by_partition: std::collections::BTreeMap<u32, Vec<&str>> = Default::default();
+        for entry_id in entry_ids {
+            let (p, id) = split_entry(entry_id)?;
+            by_partition.entry(p).or_default().push(id);
         }
+        let c = self.conn().await?;
+        let acks = by_partition.into_iter().map(|(p, ids)| {
+            let mut c = c.clone();
+            let key = self.key(p, "triggers");
+            async move {
+                let r: redis::RedisResult<i64> = c.xack(key, GROUP, &ids).await;
+                match r {
+                    Ok(_) => Ok(()),
+                    // The group vanished with a Redis restart: nothing is pending any more.
+                    Err(e) if is_nogroup(&e) => Ok(()),
+                    Err(e) => Err(unavailable(e)),
+                }
+            }
+        });
+        futures::future::try_join_all(acks).await?;
+        Ok(())
     }
 
     async fn trim_triggers(&self, older_than: Millis) -> Result<()> {
