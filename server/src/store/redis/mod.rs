@@ -17,7 +17,7 @@
 //! <prefix>:{p}:claimer                  instance working the partition (short TTL)
 //! <prefix>:{p}:triggers                 stream of triggers, consumer group "dispatch"
 //! <prefix>:{p}:idem:<job_id>:<key>      manual-trigger idempotency key -> schedule_id
-//! <prefix>:{p}:run:<schedule_id>        run record (MessagePack; JSON before schema 2), expires after the retention
+//! <prefix>:{p}:run:<schedule_id>        run record (MessagePack, fields at their default left out; JSON before schema 2), expires after the retention
 //! <prefix>:{p}:runs:<job_id>            zset schedule_id -> scheduled_at: bounded per-job index
 //! <prefix>:{p}:lease:<schedule_id>      hash: holder, token, expires
 //! <prefix>:{p}:leases                   zset schedule_id -> lease expiry
