@@ -49,6 +49,25 @@ pub struct RoundReport {
     pub due_ms: i64,
     /// Due → first handler start, over the runs of this round.
     pub due_to_start: Spread,
+    /// Runs started per second, from due to the last start (all are due at once).
+    pub starts_per_s: f64,
+    /// Runs started within one second of due.
+    pub started_in_first_s: usize,
+}
+
+impl RoundReport {
+    fn of(round: usize, due_ms: i64, lags: Vec<i64>) -> Self {
+        let started_in_first_s = lags.iter().filter(|&&l| l <= 1000).count();
+        let due_to_start = Spread::of(lags);
+        let starts_per_s = due_to_start.n as f64 * 1000.0 / due_to_start.max.max(1) as f64;
+        Self {
+            round,
+            due_ms,
+            due_to_start,
+            starts_per_s,
+            started_in_first_s,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -118,8 +137,8 @@ impl crate::Report for BurstReport {
         for r in &self.rounds {
             let kind = if r.round == 1 { "cold" } else { "warm" };
             println!(
-                "  round {} ({kind}): due -> handler start {} over {} runs",
-                r.round, r.due_to_start, r.due_to_start.n
+                "  round {} ({kind}): due -> handler start {} over {} runs; {:.0} starts/s, {} in the first second",
+                r.round, r.due_to_start, r.due_to_start.n, r.starts_per_s, r.started_in_first_s
             );
         }
         println!(
@@ -235,10 +254,12 @@ pub async fn run(bins: &Binaries, args: &BurstArgs) -> Result<BurstReport> {
         rounds: by_round
             .into_iter()
             .enumerate()
-            .map(|(i, v)| RoundReport {
-                round: i + 1,
-                due_ms: first + i64::try_from(i).unwrap_or(0) * interval_ms,
-                due_to_start: Spread::of(v),
+            .map(|(i, v)| {
+                RoundReport::of(
+                    i + 1,
+                    first + i64::try_from(i).unwrap_or(0) * interval_ms,
+                    v,
+                )
             })
             .collect(),
         register_ms: took.as_millis(),
