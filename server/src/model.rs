@@ -887,6 +887,56 @@ mod tests {
         Ok(())
     }
 
+    /// `key = value` pairs of the Lua table `name` in `runlib.lua` (one level, scalars).
+    fn lua_table(name: &str) -> Vec<(String, String)> {
+        let lib = include_str!("store/redis/lua/runlib.lua");
+        let start = lib
+            .find(&format!("local {name} = {{"))
+            .map(|i| i + name.len() + 10)
+            .unwrap_or(lib.len());
+        let end = lib[start..].find('}').map_or(start, |e| start + e);
+        lib[start..end]
+            .split(',')
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_scripts_read_back_the_defaults_a_record_leaves_out()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let d = RunPlan::DEFAULT;
+        let overlap = serde_json::to_value(d.overlap)?;
+        let expected = [
+            ("max_attempts", d.max_attempts.to_string()),
+            ("backoff_ms", d.backoff_ms.to_string()),
+            ("backoff_multiplier", d.backoff_multiplier.to_string()),
+            ("max_backoff_ms", d.max_backoff_ms.to_string()),
+            ("timeout_ms", d.timeout_ms.to_string()),
+            ("overlap", format!("'{}'", overlap.as_str().unwrap_or("?"))),
+            ("serial_limit", d.serial_limit.to_string()),
+            ("dispatch_wait_ms", d.dispatch_wait_ms.to_string()),
+        ];
+        let plan = lua_table("PLAN_DEFAULTS");
+        assert_eq!(plan.len(), expected.len(), "{plan:?}");
+        for (k, v) in &expected {
+            assert!(
+                plan.contains(&((*k).to_owned(), v.clone())),
+                "PLAN_DEFAULTS {k} = {v}: {plan:?}"
+            );
+        }
+        // Every field the scripts default is one a new record leaves out, at its zero
+        // value (CallbackState::None is "NONE").
+        let run = serde_json::to_value(new_run())?;
+        let run_defaults = lua_table("RUN_DEFAULTS");
+        assert_eq!(run_defaults.len(), 16, "{run_defaults:?}");
+        for (k, v) in &run_defaults {
+            assert!(run.get(k).is_none(), "{k} is written at its default");
+            assert!(["''", "0", "'NONE'"].contains(&v.as_str()), "{k} = {v}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn an_empty_plan_or_deadlines_written_by_lua_reads_as_defaults()
     -> Result<(), Box<dyn std::error::Error>> {
