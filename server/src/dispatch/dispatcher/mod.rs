@@ -293,7 +293,29 @@ impl Dispatcher {
 
     /// Routes the runs waiting in the room for a node of `group` serving `handler`,
     /// oldest first, until one finds no room (it is put back at the head of the queue).
+    /// One refill of a queue at a time: a refill asked for while one is under way makes
+    /// that one go round again instead.
     async fn refill(&self, group: &str, handler: &str) {
+        if !lock(&self.room).start_refill(group, handler) {
+            return;
+        }
+        let mut under_way = RefillUnderWay {
+            room: &self.room,
+            group,
+            handler,
+            done: false,
+        };
+        loop {
+            self.refill_pass(group, handler).await;
+            if !lock(&self.room).end_refill_pass(group, handler) {
+                under_way.done = true;
+                return;
+            }
+        }
+    }
+
+    /// One pass of `refill`: up to [`REFILL_BATCH`] runs.
+    async fn refill_pass(&self, group: &str, handler: &str) {
         for _ in 0..REFILL_BATCH {
             if !self.has_room(group, handler).await {
                 return;
@@ -875,6 +897,23 @@ fn waits_in_room(run: &RunRecord, job: &JobRecord) -> bool {
     match job.spec.route_strategy {
         RouteStrategy::ShardingBroadcast => !run.parent.is_empty(),
         other => !routing::keeps_affinity(other),
+    }
+}
+
+/// A refill of one room queue under way; if it stops before its end (its future
+/// dropped), the queue is no longer marked as being refilled.
+struct RefillUnderWay<'a> {
+    room: &'a Mutex<Room>,
+    group: &'a str,
+    handler: &'a str,
+    done: bool,
+}
+
+impl Drop for RefillUnderWay<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            lock(self.room).drop_refill(self.group, self.handler);
+        }
     }
 }
 

@@ -29,6 +29,10 @@ pub(super) struct Room {
     /// How many attempts of each run are queued (one, but for an attempt that failed
     /// while its predecessor still waited here), and its job's timeout.
     runs: HashMap<String, (usize, i64)>,
+    /// The queues a refill is routing from now, each with whether another refill was
+    /// asked for meanwhile: one refill at a time per queue, so runs leave it in order
+    /// (two at once could each pop a run, and the later one win the freed slot).
+    refilling: HashMap<Key, bool>,
 }
 
 impl Room {
@@ -66,6 +70,47 @@ impl Room {
             queue.push_back(run);
         }
         true
+    }
+
+    /// Whether the caller may refill the queue of `group` and `handler` now: false when
+    /// a refill of it is under way, which is then asked to go round once more.
+    pub(super) fn start_refill(&mut self, group: &str, handler: &str) -> bool {
+        match self
+            .refilling
+            .get_mut(&(group.to_owned(), handler.to_owned()))
+        {
+            Some(again) => {
+                *again = true;
+                false
+            }
+            None => {
+                self.refilling
+                    .insert((group.to_owned(), handler.to_owned()), false);
+                true
+            }
+        }
+    }
+
+    /// Ends a pass of the refill under way: true when another was asked for meanwhile
+    /// (the caller goes round again), else the refill is over.
+    pub(super) fn end_refill_pass(&mut self, group: &str, handler: &str) -> bool {
+        let key = (group.to_owned(), handler.to_owned());
+        match self.refilling.get_mut(&key) {
+            Some(again) if *again => {
+                *again = false;
+                true
+            }
+            _ => {
+                self.refilling.remove(&key);
+                false
+            }
+        }
+    }
+
+    /// Forgets the refill of `group` and `handler` (one that stopped before its end).
+    pub(super) fn drop_refill(&mut self, group: &str, handler: &str) {
+        self.refilling
+            .remove(&(group.to_owned(), handler.to_owned()));
     }
 
     /// The run that has waited longest for a node of `group` serving `handler`.
@@ -137,6 +182,25 @@ mod tests {
         });
         run.attempt = attempt;
         run
+    }
+
+    #[test]
+    fn one_refill_of_a_queue_at_a_time_and_a_refill_asked_for_meanwhile_is_not_lost() {
+        let mut room = Room::default();
+        assert!(room.start_refill("g", "h"));
+        assert!(!room.start_refill("g", "h"), "one is under way");
+        assert!(room.start_refill("g", "other"), "queues refill apart");
+        assert!(
+            room.end_refill_pass("g", "h"),
+            "asked for again: one more pass"
+        );
+        assert!(!room.end_refill_pass("g", "h"), "nothing more asked: over");
+        assert!(room.start_refill("g", "h"), "the next one may start");
+        room.drop_refill("g", "h");
+        assert!(
+            room.start_refill("g", "h"),
+            "a refill stopped halfway is forgotten"
+        );
     }
 
     #[test]
