@@ -64,7 +64,9 @@ pub trait TriggerQueue: StoreMeta {
     ) -> Result<Vec<Delivery>>;
 
     /// Acknowledges a delivered trigger; it will not be delivered again.
-    async fn ack_trigger(&self, entry_id: &str) -> Result<()>;
+    async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
+        self.ack_triggers(&[entry_id.to_owned()]).await
+    }
 
     /// Acknowledges delivered triggers together (an entry acknowledged before, or
     /// unknown, changes nothing).

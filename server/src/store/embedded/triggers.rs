@@ -85,10 +85,6 @@ impl TriggerQueue for EmbeddedStore {
         Ok(Vec::new())
     }
 
-    async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
-        self.ack_triggers(&[entry_id.to_owned()]).await
-    }
-
     /// One writer step for all of them.
     async fn ack_triggers(&self, entry_ids: &[String]) -> Result<()> {
         let seqs = entry_ids

@@ -155,10 +155,6 @@ impl TriggerQueue for RedisStore {
         Ok(out)
     }
 
-    async fn ack_trigger(&self, entry_id: &str) -> Result<()> {
-        self.ack_triggers(&[entry_id.to_owned()]).await
-    }
-
     /// One `XACK` per partition, sent together.
     async fn ack_triggers(&self, entry_ids: &[String]) -> Result<()> {
         let mut by_partition: std::collections::BTreeMap<u32, Vec<&str>> = Default::default();
