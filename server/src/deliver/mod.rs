@@ -1,10 +1,12 @@
 //! *How does the world learn* the result: the webhook delivery worker that empties the
-//! store's outbox ([`webhooks`]) under per-destination bounds ([`in_flight`]), and alerts for the events an operator must hear
+//! store's outbox ([`webhooks`]) under per-destination bounds ([`in_flight`]), its store
+//! calls made in batches ([`batch`]), and alerts for the events an operator must hear
 //! about ([`alerts`]).
 //!
 //! May import the foundation (`store`, `model`, `metrics`, `auth`, `egress`); never
 //! `schedule`, `dispatch`, `api` or `server`.
 
 pub mod alerts;
+pub mod batch;
 pub mod in_flight;
 pub mod webhooks;

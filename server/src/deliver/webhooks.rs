@@ -3,7 +3,8 @@
 //! The outbox entry of a run is written by the store in the step that makes the run
 //! final (see `store` and ARCHITECTURE.md "The webhook outbox"). Every instance runs one
 //! [`Deliveries`] worker that sweeps every partition's due entries (like the run
-//! sweeper), claims each (`claim_delivery`: a delivery token and a lease), POSTs the
+//! sweeper), claims them (`claim_deliveries`: one store call for a sweep's entries,
+//! each gets a delivery token and a lease; their jobs read in one more), POSTs each
 //! entry's body to its URL and records the outcome under that token
 //! (`finish_delivery`). A worker whose lease ran out may still finish its request, but
 //! its outcome is refused: the later claim owns the delivery.
@@ -30,23 +31,24 @@
 //! answer). One that finds no slot asks again while its claim lease leaves time, then
 //! is deferred; waiting spends no attempt.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sundial_sdk::webhook::{self, Secret};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::deliver::alerts::{AlertKind, Alerts};
+use crate::deliver::batch::{Coalescer, fallible};
 use crate::deliver::in_flight::InFlight;
 use crate::egress::{self, EgressPolicy};
 use crate::model::duration_ms;
 use crate::store::{
-    Admission, AppStore, Applied, BreakerState, DeliveryOutcome, DeliveryTerms, DueEntries,
-    JobStore, Outbox, Pacer, WebhookDelivery,
+    Admission, AppStore, Applied, BreakerState, DeliveryOutcome, DeliveryResult, DeliveryTerms,
+    DueEntries, JobStore, Outbox, Pacer, WebhookDelivery,
 };
 
 /// How the worker delivers. Every interval is configurable, so tests run the same code
@@ -221,6 +223,42 @@ pub struct Deliveries {
     /// Deliveries a task of this worker is claiming, so the next sweep does not start
     /// a second claim of the same one (the store would refuse it; this saves the call).
     claiming: Mutex<HashSet<String>>,
+    /// The store calls of concurrent deliveries, made together.
+    batched: Batched,
+}
+
+/// Requests one batched store call carries at most.
+const BATCH_MAX: usize = 256;
+
+/// Batched store calls of one kind in flight at once.
+const BATCH_CALLS: usize = 4;
+
+/// The store call every delivery makes at its end, made for many deliveries at once
+/// (see `batch`): recording the outcome. (Admitting to a destination and settling its
+/// slot are in each delivery's slot time, so they go out alone: waiting for a batch
+/// there made each slot turn over slower.)
+struct Batched {
+    outcomes: Coalescer<DeliveryResult, Result<Applied, String>>,
+}
+
+impl Batched {
+    fn new(outbox: &Arc<dyn Outbox>) -> Self {
+        let o = outbox.clone();
+        let outcomes = Coalescer::new(
+            BATCH_MAX,
+            BATCH_CALLS,
+            fallible(move |b| {
+                let o = o.clone();
+                Box::pin(async move { o.finish_deliveries(b).await })
+            }),
+        );
+        Self { outcomes }
+    }
+}
+
+/// A batched call's answer: its error text when it failed or gave none.
+fn answer<R>(reply: Option<Result<R, String>>) -> Result<R, String> {
+    reply.unwrap_or_else(|| Err("no answer".to_owned()))
 }
 
 impl Deliveries {
@@ -242,6 +280,7 @@ impl Deliveries {
             // A burst for one destination waits here (not claimed and deferred again
             // and again), but a hanging one holds at most half of the claims.
             in_flight: InFlight::new(opts.max_in_flight.max(1) * 2),
+            batched: Batched::new(&store.outbox),
             store,
             alerts,
             opts,
@@ -290,6 +329,7 @@ impl Deliveries {
                 return None;
             }
         };
+        let mut batch = Vec::with_capacity(due.ids.len());
         for schedule_id in &due.ids {
             let claim = tokio::select! {
                 () = shutdown.cancelled() => return None,
@@ -298,41 +338,71 @@ impl Deliveries {
                     Err(_) => return None,
                 },
             };
-            if !self.claiming().insert(schedule_id.clone()) {
-                continue;
+            if self.claiming().insert(schedule_id.clone()) {
+                batch.push((schedule_id.clone(), claim));
             }
-            // Each delivery is claimed in its own task, so the claims of a sweep go to
-            // the store together (the embedded store commits them as one batch).
+        }
+        if !batch.is_empty() {
+            // Claimed in a task of its own, so the sweep goes on to the next partition.
             let this = self.clone();
             let shutdown = shutdown.clone();
-            let schedule_id = schedule_id.clone();
-            self.tasks.spawn(async move {
-                let claimed = this
-                    .store
-                    .outbox
-                    .claim_delivery(&schedule_id, this.opts.claim_lease)
-                    .await;
-                this.claiming().remove(&schedule_id);
-                let claimed = match claimed {
-                    Ok(Some(d)) => d,
-                    // Claimed by another worker meanwhile, or gone.
-                    Ok(None) => return,
-                    Err(e) => {
-                        warn!(%schedule_id, error = %e, "claiming a webhook failed; it stays due");
-                        return;
-                    }
-                };
-                let span = info_span!(
-                    "webhook",
-                    job_id = %claimed.job_id,
-                    schedule_id = %claimed.schedule_id,
-                    attempt = claimed.attempts + 1
-                );
-                this.deliver(claimed, &shutdown).instrument(span).await;
-                drop(claim);
-            });
+            self.tasks
+                .spawn(async move { this.claim_and_deliver(batch, shutdown).await });
         }
         Some(due)
+    }
+
+    /// Claims the sweep's due deliveries in one store call (per partition) and reads
+    /// their jobs in one more; each claimed delivery is then sent by a task of its own,
+    /// holding its claim permit until it is done.
+    async fn claim_and_deliver(
+        self: Arc<Self>,
+        batch: Vec<(String, OwnedSemaphorePermit)>,
+        shutdown: CancellationToken,
+    ) {
+        let ids: Vec<String> = batch.iter().map(|(sid, _)| sid.clone()).collect();
+        let claimed = self
+            .store
+            .outbox
+            .claim_deliveries(&ids, self.opts.claim_lease)
+            .await;
+        {
+            let mut claiming = self.claiming();
+            for sid in &ids {
+                claiming.remove(sid);
+            }
+        }
+        // The ones not claimed were claimed by another worker meanwhile, or are gone.
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                warn!(deliveries = ids.len(), error = %e, "claiming webhooks failed; they stay due");
+                return;
+            }
+        };
+        let senders = self.senders(&claimed).await;
+        let mut permits: HashMap<String, OwnedSemaphorePermit> = batch.into_iter().collect();
+        for d in claimed {
+            let Some(permit) = permits.remove(&d.schedule_id) else {
+                continue;
+            };
+            let sender = self.sender_of(&senders, &d.job_id);
+            let span = info_span!(
+                "webhook",
+                job_id = %d.job_id,
+                schedule_id = %d.schedule_id,
+                attempt = d.attempts + 1
+            );
+            let this = self.clone();
+            let shutdown = shutdown.clone();
+            self.tasks.spawn(
+                async move {
+                    this.deliver(d, &sender, &shutdown).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
     }
 
     fn claiming(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
@@ -342,7 +412,7 @@ impl Deliveries {
     }
 
     /// One claimed delivery: the breaker, the attempt, the outcome.
-    async fn deliver(&self, d: WebhookDelivery, shutdown: &CancellationToken) {
+    async fn deliver(&self, d: WebhookDelivery, sender: &Sender, shutdown: &CancellationToken) {
         let claimed_at = Instant::now();
         let deadline = d.created_at.saturating_add(duration_ms(self.opts.max_age));
         if d.now >= deadline {
@@ -359,8 +429,6 @@ impl Deliveries {
             }
         };
         let dest = destination(&url);
-        // Read before a slot is held, which then lasts only for the POST.
-        let sender = self.sender(&d.job_id).await;
         let limit = sender.limit;
         let holder = format!("{}#{}", d.schedule_id, d.token);
         let busy = DeliveryOutcome::Defer {
@@ -420,7 +488,7 @@ impl Deliveries {
                 debug!("shutting down mid-delivery; the claim and the slot run out and the delivery is retried");
                 return;
             }
-            a = self.attempt(&d, &url, &sender) => a,
+            a = self.attempt(&d, &url, sender) => a,
         };
         local.sent();
         // The receiver has answered (or not): the instance's slot is free while the
@@ -576,35 +644,78 @@ impl Deliveries {
         }
     }
 
-    /// How the job's webhooks go out: at most its `callback_max_in_flight` (else the
-    /// server's bound) to their destination, signed by the app the job names (its
-    /// secrets that sign now, two while a rotation overlaps), else by the server-wide
-    /// `--webhook-app-id` and `--webhook-secret`.
-    async fn sender(&self, job_id: &str) -> Sender {
-        let server = |limit| Sender {
+    /// How each claimed delivery's job has its webhooks go out, by job id: at most its
+    /// `callback_max_in_flight` (else the server's bound) to their destination, signed
+    /// by the app the job names (its secrets that sign now, two while a rotation
+    /// overlaps), else by the server-wide `--webhook-app-id` and `--webhook-secret`.
+    /// The jobs are read in one store call, each app once. A job that is gone (or
+    /// could not be read) has no entry: the server's bound and secrets.
+    async fn senders(&self, claimed: &[WebhookDelivery]) -> HashMap<String, Arc<Sender>> {
+        let default = self.opts.max_in_flight_per_destination;
+        let ids: Vec<String> = claimed
+            .iter()
+            .map(|d| d.job_id.as_str())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let jobs = match self.store.jobs.get_jobs(&ids).await {
+            Ok(jobs) => jobs,
+            Err(e) => {
+                warn!(error = %e, "reading the jobs of claimed webhooks failed; signing with the server's secrets, at the server's bound");
+                Vec::new()
+            }
+        };
+        let mut apps: HashMap<String, Option<Vec<Secret>>> = HashMap::new();
+        let mut senders = HashMap::with_capacity(jobs.len());
+        for job in jobs {
+            let limit = match job.spec.callback_max_in_flight {
+                0 => default,
+                n => n,
+            };
+            let app_id = job.spec.app_id;
+            let secrets = if app_id.is_empty() {
+                None
+            } else {
+                if !apps.contains_key(&app_id) {
+                    let secrets = self.app_secrets(&app_id).await;
+                    apps.insert(app_id.clone(), secrets);
+                }
+                apps.get(&app_id).cloned().flatten()
+            };
+            let sender = match secrets {
+                Some(secrets) => Sender {
+                    limit,
+                    app_id,
+                    secrets,
+                },
+                None => self.server_sender(limit),
+            };
+            senders.insert(job.spec.id, Arc::new(sender));
+        }
+        senders
+    }
+
+    /// The job's sender among `senders`, else the server's (its job is gone).
+    fn sender_of(&self, senders: &HashMap<String, Arc<Sender>>, job_id: &str) -> Arc<Sender> {
+        senders.get(job_id).cloned().unwrap_or_else(|| {
+            Arc::new(self.server_sender(self.opts.max_in_flight_per_destination))
+        })
+    }
+
+    /// The server-wide signer, at `limit` in flight per destination.
+    fn server_sender(&self, limit: u32) -> Sender {
+        Sender {
             limit,
             app_id: self.opts.app_id.clone(),
             secrets: self.opts.secrets.clone(),
-        };
-        let default = self.opts.max_in_flight_per_destination;
-        let (app_id, limit) = match self.store.jobs.get_job(job_id).await {
-            Ok(Some(job)) => {
-                let limit = match job.spec.callback_max_in_flight {
-                    0 => default,
-                    n => n,
-                };
-                if job.spec.app_id.is_empty() {
-                    return server(limit);
-                }
-                (job.spec.app_id, limit)
-            }
-            Ok(None) => return server(default),
-            Err(e) => {
-                warn!(error = %e, "reading the job failed; signing with the server's secrets, at the server's bound");
-                return server(default);
-            }
-        };
-        match self.store.apps.get_app(&app_id).await {
+        }
+    }
+
+    /// The secrets of app `app_id` that sign now; None (logged) when it has none
+    /// usable, does not exist or could not be read: the server's secrets sign.
+    async fn app_secrets(&self, app_id: &str) -> Option<Vec<Secret>> {
+        match self.store.apps.get_app(app_id).await {
             Ok(Some(app)) => {
                 let now = crate::model::now_ms();
                 let secrets: Vec<Secret> = app
@@ -612,11 +723,7 @@ impl Deliveries {
                     .filter_map(|s| s.parse().ok())
                     .collect();
                 if !secrets.is_empty() {
-                    return Sender {
-                        limit,
-                        app_id: app.app_id,
-                        secrets,
-                    };
+                    return Some(secrets);
                 }
                 warn!(%app_id, "the job's app has no usable secret; signing with the server's secrets");
             }
@@ -627,7 +734,7 @@ impl Deliveries {
                 warn!(%app_id, error = %e, "reading the job's app failed; signing with the server's secrets");
             }
         }
-        server(limit)
+        None
     }
 
     /// Gives back the destination's slot and counts the attempt on its breaker.
@@ -686,12 +793,12 @@ impl Deliveries {
         outcome: DeliveryOutcome,
         counted: &'static str,
     ) {
-        let applied = match self
-            .store
-            .outbox
-            .finish_delivery(&d.schedule_id, d.token, outcome.clone())
-            .await
-        {
+        let result = DeliveryResult {
+            schedule_id: d.schedule_id.clone(),
+            token: d.token,
+            outcome: outcome.clone(),
+        };
+        let applied = match answer(self.batched.outcomes.call(result).await) {
             Ok(a) => a,
             Err(e) => {
                 warn!(error = %e, "recording the webhook outcome failed; the claim runs out and the delivery is retried");
@@ -849,6 +956,13 @@ mod tests {
         .expect("client")
     }
 
+    /// Sends a claimed delivery as the worker's sweep would.
+    async fn deliver(w: &Deliveries, d: WebhookDelivery) {
+        let senders = w.senders(std::slice::from_ref(&d)).await;
+        let sender = w.sender_of(&senders, &d.job_id);
+        w.deliver(d, &sender, &CancellationToken::new()).await;
+    }
+
     /// Claims the run's delivery and makes one attempt; returns the run after it.
     async fn one_attempt(store: &Arc<dyn Store>, w: &Deliveries, sid: &str) -> RunRecord {
         let d = store
@@ -856,7 +970,7 @@ mod tests {
             .await
             .expect("claim")
             .expect("due");
-        w.deliver(d, &CancellationToken::new()).await;
+        deliver(w, d).await;
         store.get_run(sid).await.expect("get").expect("run")
     }
 
@@ -965,7 +1079,7 @@ mod tests {
         assert!(due().await.is_none(), "deferred");
         tokio::time::sleep(Duration::from_millis(350)).await;
         let d = due().await.expect("due at the max age");
-        w.deliver(d, &CancellationToken::new()).await;
+        deliver(&w, d).await;
         let r = store.get_run(&sid).await.expect("get").expect("run");
         assert_eq!(
             (r.callback_state, r.callback_attempts),

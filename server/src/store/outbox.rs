@@ -68,6 +68,14 @@ pub enum DeliveryOutcome {
     Defer { until: Millis },
 }
 
+/// One attempt's outcome, for `finish_deliveries`: recorded under the claim's token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryResult {
+    pub schedule_id: String,
+    pub token: u64,
+    pub outcome: DeliveryOutcome,
+}
+
 /// The delivery record's error after a 410 Gone.
 pub const GONE_ERROR: &str = "gone: the receiver answered 410 Gone; no more retries";
 
@@ -122,7 +130,23 @@ pub struct DeliveryTerms {
     pub cool_down: Duration,
 }
 
-/// The webhook outbox and the circuit breakers. See the module docs.
+/// One delivery's `admit_delivery`, for `admit_deliveries`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmitRequest {
+    pub destination: String,
+    pub holder: String,
+    pub terms: DeliveryTerms,
+}
+
+/// One delivery's `settle_delivery`, for `settle_deliveries`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleRequest {
+    pub destination: String,
+    pub holder: String,
+    pub answered: Option<bool>,
+    pub terms: DeliveryTerms,
+}
+
 /// The webhook outbox and the circuit breakers. See the module docs.
 #[async_trait]
 pub trait Outbox: StoreMeta {
@@ -146,6 +170,24 @@ pub trait Outbox: StoreMeta {
         lease: Duration,
     ) -> Result<Option<WebhookDelivery>>;
 
+    /// `claim_delivery` of each of `schedule_ids` (of any partitions), in as few store
+    /// calls as the backend can make (Redis: one per partition, sent together): the
+    /// claimed deliveries, in the order asked; the ones not due, gone or claimed by
+    /// another worker are left out and the rest claimed all the same.
+    async fn claim_deliveries(
+        &self,
+        schedule_ids: &[String],
+        lease: Duration,
+    ) -> Result<Vec<WebhookDelivery>> {
+        let mut claimed = Vec::with_capacity(schedule_ids.len());
+        for sid in schedule_ids {
+            if let Some(d) = self.claim_delivery(sid, lease).await? {
+                claimed.push(d);
+            }
+        }
+        Ok(claimed)
+    }
+
     /// Records an attempt's outcome if `token` is the entry's current token and the
     /// entry is in flight (otherwise `Applied::No`, nothing changes). Every outcome but
     /// `Defer` and `Abandon` counts an attempt; all but `Defer` update the run's
@@ -158,6 +200,21 @@ pub trait Outbox: StoreMeta {
         token: u64,
         outcome: DeliveryOutcome,
     ) -> Result<Applied>;
+
+    /// `finish_delivery` of each of `results` (of any partitions), in as few store
+    /// calls as the backend can make (Redis: one per partition, sent together): what
+    /// became of each, in order. A result whose token is stale is refused
+    /// (`Applied::No`) and the others applied all the same.
+    async fn finish_deliveries(&self, results: Vec<DeliveryResult>) -> Result<Vec<Applied>> {
+        let mut applied = Vec::with_capacity(results.len());
+        for r in results {
+            applied.push(
+                self.finish_delivery(&r.schedule_id, r.token, r.outcome)
+                    .await?,
+            );
+        }
+        Ok(applied)
+    }
 
     /// Admits one delivery to its destination (`scheme://host:port`) for `holder` (one
     /// per claim: the schedule_id and delivery token): the breaker first (open →
@@ -191,4 +248,35 @@ pub trait Outbox: StoreMeta {
         answered: Option<bool>,
         terms: &DeliveryTerms,
     ) -> Result<Option<BreakerUpdate>>;
+
+    /// `admit_delivery` of each request, one after the other in order (so what one
+    /// takes the next ones see), in as few store calls as the backend can make
+    /// (Redis: one): each one's admission, in order.
+    async fn admit_deliveries(&self, requests: Vec<AdmitRequest>) -> Result<Vec<Admission>> {
+        let mut out = Vec::with_capacity(requests.len());
+        for r in requests {
+            out.push(
+                self.admit_delivery(&r.destination, &r.holder, &r.terms)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// `settle_delivery` of each request, one after the other in order, in as few
+    /// store calls as the backend can make (Redis: one): what each made of its
+    /// breaker, in order.
+    async fn settle_deliveries(
+        &self,
+        requests: Vec<SettleRequest>,
+    ) -> Result<Vec<Option<BreakerUpdate>>> {
+        let mut out = Vec::with_capacity(requests.len());
+        for r in requests {
+            out.push(
+                self.settle_delivery(&r.destination, &r.holder, r.answered, &r.terms)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
 }

@@ -28,11 +28,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    Admission, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate, ClaimResult,
-    Delivery, DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut, Finisher,
-    FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
+    Admission, AdmitRequest, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate,
+    ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut,
+    Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
     NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery,
-    STALE_TOKEN, Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery, partition_of,
+    STALE_TOKEN, SettleRequest, Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery,
+    partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
@@ -126,9 +127,11 @@ macro_rules! store_conformance_tests {
             outbox {
                 outbox_written_when_final: options,
                 delivery_claims_and_outcomes: options,
+                claim_deliveries_batch: options,
                 outbox_due_per_partition: options,
                 breaker_transitions: options,
                 delivery_slots_pace_a_destination: options,
+                admit_and_settle_batches: options,
                 a_closed_breaker_ramps_up: options,
                 run_history_notes_each_step: options,
             }

@@ -498,6 +498,102 @@ pub async fn delivery_claims_and_outcomes(store: Arc<dyn Store>) {
     );
 }
 
+/// `claim_deliveries`: a batch over several partitions claims each due entry as
+/// `claim_delivery` would, in the order asked, and leaves out the ones it cannot
+/// claim (claimed before, unknown, asked twice) while claiming the rest.
+pub async fn claim_deliveries_batch(store: Arc<dyn Store>) {
+    let jobs = ["cb-a", "cb-b", "cb-c", "cb-d", "cb-e"];
+    let mut sids = Vec::new();
+    for id in jobs {
+        store.create_job(job(id, None)).await.expect("create");
+        let g = running(&store, id, 1000, hooked(plan(OverlapPolicy::Allow))).await;
+        store
+            .finish_run(
+                &g.schedule_id,
+                Finisher::Holder(Holder::of(&g)),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish");
+        sids.push(g.schedule_id);
+    }
+    let parts: std::collections::BTreeSet<u32> = jobs
+        .iter()
+        .map(|id| partition_of(id, store.partitions()))
+        .collect();
+    assert!(parts.len() > 1, "the batch spans partitions: {parts:?}");
+    // One claimed before the batch: not due while its claim lasts.
+    let before = claim(&store, &sids[2], 60_000).await;
+    let asked = vec![
+        sids[4].clone(),
+        sids[2].clone(),
+        schedule_id("cb-a", "999"),
+        sids[0].clone(),
+        sids[3].clone(),
+        sids[0].clone(),
+        sids[1].clone(),
+    ];
+    let claimed = store
+        .claim_deliveries(&asked, Duration::from_secs(60))
+        .await
+        .expect("claim deliveries");
+    let got: Vec<&str> = claimed.iter().map(|d| d.schedule_id.as_str()).collect();
+    assert_eq!(got, vec![&*sids[4], &*sids[0], &*sids[3], &*sids[1]]);
+    for d in &claimed {
+        let (job_id, _) = crate::model::split_schedule_id(&d.schedule_id).expect("schedule id");
+        assert_eq!(
+            (d.job_id.as_str(), d.url.as_str(), d.attempts),
+            (job_id, HOOK, 0)
+        );
+        assert_eq!(
+            body_of(d),
+            expected_body(&get(&store, &d.schedule_id).await)
+        );
+        // Claimed: exclusive while the lease lasts, and its token's outcome counts.
+        assert_eq!(
+            store
+                .claim_delivery(&d.schedule_id, Duration::from_secs(60))
+                .await
+                .expect("claim"),
+            None
+        );
+        assert_eq!(
+            store
+                .finish_delivery(
+                    &d.schedule_id,
+                    d.token,
+                    DeliveryOutcome::Delivered { status: 200 }
+                )
+                .await
+                .expect("finish"),
+            Applied::Yes
+        );
+    }
+    // The one claimed before is still that claim's.
+    assert_eq!(
+        store
+            .finish_delivery(
+                &sids[2],
+                before.token,
+                DeliveryOutcome::Delivered { status: 200 }
+            )
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    for sid in &sids {
+        assert_eq!(get(&store, sid).await.callback_state, CallbackState::Done);
+    }
+    assert_eq!(
+        store
+            .claim_deliveries(&sids, Duration::from_secs(60))
+            .await
+            .expect("claim deliveries"),
+        Vec::new(),
+        "nothing left to claim"
+    );
+}
+
 pub async fn outbox_due_per_partition(store: Arc<dyn Store>) {
     let parts = store.partitions();
     let a = ids_in_partition(parts, 0, "oba", 1).remove(0);
@@ -699,6 +795,96 @@ pub async fn delivery_slots_pace_a_destination(store: Arc<dyn Store>) {
     );
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(admit(&store, lone, "y", &one).await, Admission::Go);
+}
+
+/// `admit_deliveries` and `settle_deliveries`: a batch is the sequence of its requests
+/// (what one takes or opens, the next ones see), across destinations, one answer each.
+pub async fn admit_and_settle_batches(store: Arc<dyn Store>) {
+    let (a, b) = ("http://batch-a.example:80", "http://batch-b.example:80");
+    let ask = |dest: &str, holder: &str, t: DeliveryTerms| AdmitRequest {
+        destination: dest.to_owned(),
+        holder: holder.to_owned(),
+        terms: t,
+    };
+    let give = |dest: &str, holder: &str, answered: Option<bool>, t: DeliveryTerms| SettleRequest {
+        destination: dest.to_owned(),
+        holder: holder.to_owned(),
+        answered,
+        terms: t,
+    };
+    let t = terms(2);
+    let once = DeliveryTerms {
+        threshold: 1,
+        ..terms(2)
+    };
+    let admitted = store
+        .admit_deliveries(vec![
+            ask(a, "a1", t),
+            ask(a, "a2", t),
+            ask(a, "a3", t),
+            ask(b, "b1", t),
+            ask(a, "a1", t),
+        ])
+        .await
+        .expect("admit deliveries");
+    assert_eq!(
+        admitted,
+        vec![
+            Admission::Go,
+            Admission::Go,
+            Admission::Full { window: 2 },
+            Admission::Go,
+            Admission::Go,
+        ],
+        "the third finds the first two's slots taken; a holder asking again keeps its own"
+    );
+    let settled = store
+        .settle_deliveries(vec![
+            give(a, "a1", Some(true), t),
+            give(b, "b1", Some(false), once),
+            give(a, "a2", None, t),
+        ])
+        .await
+        .expect("settle deliveries");
+    assert_eq!(settled.len(), 3);
+    assert_eq!(
+        settled[0],
+        Some(BreakerUpdate {
+            state: BreakerState::Closed,
+            changed: false
+        })
+    );
+    let opened = settled[1].expect("counted");
+    assert!(
+        opened.changed && matches!(opened.state, BreakerState::Open { .. }),
+        "{opened:?}"
+    );
+    assert_eq!(settled[2], None, "no attempt: nothing counted");
+    // Both of a's slots are free again; b's breaker is open.
+    let admitted = store
+        .admit_deliveries(vec![ask(a, "a3", t), ask(a, "a4", t), ask(b, "b2", t)])
+        .await
+        .expect("admit deliveries");
+    assert_eq!(admitted[..2], [Admission::Go, Admission::Go]);
+    assert!(
+        matches!(admitted[2], Admission::Open { .. }),
+        "{:?}",
+        admitted[2]
+    );
+    assert_eq!(
+        store
+            .admit_deliveries(Vec::new())
+            .await
+            .expect("admit nothing"),
+        Vec::new()
+    );
+    assert_eq!(
+        store
+            .settle_deliveries(Vec::new())
+            .await
+            .expect("settle nothing"),
+        Vec::new()
+    );
 }
 
 /// After its breaker closes a destination's window starts at one slot, grows by one

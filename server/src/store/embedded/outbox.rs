@@ -31,55 +31,83 @@ impl Outbox for EmbeddedStore {
         .await
     }
 
-    /// The claim is taken in memory first (no other claimer can take it meanwhile),
-    /// then the entry is read: a claim is the one thing about a delivery that needs
-    /// no commit, since only this process delivers and none outlives it.
     async fn claim_delivery(
         &self,
         schedule_id: &str,
         lease: Duration,
     ) -> Result<Option<WebhookDelivery>> {
+        Ok(self
+            .claim_deliveries(&[schedule_id.to_owned()], lease)
+            .await?
+            .pop())
+    }
+
+    /// The claims are taken in memory first (no other claimer can take them
+    /// meanwhile), then the entries are read, in one read transaction: a claim is the
+    /// one thing about a delivery that needs no commit, since only this process
+    /// delivers and none outlives it.
+    async fn claim_deliveries(
+        &self,
+        schedule_ids: &[String],
+        lease: Duration,
+    ) -> Result<Vec<WebhookDelivery>> {
         let now = now_ms();
-        let token = {
+        let tokens: Vec<(&str, u64)> = {
             let mut claims = self.claims();
-            if claims
-                .live
-                .get(schedule_id)
-                .is_some_and(|(_, until)| *until > now)
-            {
-                return Ok(None);
+            let mut tokens = Vec::with_capacity(schedule_ids.len());
+            for sid in schedule_ids {
+                if claims
+                    .live
+                    .get(sid.as_str())
+                    .is_some_and(|(_, until)| *until > now)
+                {
+                    continue;
+                }
+                // Tokens only grow: max(last + 1, the clock in µs), as fencing tokens do.
+                let token = claims.last_token.saturating_add(1).max(now_us());
+                claims.last_token = token;
+                claims
+                    .live
+                    .insert(sid.clone(), (token, now.saturating_add(duration_ms(lease))));
+                tokens.push((sid.as_str(), token));
             }
-            // Tokens only grow: max(last + 1, the clock in µs), as fencing tokens do.
-            let token = claims.last_token.saturating_add(1).max(now_us());
-            claims.last_token = token;
-            claims.live.insert(
-                schedule_id.to_owned(),
-                (token, now.saturating_add(duration_ms(lease))),
-            );
-            token
+            tokens
         };
-        let entry = self.point_read(|inner| {
+        let entries = self.point_read(|inner| {
             let txn = read(&inner.db)?;
             let outbox = txn.open_table(OUTBOX).ctx("open webhook outbox")?;
-            load_outbox(&outbox, schedule_id)
+            tokens
+                .iter()
+                .map(|(sid, _)| load_outbox(&outbox, sid))
+                .collect::<Result<Vec<_>>>()
         });
-        let entry = match entry {
-            Ok(Some(entry)) if entry.due <= now => entry,
-            other => {
-                self.release_claim(schedule_id, token);
-                return other.map(|_| None);
+        let entries = match entries {
+            Ok(entries) => entries,
+            Err(e) => {
+                for (sid, token) in &tokens {
+                    self.release_claim(sid, *token);
+                }
+                return Err(e);
             }
         };
-        Ok(Some(WebhookDelivery {
-            schedule_id: schedule_id.to_owned(),
-            job_id: entry.job_id,
-            url: entry.url,
-            body: entry.body,
-            attempts: entry.attempts,
-            created_at: entry.created_at,
-            token,
-            now,
-        }))
+        let mut claimed = Vec::with_capacity(tokens.len());
+        for ((sid, token), entry) in tokens.into_iter().zip(entries) {
+            let Some(entry) = entry.filter(|e| e.due <= now) else {
+                self.release_claim(sid, token);
+                continue;
+            };
+            claimed.push(WebhookDelivery {
+                schedule_id: sid.to_owned(),
+                job_id: entry.job_id,
+                url: entry.url,
+                body: entry.body,
+                attempts: entry.attempts,
+                created_at: entry.created_at,
+                token,
+                now,
+            });
+        }
+        Ok(claimed)
     }
 
     async fn finish_delivery(
@@ -104,6 +132,61 @@ impl Outbox for EmbeddedStore {
         // back through the next sweep.
         self.release_claim(schedule_id, token);
         applied
+    }
+
+    async fn finish_deliveries(&self, results: Vec<DeliveryResult>) -> Result<Vec<Applied>> {
+        let held: Vec<bool> = {
+            let claims = self.claims();
+            results
+                .iter()
+                .map(|r| {
+                    claims
+                        .live
+                        .get(&r.schedule_id)
+                        .is_some_and(|(t, _)| *t == r.token)
+                })
+                .collect()
+        };
+        let claimed: Vec<(String, u64)> = results
+            .iter()
+            .zip(&held)
+            .filter(|(_, held)| **held)
+            .map(|(r, _)| (r.schedule_id.clone(), r.token))
+            .collect();
+        let to_apply: Vec<(String, DeliveryOutcome)> = results
+            .into_iter()
+            .zip(&held)
+            .filter(|(_, held)| **held)
+            .map(|(r, _)| (r.schedule_id, r.outcome))
+            .collect();
+        // One writer step for all of them.
+        let applied = if to_apply.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.write(move |_, b| {
+                let t = b.runs()?;
+                to_apply
+                    .into_iter()
+                    .map(|(sid, outcome)| apply_delivery_outcome(t, &sid, outcome))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .await
+        };
+        // Committed (or not): the claims are over either way; an entry left due comes
+        // back through the next sweep.
+        for (sid, token) in &claimed {
+            self.release_claim(sid, *token);
+        }
+        let mut applied = applied?.into_iter();
+        Ok(held
+            .into_iter()
+            .map(|held| match held {
+                true => applied
+                    .next()
+                    .unwrap_or_else(|| Applied::No("not recorded".to_owned())),
+                false => Applied::No("stale delivery token".to_owned()),
+            })
+            .collect())
     }
 
     async fn admit_delivery(

@@ -131,6 +131,8 @@ impl Call<'_> {
         &self,
         c: &mut impl ConnectionLike,
     ) -> RedisResult<T> {
+        #[cfg(test)]
+        assert_one_slot(&self.function.name, &self.keys);
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(&self.function.name).arg(self.keys.len());
         for k in &self.keys {
@@ -150,5 +152,77 @@ impl Call<'_> {
             activity.send_modify(|n| *n = n.wrapping_add(1));
         }
         r
+    }
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (what is
+/// between its first `{` and the next `}`, when that is not empty; else the whole key),
+/// mod 16384.
+#[cfg(test)]
+pub(super) fn key_slot(key: &[u8]) -> u16 {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&len| len > 0)
+                .map(|len| &rest[..len])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tag {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// Every key a call declares hashes to one slot, as Redis Cluster requires of a
+/// script (checked on every call the tests make).
+#[cfg(test)]
+fn assert_one_slot(function: &str, keys: &[Vec<u8>]) {
+    if let Some((first, rest)) = keys.split_first() {
+        let slot = key_slot(first);
+        for key in rest {
+            assert_eq!(
+                key_slot(key),
+                slot,
+                "{function}: key {:?} is not in the slot of {:?}",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(first)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_slot;
+
+    #[test]
+    fn key_slots_are_redis_clusters() {
+        // Redis's own examples (CLUSTER KEYSLOT).
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b"123456789"), 12739);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_ne!(
+            key_slot(b"foo{}{bar}"),
+            key_slot(b"bar"),
+            "an empty tag hashes the whole key"
+        );
+        assert_eq!(
+            key_slot(b"sundial:{7}:run:x"),
+            key_slot(b"sundial:{7}:outbox_due")
+        );
     }
 }

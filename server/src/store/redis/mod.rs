@@ -67,13 +67,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Admission, AppStore, Applied, Assigned, AuditEvent, AuditLog, Begun, BreakerState,
-    BreakerUpdate, ClaimOutcome, ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueBatch,
-    DueEntries, DueFire, Enqueued, Error, FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder,
-    Inboxes, JobStore, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine, NodeRecord, NodeRegistry,
-    NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Registered, Result, Revocation,
-    RunQuery, RunStore, SCHEMA_VERSION, StoreMeta, StoreOptions, Transition, TriggerQueue,
-    UNKNOWN_RUN, WebhookDelivery, partition_of,
+    Admission, AdmitRequest, AppStore, Applied, Assigned, AuditEvent, AuditLog, Begun,
+    BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, Delivery, DeliveryOutcome,
+    DeliveryResult, DeliveryTerms, DueBatch, DueEntries, DueFire, Enqueued, Error, FannedOut,
+    Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite, LOG_LINE_COST,
+    LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page,
+    Recorded, Registered, Result, Revocation, RunQuery, RunStore, SCHEMA_VERSION, SettleRequest,
+    StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
@@ -95,12 +95,13 @@ use functions::{Activity, Call, Function, Library};
 const GROUP: &str = "dispatch";
 
 /// The helpers every function of the library sees, defined once when it is loaded:
-/// the prelude, the run machine's helpers, and those of the decisions that begin or
-/// lease a run.
-const PRELUDE: [&str; 3] = [
+/// the prelude, the run machine's helpers, those of the decisions that begin or lease
+/// a run, and a webhook destination's breaker and slots.
+const PRELUDE: [&str; 4] = [
     include_str!("lua/common.lua"),
     include_str!("lua/runlib.lua"),
     include_str!("lua/beginlib.lua"),
+    include_str!("lua/pacelib.lua"),
 ];
 
 /// The functions that never set a run timer earlier than the partition had nor make a
@@ -191,9 +192,13 @@ scripts!(
     rotate_app_secret,
     due_deliveries,
     claim_delivery,
+    claim_deliveries,
     finish_delivery,
+    finish_deliveries,
     admit_delivery,
     settle_delivery,
+    admit_deliveries,
+    settle_deliveries,
     grace_leases,
     append_audit,
 );

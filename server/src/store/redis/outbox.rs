@@ -52,6 +52,36 @@ impl Outbox for RedisStore {
         }
     }
 
+    async fn claim_deliveries(
+        &self,
+        schedule_ids: &[String],
+        lease: Duration,
+    ) -> Result<Vec<WebhookDelivery>> {
+        let mut by_partition: std::collections::BTreeMap<u32, Vec<&str>> = Default::default();
+        for sid in schedule_ids {
+            if let Some((job_id, _)) = split_schedule_id(sid) {
+                by_partition.entry(self.part(job_id)).or_default().push(sid);
+            }
+        }
+        // One call per partition, sent together (pipelined on the shared connection).
+        let claims = by_partition
+            .iter()
+            .map(|(p, sids)| self.claim_in_partition(*p, sids, lease));
+        let claimed: Vec<WebhookDelivery> = futures::future::try_join_all(claims)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        // In the order asked (an entry asked twice: where it was first asked).
+        let mut order: std::collections::HashMap<&str, usize> = Default::default();
+        for (i, sid) in schedule_ids.iter().enumerate() {
+            order.entry(sid.as_str()).or_insert(i);
+        }
+        let mut claimed = claimed;
+        claimed.sort_by_key(|d| order.get(d.schedule_id.as_str()).copied());
+        Ok(claimed)
+    }
+
     async fn finish_delivery(
         &self,
         schedule_id: &str,
@@ -61,18 +91,7 @@ impl Outbox for RedisStore {
         let Some((job_id, _)) = split_schedule_id(schedule_id) else {
             return Ok(Applied::No("unknown delivery".to_owned()));
         };
-        let (kind, status, error, at): (&str, u16, String, i64) = match outcome {
-            DeliveryOutcome::Delivered { status } => ("delivered", status, String::new(), 0),
-            DeliveryOutcome::Retry {
-                after,
-                status,
-                error,
-            } => ("retry", status, error, crate::model::duration_ms(after)),
-            DeliveryOutcome::Failed { status, error } => ("failed", status, error, 0),
-            DeliveryOutcome::Gone => ("gone", 410, GONE_ERROR.to_owned(), 0),
-            DeliveryOutcome::Abandon { error } => ("abandon", 0, error, 0),
-            DeliveryOutcome::Defer { until } => ("defer", 0, String::new(), until),
-        };
+        let (kind, status, error, at) = outcome_args(outcome);
         let mut c = self.conn().await?;
         let r: Vec<String> = self
             .inner
@@ -88,11 +107,38 @@ impl Outbox for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        match r.as_slice() {
-            [yes, _] if yes == "yes" => Ok(Applied::Yes),
-            [_, reason] => Ok(Applied::No(reason.clone())),
-            other => Err(corrupt(format!("finish_delivery answered {other:?}"))),
+        applied(r)
+    }
+
+    async fn finish_deliveries(&self, results: Vec<DeliveryResult>) -> Result<Vec<Applied>> {
+        let n = results.len();
+        let mut by_partition: std::collections::BTreeMap<u32, Vec<(usize, DeliveryResult)>> =
+            Default::default();
+        let mut out: Vec<Option<Applied>> = vec![None; n];
+        for (i, r) in results.into_iter().enumerate() {
+            match split_schedule_id(&r.schedule_id) {
+                Some((job_id, _)) => by_partition
+                    .entry(self.part(job_id))
+                    .or_default()
+                    .push((i, r)),
+                None => out[i] = Some(Applied::No("unknown delivery".to_owned())),
+            }
         }
+        // One call per partition, sent together (pipelined on the shared connection).
+        let calls = by_partition
+            .into_iter()
+            .map(|(p, results)| self.finish_in_partition(p, results));
+        for (i, a) in futures::future::try_join_all(calls)
+            .await?
+            .into_iter()
+            .flatten()
+        {
+            out[i] = Some(a);
+        }
+        Ok(out
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Applied::No("unknown delivery".to_owned())))
+            .collect())
     }
 
     async fn admit_delivery(
@@ -115,19 +161,67 @@ impl Outbox for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        match verdict.as_str() {
-            "go" => Ok(Admission::Go),
-            "probe" => Ok(Admission::Probe),
-            "open" => Ok(Admission::Open {
-                until: parse_i64(&n)?,
-            }),
-            "full" => Ok(Admission::Full {
-                window: n
-                    .parse()
-                    .map_err(|e| corrupt(format!("window {n:?}: {e}")))?,
-            }),
-            other => Err(corrupt(format!("admit_delivery answered {other:?}"))),
+        admission(&verdict, &n)
+    }
+
+    async fn admit_deliveries(&self, requests: Vec<AdmitRequest>) -> Result<Vec<Admission>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
         }
+        let b = self.breakers_prefix();
+        let mut call = self.inner.scripts.admit_deliveries.prepare_invoke();
+        call.arg(&b);
+        for r in &requests {
+            call.key(format!("{b}breaker:{}", r.destination))
+                .key(format!("{b}pace:{}", r.destination));
+            call.arg(&r.destination)
+                .arg(&r.holder)
+                .arg(r.terms.limit.max(1))
+                .arg(ms(r.terms.lease).max(1))
+                .arg(ms(r.terms.probe));
+        }
+        let mut c = self.conn().await?;
+        let rows: Vec<(String, String)> = call.invoke_async(&mut c).await.map_err(unavailable)?;
+        if rows.len() != requests.len() {
+            return Err(corrupt(format!(
+                "admit_deliveries answered {} rows for {} deliveries",
+                rows.len(),
+                requests.len()
+            )));
+        }
+        rows.iter().map(|(v, n)| admission(v, n)).collect()
+    }
+
+    async fn settle_deliveries(
+        &self,
+        requests: Vec<SettleRequest>,
+    ) -> Result<Vec<Option<BreakerUpdate>>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let b = self.breakers_prefix();
+        let mut call = self.inner.scripts.settle_deliveries.prepare_invoke();
+        call.arg(&b);
+        for r in &requests {
+            call.key(format!("{b}breaker:{}", r.destination))
+                .key(format!("{b}pace:{}", r.destination));
+            call.arg(&r.destination)
+                .arg(&r.holder)
+                .arg(answered_arg(r.answered))
+                .arg(r.terms.threshold.max(1))
+                .arg(ms(r.terms.cool_down))
+                .arg(r.terms.limit.max(1));
+        }
+        let mut c = self.conn().await?;
+        let rows: Vec<Vec<String>> = call.invoke_async(&mut c).await.map_err(unavailable)?;
+        if rows.len() != requests.len() {
+            return Err(corrupt(format!(
+                "settle_deliveries answered {} rows for {} deliveries",
+                rows.len(),
+                requests.len()
+            )));
+        }
+        rows.into_iter().map(settled).collect()
     }
 
     async fn settle_delivery(
@@ -145,24 +239,179 @@ impl Outbox for RedisStore {
             .arg(self.breakers_prefix())
             .arg(destination)
             .arg(holder)
-            .arg(match answered {
-                Some(true) => "1",
-                Some(false) => "0",
-                None => "",
-            })
+            .arg(answered_arg(answered))
             .arg(terms.threshold.max(1))
             .arg(ms(terms.cool_down))
             .arg(terms.limit.max(1))
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        match r.as_slice() {
-            [] => Ok(None),
-            [state, until, changed] => Ok(Some(BreakerUpdate {
-                state: breaker(state, until)?,
-                changed: changed == "1",
-            })),
-            other => Err(corrupt(format!("settle_delivery answered {other:?}"))),
+        settled(r)
+    }
+}
+
+impl RedisStore {
+    /// `claim_deliveries` of entries of partition `p`, in one call.
+    async fn claim_in_partition(
+        &self,
+        p: u32,
+        schedule_ids: &[&str],
+        lease: Duration,
+    ) -> Result<Vec<WebhookDelivery>> {
+        let pfx = self.pfx(p);
+        let mut call = self.inner.scripts.claim_deliveries.prepare_invoke();
+        call.key(format!("{pfx}outbox_due"));
+        for sid in schedule_ids {
+            call.key(format!("{pfx}delivery:{sid}"))
+                .key(format!("{pfx}outbox:{sid}"));
         }
+        call.arg(&pfx).arg(ms(lease));
+        for sid in schedule_ids {
+            call.arg(*sid);
+        }
+        let mut c = self.conn().await?;
+        let reply: Vec<Value> = call.invoke_async(&mut c).await.map_err(unavailable)?;
+        if reply.len() != schedule_ids.len() + 1 {
+            return Err(corrupt(format!(
+                "claim_deliveries answered {} values for {} entries",
+                reply.len(),
+                schedule_ids.len()
+            )));
+        }
+        let mut rows = reply.into_iter();
+        let now: String = rows
+            .next()
+            .map(redis::from_redis_value)
+            .transpose()
+            .map_err(corrupt)?
+            .unwrap_or_default();
+        let now = parse_i64(&now)?;
+        let mut claimed = Vec::new();
+        for (sid, row) in schedule_ids.iter().zip(rows) {
+            let row: Vec<String> = redis::from_redis_value(row).map_err(corrupt)?;
+            match row.as_slice() {
+                [] => {}
+                [job_id, url, body, attempts, created_at, token] => claimed.push(WebhookDelivery {
+                    schedule_id: (*sid).to_owned(),
+                    job_id: job_id.clone(),
+                    url: url.clone(),
+                    body: body.clone(),
+                    attempts: attempts.parse().map_err(corrupt)?,
+                    created_at: parse_i64(created_at)?,
+                    token: token.parse().map_err(corrupt)?,
+                    now,
+                }),
+                other => return Err(corrupt(format!("claim_deliveries answered {other:?}"))),
+            }
+        }
+        Ok(claimed)
+    }
+}
+
+impl RedisStore {
+    /// `finish_deliveries` of outcomes of partition `p` (with their place in the
+    /// caller's order), in one call.
+    async fn finish_in_partition(
+        &self,
+        p: u32,
+        results: Vec<(usize, DeliveryResult)>,
+    ) -> Result<Vec<(usize, Applied)>> {
+        let pfx = self.pfx(p);
+        let mut call = self.inner.scripts.finish_deliveries.prepare_invoke();
+        call.key(format!("{pfx}outbox_due"));
+        call.arg(&pfx);
+        let mut order = Vec::with_capacity(results.len());
+        for (i, r) in results {
+            let sid = &r.schedule_id;
+            call.key(format!("{pfx}delivery:{sid}"))
+                .key(format!("{pfx}outbox:{sid}"))
+                .key(format!("{pfx}run:{sid}"));
+            let (kind, status, error, at) = outcome_args(r.outcome);
+            call.arg(sid)
+                .arg(r.token.to_string())
+                .arg(kind)
+                .arg(status)
+                .arg(error)
+                .arg(at);
+            order.push(i);
+        }
+        let mut c = self.conn().await?;
+        let rows: Vec<Vec<String>> = call.invoke_async(&mut c).await.map_err(unavailable)?;
+        if rows.len() != order.len() {
+            return Err(corrupt(format!(
+                "finish_deliveries answered {} rows for {} outcomes",
+                rows.len(),
+                order.len()
+            )));
+        }
+        order
+            .into_iter()
+            .zip(rows)
+            .map(|(i, r)| Ok((i, applied(r)?)))
+            .collect()
+    }
+}
+
+/// A delivery outcome as the scripts take it: kind, status, error, at (retry: the
+/// delay in ms; defer: when it is due again).
+fn outcome_args(outcome: DeliveryOutcome) -> (&'static str, u16, String, i64) {
+    match outcome {
+        DeliveryOutcome::Delivered { status } => ("delivered", status, String::new(), 0),
+        DeliveryOutcome::Retry {
+            after,
+            status,
+            error,
+        } => ("retry", status, error, crate::model::duration_ms(after)),
+        DeliveryOutcome::Failed { status, error } => ("failed", status, error, 0),
+        DeliveryOutcome::Gone => ("gone", 410, GONE_ERROR.to_owned(), 0),
+        DeliveryOutcome::Abandon { error } => ("abandon", 0, error, 0),
+        DeliveryOutcome::Defer { until } => ("defer", 0, String::new(), until),
+    }
+}
+
+/// A finish script's answer for one outcome: {applied, reason}.
+fn applied(r: Vec<String>) -> Result<Applied> {
+    match r.as_slice() {
+        [yes, _] if yes == "yes" => Ok(Applied::Yes),
+        [_, reason] => Ok(Applied::No(reason.clone())),
+        other => Err(corrupt(format!("finish_delivery answered {other:?}"))),
+    }
+}
+
+/// An admit script's answer for one delivery: {verdict, n}.
+fn admission(verdict: &str, n: &str) -> Result<Admission> {
+    match verdict {
+        "go" => Ok(Admission::Go),
+        "probe" => Ok(Admission::Probe),
+        "open" => Ok(Admission::Open {
+            until: parse_i64(n)?,
+        }),
+        "full" => Ok(Admission::Full {
+            window: n
+                .parse()
+                .map_err(|e| corrupt(format!("window {n:?}: {e}")))?,
+        }),
+        other => Err(corrupt(format!("admit_delivery answered {other:?}"))),
+    }
+}
+
+/// `answered` as the settle scripts take it.
+fn answered_arg(answered: Option<bool>) -> &'static str {
+    match answered {
+        Some(true) => "1",
+        Some(false) => "0",
+        None => "",
+    }
+}
+
+/// A settle script's answer for one delivery: {} or {state, until, changed}.
+fn settled(r: Vec<String>) -> Result<Option<BreakerUpdate>> {
+    match r.as_slice() {
+        [] => Ok(None),
+        [state, until, changed] => Ok(Some(BreakerUpdate {
+            state: breaker(state, until)?,
+            changed: changed == "1",
+        })),
+        other => Err(corrupt(format!("settle_delivery answered {other:?}"))),
     }
 }

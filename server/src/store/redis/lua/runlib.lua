@@ -288,6 +288,75 @@ local function read_delivery(P, sid, fields)
   return key, redis.call('HMGET', key, unpack(fields))
 end
 
+-- Claims the entry of `sid` if it is due by the store's clock: in flight under a new
+-- delivery token until now + `lease` ms. nil when it is not due or gone (a member of
+-- outbox_due without its entry is dropped), else {job_id, url, body, attempts,
+-- created_at, token}.
+local function claim_entry(P, sid, lease)
+  local key, f = read_delivery(P, sid, { 'token', 'due', 'job_id', 'url', 'body', 'attempts', 'created_at' })
+  if not f then
+    redis.call('ZREM', P .. 'outbox_due', sid)
+    return nil
+  end
+  local now = store_now_ms()
+  if tonumber(f[2]) > now then
+    return nil
+  end
+  -- Tokens only grow: max(last + 1, store time in µs), as fencing tokens do.
+  local token = int(math.max(tonumber(f[1]) + 1, store_now_us()))
+  local due = int(now + lease)
+  redis.call('HSET', key, 'token', token, 'in_flight', '1', 'due', due)
+  redis.call('ZADD', P .. 'outbox_due', due, sid)
+  return { f[3], f[4], f[5], f[6], f[7], token }
+end
+
+-- Records a delivery attempt's outcome if `token` is the entry's current token and it
+-- is in flight: `kind` delivered | retry | failed | gone | abandon | defer, `status`,
+-- `err`, `at` (retry: the delay in ms; defer: when it is due again). Every kind but
+-- defer and abandon counts an attempt; all but defer note it on the run, and the four
+-- final ones remove the entry. Returns {'yes', ''} or {'no', reason}.
+local function finish_entry(P, sid, token, kind, status, err, at)
+  local key, f = read_delivery(P, sid, { 'token', 'in_flight', 'attempts' })
+  if not f then
+    return { 'no', 'unknown delivery' }
+  end
+  if f[1] ~= token or f[2] ~= '1' then
+    return { 'no', 'stale delivery token' }
+  end
+  local now = store_now_ms()
+  if kind == 'defer' then
+    local due = int(math.max(now, at))
+    redis.call('HSET', key, 'in_flight', '0', 'due', due)
+    redis.call('ZADD', P .. 'outbox_due', due, sid)
+    return { 'yes', '' }
+  end
+  local attempts = tonumber(f[3]) or 0
+  if kind ~= 'abandon' then
+    attempts = attempts + 1
+  end
+  local run = load_run(P, sid)
+  if run then
+    run.callback_attempts = attempts
+    run.callback_status = status
+    run.callback_error = err
+  end
+  if kind == 'retry' then
+    local due = int(now + at)
+    redis.call('HSET', key, 'in_flight', '0', 'due', due, 'attempts', int(attempts))
+    redis.call('ZADD', P .. 'outbox_due', due, sid)
+  else
+    redis.call('DEL', key)
+    redis.call('ZREM', P .. 'outbox_due', sid)
+    if run then
+      run.callback_state = kind == 'delivered' and 'DONE' or 'FAILED'
+    end
+  end
+  if run then
+    save_run(P, run)
+  end
+  return { 'yes', '' }
+end
+
 -- The run's webhook: when its plan names a callback URL, the step that makes it final
 -- writes its outbox entry with the body fixed now, due now.
 local function write_outbox(P, run, now)
