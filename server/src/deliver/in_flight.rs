@@ -18,6 +18,13 @@
 //! (a job's limit), so deliveries under different bounds count apart. A destination
 //! with nothing in flight or waiting has no entry, so the map is as large as the set
 //! of destinations being posted to right now.
+//!
+//! It also keeps the store slots of a destination this instance holds between two of
+//! its deliveries ([`Slot::keep`]): one admitted while nothing was counted on the
+//! destination's breaker and answered 2xx need not be settled, so the next delivery to
+//! the destination takes it without asking the store ([`Slot::kept`]); the last user
+//! of a destination gives them back ([`Slot::release`]), and so does a sweep of the
+//! ones left idle ([`InFlight::stale_idle`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -46,6 +53,29 @@ struct Destination {
     hold: Option<Duration>,
     /// When the last delivery deferred for this destination should find a slot.
     queue_end: Instant,
+    /// Store slots held with no delivery in them, newest last.
+    idle: Vec<Kept>,
+}
+
+/// A store slot this instance holds for a destination between two deliveries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// Its holder in the store.
+    pub holder: String,
+    /// When the store last admitted it, clean.
+    pub admitted: Instant,
+    /// Since when it has had no delivery.
+    idle_since: Instant,
+}
+
+impl Kept {
+    pub fn new(holder: String, admitted: Instant) -> Self {
+        Self {
+            holder,
+            admitted,
+            idle_since: Instant::now(),
+        }
+    }
 }
 
 /// One delivery's place in its destination's bound, given back on drop.
@@ -58,6 +88,8 @@ pub struct Slot {
     permit: Option<(OwnedSemaphorePermit, Instant)>,
     /// Whether the delivery was sent with it.
     sent: bool,
+    /// Its user was counted off already (`release`).
+    released: bool,
 }
 
 impl InFlight {
@@ -91,6 +123,7 @@ impl InFlight {
                     since: Instant::now(),
                     hold: None,
                     queue_end: Instant::now(),
+                    idle: Vec::new(),
                 });
             let limit = usize::try_from(limit).unwrap_or(1);
             if d.users >= limit + self.waiting.max(limit) {
@@ -104,6 +137,7 @@ impl InFlight {
             key,
             permit: None,
             sent: false,
+            released: false,
         };
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
@@ -150,6 +184,23 @@ impl InFlight {
         (start - now).clamp(min, max)
     }
 
+    /// Takes out the store slots kept idle for longer than `idle_for`, to be given
+    /// back: (destination, holder).
+    pub fn stale_idle(&self, idle_for: Duration) -> Vec<(String, String)> {
+        let mut stale = Vec::new();
+        self.destinations().retain(|(dest, _), d| {
+            d.idle.retain(|k| {
+                let keep = k.idle_since.elapsed() < idle_for;
+                if !keep {
+                    stale.push((dest.clone(), k.holder.clone()));
+                }
+                keep
+            });
+            d.users > 0 || !d.idle.is_empty()
+        });
+        stale
+    }
+
     fn destinations(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), Destination>> {
         // Each statement leaves the map consistent, so a panic elsewhere cannot leave
         // it half-updated.
@@ -165,18 +216,67 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// A store slot of the destination kept by an earlier delivery (the newest), taken
+    /// for this one.
+    pub fn kept(&self) -> Option<Kept> {
+        self.owner.destinations().get_mut(&self.key)?.idle.pop()
+    }
+
+    /// Keeps a store slot of the destination for a later delivery.
+    pub fn keep(&self, kept: Kept) {
+        if let Some(d) = self.owner.destinations().get_mut(&self.key) {
+            d.idle.push(Kept {
+                idle_since: Instant::now(),
+                ..kept
+            });
+        }
+    }
+
+    /// Gives this slot back; when it was the destination's last user, the store slots
+    /// kept for it come back to be given back to the store (holders).
+    pub fn release(mut self) -> Vec<String> {
+        self.released = true;
+        let mut destinations = self.owner.destinations();
+        let Some(d) = destinations.get_mut(&self.key) else {
+            return Vec::new();
+        };
+        Self::count_off(d, self.permit.as_ref(), self.sent);
+        if d.users > 0 {
+            return Vec::new();
+        }
+        let idle = std::mem::take(&mut d.idle);
+        destinations.remove(&self.key);
+        idle.into_iter().map(|k| k.holder).collect()
+    }
+
+    /// One user fewer; a sent delivery's hold counts toward the pace.
+    fn count_off(
+        d: &mut Destination,
+        permit: Option<&(OwnedSemaphorePermit, Instant)>,
+        sent: bool,
+    ) {
+        d.users = d.users.saturating_sub(1);
+        if let (Some((_, taken)), true) = (permit, sent) {
+            let held = taken.elapsed();
+            d.hold = Some(d.hold.map_or(held, |h| (h * 4 + held) / 5));
+        }
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         // The permit goes back to its semaphore when the field drops, after this; a
-        // semaphore no longer in the map then has no user left to wait on it.
+        // semaphore no longer in the map then has no user left to wait on it. A
+        // destination with store slots kept idle stays until they are given back
+        // (`InFlight::stale_idle`).
         let mut destinations = self.owner.destinations();
         if let Some(d) = destinations.get_mut(&self.key) {
-            d.users = d.users.saturating_sub(1);
-            if let (Some((_, taken)), true) = (&self.permit, self.sent) {
-                let held = taken.elapsed();
-                d.hold = Some(d.hold.map_or(held, |h| (h * 4 + held) / 5));
-            }
-            if d.users == 0 {
+            Self::count_off(d, self.permit.as_ref(), self.sent);
+            if d.users == 0 && d.idle.is_empty() {
                 destinations.remove(&self.key);
             }
         }
@@ -284,6 +384,42 @@ mod tests {
             held.push(slots.take(A, limit, Duration::ZERO).await.expect("slot"));
         }
         held
+    }
+
+    #[tokio::test]
+    async fn kept_store_slots_go_to_the_next_delivery_and_back_with_the_last_user() {
+        let slots = InFlight::new(4);
+        let at = Instant::now();
+        let first = slots.take(A, 2, Duration::ZERO).await.expect("slot");
+        assert_eq!(first.kept(), None, "nothing kept yet");
+        let second = slots.take(A, 2, Duration::ZERO).await.expect("slot");
+        first.keep(Kept::new("h1".into(), at));
+        assert!(first.release().is_empty(), "another user remains");
+        let third = slots.take(A, 2, Duration::ZERO).await.expect("slot");
+        let kept = third.kept().expect("the kept slot");
+        assert_eq!((kept.holder.as_str(), kept.admitted), ("h1", at));
+        third.keep(kept);
+        drop(third);
+        assert_eq!(
+            second.release(),
+            vec!["h1".to_owned()],
+            "the last user gives them back"
+        );
+        assert!(slots.destinations().is_empty());
+        // Kept by a slot dropped without release: the sweep gives it back once idle.
+        let s = slots.take(A, 2, Duration::ZERO).await.expect("slot");
+        s.keep(Kept::new("h2".into(), at));
+        drop(s);
+        assert!(
+            slots.stale_idle(Duration::from_secs(60)).is_empty(),
+            "not idle long"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            slots.stale_idle(Duration::from_millis(10)),
+            vec![(A.to_owned(), "h2".to_owned())]
+        );
+        assert!(slots.destinations().is_empty());
     }
 
     #[tokio::test]

@@ -25,13 +25,21 @@
 //! is over one claimer sends a probe, whose outcome closes or re-opens it.
 //!
 //! Deliveries are paced per destination, across every instance: each holds one of its
-//! destination's slots in the store while it is sent (`admit_delivery` to
+//! destination's slots in the store while it is sent (`admit_delivery_clean` to
 //! `settle_delivery`), at most `max_in_flight_per_destination` of them, fewer while
 //! the destination ramps up after its breaker closed (from one slot, one more per
 //! answer). One that finds no slot asks again while its claim lease leaves time, then
-//! is deferred; waiting spends no attempt.
+//! is deferred; waiting spends no attempt. A slot admitted while nothing was counted
+//! on the destination's breaker, whose delivery was answered 2xx, is not settled (that
+//! would only give it back): the instance keeps it for its next delivery to the
+//! destination, which sends without asking the store, for [`KEEP_FRESH`] after the
+//! store last admitted it (then it is asked for again under the same holder); the
+//! instance's last delivery to the destination gives the kept slots back, and so does
+//! a sweep of those idle for [`KEEP_FRESH`] (`InFlight`). So under load a slot turns
+//! over in the time of a POST rather than a POST and two store round trips.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,12 +51,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::deliver::alerts::{AlertKind, Alerts};
 use crate::deliver::batch::{Coalescer, fallible};
-use crate::deliver::in_flight::InFlight;
+use crate::deliver::in_flight::{InFlight, Kept, Slot};
 use crate::egress::{self, EgressPolicy};
 use crate::model::duration_ms;
 use crate::store::{
-    Admission, AppStore, Applied, BreakerState, DeliveryOutcome, DeliveryResult, DeliveryTerms,
-    DueEntries, JobStore, Outbox, Pacer, WebhookDelivery,
+    Admission, AppStore, Applied, BreakerState, CleanAdmission, DeliveryOutcome, DeliveryResult,
+    DeliveryTerms, DueEntries, JobStore, Outbox, Pacer, SettleRequest, WebhookDelivery,
 };
 
 /// How the worker delivers. Every interval is configurable, so tests run the same code
@@ -225,7 +233,23 @@ pub struct Deliveries {
     claiming: Mutex<HashSet<String>>,
     /// The store calls of concurrent deliveries, made together.
     batched: Batched,
+    /// This worker's store-slot holders: a random prefix and a counter.
+    holders: (String, AtomicU64),
 }
+
+/// A store slot a delivery sends with (see `Deliveries::store_slot`).
+struct StoreSlot {
+    holder: String,
+    /// When the store last admitted it.
+    admitted: Instant,
+    /// Admitted while nothing was counted on the destination's breaker.
+    clean: bool,
+}
+
+/// How long a store slot kept between deliveries is used without asking the store
+/// again (which renews it and says again whether the breaker is clean), and how long
+/// one kept idle stays this instance's before it is given back.
+const KEEP_FRESH: Duration = Duration::from_secs(1);
 
 /// Requests one batched store call carries at most.
 const BATCH_MAX: usize = 256;
@@ -281,6 +305,7 @@ impl Deliveries {
             // and again), but a hanging one holds at most half of the claims.
             in_flight: InFlight::new(opts.max_in_flight.max(1) * 2),
             batched: Batched::new(&store.outbox),
+            holders: (format!("{:016x}", rand::random::<u64>()), AtomicU64::new(0)),
             store,
             alerts,
             opts,
@@ -292,21 +317,26 @@ impl Deliveries {
     }
 
     /// Sweeps the outbox until `shutdown`; then stops the requests in flight (their
-    /// claims run out and another instance, or this one after a restart, retries).
+    /// claims run out and another instance, or this one after a restart, retries) and
+    /// gives back the destinations' slots it kept.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         if self.opts.secrets.is_empty() {
             warn!("no --webhook-secret: webhooks are sent unsigned");
         }
         info!(every = ?self.opts.every, schedule = ?self.opts.retry_schedule, "webhook delivery started");
-        Pacer::new(
+        let pacer = Pacer::new(
             self.store.outbox.partitions(),
             self.opts.every,
             self.store.outbox.activity(),
-        )
-        .run(&shutdown, |p| self.sweep(p, &shutdown))
-        .await;
+        );
+        tokio::join!(
+            pacer.run(&shutdown, |p| self.sweep(p, &shutdown)),
+            self.give_back_idle(&shutdown)
+        );
         self.tasks.close();
         self.tasks.wait().await;
+        self.give_back(self.in_flight.stale_idle(Duration::ZERO))
+            .await;
         info!("webhook delivery stopped");
     }
 
@@ -430,7 +460,6 @@ impl Deliveries {
         };
         let dest = destination(&url);
         let limit = sender.limit;
-        let holder = format!("{}#{}", d.schedule_id, d.token);
         let busy = DeliveryOutcome::Defer {
             until: d.now.saturating_add(duration_ms(BUSY_DEFER)).min(deadline),
         };
@@ -448,25 +477,23 @@ impl Deliveries {
                 .await;
             return;
         };
-        match self.admit(&dest, &holder, limit, claimed_at).await {
-            Some(Admission::Go) => {}
-            Some(Admission::Probe) => {
-                info!(destination = %dest, "webhook circuit breaker half-open: this delivery is the probe");
-            }
-            Some(Admission::Open { until }) => {
+        let slot = match self.store_slot(&local, &dest, limit, claimed_at).await {
+            Ok(slot) => slot,
+            Err(Some(Admission::Open { until })) => {
                 debug!(destination = %dest, until, "webhook circuit breaker open: deferred");
                 let until = until.min(deadline);
                 self.finish(&d, DeliveryOutcome::Defer { until }).await;
                 return;
             }
-            Some(Admission::Full { window }) => {
+            Err(Some(Admission::Full { window })) => {
                 debug!(destination = %dest, window, "destination's window in flight: deferred");
                 self.finish_counted(&d, busy, "busy").await;
                 return;
             }
             // Logged; the claim runs out and the delivery is retried, no attempt spent.
-            None => return,
-        }
+            Err(_) => return,
+        };
+        let holder = slot.holder.as_str();
         let terms = self.terms(limit, claimed_at);
         let in_flight = match tokio::time::timeout(
             self.wait_budget(claimed_at),
@@ -478,7 +505,7 @@ impl Deliveries {
             Ok(Err(_)) => return,
             Err(_) => {
                 debug!("the instance had its bound in flight: deferred");
-                self.settle(&dest, &holder, None, &terms).await;
+                self.settle(&dest, holder, None, &terms).await;
                 self.finish_counted(&d, busy, "busy").await;
                 return;
             }
@@ -492,17 +519,28 @@ impl Deliveries {
         };
         local.sent();
         // The receiver has answered (or not): the instance's slot is free while the
-        // outcome is recorded; the destination's is given back with the breaker's
-        // count, and only then this instance's own (so the next of its deliveries
-        // waiting for the destination never finds the store's count not yet lowered).
+        // outcome is recorded. The destination's is kept for this instance's next
+        // delivery there when nothing is counted on its breaker and this one was a
+        // 2xx (settling would only give it back); else it is given back with the
+        // breaker's count. Only then this instance's own slot goes (so the next of its
+        // deliveries waiting for the destination never finds the store's count not yet
+        // lowered), and with the last one the store slots kept for the destination.
         drop(in_flight);
         let answered = match &attempt {
             Attempt::Answered(status) => Some((200..300).contains(status) || *status == 410),
             // An egress refusal says nothing about the destination's health.
             Attempt::NoAnswer(code, _) => (*code != "egress_refused").then_some(false),
         };
-        self.settle(&dest, &holder, answered, &terms).await;
-        drop(local);
+        let delivered =
+            matches!(attempt, Attempt::Answered(status) if (200..300).contains(&status));
+        if slot.clean && delivered {
+            local.keep(Kept::new(slot.holder.clone(), slot.admitted));
+        } else {
+            self.settle(&dest, holder, answered, &terms).await;
+        }
+        let idle = local.release();
+        self.give_back(idle.into_iter().map(|h| (dest.clone(), h)).collect())
+            .await;
         let outcome = self.outcome(&d, attempt, claimed_at, deadline);
         self.finish(&d, outcome).await;
     }
@@ -564,6 +602,101 @@ impl Deliveries {
         }
     }
 
+    /// The store slot of `dest` a delivery holding `local` sends with: one this
+    /// instance kept for the destination, admitted clean within [`KEEP_FRESH`] (no
+    /// store call), else one the store admits now (a kept one admitted longer ago is
+    /// asked for again under its holder, its lease renewed). Err with the admission
+    /// that refused it (None: the store could not be asked, logged).
+    async fn store_slot(
+        &self,
+        local: &Slot,
+        dest: &str,
+        limit: u32,
+        claimed_at: Instant,
+    ) -> Result<StoreSlot, Option<Admission>> {
+        let kept = local.kept();
+        if let Some(k) = kept.as_ref().filter(|k| k.admitted.elapsed() < KEEP_FRESH) {
+            return Ok(StoreSlot {
+                holder: k.holder.clone(),
+                admitted: k.admitted,
+                clean: true,
+            });
+        }
+        let was_kept = kept.is_some();
+        let holder = kept.map_or_else(|| self.new_holder(), |k| k.holder);
+        let admitted = Instant::now();
+        match self.admit(dest, &holder, limit, claimed_at).await {
+            Some(CleanAdmission {
+                admission: Admission::Go,
+                clean,
+            }) => Ok(StoreSlot {
+                holder,
+                admitted,
+                clean,
+            }),
+            Some(CleanAdmission {
+                admission: Admission::Probe,
+                ..
+            }) => {
+                info!(destination = %dest, "webhook circuit breaker half-open: this delivery is the probe");
+                Ok(StoreSlot {
+                    holder,
+                    admitted,
+                    clean: false,
+                })
+            }
+            Some(CleanAdmission { admission, .. }) => {
+                // A kept slot the store did not renew: whatever it still holds goes back.
+                if was_kept {
+                    self.give_back(vec![(dest.to_owned(), holder)]).await;
+                }
+                Err(Some(admission))
+            }
+            None => Err(None),
+        }
+    }
+
+    /// A holder name for a store slot, unique across instances.
+    fn new_holder(&self) -> String {
+        let n = self.holders.1.fetch_add(1, Ordering::Relaxed);
+        format!("{}#{n}", self.holders.0)
+    }
+
+    /// Gives store slots back (destination, holder), in one store call; a failure
+    /// leaves them to run out with their lease (logged).
+    async fn give_back(&self, slots: Vec<(String, String)>) {
+        if slots.is_empty() {
+            return;
+        }
+        let terms = self.terms(self.opts.max_in_flight_per_destination, Instant::now());
+        let requests = slots
+            .into_iter()
+            .map(|(destination, holder)| SettleRequest {
+                destination,
+                holder,
+                answered: None,
+                terms,
+            })
+            .collect();
+        if let Err(e) = self.store.outbox.settle_deliveries(requests).await {
+            warn!(error = %e, "giving back the destinations' slots kept idle failed; they run out with their lease");
+        }
+    }
+
+    /// Gives back, every [`KEEP_FRESH`] until `shutdown` and then all at once, the
+    /// store slots kept idle for that long.
+    async fn give_back_idle(&self, shutdown: &CancellationToken) {
+        let mut tick = tokio::time::interval(KEEP_FRESH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            self.give_back(self.in_flight.stale_idle(KEEP_FRESH)).await;
+        }
+    }
+
     /// The destination's admission for `holder`, asked again (with a growing pause)
     /// while its window is full and the claim leaves time to wait. None when the store
     /// could not be asked (logged).
@@ -573,12 +706,20 @@ impl Deliveries {
         holder: &str,
         limit: u32,
         claimed_at: Instant,
-    ) -> Option<Admission> {
+    ) -> Option<CleanAdmission> {
         let mut pause = Duration::from_millis(20);
         loop {
             let terms = self.terms(limit, claimed_at);
-            match self.store.outbox.admit_delivery(dest, holder, &terms).await {
-                Ok(Admission::Full { .. }) if self.wait_budget(claimed_at) > pause => {
+            match self
+                .store
+                .outbox
+                .admit_delivery_clean(dest, holder, &terms)
+                .await
+            {
+                Ok(CleanAdmission {
+                    admission: Admission::Full { .. },
+                    ..
+                }) if self.wait_budget(claimed_at) > pause => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(ADMIT_PAUSE_MAX);
                 }

@@ -113,6 +113,16 @@ pub enum Admission {
     Full { window: u32 },
 }
 
+/// `admit_delivery_clean`'s answer: the admission, and whether the destination's
+/// breaker had nothing counted on it then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanAdmission {
+    pub admission: Admission,
+    /// `Go` to a breaker closed with no failure and no ramp counted: an answered
+    /// attempt's `settle_delivery` would change nothing on it but give the slot back.
+    pub clean: bool,
+}
+
 /// The terms of one delivery's dealings with its destination: its slots (pacing) and
 /// its breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +242,22 @@ pub trait Outbox: StoreMeta {
         holder: &str,
         terms: &DeliveryTerms,
     ) -> Result<Admission>;
+
+    /// `admit_delivery`, and whether the breaker had nothing counted on it (see
+    /// `CleanAdmission`): a caller may then keep the slot for its next delivery to the
+    /// destination after a 2xx rather than settle it, asking again (the same holder,
+    /// its lease renewed) before long. By default never clean: every attempt settles.
+    async fn admit_delivery_clean(
+        &self,
+        destination: &str,
+        holder: &str,
+        terms: &DeliveryTerms,
+    ) -> Result<CleanAdmission> {
+        Ok(CleanAdmission {
+            admission: self.admit_delivery(destination, holder, terms).await?,
+            clean: false,
+        })
+    }
 
     /// Gives back `holder`'s slot and counts the attempt's result on the breaker:
     /// `answered` Some(true) (the receiver answered, 2xx or 410) closes it (a breaker

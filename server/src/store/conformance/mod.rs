@@ -132,6 +132,7 @@ macro_rules! store_conformance_tests {
                 breaker_transitions: options,
                 delivery_slots_pace_a_destination: options,
                 admit_and_settle_batches: options,
+                clean_admissions: options,
                 a_closed_breaker_ramps_up: options,
                 run_history_notes_each_step: options,
             }

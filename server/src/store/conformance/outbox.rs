@@ -887,6 +887,68 @@ pub async fn admit_and_settle_batches(store: Arc<dyn Store>) {
     );
 }
 
+/// `admit_delivery_clean`: clean while nothing is counted on the destination's
+/// breaker; a failure counted makes it not clean, and so does a ramp under way; a
+/// success that leaves no record makes it clean again.
+pub async fn clean_admissions(store: Arc<dyn Store>) {
+    let dest = "http://clean.example:80";
+    let t = terms(4);
+    let clean = |holder: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .admit_delivery_clean(dest, holder, &t)
+                .await
+                .expect("admit")
+        }
+    };
+    let a = clean("a").await;
+    assert_eq!((a.admission, a.clean), (Admission::Go, true));
+    // Asking again keeps the slot, and says the same.
+    let a = clean("a").await;
+    assert_eq!((a.admission, a.clean), (Admission::Go, true));
+    assert_eq!(
+        settle(&store, dest, "a", Some(false), &t).await,
+        Some(BreakerUpdate {
+            state: BreakerState::Closed,
+            changed: false
+        })
+    );
+    let b = clean("b").await;
+    assert_eq!(
+        (b.admission, b.clean),
+        (Admission::Go, false),
+        "a failure counted"
+    );
+    settle(&store, dest, "b", Some(true), &t).await;
+    let c = clean("c").await;
+    assert_eq!(
+        (c.admission, c.clean),
+        (Admission::Go, true),
+        "the success reset it"
+    );
+    settle(&store, dest, "c", None, &t).await;
+    // Opened, then closed by a probe: the ramp under way is counted.
+    for holder in ["d", "e", "f"] {
+        attempt(&store, dest, holder, false, &t).await;
+    }
+    let open = clean("g").await;
+    assert!(
+        matches!(open.admission, Admission::Open { .. }) && !open.clean,
+        "{open:?}"
+    );
+    tokio::time::sleep(t.cool_down + Duration::from_millis(50)).await;
+    let probe = clean("p").await;
+    assert_eq!((probe.admission, probe.clean), (Admission::Probe, false));
+    settle(&store, dest, "p", Some(true), &t).await;
+    let ramp = clean("r").await;
+    assert_eq!(
+        (ramp.admission, ramp.clean),
+        (Admission::Go, false),
+        "ramping up"
+    );
+}
+
 /// After its breaker closes a destination's window starts at one slot, grows by one
 /// with each answered attempt, halves with a failure, and ends at the limit.
 pub async fn a_closed_breaker_ramps_up(store: Arc<dyn Store>) {

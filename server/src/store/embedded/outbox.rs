@@ -248,6 +248,19 @@ impl Outbox for EmbeddedStore {
         .await
     }
 
+    /// Clean when the destination has no breaker record once admitted (a record that
+    /// appears meanwhile is as if it came just after).
+    async fn admit_delivery_clean(
+        &self,
+        destination: &str,
+        holder: &str,
+        terms: &DeliveryTerms,
+    ) -> Result<CleanAdmission> {
+        let admission = self.admit_delivery(destination, holder, terms).await?;
+        let clean = admission == Admission::Go && !self.has_breaker(destination)?;
+        Ok(CleanAdmission { admission, clean })
+    }
+
     async fn settle_delivery(
         &self,
         destination: &str,

@@ -147,12 +147,27 @@ impl Outbox for RedisStore {
         holder: &str,
         terms: &DeliveryTerms,
     ) -> Result<Admission> {
+        Ok(self
+            .admit_delivery_clean(destination, holder, terms)
+            .await?
+            .admission)
+    }
+
+    async fn admit_delivery_clean(
+        &self,
+        destination: &str,
+        holder: &str,
+        terms: &DeliveryTerms,
+    ) -> Result<CleanAdmission> {
+        let b = self.breakers_prefix();
         let mut c = self.conn().await?;
         let (verdict, n): (String, String) = self
             .inner
             .scripts
             .admit_delivery
-            .arg(self.breakers_prefix())
+            .key(format!("{b}breaker:{destination}"))
+            .key(format!("{b}pace:{destination}"))
+            .arg(&b)
             .arg(destination)
             .arg(holder)
             .arg(terms.limit.max(1))
@@ -161,7 +176,10 @@ impl Outbox for RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
-        admission(&verdict, &n)
+        Ok(CleanAdmission {
+            admission: admission(&verdict, &n)?,
+            clean: verdict == "go" && n == "1",
+        })
     }
 
     async fn admit_deliveries(&self, requests: Vec<AdmitRequest>) -> Result<Vec<Admission>> {

@@ -5,8 +5,9 @@
 
 -- Admits `holder` to `dest` (see Outbox::admit_delivery): the breaker first, then a
 -- slot among the window (`limit`, or the ramp while smaller; 1 for a probe) for
--- `lease` ms. Returns {verdict, n}: 'go', 'probe' (this caller is the breaker's
--- probe), 'open' (n: until), 'full' (n: the window).
+-- `lease` ms. Returns {verdict, n}: 'go' (n: '1' when the breaker has no record, so
+-- nothing is counted on it, else '0'), 'probe' (this caller is the breaker's probe),
+-- 'open' (n: until), 'full' (n: the window).
 local function admit_slot(B, dest, holder, limit, lease, probe)
   local bkey = B .. 'breaker:' .. dest
   local pkey = B .. 'pace:' .. dest
@@ -46,7 +47,7 @@ local function admit_slot(B, dest, holder, limit, lease, probe)
     redis.call('PEXPIRE', bkey, 86400000)
     return { 'probe', '0' }
   end
-  return { 'go', '0' }
+  return { 'go', (b[1] or b[2] or b[3]) and '0' or '1' }
 end
 
 -- Gives back `holder`'s slot of `dest` and counts the attempt on the breaker (see
