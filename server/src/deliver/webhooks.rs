@@ -1115,6 +1115,107 @@ mod tests {
         store.get_run(sid).await.expect("get").expect("run")
     }
 
+    /// A 2xx to a destination with nothing counted on its breaker keeps the store slot
+    /// while this instance has another delivery for the destination, and gives it back
+    /// with the last one, so the destination's window is whole again for every
+    /// instance.
+    #[tokio::test]
+    async fn a_kept_slot_goes_back_with_the_last_delivery_to_its_destination() {
+        let app = axum::Router::new().route("/hook", axum::routing::post(|| async { "ok" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = format!("http://{addr}/hook");
+        let dest = destination(&url::Url::parse(&url).expect("url"));
+        let (store, sid, _dir) = finished_run(&url).await;
+        let w = with_options(
+            &store,
+            "127.0.0.1/32",
+            WebhookOptions {
+                max_in_flight_per_destination: 2,
+                ..test_options()
+            },
+        );
+        let window = DeliveryTerms {
+            limit: 2,
+            lease: Duration::from_secs(30),
+            probe: Duration::from_secs(5),
+            threshold: 5,
+            cool_down: Duration::from_secs(30),
+        };
+        let admit = |holder: &'static str| {
+            let (store, dest) = (store.clone(), dest.clone());
+            async move {
+                store
+                    .admit_delivery(&dest, holder, &window)
+                    .await
+                    .expect("admit")
+            }
+        };
+        // Another delivery to the destination is under way on this instance.
+        let other = w
+            .in_flight
+            .take(&dest, 2, Duration::ZERO)
+            .await
+            .expect("a local slot");
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!(r.callback_state, CallbackState::Done);
+        // The delivered one's store slot is still this instance's: one of two free.
+        assert_eq!(admit("x").await, Admission::Go);
+        assert_eq!(admit("y").await, Admission::Full { window: 2 }, "one kept");
+        // The last user gives the kept slot back.
+        let kept = other.release();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        w.give_back(kept.into_iter().map(|h| (dest.clone(), h)).collect())
+            .await;
+        assert_eq!(admit("y").await, Admission::Go, "the window is whole again");
+    }
+
+    /// With no other delivery to its destination, a delivered one gives its slot back
+    /// at once.
+    #[tokio::test]
+    async fn a_lone_delivery_gives_its_slot_back() {
+        let app = axum::Router::new().route("/hook", axum::routing::post(|| async { "ok" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = format!("http://{addr}/hook");
+        let dest = destination(&url::Url::parse(&url).expect("url"));
+        let (store, sid, _dir) = finished_run(&url).await;
+        let w = with_options(
+            &store,
+            "127.0.0.1/32",
+            WebhookOptions {
+                max_in_flight_per_destination: 1,
+                ..test_options()
+            },
+        );
+        let r = one_attempt(&store, &w, &sid).await;
+        assert_eq!(r.callback_state, CallbackState::Done);
+        let window = DeliveryTerms {
+            limit: 1,
+            lease: Duration::from_secs(30),
+            probe: Duration::from_secs(5),
+            threshold: 5,
+            cool_down: Duration::from_secs(30),
+        };
+        assert_eq!(
+            store
+                .admit_delivery(&dest, "another-instance", &window)
+                .await
+                .expect("admit"),
+            Admission::Go
+        );
+        assert!(
+            w.in_flight.stale_idle(Duration::ZERO).is_empty(),
+            "nothing kept"
+        );
+    }
+
     #[tokio::test]
     async fn a_redirect_is_a_failed_attempt_and_never_followed() {
         let followed = Arc::new(std::sync::atomic::AtomicBool::new(false));
