@@ -38,7 +38,7 @@ mod node_cache;
 mod room;
 
 use node_cache::NodeCache;
-use room::Room;
+use room::{Place, Room};
 
 /// The store traits the dispatcher uses, each for its own part of the work.
 #[derive(Clone)]
@@ -314,16 +314,34 @@ impl Dispatcher {
         }
     }
 
-    /// One pass of `refill`: up to [`REFILL_BATCH`] runs.
+    /// One pass of `refill`: up to [`REFILL_BATCH`] runs, as many at once as the
+    /// eligible nodes have free slots as far as this instance knows (routed one at a
+    /// time, each waited for its store call: a room that filled once drained at one
+    /// run per round trip, which on the embedded store is a commit, and every newer run
+    /// queued behind it). A run that finds no room after all goes back to its place.
     async fn refill_pass(&self, group: &str, handler: &str) {
-        for _ in 0..REFILL_BATCH {
-            if !self.has_room(group, handler).await {
+        let mut left = REFILL_BATCH;
+        while left > 0 {
+            let free = self.free_slots(group, handler).await.min(left);
+            if free == 0 {
                 return;
             }
-            let Some(run) = lock(&self.room).pop(group, handler) else {
-                return;
+            let runs: Vec<(Place, RunRecord)> = {
+                let mut room = lock(&self.room);
+                std::iter::from_fn(|| room.pop(group, handler))
+                    .take(free)
+                    .collect()
             };
-            if self.route_one(&run, true).await == Routed::NoRoom {
+            if runs.is_empty() {
+                return;
+            }
+            left -= runs.len();
+            let routed = futures::future::join_all(
+                runs.iter()
+                    .map(|(place, run)| self.route_one(run, Some(*place))),
+            )
+            .await;
+            if routed.contains(&Routed::NoRoom) {
                 return;
             }
         }
@@ -420,12 +438,12 @@ impl Dispatcher {
     /// runs out; when its group has no healthy node at all, the attempt fails with
     /// "no executor" (retried per the job's policy).
     pub async fn route(&self, run: RunRecord) {
-        self.route_one(&run, false).await;
+        self.route_one(&run, None).await;
     }
 
     /// Routes `run` (`queued`: taken out of the room queue) in its span; NoRoom when
     /// it found every eligible node at its window.
-    async fn route_one(&self, run: &RunRecord, queued: bool) -> Routed {
+    async fn route_one(&self, run: &RunRecord, queued: Option<Place>) -> Routed {
         let span = info_span!("route", job_id = %run.job_id, schedule_id = %run.schedule_id, attempt = run.attempt);
         async {
             let Some(job) = self.job(&run.job_id, run.job_version).await else {
@@ -475,13 +493,13 @@ impl Dispatcher {
         job: &JobRecord,
         group: &str,
         handler: &str,
-        queued: bool,
+        queued: Option<Place>,
     ) -> Routed {
         let roomy = waits_in_room(run, job);
-        if roomy && !queued && lock(&self.room).waiting(group, handler) {
+        if roomy && queued.is_none() && lock(&self.room).waiting(group, handler) {
             // Older runs wait for these nodes: this one queues behind them, and the
             // room is refilled now in case a node has room already.
-            self.wait_for_room(run, group, handler, false).await;
+            self.wait_for_room(run, group, handler, None).await;
             Box::pin(self.refill(group, handler)).await;
             return Routed::NoRoom;
         }
@@ -520,30 +538,41 @@ impl Dispatcher {
         }
     }
 
-    /// Whether a routable node of `group` serving `handler` has room as far as this
-    /// instance knows (routing would ask the store about it).
-    async fn has_room(&self, group: &str, handler: &str) -> bool {
+    /// The free slots of the routable nodes of `group` serving `handler` as far as
+    /// this instance knows (routing asks the store about each): a node without a
+    /// window counts as [`REFILL_BATCH`].
+    async fn free_slots(&self, group: &str, handler: &str) -> usize {
         let (snapshot, health) = self.nodes.judged(self.store.nodes.as_ref()).await;
-        snapshot.iter().zip(health.iter()).any(|(n, h)| {
-            n.group == group
-                && h.routable()
-                && n.handlers.iter().any(|x| x == handler)
-                && !self.nodes.at_window(n)
-        })
+        snapshot
+            .iter()
+            .zip(health.iter())
+            .filter(|(n, h)| {
+                n.group == group && h.routable() && n.handlers.iter().any(|x| x == handler)
+            })
+            .map(|(n, _)| match n.max_concurrency {
+                0 => REFILL_BATCH,
+                max => usize::try_from(max.saturating_sub(self.nodes.busy(n))).unwrap_or(0),
+            })
+            .fold(0, usize::saturating_add)
     }
 
     /// Every eligible node is at its window: unless it has waited past its timeout
     /// (`still_waiting`), the run waits in the room queue, at the head when it was
     /// taken from there, else behind the runs already waiting.
-    async fn wait_for_room(&self, run: &RunRecord, group: &str, handler: &str, front: bool) {
+    async fn wait_for_room(
+        &self,
+        run: &RunRecord,
+        group: &str,
+        handler: &str,
+        place: Option<Place>,
+    ) {
         if !self.still_waiting(run).await {
             return;
         }
         let mut room = lock(&self.room);
-        let queued = if front {
-            room.push_front(group, handler, run.clone())
-        } else {
-            room.push_back(group, handler, run.clone())
+        let queued = match place {
+            Some(place) => room.put_back(group, handler, run.clone(), place),
+            None => room.push_back(group, handler, run.clone()),
         };
         if !queued && !room.holds(&run.schedule_id, run.attempt) {
             debug!(

@@ -19,10 +19,18 @@ pub(super) const ROOM_CAPACITY: usize = 50_000;
 /// Which runs a node can take: its group and one of its handlers.
 type Key = (String, String);
 
+/// A run's place in the room: the order in which runs began to wait. A run taken out
+/// to be routed keeps it, and goes back to it if it finds no room after all (several
+/// are routed at once, and may come back in any order).
+pub(super) type Place = u64;
+
 #[derive(Debug, Default)]
 pub(super) struct Room {
-    /// Per group and handler, the runs in the order they began to wait.
-    queues: HashMap<Key, VecDeque<RunRecord>>,
+    /// Per group and handler, the runs in the order they began to wait, each with its
+    /// place (`Place`), ascending.
+    queues: HashMap<Key, VecDeque<(Place, RunRecord)>>,
+    /// The next run's place.
+    next: Place,
     /// (schedule_id, attempt) of every queued run, so a run woken again by its timer
     /// while it waits here is not queued twice.
     queued: HashSet<(String, u32)>,
@@ -40,16 +48,22 @@ impl Room {
     /// False when it is not queued: already waiting here (its place is kept), or the
     /// room is full.
     pub(super) fn push_back(&mut self, group: &str, handler: &str, run: RunRecord) -> bool {
-        self.push(group, handler, run, false)
+        self.push(group, handler, run, None)
     }
 
-    /// Puts back at the head of its queue a run taken out to be routed that found no
-    /// room after all, so it keeps its turn.
-    pub(super) fn push_front(&mut self, group: &str, handler: &str, run: RunRecord) -> bool {
-        self.push(group, handler, run, true)
+    /// Puts back a run taken out to be routed (`pop`) that found no room after all, at
+    /// its `place`, so it keeps its turn: ahead of every run that came after it.
+    pub(super) fn put_back(
+        &mut self,
+        group: &str,
+        handler: &str,
+        run: RunRecord,
+        place: Place,
+    ) -> bool {
+        self.push(group, handler, run, Some(place))
     }
 
-    fn push(&mut self, group: &str, handler: &str, run: RunRecord, front: bool) -> bool {
+    fn push(&mut self, group: &str, handler: &str, run: RunRecord, place: Option<Place>) -> bool {
         if self.queued.len() >= ROOM_CAPACITY {
             return false;
         }
@@ -64,10 +78,15 @@ impl Room {
             .queues
             .entry((group.to_owned(), handler.to_owned()))
             .or_default();
-        if front {
-            queue.push_front(run);
-        } else {
-            queue.push_back(run);
+        match place {
+            Some(place) => {
+                let at = queue.partition_point(|(p, _)| *p < place);
+                queue.insert(at, (place, run));
+            }
+            None => {
+                queue.push_back((self.next, run));
+                self.next += 1;
+            }
         }
         true
     }
@@ -113,15 +132,16 @@ impl Room {
             .remove(&(group.to_owned(), handler.to_owned()));
     }
 
-    /// The run that has waited longest for a node of `group` serving `handler`.
-    pub(super) fn pop(&mut self, group: &str, handler: &str) -> Option<RunRecord> {
+    /// The run that has waited longest for a node of `group` serving `handler`, with
+    /// its place (to `put_back` it there).
+    pub(super) fn pop(&mut self, group: &str, handler: &str) -> Option<(Place, RunRecord)> {
         let key = (group.to_owned(), handler.to_owned());
         let queue = self.queues.get_mut(&key)?;
-        let run = queue.pop_front();
+        let entry = queue.pop_front();
         if queue.is_empty() {
             self.queues.remove(&key);
         }
-        let run = run?;
+        let (place, run) = entry?;
         self.queued.remove(&(run.schedule_id.clone(), run.attempt));
         if let Some((n, _)) = self.runs.get_mut(&run.schedule_id) {
             *n -= 1;
@@ -129,7 +149,7 @@ impl Room {
                 self.runs.remove(&run.schedule_id);
             }
         }
-        Some(run)
+        Some((place, run))
     }
 
     /// Whether runs wait here for a node of `group` serving `handler`: a newer run for
@@ -212,14 +232,34 @@ mod tests {
         assert!(room.waiting("g", "h") && room.waiting("g", "other"));
         assert!(!room.waiting("g2", "h"));
         assert_eq!(room.len(), 3);
-        assert_eq!(room.pop("g", "h").map(|r| r.job_id), Some("a".into()));
+        let (place, a) = room.pop("g", "h").expect("a");
+        assert_eq!(a.job_id, "a");
         // One that found no room after all keeps its turn.
-        assert!(room.push_front("g", "h", run("a", 1)));
-        assert_eq!(room.pop("g", "h").map(|r| r.job_id), Some("a".into()));
-        assert_eq!(room.pop("g", "h").map(|r| r.job_id), Some("c".into()));
+        assert!(room.put_back("g", "h", a, place));
+        assert_eq!(room.pop("g", "h").map(|(_, r)| r.job_id), Some("a".into()));
+        assert_eq!(room.pop("g", "h").map(|(_, r)| r.job_id), Some("c".into()));
         assert_eq!(room.pop("g", "h"), None);
         assert!(!room.waiting("g", "h"));
         assert_eq!(room.keys(), vec![("g".to_owned(), "other".to_owned())]);
+    }
+
+    #[test]
+    fn runs_put_back_in_any_order_keep_their_places() {
+        let mut room = Room::default();
+        for job in ["a", "b", "c", "d"] {
+            assert!(room.push_back("g", "h", run(job, 1)));
+        }
+        let taken: Vec<(Place, RunRecord)> = (0..3).filter_map(|_| room.pop("g", "h")).collect();
+        assert!(room.push_back("g", "h", run("e", 1)));
+        // Routed at once, the three come back in another order than they left.
+        for i in [1, 2, 0] {
+            let (place, run) = taken[i].clone();
+            assert!(room.put_back("g", "h", run, place));
+        }
+        let order: Vec<String> = std::iter::from_fn(|| room.pop("g", "h"))
+            .map(|(_, r)| r.job_id)
+            .collect();
+        assert_eq!(order, ["a", "b", "c", "d", "e"]);
     }
 
     #[test]
