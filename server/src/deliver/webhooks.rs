@@ -1115,12 +1115,8 @@ mod tests {
         store.get_run(sid).await.expect("get").expect("run")
     }
 
-    /// A 2xx to a destination with nothing counted on its breaker keeps the store slot
-    /// while this instance has another delivery for the destination, and gives it back
-    /// with the last one, so the destination's window is whole again for every
-    /// instance.
-    #[tokio::test]
-    async fn a_kept_slot_goes_back_with_the_last_delivery_to_its_destination() {
+    /// A receiver answering 200 to every POST on /hook: its URL and destination.
+    async fn answering_200() -> (String, String) {
         let app = axum::Router::new().route("/hook", axum::routing::post(|| async { "ok" }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -1129,6 +1125,16 @@ mod tests {
         tokio::spawn(async move { axum::serve(listener, app).await });
         let url = format!("http://{addr}/hook");
         let dest = destination(&url::Url::parse(&url).expect("url"));
+        (url, dest)
+    }
+
+    /// A 2xx to a destination with nothing counted on its breaker keeps the store slot
+    /// while this instance has another delivery for the destination, and gives it back
+    /// with the last one, so the destination's window is whole again for every
+    /// instance.
+    #[tokio::test]
+    async fn a_kept_slot_goes_back_with_the_last_delivery_to_its_destination() {
+        let (url, dest) = answering_200().await;
         let (store, sid, _dir) = finished_run(&url).await;
         let w = with_options(
             &store,
@@ -1177,14 +1183,7 @@ mod tests {
     /// at once.
     #[tokio::test]
     async fn a_lone_delivery_gives_its_slot_back() {
-        let app = axum::Router::new().route("/hook", axum::routing::post(|| async { "ok" }));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let url = format!("http://{addr}/hook");
-        let dest = destination(&url::Url::parse(&url).expect("url"));
+        let (url, dest) = answering_200().await;
         let (store, sid, _dir) = finished_run(&url).await;
         let w = with_options(
             &store,

@@ -200,13 +200,7 @@ impl Outbox for RedisStore {
         }
         let mut c = self.conn().await?;
         let rows: Vec<(String, String)> = call.invoke_async(&mut c).await.map_err(unavailable)?;
-        if rows.len() != requests.len() {
-            return Err(corrupt(format!(
-                "admit_deliveries answered {} rows for {} deliveries",
-                rows.len(),
-                requests.len()
-            )));
-        }
+        answered_for("admit_deliveries", rows.len(), requests.len())?;
         rows.iter().map(|(v, n)| admission(v, n)).collect()
     }
 
@@ -232,13 +226,7 @@ impl Outbox for RedisStore {
         }
         let mut c = self.conn().await?;
         let rows: Vec<Vec<String>> = call.invoke_async(&mut c).await.map_err(unavailable)?;
-        if rows.len() != requests.len() {
-            return Err(corrupt(format!(
-                "settle_deliveries answered {} rows for {} deliveries",
-                rows.len(),
-                requests.len()
-            )));
-        }
+        answered_for("settle_deliveries", rows.len(), requests.len())?;
         rows.into_iter().map(settled).collect()
     }
 
@@ -289,13 +277,8 @@ impl RedisStore {
         }
         let mut c = self.conn().await?;
         let reply: Vec<Value> = call.invoke_async(&mut c).await.map_err(unavailable)?;
-        if reply.len() != schedule_ids.len() + 1 {
-            return Err(corrupt(format!(
-                "claim_deliveries answered {} values for {} entries",
-                reply.len(),
-                schedule_ids.len()
-            )));
-        }
+        // Its clock, then a row per entry.
+        answered_for("claim_deliveries", reply.len(), schedule_ids.len() + 1)?;
         let mut rows = reply.into_iter();
         let now: String = rows
             .next()
@@ -355,13 +338,7 @@ impl RedisStore {
         }
         let mut c = self.conn().await?;
         let rows: Vec<Vec<String>> = call.invoke_async(&mut c).await.map_err(unavailable)?;
-        if rows.len() != order.len() {
-            return Err(corrupt(format!(
-                "finish_deliveries answered {} rows for {} outcomes",
-                rows.len(),
-                order.len()
-            )));
-        }
+        answered_for("finish_deliveries", rows.len(), order.len())?;
         order
             .into_iter()
             .zip(rows)
@@ -431,5 +408,17 @@ fn settled(r: Vec<String>) -> Result<Option<BreakerUpdate>> {
             changed: changed == "1",
         })),
         other => Err(corrupt(format!("settle_delivery answered {other:?}"))),
+    }
+}
+
+/// A batch script answered one row per item asked (`got` of `asked`), else its reply
+/// is corrupt.
+fn answered_for(script: &str, got: usize, asked: usize) -> Result<()> {
+    if got == asked {
+        Ok(())
+    } else {
+        Err(corrupt(format!(
+            "{script} answered {got} rows for {asked} items"
+        )))
     }
 }
