@@ -53,8 +53,8 @@ pub use jobs::{
 };
 pub use nodes::{HandlerFigures, Inboxes, NodeRecord, NodeRegistry, NodeRemoved, Registered};
 pub use outbox::{
-    Admission, AdmitRequest, BreakerState, BreakerUpdate, CleanAdmission, DeliveryOutcome,
-    DeliveryResult, DeliveryTerms, GONE_ERROR, Outbox, SettleRequest, WebhookDelivery,
+    Admission, BreakerState, BreakerUpdate, CleanAdmission, DeliveryOutcome, DeliveryResult,
+    DeliveryTerms, GONE_ERROR, Outbox, SettleRequest, WebhookDelivery,
 };
 pub use pacing::Pacer;
 pub use runs::{

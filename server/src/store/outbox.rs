@@ -140,14 +140,6 @@ pub struct DeliveryTerms {
     pub cool_down: Duration,
 }
 
-/// One delivery's `admit_delivery`, for `admit_deliveries`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdmitRequest {
-    pub destination: String,
-    pub holder: String,
-    pub terms: DeliveryTerms,
-}
-
 /// One delivery's `settle_delivery`, for `settle_deliveries`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SettleRequest {
@@ -274,20 +266,6 @@ pub trait Outbox: StoreMeta {
         answered: Option<bool>,
         terms: &DeliveryTerms,
     ) -> Result<Option<BreakerUpdate>>;
-
-    /// `admit_delivery` of each request, one after the other in order (so what one
-    /// takes the next ones see), in as few store calls as the backend can make
-    /// (Redis: one): each one's admission, in order.
-    async fn admit_deliveries(&self, requests: Vec<AdmitRequest>) -> Result<Vec<Admission>> {
-        let mut out = Vec::with_capacity(requests.len());
-        for r in requests {
-            out.push(
-                self.admit_delivery(&r.destination, &r.holder, &r.terms)
-                    .await?,
-            );
-        }
-        Ok(out)
-    }
 
     /// `settle_delivery` of each request, one after the other in order, in as few
     /// store calls as the backend can make (Redis: one): what each made of its

@@ -28,9 +28,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    Admission, AdmitRequest, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate,
-    ClaimResult, Delivery, DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut,
-    Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
+    Admission, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate, ClaimResult,
+    Delivery, DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut, Finisher,
+    FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
     NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery,
     STALE_TOKEN, SettleRequest, Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery,
     partition_of,
@@ -131,7 +131,7 @@ macro_rules! store_conformance_tests {
                 outbox_due_per_partition: options,
                 breaker_transitions: options,
                 delivery_slots_pace_a_destination: options,
-                admit_and_settle_batches: options,
+                settle_batches: options,
                 clean_admissions: options,
                 a_closed_breaker_ramps_up: options,
                 run_history_notes_each_step: options,

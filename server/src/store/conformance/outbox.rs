@@ -797,15 +797,10 @@ pub async fn delivery_slots_pace_a_destination(store: Arc<dyn Store>) {
     assert_eq!(admit(&store, lone, "y", &one).await, Admission::Go);
 }
 
-/// `admit_deliveries` and `settle_deliveries`: a batch is the sequence of its requests
-/// (what one takes or opens, the next ones see), across destinations, one answer each.
-pub async fn admit_and_settle_batches(store: Arc<dyn Store>) {
+/// `settle_deliveries`: a batch is the sequence of its requests, across destinations,
+/// one answer each: slots given back, answers counted on each destination's breaker.
+pub async fn settle_batches(store: Arc<dyn Store>) {
     let (a, b) = ("http://batch-a.example:80", "http://batch-b.example:80");
-    let ask = |dest: &str, holder: &str, t: DeliveryTerms| AdmitRequest {
-        destination: dest.to_owned(),
-        holder: holder.to_owned(),
-        terms: t,
-    };
     let give = |dest: &str, holder: &str, answered: Option<bool>, t: DeliveryTerms| SettleRequest {
         destination: dest.to_owned(),
         holder: holder.to_owned(),
@@ -817,26 +812,12 @@ pub async fn admit_and_settle_batches(store: Arc<dyn Store>) {
         threshold: 1,
         ..terms(2)
     };
-    let admitted = store
-        .admit_deliveries(vec![
-            ask(a, "a1", t),
-            ask(a, "a2", t),
-            ask(a, "a3", t),
-            ask(b, "b1", t),
-            ask(a, "a1", t),
-        ])
-        .await
-        .expect("admit deliveries");
+    for (dest, holder) in [(a, "a1"), (a, "a2"), (b, "b1")] {
+        assert_eq!(admit(&store, dest, holder, &t).await, Admission::Go);
+    }
     assert_eq!(
-        admitted,
-        vec![
-            Admission::Go,
-            Admission::Go,
-            Admission::Full { window: 2 },
-            Admission::Go,
-            Admission::Go,
-        ],
-        "the third finds the first two's slots taken; a holder asking again keeps its own"
+        admit(&store, a, "a3", &t).await,
+        Admission::Full { window: 2 }
     );
     let settled = store
         .settle_deliveries(vec![
@@ -861,23 +842,10 @@ pub async fn admit_and_settle_batches(store: Arc<dyn Store>) {
     );
     assert_eq!(settled[2], None, "no attempt: nothing counted");
     // Both of a's slots are free again; b's breaker is open.
-    let admitted = store
-        .admit_deliveries(vec![ask(a, "a3", t), ask(a, "a4", t), ask(b, "b2", t)])
-        .await
-        .expect("admit deliveries");
-    assert_eq!(admitted[..2], [Admission::Go, Admission::Go]);
-    assert!(
-        matches!(admitted[2], Admission::Open { .. }),
-        "{:?}",
-        admitted[2]
-    );
-    assert_eq!(
-        store
-            .admit_deliveries(Vec::new())
-            .await
-            .expect("admit nothing"),
-        Vec::new()
-    );
+    assert_eq!(admit(&store, a, "a3", &t).await, Admission::Go);
+    assert_eq!(admit(&store, a, "a4", &t).await, Admission::Go);
+    let refused = admit(&store, b, "b2", &t).await;
+    assert!(matches!(refused, Admission::Open { .. }), "{refused:?}");
     assert_eq!(
         store
             .settle_deliveries(Vec::new())

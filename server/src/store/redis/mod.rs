@@ -67,14 +67,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Admission, AdmitRequest, AppStore, Applied, Assigned, AuditEvent, AuditLog, Begun,
-    BreakerState, BreakerUpdate, ClaimOutcome, ClaimResult, CleanAdmission, Delivery,
-    DeliveryOutcome, DeliveryResult, DeliveryTerms, DueBatch, DueEntries, DueFire, Enqueued, Error,
-    FannedOut, Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite,
-    LOG_LINE_COST, LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox,
-    Outcome, Page, Recorded, Registered, Result, Revocation, RunQuery, RunStore, SCHEMA_VERSION,
-    SettleRequest, StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery,
-    partition_of,
+    Admission, AppStore, Applied, Assigned, AuditEvent, AuditLog, Begun, BreakerState,
+    BreakerUpdate, ClaimOutcome, ClaimResult, CleanAdmission, Delivery, DeliveryOutcome,
+    DeliveryResult, DeliveryTerms, DueBatch, DueEntries, DueFire, Enqueued, Error, FannedOut,
+    Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite, LOG_LINE_COST,
+    LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page,
+    Recorded, Registered, Result, Revocation, RunQuery, RunStore, SCHEMA_VERSION, SettleRequest,
+    StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
@@ -198,7 +197,6 @@ scripts!(
     finish_deliveries,
     admit_delivery,
     settle_delivery,
-    admit_deliveries,
     settle_deliveries,
     grace_leases,
     append_audit,

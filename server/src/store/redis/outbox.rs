@@ -182,28 +182,6 @@ impl Outbox for RedisStore {
         })
     }
 
-    async fn admit_deliveries(&self, requests: Vec<AdmitRequest>) -> Result<Vec<Admission>> {
-        if requests.is_empty() {
-            return Ok(Vec::new());
-        }
-        let b = self.breakers_prefix();
-        let mut call = self.inner.scripts.admit_deliveries.prepare_invoke();
-        call.arg(&b);
-        for r in &requests {
-            call.key(format!("{b}breaker:{}", r.destination))
-                .key(format!("{b}pace:{}", r.destination));
-            call.arg(&r.destination)
-                .arg(&r.holder)
-                .arg(r.terms.limit.max(1))
-                .arg(ms(r.terms.lease).max(1))
-                .arg(ms(r.terms.probe));
-        }
-        let mut c = self.conn().await?;
-        let rows: Vec<(String, String)> = call.invoke_async(&mut c).await.map_err(unavailable)?;
-        answered_for("admit_deliveries", rows.len(), requests.len())?;
-        rows.iter().map(|(v, n)| admission(v, n)).collect()
-    }
-
     async fn settle_deliveries(
         &self,
         requests: Vec<SettleRequest>,
