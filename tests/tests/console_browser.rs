@@ -266,12 +266,17 @@ async fn actions(b: &Browser) -> Result<Vec<String>> {
 }
 
 /// The schedule ids of the runs the job page lists.
+/// The runs the job page lists, read in one script: the page re-renders its runs every
+/// 2 s, so rows found in one call and read in the next may be gone (a stale element).
 async fn listed_runs(b: &Browser) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    for e in b.d().find_all(By::Css("#runs tr[data-run]")).await? {
-        out.extend(e.attr("data-run").await?);
-    }
-    Ok(out)
+    let listed = b
+        .d()
+        .execute(
+            "return [...document.querySelectorAll('#runs tr[data-run]')].map(e => e.dataset.run);",
+            Vec::<Value>::new(),
+        )
+        .await?;
+    Ok(listed.convert()?)
 }
 
 async fn sign_in(b: &Browser, base: &str, token: &str) -> Result<()> {

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use super::{
     Admission, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate, ClaimResult,
-    Delivery, DeliveryOutcome, DeliveryTerms, DueFire, Enqueued, Error, FannedOut, Finisher,
-    FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
+    Delivery, DeliveryOutcome, DeliveryResult, DeliveryTerms, DueFire, Enqueued, Error, FannedOut,
+    Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
     NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery,
     STALE_TOKEN, SettleRequest, Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery,
     partition_of,

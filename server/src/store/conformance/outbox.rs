@@ -539,7 +539,28 @@ pub async fn claim_deliveries_batch(store: Arc<dyn Store>) {
         .expect("claim deliveries");
     let got: Vec<&str> = claimed.iter().map(|d| d.schedule_id.as_str()).collect();
     assert_eq!(got, vec![&*sids[4], &*sids[0], &*sids[3], &*sids[1]]);
-    for d in &claimed {
+    // Outcomes in one batch are applied in turn: the same outcome twice, the second
+    // finds the claim ended.
+    let retry = DeliveryOutcome::Retry {
+        after: Duration::from_secs(60),
+        status: 500,
+        error: "http_500".to_owned(),
+    };
+    let first = &claimed[0];
+    let result = DeliveryResult {
+        schedule_id: first.schedule_id.clone(),
+        token: first.token,
+        outcome: retry,
+    };
+    let applied = store
+        .finish_deliveries(vec![result.clone(), result])
+        .await
+        .expect("finish deliveries");
+    assert_eq!(applied[0], Applied::Yes);
+    assert!(matches!(applied[1], Applied::No(_)), "{:?}", applied[1]);
+    assert_eq!(get(&store, &first.schedule_id).await.callback_attempts, 1);
+    let claimed = &claimed[1..];
+    for d in claimed {
         let (job_id, _) = crate::model::split_schedule_id(&d.schedule_id).expect("schedule id");
         assert_eq!(
             (d.job_id.as_str(), d.url.as_str(), d.attempts),
@@ -581,16 +602,21 @@ pub async fn claim_deliveries_batch(store: Arc<dyn Store>) {
             .expect("finish"),
         Applied::Yes
     );
-    for sid in &sids {
+    for sid in sids.iter().filter(|s| **s != sids[4]) {
         assert_eq!(get(&store, sid).await.callback_state, CallbackState::Done);
     }
+    assert_eq!(
+        get(&store, &sids[4]).await.callback_state,
+        CallbackState::Pending,
+        "retried in a minute"
+    );
     assert_eq!(
         store
             .claim_deliveries(&sids, Duration::from_secs(60))
             .await
             .expect("claim deliveries"),
         Vec::new(),
-        "nothing left to claim"
+        "nothing due to claim"
     );
 }
 

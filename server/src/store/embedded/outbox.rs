@@ -134,9 +134,12 @@ impl Outbox for EmbeddedStore {
         applied
     }
 
+    /// As `finish_delivery` of each in turn: the first outcome under a claim's token
+    /// ends the claim, so the same one again in the batch is stale.
     async fn finish_deliveries(&self, results: Vec<DeliveryResult>) -> Result<Vec<Applied>> {
         let held: Vec<bool> = {
             let claims = self.claims();
+            let mut ended = HashSet::new();
             results
                 .iter()
                 .map(|r| {
@@ -144,6 +147,7 @@ impl Outbox for EmbeddedStore {
                         .live
                         .get(&r.schedule_id)
                         .is_some_and(|(t, _)| *t == r.token)
+                        && ended.insert(r.schedule_id.as_str())
                 })
                 .collect()
         };
