@@ -292,7 +292,7 @@ impl Dispatcher {
     }
 
     /// Routes the runs waiting in the room for a node of `group` serving `handler`,
-    /// oldest first, until one finds no room (it is put back at the head of the queue).
+    /// oldest first, until one finds no room (it is put back at its place in the queue).
     /// One refill of a queue at a time: a refill asked for while one is under way makes
     /// that one go round again instead.
     async fn refill(&self, group: &str, handler: &str) {
@@ -441,8 +441,8 @@ impl Dispatcher {
         self.route_one(&run, None).await;
     }
 
-    /// Routes `run` (`queued`: taken out of the room queue) in its span; NoRoom when
-    /// it found every eligible node at its window.
+    /// Routes `run` (`queued`: its place, when taken out of the room queue) in its
+    /// span; NoRoom when it found every eligible node at its window.
     async fn route_one(&self, run: &RunRecord, queued: Option<Place>) -> Routed {
         let span = info_span!("route", job_id = %run.job_id, schedule_id = %run.schedule_id, attempt = run.attempt);
         async {
@@ -485,8 +485,8 @@ impl Dispatcher {
         }
     }
 
-    /// Routes an executor job's WAITING run; `queued` when it was taken out of the
-    /// room queue (where it goes back to the head if it finds no room again).
+    /// Routes an executor job's WAITING run; `queued`: its place when it was taken out
+    /// of the room queue (where it goes back to that place if it finds no room again).
     async fn route_executor(
         &self,
         run: &RunRecord,
@@ -557,8 +557,8 @@ impl Dispatcher {
     }
 
     /// Every eligible node is at its window: unless it has waited past its timeout
-    /// (`still_waiting`), the run waits in the room queue, at the head when it was
-    /// taken from there, else behind the runs already waiting.
+    /// (`still_waiting`), the run waits in the room queue: back at its `place` when it
+    /// was taken from there, else behind the runs already waiting.
     async fn wait_for_room(
         &self,
         run: &RunRecord,
