@@ -231,8 +231,8 @@ pub struct Deliveries {
     /// Deliveries a task of this worker is claiming, so the next sweep does not start
     /// a second claim of the same one (the store would refuse it; this saves the call).
     claiming: Mutex<HashSet<String>>,
-    /// The store calls of concurrent deliveries, made together.
-    batched: Batched,
+    /// The outcomes of concurrent deliveries, recorded together.
+    outcomes: Coalescer<DeliveryResult, Result<Applied, String>>,
     /// This worker's store-slot holders: a random prefix and a counter.
     holders: (String, AtomicU64),
 }
@@ -257,32 +257,20 @@ const BATCH_MAX: usize = 256;
 /// Batched store calls of one kind in flight at once.
 const BATCH_CALLS: usize = 4;
 
-/// The store call every delivery makes at its end, made for many deliveries at once
-/// (see `batch`): recording the outcome. (Admitting to a destination and settling its
-/// slot are in each delivery's slot time, so they go out alone: waiting for a batch
-/// there made each slot turn over slower.)
-struct Batched {
-    outcomes: Coalescer<DeliveryResult, Result<Applied, String>>,
-}
-
-impl Batched {
-    fn new(outbox: &Arc<dyn Outbox>) -> Self {
-        let o = outbox.clone();
-        let outcomes = Coalescer::new(
-            BATCH_MAX,
-            BATCH_CALLS,
-            fallible(move |b| {
-                let o = o.clone();
-                Box::pin(async move { o.finish_deliveries(b).await })
-            }),
-        );
-        Self { outcomes }
-    }
-}
-
-/// A batched call's answer: its error text when it failed or gave none.
-fn answer<R>(reply: Option<Result<R, String>>) -> Result<R, String> {
-    reply.unwrap_or_else(|| Err("no answer".to_owned()))
+/// The outcomes of concurrent deliveries, recorded together (`finish_deliveries`, see
+/// `batch`). (Admitting to a destination and settling its slot sit inside each
+/// delivery's slot time, so they go out alone: waiting for a batch there made each
+/// slot turn over slower.)
+fn outcome_batches(outbox: &Arc<dyn Outbox>) -> Coalescer<DeliveryResult, Result<Applied, String>> {
+    let outbox = outbox.clone();
+    Coalescer::new(
+        BATCH_MAX,
+        BATCH_CALLS,
+        fallible(move |b| {
+            let outbox = outbox.clone();
+            Box::pin(async move { outbox.finish_deliveries(b).await })
+        }),
+    )
 }
 
 impl Deliveries {
@@ -304,7 +292,7 @@ impl Deliveries {
             // A burst for one destination waits here (not claimed and deferred again
             // and again), but a hanging one holds at most half of the claims.
             in_flight: InFlight::new(opts.max_in_flight.max(1) * 2),
-            batched: Batched::new(&store.outbox),
+            outcomes: outcome_batches(&store.outbox),
             holders: (format!("{:016x}", rand::random::<u64>()), AtomicU64::new(0)),
             store,
             alerts,
@@ -939,7 +927,12 @@ impl Deliveries {
             token: d.token,
             outcome: outcome.clone(),
         };
-        let applied = match answer(self.batched.outcomes.call(result).await) {
+        let applied = match self
+            .outcomes
+            .call(result)
+            .await
+            .unwrap_or_else(|| Err("no answer".to_owned()))
+        {
             Ok(a) => a,
             Err(e) => {
                 warn!(error = %e, "recording the webhook outcome failed; the claim runs out and the delivery is retried");
@@ -1115,6 +1108,17 @@ mod tests {
         store.get_run(sid).await.expect("get").expect("run")
     }
 
+    /// A destination's window of `limit` slots as another instance would ask for one.
+    fn window(limit: u32) -> DeliveryTerms {
+        DeliveryTerms {
+            limit,
+            lease: Duration::from_secs(30),
+            probe: Duration::from_secs(5),
+            threshold: 5,
+            cool_down: Duration::from_secs(30),
+        }
+    }
+
     /// A receiver answering 200 to every POST on /hook: its URL and destination.
     async fn answering_200() -> (String, String) {
         let app = axum::Router::new().route("/hook", axum::routing::post(|| async { "ok" }));
@@ -1144,18 +1148,12 @@ mod tests {
                 ..test_options()
             },
         );
-        let window = DeliveryTerms {
-            limit: 2,
-            lease: Duration::from_secs(30),
-            probe: Duration::from_secs(5),
-            threshold: 5,
-            cool_down: Duration::from_secs(30),
-        };
+        let terms = window(2);
         let admit = |holder: &'static str| {
             let (store, dest) = (store.clone(), dest.clone());
             async move {
                 store
-                    .admit_delivery(&dest, holder, &window)
+                    .admit_delivery(&dest, holder, &terms)
                     .await
                     .expect("admit")
             }
@@ -1195,16 +1193,9 @@ mod tests {
         );
         let r = one_attempt(&store, &w, &sid).await;
         assert_eq!(r.callback_state, CallbackState::Done);
-        let window = DeliveryTerms {
-            limit: 1,
-            lease: Duration::from_secs(30),
-            probe: Duration::from_secs(5),
-            threshold: 5,
-            cool_down: Duration::from_secs(30),
-        };
         assert_eq!(
             store
-                .admit_delivery(&dest, "another-instance", &window)
+                .admit_delivery(&dest, "another-instance", &window(1))
                 .await
                 .expect("admit"),
             Admission::Go

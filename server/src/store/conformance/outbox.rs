@@ -54,6 +54,22 @@ pub async fn running(
     g
 }
 
+/// A new job `id` whose run planned at 1000 SUCCEEDED with a callback URL: its
+/// schedule_id, whose delivery is due.
+async fn delivery_due(store: &Arc<dyn Store>, id: &str) -> String {
+    store.create_job(job(id, None)).await.expect("create");
+    let g = running(store, id, 1000, hooked(plan(OverlapPolicy::Allow))).await;
+    store
+        .finish_run(
+            &g.schedule_id,
+            Finisher::Holder(Holder::of(&g)),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    g.schedule_id
+}
+
 pub async fn outbox_written_when_final(store: Arc<dyn Store>) {
     store.create_job(job("ob", None)).await.expect("create");
     let sid = |planned: i64| schedule_id("ob", &planned.to_string());
@@ -502,32 +518,21 @@ pub async fn delivery_claims_and_outcomes(store: Arc<dyn Store>) {
 /// `claim_delivery` would, in the order asked, and leaves out the ones it cannot
 /// claim (claimed before, unknown, asked twice) while claiming the rest.
 pub async fn claim_deliveries_batch(store: Arc<dyn Store>) {
-    let jobs = ["cb-a", "cb-b", "cb-c", "cb-d", "cb-e"];
+    // Over three partitions.
+    let parts = store.partitions();
+    let mut jobs = ids_in_partition(parts, 0, "cb", 2);
+    jobs.extend(ids_in_partition(parts, 1, "cb", 2));
+    jobs.extend(ids_in_partition(parts, 2, "cb", 1));
     let mut sids = Vec::new();
-    for id in jobs {
-        store.create_job(job(id, None)).await.expect("create");
-        let g = running(&store, id, 1000, hooked(plan(OverlapPolicy::Allow))).await;
-        store
-            .finish_run(
-                &g.schedule_id,
-                Finisher::Holder(Holder::of(&g)),
-                outcome(RunState::Succeeded),
-            )
-            .await
-            .expect("finish");
-        sids.push(g.schedule_id);
+    for id in &jobs {
+        sids.push(delivery_due(&store, id).await);
     }
-    let parts: std::collections::BTreeSet<u32> = jobs
-        .iter()
-        .map(|id| partition_of(id, store.partitions()))
-        .collect();
-    assert!(parts.len() > 1, "the batch spans partitions: {parts:?}");
     // One claimed before the batch: not due while its claim lasts.
     let before = claim(&store, &sids[2], 60_000).await;
     let asked = vec![
         sids[4].clone(),
         sids[2].clone(),
-        schedule_id("cb-a", "999"),
+        schedule_id(&jobs[0], "999"),
         sids[0].clone(),
         sids[3].clone(),
         sids[0].clone(),
@@ -625,16 +630,7 @@ pub async fn outbox_due_per_partition(store: Arc<dyn Store>) {
     let a = ids_in_partition(parts, 0, "oba", 1).remove(0);
     let b = ids_in_partition(parts, 1, "obb", 1).remove(0);
     for id in [&a, &b] {
-        store.create_job(job(id, None)).await.expect("create");
-        let g = running(&store, id, 1000, hooked(plan(OverlapPolicy::Allow))).await;
-        store
-            .finish_run(
-                &g.schedule_id,
-                Finisher::Holder(Holder::of(&g)),
-                outcome(RunState::Succeeded),
-            )
-            .await
-            .expect("finish");
+        delivery_due(&store, id).await;
     }
     assert_eq!(
         store.due_deliveries(0, 10).await.expect("due"),

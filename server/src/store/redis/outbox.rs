@@ -25,31 +25,10 @@ impl Outbox for RedisStore {
         let Some((job_id, _)) = split_schedule_id(schedule_id) else {
             return Ok(None);
         };
-        let mut c = self.conn().await?;
-        let r: Vec<String> = self
-            .inner
-            .scripts
-            .claim_delivery
-            .arg(self.pfx(self.part(job_id)))
-            .arg(schedule_id)
-            .arg(ms(lease))
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        match r.as_slice() {
-            [] => Ok(None),
-            [job_id, url, body, attempts, created_at, token, now] => Ok(Some(WebhookDelivery {
-                schedule_id: schedule_id.to_owned(),
-                job_id: job_id.clone(),
-                url: url.clone(),
-                body: body.clone(),
-                attempts: attempts.parse().map_err(corrupt)?,
-                created_at: parse_i64(created_at)?,
-                token: token.parse().map_err(corrupt)?,
-                now: parse_i64(now)?,
-            })),
-            other => Err(corrupt(format!("claim_delivery answered {other:?}"))),
-        }
+        Ok(self
+            .claim_in_partition(self.part(job_id), &[schedule_id], lease)
+            .await?
+            .pop())
     }
 
     async fn claim_deliveries(
@@ -88,26 +67,15 @@ impl Outbox for RedisStore {
         token: u64,
         outcome: DeliveryOutcome,
     ) -> Result<Applied> {
-        let Some((job_id, _)) = split_schedule_id(schedule_id) else {
-            return Ok(Applied::No("unknown delivery".to_owned()));
+        let result = DeliveryResult {
+            schedule_id: schedule_id.to_owned(),
+            token,
+            outcome,
         };
-        let (kind, status, error, at) = outcome_args(outcome);
-        let mut c = self.conn().await?;
-        let r: Vec<String> = self
-            .inner
-            .scripts
-            .finish_delivery
-            .arg(self.pfx(self.part(job_id)))
-            .arg(schedule_id)
-            .arg(token.to_string())
-            .arg(kind)
-            .arg(status)
-            .arg(error)
-            .arg(at)
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        applied(r)
+        self.finish_deliveries(vec![result])
+            .await?
+            .pop()
+            .ok_or_else(|| corrupt("finish_deliveries answered nothing"))
     }
 
     async fn finish_deliveries(&self, results: Vec<DeliveryResult>) -> Result<Vec<Applied>> {
@@ -215,22 +183,16 @@ impl Outbox for RedisStore {
         answered: Option<bool>,
         terms: &DeliveryTerms,
     ) -> Result<Option<BreakerUpdate>> {
-        let mut c = self.conn().await?;
-        let r: Vec<String> = self
-            .inner
-            .scripts
-            .settle_delivery
-            .arg(self.breakers_prefix())
-            .arg(destination)
-            .arg(holder)
-            .arg(answered_arg(answered))
-            .arg(terms.threshold.max(1))
-            .arg(ms(terms.cool_down))
-            .arg(terms.limit.max(1))
-            .invoke_async(&mut c)
-            .await
-            .map_err(unavailable)?;
-        settled(r)
+        let request = SettleRequest {
+            destination: destination.to_owned(),
+            holder: holder.to_owned(),
+            answered,
+            terms: *terms,
+        };
+        self.settle_deliveries(vec![request])
+            .await?
+            .pop()
+            .ok_or_else(|| corrupt("settle_deliveries answered nothing"))
     }
 }
 

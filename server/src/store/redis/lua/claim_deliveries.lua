@@ -1,4 +1,5 @@
--- claim_delivery of several entries of partition P in one step.
+-- Claims due outbox entries of partition P in one step (`claim_entry` each; one entry
+-- is Outbox::claim_delivery).
 -- KEYS: P..'outbox_due', then for each schedule_id its P..'delivery:'..sid and
 -- P..'outbox:'..sid (an entry of an older build, moved when read): one slot.
 -- ARGV: P, lease_ms, then the schedule_ids.
