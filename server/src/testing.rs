@@ -160,6 +160,84 @@ pub fn shared_redis_url() -> Result<String> {
     .map_err(|e| anyhow!(e))
 }
 
+/// One Redis Cluster (three masters, each with a replica, on loopback ports) shared by
+/// every test of this test binary, as a `redis+cluster://` seed list of all six nodes.
+/// A watchdog shell stops the nodes within a second of the test process exiting.
+pub fn shared_redis_cluster_url() -> Result<String> {
+    static URL: OnceLock<Result<String, String>> = OnceLock::new();
+    URL.get_or_init(|| start_cluster(3, 1).map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+/// Starts `masters × (1 + replicas)` cluster-enabled `redis-server`s (no persistence,
+/// a short node timeout so a failover takes about a second) under a watchdog tied to
+/// this process, joins them with `redis-cli --cluster create` and waits until every
+/// node reports `cluster_state:ok`; returns the seed list URL.
+fn start_cluster(masters: usize, replicas: usize) -> Result<String> {
+    let dir = tempfile::tempdir()?.keep();
+    let count = masters * (1 + replicas);
+    let ports: Vec<u16> = (0..count).map(|_| free_port()).collect::<Result<_>>()?;
+    let mut script = String::new();
+    for &port in &ports {
+        // The bus port is chosen too: port + 10000 may be past 65535.
+        let bus = free_port()?;
+        let node_dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir)?;
+        script.push_str(&format!(
+            "redis-server --port {port} --cluster-port {bus} --bind 127.0.0.1 --save '' \
+             --appendonly no --cluster-enabled yes --cluster-node-timeout 1000 \
+             --dir {dir} >/dev/null 2>&1 & pids=\"$pids $!\"; ",
+            dir = node_dir.display()
+        ));
+    }
+    script.push_str(&format!(
+        "trap 'kill $pids 2>/dev/null; sleep 0.2; rm -rf {dir}' EXIT; \
+         while kill -0 {parent} 2>/dev/null; do sleep 0.5; done",
+        parent = std::process::id(),
+        dir = dir.display()
+    ));
+    let mut watchdog = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting the cluster's redis-servers")?;
+    for &port in &ports {
+        wait_redis_ready(&mut watchdog, port, Duration::from_secs(10))?;
+    }
+    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&nodes)
+        .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+        .context("redis-cli --cluster create (scripts/test installs redis-tools)")?;
+    if !out.status.success() {
+        bail!(
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for &port in &ports {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+        let mut c = client.get_connection()?;
+        loop {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c)?;
+            if info.contains("cluster_state:ok") {
+                break;
+            }
+            if Instant::now() >= deadline {
+                bail!("the cluster is not ok on port {port} after 30 s: {info}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(format!("redis+cluster://{}", nodes.join(",")))
+}
+
 /// A key prefix no other test uses.
 pub fn unique_prefix(name: &str) -> String {
     format!("t-{name}-{}", uuid::Uuid::now_v7().simple())

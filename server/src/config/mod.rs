@@ -232,12 +232,10 @@ fn instance_id(given: Option<String>) -> Result<String, Error> {
 fn store_config(s: &Settings) -> Result<StoreConfig, Error> {
     match s.redis_url.clone() {
         Some(url) if !url.is_empty() => {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(Error::Invalid {
-                    field: "redis_url",
-                    reason: "must start with redis:// or rediss://".into(),
-                });
-            }
+            crate::store::redis::Target::parse(&url).map_err(|reason| Error::Invalid {
+                field: "redis_url",
+                reason,
+            })?;
             Ok(StoreConfig::Redis {
                 url,
                 prefix: given("redis_prefix", s.redis_prefix.clone())?,

@@ -131,11 +131,20 @@ impl Call<'_> {
         &self,
         c: &mut impl ConnectionLike,
     ) -> RedisResult<T> {
+        // A script that declares no keys names its slot by its first argument (its
+        // partition's prefix, `<prefix>:{p}:`, or a key of its slot): that is
+        // declared as its one key too, so a cluster client sends the call to the
+        // node that serves the slot.
+        let keys: &[Vec<u8>] = if self.keys.is_empty() {
+            &self.args[..self.args.len().min(1)]
+        } else {
+            &self.keys
+        };
         #[cfg(test)]
-        assert_one_slot(&self.function.name, &self.keys);
+        assert_one_slot(&self.function.name, keys);
         let mut cmd = redis::cmd("FCALL");
-        cmd.arg(&self.function.name).arg(self.keys.len());
-        for k in &self.keys {
+        cmd.arg(&self.function.name).arg(keys.len());
+        for k in keys {
             cmd.arg(k.as_slice());
         }
         for a in &self.args {
@@ -189,6 +198,15 @@ pub(super) fn key_slot(key: &[u8]) -> u16 {
 /// script (checked on every call the tests make).
 #[cfg(test)]
 fn assert_one_slot(function: &str, keys: &[Vec<u8>]) {
+    let tagged = |k: &[u8]| {
+        k.iter()
+            .position(|&b| b == b'{')
+            .is_some_and(|open| k[open + 1..].iter().skip(1).any(|&b| b == b'}'))
+    };
+    assert!(
+        keys.first().is_some_and(|k| tagged(k)),
+        "{function}: a call names its slot by a hash-tagged first key (or first argument)"
+    );
     if let Some((first, rest)) = keys.split_first() {
         let slot = key_slot(first);
         for key in rest {

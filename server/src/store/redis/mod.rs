@@ -32,6 +32,12 @@
 //! <prefix>:{n}:nonce:<app>:<nonce>      replay-protection marker with a TTL
 //! <prefix>:{nodes}:node:<node_id>       hash: rec (JSON), inst, hb (store clock); expires with its TTL
 //! <prefix>:{nodes}:ids                  set of registered node ids, pruned when listed
+//! <prefix>:{nodes}:busy:<node_id>       set of the runs leased to the node (one Redis: the
+//!                                       run scripts keep it)
+//! <prefix>:{nodes}:held:<node_id>       zset schedule_id -> reservation end: the same count
+//!                                       in a cluster, kept around the run scripts
+//!                                       (`node_slots`)
+//! <prefix>:{nodes}:inbox:<instance>     list of messages for the instance's streams
 //! <prefix>:{nodes}:instances            zset instance -> end of its last beat (store clock)
 //! <prefix>:changes                      pub/sub channel: a job was created or changed
 //! ```
@@ -44,21 +50,26 @@
 //! (`AppStore`: apps, nonces). The scripts are in `lua/`; this file holds the
 //! connections, the scripts' table, the decoding helpers and `StoreMeta`.
 //!
-//! Connections: every command but the two blocking ones goes over one shared,
-//! multiplexed connection (redis-rs's `ConnectionManager`: concurrent commands are
-//! pipelined on it, and it reconnects by itself after a Redis restart), so a command
-//! costs no pool checkout (deadpool's recycle check was a `PING` + `UNWATCH` round
-//! trip per checkout, a fifth of all commands). The blocking trigger read
-//! (`XREADGROUP … BLOCK`) and inbox pop (`BRPOP`) would stall that shared pipeline, so
-//! each takes a connection of its own from a small pool.
+//! Connections (`conn`): every command but the two blocking ones goes over one shared,
+//! multiplexed connection (redis-rs's `ConnectionManager`, or its cluster connection:
+//! concurrent commands are pipelined on it, and it reconnects by itself after a Redis
+//! restart), so a command costs no pool checkout (deadpool's recycle check was a `PING`
+//! + `UNWATCH` round trip per checkout, a fifth of all commands). The blocking trigger
+//! read (`XREADGROUP … BLOCK`) and inbox pop (`BRPOP`) would stall that shared
+//! pipeline, so each takes a connection of its own from a small pool.
+//!
+//! Redis Cluster (`redis+cluster://`): every script's keys lie in one slot, and a call
+//! names that slot by its first key (or first argument: `functions`), so the client
+//! sends it to the master serving it. Two things cross slots on one Redis and are done
+//! otherwise in a cluster: a node's count of leased runs (`node_slots`: reserved in the
+//! `{nodes}` slot around the partition's script) and the trigger read over every
+//! partition (one reader per partition: `triggers`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_redis::{Manager, Pool, Runtime};
 use futures::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::{
     StreamAutoClaimReply, StreamClaimReply, StreamId, StreamPendingCountReply, StreamReadReply,
 };
@@ -81,8 +92,10 @@ use crate::model::{
 
 mod apps;
 mod audit;
+mod conn;
 mod functions;
 mod jobs;
+mod node_slots;
 mod nodes;
 mod outbox;
 mod runs;
@@ -90,6 +103,8 @@ mod runs;
 mod tests;
 mod triggers;
 
+pub(crate) use conn::Target;
+use conn::{Blocking, BlockingConn, Shared};
 use functions::{Activity, Call, Function, Library};
 
 const GROUP: &str = "dispatch";
@@ -127,6 +142,7 @@ const QUIET: &[&str] = &[
     "create_app",
     "rotate_app_secret",
     "append_audit",
+    "node_slots",
 ];
 
 /// The library's functions, one per script of `lua/` (named by its file), each a field
@@ -197,6 +213,7 @@ scripts!(
     settle_deliveries,
     grace_leases,
     append_audit,
+    node_slots,
 );
 
 /// The Redis-backed store. Cheap to clone.
@@ -207,9 +224,9 @@ pub struct RedisStore {
 
 struct Inner {
     /// The shared multiplexed connection every non-blocking command uses.
-    shared: ConnectionManager,
-    /// Connections for the blocking commands (and the schema check).
-    pool: Pool,
+    shared: Shared,
+    /// Connections for the blocking commands.
+    blocking: Blocking,
     prefix: String,
     partitions: u32,
     opts: StoreOptions,
@@ -217,8 +234,11 @@ struct Inner {
     /// Bumped by the functions that may make a timer or a delivery due sooner.
     activity: watch::Receiver<u64>,
     changes: watch::Receiver<u64>,
-    /// Stops the pub/sub watcher when the last handle is dropped.
+    /// Stops the pub/sub watcher (and a cluster's partition readers) when the last
+    /// handle is dropped.
     watcher: CancellationToken,
+    /// In a cluster, each consumer's partition readers (`triggers`).
+    readers: triggers::Readers,
 }
 
 impl Drop for Inner {
@@ -267,35 +287,11 @@ impl RedisStore {
     /// Connects, checks or writes the schema record, creates the consumer groups and
     /// starts the change watcher. `prefix` namespaces every key (tests use one per run).
     pub async fn connect(url: &str, prefix: &str, opts: StoreOptions) -> Result<Self> {
-        // Blocking stream reads and large claim batches outlast redis-rs's default
-        // 500 ms response timeout; a dead server is still noticed within seconds.
-        let conn_cfg = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(30)));
-        let manager = Manager::new_with_config(url, conn_cfg).map_err(unavailable)?;
-        let pool = Pool::builder(manager)
-            .max_size(8)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .build()
-            .map_err(unavailable)?;
-        let partitions = Self::init_meta(&pool, prefix, opts.partitions).await?;
+        let target = Target::parse(url).map_err(unavailable)?;
+        let (mut shared, blocking) = target.connect().await?;
+        let partitions = Self::init_meta(&mut shared, prefix, opts.partitions).await?;
         let (tx, rx) = watch::channel(0u64);
         let watcher = CancellationToken::new();
-        let client = redis::Client::open(url).map_err(unavailable)?;
-        let shared = ConnectionManager::new_with_config(
-            client.clone(),
-            ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(Duration::from_secs(5)))
-                .set_response_timeout(Some(Duration::from_secs(30)))
-                // Reconnect attempts after a lost connection: 100 ms doubling to 2 s,
-                // so a restarted Redis is back in use within about 2 s.
-                .set_max_delay(Duration::from_secs(2))
-                .set_pipeline_buffer_size(1024),
-        )
-        .await
-        .map_err(unavailable)?;
         let (activity, activity_rx) = watch::channel(0u64);
         let scripts = Scripts::load(&Arc::new(activity));
         scripts
@@ -308,7 +304,7 @@ impl RedisStore {
                 ))
             })?;
         tokio::spawn(watch_changes(
-            client,
+            target.subscribers()?,
             format!("{prefix}:changes"),
             tx,
             watcher.clone(),
@@ -316,7 +312,7 @@ impl RedisStore {
         let store = Self {
             inner: Arc::new(Inner {
                 shared,
-                pool,
+                blocking,
                 prefix: prefix.to_owned(),
                 partitions,
                 opts,
@@ -324,6 +320,7 @@ impl RedisStore {
                 activity: activity_rx,
                 changes: rx,
                 watcher,
+                readers: Default::default(),
             }),
         };
         for p in 0..partitions {
@@ -384,20 +381,19 @@ impl RedisStore {
     /// one to this build's (so an older build started later refuses the records this
     /// one writes); returns the store's partition count (which wins over the
     /// configured one for an existing store).
-    async fn init_meta(pool: &Pool, prefix: &str, partitions: u32) -> Result<u32> {
-        let mut c = pool.get().await.map_err(unavailable)?;
+    async fn init_meta(c: &mut Shared, prefix: &str, partitions: u32) -> Result<u32> {
         let key = format!("{prefix}:meta");
         let _: () = redis::pipe()
             .hset_nx(&key, "schema", SCHEMA_VERSION)
             .hset_nx(&key, "partitions", partitions.max(1))
-            .query_async(&mut c)
+            .query_async(c)
             .await
             .map_err(unavailable)?;
         let (schema, parts): (Option<u32>, Option<u32>) = redis::cmd("HMGET")
             .arg(&key)
             .arg("schema")
             .arg("partitions")
-            .query_async(&mut c)
+            .query_async(c)
             .await
             .map_err(unavailable)?;
         let schema = schema.ok_or_else(|| corrupt("meta record without schema"))?;
@@ -441,7 +437,12 @@ impl RedisStore {
     /// After a Redis restart without persistence the streams and groups are gone:
     /// recreate them (and the meta record) so reads resume.
     async fn recover_groups(&self) -> Result<()> {
-        Self::init_meta(&self.inner.pool, &self.inner.prefix, self.inner.partitions).await?;
+        Self::init_meta(
+            &mut self.conn().await?,
+            &self.inner.prefix,
+            self.inner.partitions,
+        )
+        .await?;
         for p in 0..self.inner.partitions {
             self.ensure_group(p).await?;
         }
@@ -449,13 +450,13 @@ impl RedisStore {
     }
 
     /// The shared multiplexed connection (a cheap handle).
-    async fn conn(&self) -> Result<ConnectionManager> {
+    async fn conn(&self) -> Result<Shared> {
         Ok(self.inner.shared.clone())
     }
 
     /// A connection of its own, for a command that blocks.
-    async fn blocking_conn(&self) -> Result<deadpool_redis::Connection> {
-        self.inner.pool.get().await.map_err(unavailable)
+    async fn blocking_conn(&self) -> Result<BlockingConn> {
+        self.inner.blocking.get().await
     }
 
     /// An app's record: one key in the `{apps}` slot.
@@ -505,14 +506,16 @@ impl RedisStore {
         };
         let mut inv = script.prepare_invoke();
         inv.arg(self.pfx(self.part(job_id)))
-            .arg(self.nodes_prefix())
+            .arg(self.run_nodes_arg())
             .arg(schedule_id);
         for a in extra {
             inv.arg(a);
         }
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
-        transition(&r)
+        let t = transition(&r)?;
+        self.release_revoked(&t.revoked).await?;
+        Ok(t)
     }
 
     /// Calls `due_runs` or `due_deliveries` (the shared `due_entries` of common.lua).
@@ -584,13 +587,13 @@ impl RedisStore {
 /// Subscribes to the change channel and bumps the watch counter per message; after a
 /// reconnect it bumps once too, because messages may have been missed meanwhile.
 async fn watch_changes(
-    client: redis::Client,
+    clients: Vec<redis::Client>,
     channel: String,
     tx: watch::Sender<u64>,
     stop: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(100);
-    loop {
+    for client in clients.iter().cycle() {
         let connected = async {
             let mut ps = client.get_async_pubsub().await?;
             ps.subscribe(&channel).await?;

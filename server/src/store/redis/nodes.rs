@@ -32,6 +32,11 @@ impl NodeRegistry for RedisStore {
                 .arg(&node.node_id)
                 .arg(&node.instance)
                 .arg(&node.session)
+                .arg(if self.inner.shared.is_cluster() {
+                    "held"
+                } else {
+                    "busy"
+                })
                 .invoke_async(&mut c)
                 .await
                 .map_err(unavailable)?;
@@ -59,6 +64,20 @@ impl NodeRegistry for RedisStore {
         let Some(within) = leases_within.filter(|_| out.removed) else {
             return Ok(out);
         };
+        // In a cluster the partitions' scripts cannot see the node's registration:
+        // it is looked at here (a node that registers again between this and a
+        // partition's call has its leases shortened, and renews them at its next
+        // heartbeat, well within `within`).
+        if self.inner.shared.is_cluster() {
+            let back: bool = c
+                .exists(format!("{nodes}node:{}", node.node_id))
+                .await
+                .map_err(unavailable)?;
+            if back {
+                return Ok(out);
+            }
+        }
+        let run_nodes = self.run_nodes_arg();
         // One script call per partition the leased runs live in.
         let mut by_part: std::collections::BTreeMap<u32, Vec<&str>> = Default::default();
         for sid in &leased {
@@ -69,7 +88,7 @@ impl NodeRegistry for RedisStore {
         for (p, sids) in by_part {
             let mut inv = self.inner.scripts.shorten_leases.prepare_invoke();
             inv.arg(self.pfx(p))
-                .arg(&nodes)
+                .arg(&run_nodes)
                 .arg(&node.node_id)
                 .arg(ms(within));
             for sid in sids {
@@ -98,7 +117,11 @@ impl NodeRegistry for RedisStore {
                 .arg(format!("{prefix}node:{id}"))
                 .arg("rec")
                 .arg("hb");
-            pipe.cmd("SCARD").arg(format!("{prefix}busy:{id}"));
+            if self.inner.shared.is_cluster() {
+                pipe.cmd("ZCARD").arg(format!("{prefix}held:{id}"));
+            } else {
+                pipe.cmd("SCARD").arg(format!("{prefix}busy:{id}"));
+            }
         }
         let rows: Vec<NodeRow> = {
             let flat: Vec<redis::Value> = pipe.query_async(&mut c).await.map_err(unavailable)?;

@@ -1,6 +1,7 @@
 //! Runs and leases in Redis: recording and listing runs, the run state machine (one
 //! Lua script per decision, sharing `lua/runlib.lua`), progress and logs.
 
+use super::node_slots::{Reserved, reservation_hold};
 use super::*;
 
 #[async_trait]
@@ -116,11 +117,13 @@ impl RunStore for RedisStore {
         let [created, record, rest @ ..] = r.as_slice() else {
             return Err(corrupt(format!("begin_run answered {} fields", r.len())));
         };
-        Ok(Begun {
+        let begun = Begun {
             run: decode_run(record)?,
             created: created.as_slice() == b"1",
             revoked: revocations(rest)?,
-        })
+        };
+        self.release_revoked(&begun.revoked).await?;
+        Ok(begun)
     }
 
     async fn begin_and_assign(
@@ -130,10 +133,11 @@ impl RunStore for RedisStore {
         node: &NodeSlot,
         terms: LeaseTerms,
     ) -> Result<(Begun, Option<Assigned>)> {
+        let reserved = self.reserve_for(node, &run.schedule_id, &terms).await?;
         let mut inv =
             self.begin_invocation(&self.inner.scripts.begin_and_assign, &run, route_grace)?;
         inv.arg(&node.node_id)
-            .arg(node.max_concurrency)
+            .arg(lease_max(node, reserved))
             .arg(ms(terms.ttl))
             .arg(ms(terms.confirm_within));
         let mut c = self.conn().await?;
@@ -156,6 +160,11 @@ impl RunStore for RedisStore {
             created: created.as_slice() == b"1",
             revoked: revocations(rest)?,
         };
+        self.release_revoked(&begun.revoked).await?;
+        if reserved == Some(Reserved::Ok) && !matches!(assigned, Some(Assigned::Granted(_))) {
+            self.release_slots([(node.node_id.as_str(), begun.run.schedule_id.as_str())])
+                .await?;
+        }
         Ok((begun, assigned))
     }
 
@@ -170,22 +179,28 @@ impl RunStore for RedisStore {
             return Ok(Assigned::NotWaiting(None));
         };
         let p = self.part(job_id);
+        let reserved = self.reserve_for(node, schedule_id, &terms).await?;
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = self
             .inner
             .scripts
             .assign_run
             .arg(self.pfx(p))
-            .arg(self.nodes_prefix())
+            .arg(self.run_nodes_arg())
             .arg(schedule_id)
             .arg(attempt)
             .arg(&node.node_id)
-            .arg(node.max_concurrency)
+            .arg(lease_max(node, reserved))
             .arg(ms(terms.ttl))
             .arg(ms(terms.confirm_within))
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;
+        let granted = matches!(r.first(), Some(ok) if ok.as_slice() == b"ok");
+        if reserved == Some(Reserved::Ok) && !granted {
+            self.release_slots([(node.node_id.as_str(), schedule_id)])
+                .await?;
+        }
         match r.as_slice() {
             [ok, record] if ok.as_slice() == b"ok" => Ok(Assigned::Granted(decode_run(record)?)),
             [full] if full.as_slice() == b"full" => Ok(Assigned::NodeFull),
@@ -217,7 +232,7 @@ impl RunStore for RedisStore {
             .scripts
             .fan_out
             .arg(self.pfx(p))
-            .arg(self.nodes_prefix())
+            .arg(self.run_nodes_arg())
             .arg(schedule_id)
             .arg(attempt)
             .arg(shards)
@@ -273,6 +288,10 @@ impl RunStore for RedisStore {
                 by_part.entry(self.part(job_id)).or_default().push(i);
             }
         }
+        if self.inner.shared.is_cluster() {
+            let sids: Vec<&str> = held.iter().map(|h| h.schedule_id.as_str()).collect();
+            self.extend_slots(node_id, &sids, ttl * 2).await?;
+        }
         let mut c = self.conn().await?;
         for (p, idx) in by_part {
             let mut inv = self.inner.scripts.renew_leases.prepare_invoke();
@@ -295,12 +314,32 @@ impl RunStore for RedisStore {
         outcome: Outcome,
     ) -> Result<Transition> {
         let json = serde_json::to_string(&OutcomeJson::from(outcome)).map_err(corrupt)?;
-        let args = match by {
-            Finisher::Holder(h) => vec!["holder".to_owned(), h.token.to_string(), json, h.node_id],
-            Finisher::Waiting { attempt } => vec!["waiting".to_owned(), attempt.to_string(), json],
+        let (args, holder) = match by {
+            Finisher::Holder(h) => (
+                vec![
+                    "holder".to_owned(),
+                    h.token.to_string(),
+                    json,
+                    h.node_id.clone(),
+                ],
+                Some(h.node_id),
+            ),
+            Finisher::Waiting { attempt } => {
+                (vec!["waiting".to_owned(), attempt.to_string(), json], None)
+            }
         };
         let script = &self.inner.scripts.finish_run;
-        self.run_transition(script, schedule_id, &args).await
+        let t = self.run_transition(script, schedule_id, &args).await?;
+        // The holder's result (or rejection) took the run off its node (a broadcast
+        // shard's result may name its parent: the run answered is the shard).
+        if let (Some(node), Applied::Yes) = (&holder, &t.applied) {
+            let sid = t
+                .run
+                .as_ref()
+                .map_or(schedule_id, |r| r.schedule_id.as_str());
+            self.release_slots([(node.as_str(), sid)]).await?;
+        }
+        Ok(t)
     }
 
     async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
@@ -408,6 +447,16 @@ impl RunStore for RedisStore {
     }
 }
 
+/// The `max` a lease script is given: the node's window on one Redis (the script
+/// counts); in a cluster 0 (no count: reserved) or -1 (not reserved: the node is full).
+fn lease_max(node: &NodeSlot, reserved: Option<Reserved>) -> i64 {
+    match reserved {
+        None => i64::from(node.max_concurrency),
+        Some(Reserved::Ok) => 0,
+        Some(Reserved::Full | Reserved::Taken) => -1,
+    }
+}
+
 /// A script's answer that is empty when it applied the report, else the reason.
 fn applied_unless(refused: String) -> Applied {
     if refused.is_empty() {
@@ -418,6 +467,21 @@ fn applied_unless(refused: String) -> Applied {
 }
 
 impl RedisStore {
+    /// In a cluster, the node's slot reserved for the run before a script leases it
+    /// (`node_slots`); None on one Redis, where the script counts.
+    async fn reserve_for(
+        &self,
+        node: &NodeSlot,
+        schedule_id: &str,
+        terms: &LeaseTerms,
+    ) -> Result<Option<Reserved>> {
+        if !self.inner.shared.is_cluster() {
+            return Ok(None);
+        }
+        let hold = reservation_hold(terms);
+        Ok(Some(self.reserve_slot(node, schedule_id, hold).await?))
+    }
+
     /// begin_run's arguments (see `lua/begin_run.lua`), which begin_and_assign's start
     /// with.
     fn begin_invocation<'a>(
@@ -428,7 +492,7 @@ impl RedisStore {
     ) -> Result<Call<'a>> {
         let mut inv = script.prepare_invoke();
         inv.arg(self.pfx(self.part(&run.job_id)))
-            .arg(self.nodes_prefix())
+            .arg(self.run_nodes_arg())
             .arg(&run.job_id)
             .arg(&run.schedule_id)
             .arg(encode_run(run)?)

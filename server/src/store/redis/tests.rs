@@ -2,7 +2,7 @@
 //! only this backend has.
 
 use super::*;
-use crate::testing::{shared_redis_url, unique_prefix};
+use crate::testing::{shared_redis_cluster_url, shared_redis_url, unique_prefix};
 
 crate::store::conformance::store_conformance_tests!(|opts| async move {
     let url = shared_redis_url().expect("redis-server");
@@ -10,6 +10,125 @@ crate::store::conformance::store_conformance_tests!(|opts| async move {
         .await
         .expect("connect")
 });
+
+/// The conformance suite against a Redis Cluster of three masters with a replica each,
+/// and what only a cluster has: a node's count kept beside the run scripts.
+mod cluster {
+    use super::*;
+    use crate::model::OverlapPolicy;
+    use crate::store::RunStore;
+    use crate::store::conformance::{job, plan, planned_run, slot};
+
+    crate::store::conformance::store_conformance_tests!(|opts| async move {
+        let url = shared_redis_cluster_url().expect("redis cluster");
+        RedisStore::connect(&url, &unique_prefix("cluster"), opts)
+            .await
+            .expect("connect")
+    });
+
+    async fn cluster_store() -> RedisStore {
+        let url = shared_redis_cluster_url().expect("redis cluster");
+        RedisStore::connect(&url, &unique_prefix("cluster"), StoreOptions::default())
+            .await
+            .expect("connect")
+    }
+
+    async fn waiting_run(store: &RedisStore, job_id: &str) -> String {
+        store.create_job(job(job_id, None)).await.expect("create");
+        let run = planned_run(job_id, 1000, plan(OverlapPolicy::Allow));
+        let begun = store
+            .begin_run(run, Duration::from_secs(30))
+            .await
+            .expect("begin");
+        begun.run.schedule_id
+    }
+
+    const TERMS: LeaseTerms = LeaseTerms {
+        ttl: Duration::from_secs(30),
+        confirm_within: Duration::from_secs(30),
+    };
+
+    #[tokio::test]
+    async fn a_reservation_left_between_two_steps_lapses() {
+        let store = cluster_store().await;
+        assert!(store.inner.shared.is_cluster());
+        let node = slot("n1", 1);
+        // What an instance that died after reserving and before leasing leaves behind.
+        let reserved = store
+            .reserve_slot(&node, "gone@1", Duration::from_millis(300))
+            .await
+            .expect("reserve");
+        assert_eq!(reserved, node_slots::Reserved::Ok);
+        let sid = waiting_run(&store, "job-a").await;
+        let full = store
+            .assign_run(&sid, 1, &node, TERMS)
+            .await
+            .expect("assign");
+        assert_eq!(full, Assigned::NodeFull, "the node's window is reserved");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let granted = store
+            .assign_run(&sid, 1, &node, TERMS)
+            .await
+            .expect("assign");
+        assert!(matches!(granted, Assigned::Granted(_)), "{granted:?}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_lease_gives_its_reservation_back_and_a_result_its_slot() {
+        let store = cluster_store().await;
+        let node = slot("n1", 1);
+        let first = waiting_run(&store, "job-b").await;
+        // Not waiting at attempt 2: refused, and the reservation made for it is gone.
+        let refused = store
+            .assign_run(&first, 2, &node, TERMS)
+            .await
+            .expect("assign");
+        assert!(matches!(refused, Assigned::NotWaiting(_)), "{refused:?}");
+        let Assigned::Granted(run) = store
+            .assign_run(&first, 1, &node, TERMS)
+            .await
+            .expect("assign")
+        else {
+            panic!("the node's one slot is free again");
+        };
+        // The same run again, as a late second instance would: its reservation is
+        // 'taken', the run not waiting, and the lease stays counted.
+        let again = store
+            .assign_run(&first, 1, &node, TERMS)
+            .await
+            .expect("assign");
+        assert!(matches!(again, Assigned::NotWaiting(Some(_))), "{again:?}");
+        let second = waiting_run(&store, "job-c").await;
+        assert_eq!(
+            store
+                .assign_run(&second, 1, &node, TERMS)
+                .await
+                .expect("assign"),
+            Assigned::NodeFull
+        );
+        let t = store
+            .finish_run(
+                &first,
+                Finisher::Holder(Holder::of(&run)),
+                Outcome {
+                    state: RunState::Succeeded,
+                    output: None,
+                    error_code: String::new(),
+                    error_message: String::new(),
+                    started_at: None,
+                    finished_at: None,
+                },
+            )
+            .await
+            .expect("finish");
+        assert_eq!(t.applied, Applied::Yes);
+        let granted = store
+            .assign_run(&second, 1, &node, TERMS)
+            .await
+            .expect("assign");
+        assert!(matches!(granted, Assigned::Granted(_)), "{granted:?}");
+    }
+}
 
 #[tokio::test]
 async fn newer_schema_is_refused_and_partitions_stick() {

@@ -1,6 +1,16 @@
 //! `TriggerQueue` in Redis: the per-partition trigger streams with the consumer group
 //! `dispatch` (read, reclaim, ack, trim by age) and the instance beats (a zset of beat
 //! ends on the store clock) that let a live instance take a dead one's triggers.
+//!
+//! On one Redis a consumer reads every partition's stream in one blocking
+//! `XREADGROUP`. A cluster refuses a command whose keys lie in several slots, so there
+//! each partition's stream is read by a task of its own (`PartitionReaders`), on a
+//! connection of its own, and `read_triggers` takes what they read.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Weak;
+
+use tokio::sync::{Mutex, mpsc};
 
 use super::*;
 
@@ -12,6 +22,9 @@ impl TriggerQueue for RedisStore {
         max: usize,
         block: Duration,
     ) -> Result<Vec<Delivery>> {
+        if self.inner.shared.is_cluster() {
+            return self.read_from_partition_readers(consumer, max, block).await;
+        }
         let keys: Vec<String> = (0..self.inner.partitions)
             .map(|p| self.key(p, "triggers"))
             .collect();
@@ -199,5 +212,161 @@ impl TriggerQueue for RedisStore {
             }
         }
         Ok(())
+    }
+}
+
+/// How long a partition reader's `XREADGROUP` blocks before it checks whether its
+/// store is still in use.
+const READER_BLOCK: Duration = Duration::from_secs(2);
+
+/// A consumer's readers in a cluster: one task per partition reading its stream, and
+/// what they read that `read_triggers` has not handed out yet.
+pub(super) struct PartitionReaders {
+    state: Mutex<ReadersState>,
+}
+
+struct ReadersState {
+    rx: mpsc::Receiver<Vec<Delivery>>,
+    ready: VecDeque<Delivery>,
+}
+
+/// The consumers' readers of a store, by consumer name.
+pub(super) type Readers = std::sync::Mutex<HashMap<String, Arc<PartitionReaders>>>;
+
+impl RedisStore {
+    /// `read_triggers` in a cluster: what the consumer's partition readers read,
+    /// waiting up to `block` when they have nothing yet. Each reader reads up to
+    /// `max` entries at a time and holds one batch until it is taken, so a consumer
+    /// holds at most about a batch per partition unacknowledged ahead of its work.
+    async fn read_from_partition_readers(
+        &self,
+        consumer: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>> {
+        let readers = self.partition_readers(consumer, max.max(1));
+        let mut state = readers.state.lock().await;
+        let ReadersState { rx, ready } = &mut *state;
+        if ready.is_empty()
+            && !block.is_zero()
+            && let Ok(Some(batch)) = tokio::time::timeout(block, rx.recv()).await
+        {
+            ready.extend(batch);
+        }
+        while ready.len() < max {
+            match rx.try_recv() {
+                Ok(batch) => ready.extend(batch),
+                Err(_) => break,
+            }
+        }
+        let n = ready.len().min(max.max(1));
+        Ok(ready.drain(..n).collect())
+    }
+
+    /// The consumer's readers, started at its first read.
+    fn partition_readers(&self, consumer: &str, count: usize) -> Arc<PartitionReaders> {
+        let mut readers = self
+            .inner
+            .readers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(r) = readers.get(consumer) {
+            return r.clone();
+        }
+        let (tx, rx) = mpsc::channel(1);
+        for p in 0..self.inner.partitions {
+            tokio::spawn(read_partition(
+                Arc::downgrade(&self.inner),
+                p,
+                consumer.to_owned(),
+                count,
+                tx.clone(),
+            ));
+        }
+        let r = Arc::new(PartitionReaders {
+            state: Mutex::new(ReadersState {
+                rx,
+                ready: VecDeque::new(),
+            }),
+        });
+        readers.insert(consumer.to_owned(), r.clone());
+        r
+    }
+}
+
+/// One partition's reader: blocking reads of its stream on a connection of its own,
+/// each batch handed on; ends when the store is dropped.
+async fn read_partition(
+    inner: Weak<Inner>,
+    p: u32,
+    consumer: String,
+    count: usize,
+    tx: mpsc::Sender<Vec<Delivery>>,
+) {
+    let mut conn = None;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(store) = inner.upgrade().map(|inner| RedisStore { inner }) else {
+            return;
+        };
+        let stop = store.inner.watcher.clone();
+        if conn.is_none() {
+            conn = store.inner.blocking.dedicated().await.ok();
+        }
+        let Some(c) = conn.as_mut() else {
+            drop(store);
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
+        };
+        let key = store.key(p, "triggers");
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(&consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(ms(READER_BLOCK))
+            .arg("STREAMS")
+            .arg(&key)
+            .arg(">");
+        let reply: redis::RedisResult<Option<StreamReadReply>> = tokio::select! {
+            () = stop.cancelled() => return,
+            r = cmd.query_async(c) => r,
+        };
+        match reply {
+            Ok(reply) => {
+                backoff = Duration::from_millis(100);
+                let ids = reply
+                    .map(|r| r.keys)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .flat_map(|k| k.ids)
+                    .collect::<Vec<_>>();
+                let batch = store.deliveries(p, ids);
+                drop(store);
+                if !batch.is_empty() && tx.send(batch).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                if is_nogroup(&e) {
+                    let _ = store.recover_groups().await;
+                } else {
+                    tracing::warn!(partition = p, error = %e, "reading triggers failed; retrying");
+                    conn = None;
+                }
+                drop(store);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
     }
 }

@@ -4,10 +4,12 @@
 -- Leases the WAITING `run` to `node` at `now`: 'full' when the node already holds
 -- `max` leased runs (0: no limit), else 'ok' with the run DISPATCHED under a new
 -- fencing token, its lease and confirmation deadlines set and the node's count taken.
+-- In a cluster N is '' and the caller reserved the node's slot beforehand
+-- (node_slots.lua): `max` is 0 then, or -1 when there was none.
 -- The caller saves the run.
 local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
-  local busy = N .. 'busy:' .. node
-  if max > 0 and redis.call('SCARD', busy) >= max then
+  local busy = N ~= '' and (N .. 'busy:' .. node)
+  if max < 0 or (busy and max > 0 and redis.call('SCARD', busy) >= max) then
     return 'full'
   end
   run.fencing_token = new_token(P, run.job_id)
@@ -21,8 +23,10 @@ local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   if timeout > 0 then
     run.deadlines.timeout_at = now + timeout
   end
-  redis.call('SADD', busy, run.schedule_id)
-  redis.call('PEXPIRE', busy, 86400000)
+  if busy then
+    redis.call('SADD', busy, run.schedule_id)
+    redis.call('PEXPIRE', busy, 86400000)
+  end
   return 'ok'
 end
 

@@ -1,4 +1,5 @@
--- ARGV: N (the {nodes} prefix), node_id, instance, session
+-- ARGV: N (the {nodes} prefix), node_id, instance, session, and 'held' in a cluster
+-- (the runs leased to the node are then those node_slots.lua counts)
 -- Only the stream that registered the node removes it: a node that reconnected
 -- meanwhile (to this instance or another) stays registered.
 -- Returns {0} when it was not removed, else {1, the runs leased to the node}.
@@ -17,4 +18,7 @@ if session ~= ARGV[4] then
 end
 redis.call('DEL', key)
 redis.call('SREM', N .. 'ids', id)
+if ARGV[5] == 'held' then
+  return { 1, redis.call('ZRANGE', N .. 'held:' .. id, 0, -1) }
+end
 return { 1, redis.call('SMEMBERS', N .. 'busy:' .. id) }

@@ -2,7 +2,8 @@
 -- common.lua). Keys of partition P: run:<sid> (the record, MessagePack), active:<job> (set of the
 -- job's runs not final), serial:<job> (list: queued serial runs), timers (zset: sid →
 -- earliest deadline), tokens (hash: job → fencing counter), logs:<sid> / logmeta:<sid>.
--- Node keys (prefix N, the {nodes} slot): busy:<node> (set of runs leased to it).
+-- Node keys (prefix N, the {nodes} slot): busy:<node> (set of runs leased to it; in a
+-- cluster N is '' and node_slots.lua keeps the count beside the scripts).
 local FINAL = { SUCCEEDED = true, FAILED = true, TIMED_OUT = true, CANCELLED = true, SKIPPED = true }
 local HELD = { DISPATCHED = true, RUNNING = true }
 
@@ -192,9 +193,10 @@ local function new_token(P, job_id)
   return int(token)
 end
 
--- The run leaves DISPATCHED/RUNNING: its node's lease count drops.
+-- The run leaves DISPATCHED/RUNNING: its node's lease count drops (in a cluster, N is
+-- '' and the caller releases the node's slot: node_slots.lua).
 local function leave_node(N, run)
-  if HELD[run.state] and run.node_id ~= '' then
+  if N ~= '' and HELD[run.state] and run.node_id ~= '' then
     redis.call('SREM', N .. 'busy:' .. run.node_id, run.schedule_id)
   end
 end

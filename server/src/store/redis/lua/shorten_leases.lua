@@ -4,7 +4,8 @@
 -- most within_ms from now. Nothing changes if the node registered again meanwhile (its
 -- hello renewed what it still holds). Returns how many leases were shortened.
 local P, N, node = ARGV[1], ARGV[2], ARGV[3]
-if redis.call('EXISTS', N .. 'node:' .. node) == 1 then
+-- In a cluster N is '': the caller looked at the node's registration just before.
+if N ~= '' and redis.call('EXISTS', N .. 'node:' .. node) == 1 then
   return 0
 end
 local by = store_now_ms() + tonumber(ARGV[4])

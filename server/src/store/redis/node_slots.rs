@@ -1,0 +1,137 @@
+//! A node's count of leased runs in a Redis Cluster (`lua/node_slots.lua`).
+//!
+//! On one Redis the run scripts count a node's runs themselves (`busy:<node>` in the
+//! `{nodes}` slot, beside the run's partition): the lease and the count are one step.
+//! A cluster refuses a script whose keys span two slots, so there the count is kept by
+//! the calls around the run scripts, each in the `{nodes}` slot: a run is reserved on
+//! its node before the partition's script leases it (refused when the node is full),
+//! the reservation is extended before each lease renewal and released once the run
+//! leaves the node. The store stays the judge of a node's window: every lease is
+//! preceded by a reservation that outlasts it, so a node never holds more than its
+//! window; a reservation left by an instance that died between two steps (or by a
+//! run dropped from a full job index while held) lapses at its end, so a node can
+//! look fuller than it is for up to twice a lease's TTL, never emptier.
+
+use super::*;
+
+/// What a reservation answers for one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reserved {
+    Ok,
+    /// The node holds its window.
+    Full,
+    /// The run is reserved on the node already (leased, or being leased by another
+    /// call): this call leases nothing.
+    Taken,
+}
+
+impl RedisStore {
+    /// The `N` argument of the run scripts: the `{nodes}` prefix on one Redis, where
+    /// they count a node's runs themselves; '' in a cluster, where this module does.
+    pub(super) fn run_nodes_arg(&self) -> String {
+        if self.inner.shared.is_cluster() {
+            String::new()
+        } else {
+            self.nodes_prefix()
+        }
+    }
+
+    /// Reserves `schedule_id` on `node` for `hold` (a cluster only).
+    pub(super) async fn reserve_slot(
+        &self,
+        node: &NodeSlot,
+        schedule_id: &str,
+        hold: Duration,
+    ) -> Result<Reserved> {
+        let mut c = self.conn().await?;
+        let r: Vec<String> = self
+            .inner
+            .scripts
+            .node_slots
+            .arg(self.nodes_prefix())
+            .arg("reserve")
+            .arg(&node.node_id)
+            .arg(node.max_concurrency)
+            .arg(ms(hold))
+            .arg(schedule_id)
+            .invoke_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        match r.first().map(String::as_str) {
+            Some("ok") => Ok(Reserved::Ok),
+            Some("full") => Ok(Reserved::Full),
+            Some("taken") => Ok(Reserved::Taken),
+            other => Err(corrupt(format!("node_slots reserve answered {other:?}"))),
+        }
+    }
+
+    /// Extends the reservations of `schedule_ids` on `node` to `hold` from now (a
+    /// cluster only; before their leases are renewed). A broadcast's shard 0 answers to
+    /// its parent's id, so for an id without a shard suffix its shard 0's reservation
+    /// is extended too, when there is one.
+    pub(super) async fn extend_slots(
+        &self,
+        node: &str,
+        schedule_ids: &[&str],
+        hold: Duration,
+    ) -> Result<()> {
+        if schedule_ids.is_empty() {
+            return Ok(());
+        }
+        let mut inv = self.inner.scripts.node_slots.prepare_invoke();
+        inv.arg(self.nodes_prefix())
+            .arg("extend")
+            .arg(node)
+            .arg(ms(hold));
+        for sid in schedule_ids {
+            inv.arg(*sid);
+            if !sid.contains('#') {
+                inv.arg(format!("{sid}#0"));
+            }
+        }
+        let mut c = self.conn().await?;
+        let _: i64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Releases the reservations of runs that left their nodes, as (node, schedule_id)
+    /// (a cluster only; nothing to do elsewhere).
+    pub(super) async fn release_slots<'a>(
+        &self,
+        left: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<()> {
+        if !self.inner.shared.is_cluster() {
+            return Ok(());
+        }
+        let mut inv = self.inner.scripts.node_slots.prepare_invoke();
+        inv.arg(self.nodes_prefix()).arg("release");
+        let mut any = false;
+        for (node, sid) in left {
+            inv.arg(node).arg(sid);
+            any = true;
+        }
+        if !any {
+            return Ok(());
+        }
+        let mut c = self.conn().await?;
+        let _: i64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Releases what a transition's revocations took off their nodes.
+    pub(super) async fn release_revoked(&self, revoked: &[Revocation]) -> Result<()> {
+        self.release_slots(
+            revoked
+                .iter()
+                .map(|r| (r.node_id.as_str(), r.schedule_id.as_str())),
+        )
+        .await
+    }
+}
+
+/// How long a reservation made for a lease of `terms` lasts: twice the longer of its
+/// lease and its confirmation window, so it outlasts the lease even when the clocks of
+/// the run's master and the `{nodes}` master differ by up to a lease's TTL.
+pub(super) fn reservation_hold(terms: &LeaseTerms) -> Duration {
+    terms.ttl.max(terms.confirm_within) * 2
+}
