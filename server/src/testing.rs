@@ -238,6 +238,14 @@ fn start_cluster(masters: usize, replicas: usize) -> Result<String> {
     Ok(format!("redis+cluster://{}", nodes.join(",")))
 }
 
+/// A connection to the Redis or the cluster at `url` (any form `--redis-url` takes),
+/// for tests that look at the store's keys.
+pub async fn redis_connection(url: &str) -> Result<impl redis::aio::ConnectionLike + Clone> {
+    crate::store::redis::raw_connection(url)
+        .await
+        .map_err(|e| anyhow!("{e}"))
+}
+
 /// A key prefix no other test uses.
 pub fn unique_prefix(name: &str) -> String {
     format!("t-{name}-{}", uuid::Uuid::now_v7().simple())

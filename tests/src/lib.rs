@@ -25,7 +25,9 @@ use tonic::transport::Channel;
 pub use pb::job_service_client::JobServiceClient;
 pub use pb::run_service_client::RunServiceClient;
 
-pub use sundial_server::testing::{RedisServer, free_port};
+pub use sundial_server::testing::{
+    RedisServer, free_port, redis_connection, shared_redis_cluster_url, unique_prefix,
+};
 
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
@@ -116,6 +118,17 @@ impl SundialOptions {
     pub fn redis(redis: &RedisServer) -> Self {
         Self {
             redis_url: Some(redis.url()),
+            ..Self::default()
+        }
+        .fast()
+    }
+
+    /// A Redis (or cluster) by URL, under a key prefix of its own, as tests sharing
+    /// one cluster need.
+    pub fn redis_url(url: &str, prefix: &str) -> Self {
+        Self {
+            redis_url: Some(url.to_owned()),
+            redis_prefix: Some(prefix.to_owned()),
             ..Self::default()
         }
         .fast()
@@ -582,7 +595,12 @@ pub struct QueuedTrigger {
 
 /// Reads every trigger ever appended (not yet trimmed) under `prefix`.
 pub async fn queued_triggers(redis: &RedisServer, prefix: &str) -> Result<Vec<QueuedTrigger>> {
-    let mut c = redis.connection().await?;
+    queued_triggers_at(&redis.url(), prefix).await
+}
+
+/// [`queued_triggers`] of the Redis or cluster at `url`.
+pub async fn queued_triggers_at(url: &str, prefix: &str) -> Result<Vec<QueuedTrigger>> {
+    let mut c = redis_connection(url).await?;
     let partitions: u32 = redis::cmd("HGET")
         .arg(format!("{prefix}:meta"))
         .arg("partitions")
@@ -623,7 +641,12 @@ pub async fn queued_triggers(redis: &RedisServer, prefix: &str) -> Result<Vec<Qu
 
 /// Redis's clock in ms (the store's clock).
 pub async fn redis_now(redis: &RedisServer) -> Result<i64> {
-    let mut c = redis.connection().await?;
+    redis_now_at(&redis.url()).await
+}
+
+/// [`redis_now`] of the Redis or cluster at `url` (a cluster: one master's clock).
+pub async fn redis_now_at(url: &str) -> Result<i64> {
+    let mut c = redis_connection(url).await?;
     let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await?;
     Ok(s * 1000 + us / 1000)
 }

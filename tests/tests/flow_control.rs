@@ -1,5 +1,6 @@
 //! Flow control with real executor processes (`test_executor`, the Rust SDK) on real
-//! gRPC streams, on Redis (one and two server instances) and the embedded store: a
+//! gRPC streams, on Redis (one and two server instances, and two on a Redis Cluster) and
+//! the embedded store: a
 //! burst far larger than the executors' windows waits in the store for capacity
 //! instead of failing, no handler starts twice, and every executor takes its share.
 
@@ -9,7 +10,10 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::node_service_client::NodeServiceClient;
-use sundial_tests::{RedisServer, Sundial, SundialOptions, TestExecutor, wait_for};
+use sundial_tests::{
+    RedisServer, Sundial, SundialOptions, TestExecutor, shared_redis_cluster_url, unique_prefix,
+    wait_for,
+};
 
 const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
 const JOBS: usize = 2_000;
@@ -167,6 +171,18 @@ async fn a_burst_waits_for_capacity_on_two_instances_sharing_redis() -> Result<(
     let dir = tempfile::tempdir()?;
     let a = Sundial::start(tuned(SundialOptions::redis(&redis), "a"))?;
     let b = Sundial::start(tuned(SundialOptions::redis(&redis), "b"))?;
+    a_burst_waits_for_capacity(&[a, b], dir.path()).await
+}
+
+/// On a Redis Cluster, where a node's window is reserved in the `{nodes}` slot before
+/// the run's partition leases it (`store::redis::node_slots`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_waits_for_capacity_on_two_instances_sharing_a_cluster() -> Result<()> {
+    let url = shared_redis_cluster_url()?;
+    let prefix = unique_prefix("burst");
+    let dir = tempfile::tempdir()?;
+    let a = Sundial::start(tuned(SundialOptions::redis_url(&url, &prefix), "a"))?;
+    let b = Sundial::start(tuned(SundialOptions::redis_url(&url, &prefix), "b"))?;
     a_burst_waits_for_capacity(&[a, b], dir.path()).await
 }
 

@@ -1,5 +1,6 @@
-//! Several `sundial` processes on one real Redis: every planned fire becomes exactly one
-//! run, also when an instance is SIGKILLed or stops itself at a named crash point.
+//! Several `sundial` processes on one real Redis (or one Redis Cluster of three masters
+//! with a replica each): every planned fire becomes exactly one run, also when an
+//! instance is SIGKILLed or stops itself at a named crash point.
 //!
 //! The witness for "exactly once" is the trigger queue itself (one stream entry per
 //! claimed fire): run records are keyed by schedule_id, so they would hide a double
@@ -11,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use sundial_proto::v1 as pb;
 use sundial_tests::{
-    RedisServer, Sundial, SundialOptions, all_runs, every_second, queued_triggers, redis_now,
-    wait_for,
+    RedisServer, Sundial, SundialOptions, all_runs, every_second, queued_triggers_at, redis_now_at,
+    shared_redis_cluster_url, unique_prefix, wait_for,
 };
 
 struct Scenario {
@@ -29,6 +30,9 @@ struct Scenario {
     redis_restart_after: Option<Duration>,
     /// Extra `--flag value` for every instance.
     args: &'static [(&'static str, &'static str)],
+    /// On the test binary's shared Redis Cluster (under a prefix of its own) instead
+    /// of a Redis of its own.
+    cluster: bool,
 }
 
 struct PlannedJob {
@@ -56,15 +60,21 @@ fn is_final(run: &pb::Run) -> bool {
 }
 
 async fn run_scenario(s: Scenario) -> Result<()> {
-    let mut redis = if s.redis_restart_after.is_some() {
-        RedisServer::start_persistent()?
+    let (mut redis, url, prefix) = if s.cluster {
+        (None, shared_redis_cluster_url()?, unique_prefix("sched"))
     } else {
-        RedisServer::start()?
+        let redis = if s.redis_restart_after.is_some() {
+            RedisServer::start_persistent()?
+        } else {
+            RedisServer::start()?
+        };
+        let url = redis.url();
+        (Some(redis), url, "sundial".to_owned())
     };
-    let prefix = "sundial";
+    let prefix = prefix.as_str();
     let mut servers = Vec::new();
     for i in 0..s.instances {
-        let mut opts = SundialOptions::redis(&redis)
+        let mut opts = SundialOptions::redis_url(&url, prefix)
             // A starved CI machine must not turn lateness into deliberate misfire skips:
             // this test is about claims, not the misfire policy.
             .arg("misfire-threshold", "60s")
@@ -92,7 +102,7 @@ async fn run_scenario(s: Scenario) -> Result<()> {
             clients.push(srv.jobs().await?);
         }
     }
-    let start = redis_now(&redis).await?;
+    let start = redis_now_at(&url).await?;
     for j in 0..s.jobs {
         let id = format!("job-{j:04}");
         let mut spec = every_second(&id);
@@ -112,6 +122,9 @@ async fn run_scenario(s: Scenario) -> Result<()> {
         });
     }
     if let Some(after) = s.redis_restart_after {
+        let redis = redis
+            .as_mut()
+            .context("a Redis restart needs a Redis of its own")?;
         tokio::time::sleep(after).await;
         redis.kill();
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -147,7 +160,7 @@ async fn run_scenario(s: Scenario) -> Result<()> {
     wait_for(
         "the last planned fire",
         s.fire_for + Duration::from_secs(30),
-        || async { Ok((redis_now(&redis).await? > end + 500).then_some(())) },
+        || async { Ok((redis_now_at(&url).await? > end + 500).then_some(())) },
     )
     .await?;
     let live = servers
@@ -181,7 +194,7 @@ async fn run_scenario(s: Scenario) -> Result<()> {
     .await?;
 
     // The queue: one trigger per planned fire, none twice, none unplanned.
-    let triggers = queued_triggers(&redis, prefix).await?;
+    let triggers = queued_triggers_at(&url, prefix).await?;
     let mut per_schedule: BTreeMap<&str, usize> = BTreeMap::new();
     for t in &triggers {
         *per_schedule.entry(t.schedule_id.as_str()).or_default() += 1;
@@ -249,6 +262,7 @@ async fn three_instances_fire_every_planned_fire_once() -> Result<()> {
         kill_after: None,
         redis_restart_after: None,
         args: &[],
+        cluster: false,
     })
     .await
 }
@@ -263,6 +277,7 @@ async fn sigkill_of_one_instance_loses_and_doubles_nothing() -> Result<()> {
         kill_after: Some(Duration::from_secs(5)),
         redis_restart_after: None,
         args: &[],
+        cluster: false,
     })
     .await
 }
@@ -280,6 +295,7 @@ async fn redis_killed_and_restarted_loses_and_doubles_nothing() -> Result<()> {
         kill_after: None,
         redis_restart_after: Some(Duration::from_secs(4)),
         args: &[],
+        cluster: false,
     })
     .await
 }
@@ -319,6 +335,7 @@ async fn crash_at(point: &'static str) -> Result<()> {
         kill_after: None,
         redis_restart_after: None,
         args: &[],
+        cluster: false,
     })
     .await
 }
@@ -336,6 +353,24 @@ async fn a_dead_instances_triggers_are_taken_over_when_its_beat_runs_out() -> Re
         kill_after: None,
         redis_restart_after: None,
         args: &[("trigger-reclaim-idle", "120s"), ("instance-ttl", "1s")],
+        cluster: false,
+    })
+    .await
+}
+
+/// On a Redis Cluster: three instances, one of them SIGKILLed, every fire claimed once
+/// (the trigger streams of each partition live on the master serving its slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_sigkill_of_one_instance_loses_and_doubles_nothing() -> Result<()> {
+    run_scenario(Scenario {
+        instances: 3,
+        jobs: 200,
+        fire_for: Duration::from_secs(10),
+        fault: None,
+        kill_after: Some(Duration::from_secs(4)),
+        redis_restart_after: None,
+        args: &[],
+        cluster: true,
     })
     .await
 }

@@ -137,9 +137,16 @@ impl Target {
     }
 }
 
+/// A shared connection to `url`, for tests that look at the store's keys.
+#[cfg(any(test, feature = "testing"))]
+pub(crate) async fn raw_connection(url: &str) -> Result<Shared> {
+    let target = Target::parse(url).map_err(unavailable)?;
+    Ok(target.connect().await?.0)
+}
+
 /// The shared, multiplexed connection (a cheap handle: clones share it).
 #[derive(Clone)]
-pub(super) enum Shared {
+pub enum Shared {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }

@@ -104,6 +104,8 @@ mod tests;
 mod triggers;
 
 pub(crate) use conn::Target;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use conn::raw_connection;
 use conn::{Blocking, BlockingConn, Shared};
 use functions::{Activity, Call, Function, Library};
 
