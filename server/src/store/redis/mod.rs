@@ -53,8 +53,8 @@
 //! Connections (`conn`): every command but the two blocking ones goes over one shared,
 //! multiplexed connection (redis-rs's `ConnectionManager`, or its cluster connection:
 //! concurrent commands are pipelined on it, and it reconnects by itself after a Redis
-//! restart), so a command costs no pool checkout (deadpool's recycle check was a `PING`
-//! + `UNWATCH` round trip per checkout, a fifth of all commands). The blocking trigger
+//! restart), so a command costs no pool checkout (deadpool's recycle check was a
+//! `PING` and an `UNWATCH` round trip per checkout, a fifth of all commands). The blocking trigger
 //! read (`XREADGROUP … BLOCK`) and inbox pop (`BRPOP`) would stall that shared
 //! pipeline, so each takes a connection of its own from a small pool.
 //!
