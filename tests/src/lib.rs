@@ -26,7 +26,8 @@ pub use pb::job_service_client::JobServiceClient;
 pub use pb::run_service_client::RunServiceClient;
 
 pub use sundial_server::testing::{
-    RedisServer, free_port, redis_connection, shared_redis_cluster_url, unique_prefix,
+    RedisCluster, RedisServer, free_port, key_slot, redis_connection, shared_redis_cluster_url,
+    unique_prefix,
 };
 
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.

@@ -167,8 +167,8 @@ impl Call<'_> {
 /// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (what is
 /// between its first `{` and the next `}`, when that is not empty; else the whole key),
 /// mod 16384.
-#[cfg(test)]
-pub(super) fn key_slot(key: &[u8]) -> u16 {
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
     let tag = key
         .iter()
         .position(|&b| b == b'{')
