@@ -461,17 +461,33 @@ fn node_command(port: u16, args: &[&str]) -> Result<String> {
     Ok(cmd.query::<String>(&mut c)?)
 }
 
-/// The cluster hash slot of `key` (CRC16 of its hash tag, mod 16384).
-pub fn key_slot(key: &str) -> u16 {
-    crate::store::redis::key_slot(key.as_bytes())
-}
-
-/// A connection to the Redis or the cluster at `url` (any form `--redis-url` takes),
-/// for tests that look at the store's keys.
-pub async fn redis_connection(url: &str) -> Result<impl redis::aio::ConnectionLike + Clone> {
-    crate::store::redis::raw_connection(url)
-        .await
-        .map_err(|e| anyhow!("{e}"))
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (what is
+/// between its first `{` and the next `}`, when that is not empty; else the whole key),
+/// mod 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&len| len > 0)
+                .map(|len| &rest[..len])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tag {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 /// A key prefix no other test uses.

@@ -25,9 +25,9 @@ use tonic::transport::Channel;
 pub use pb::job_service_client::JobServiceClient;
 pub use pb::run_service_client::RunServiceClient;
 
+pub use sundial_server::store::redis::raw_connection as redis_connection;
 pub use sundial_server::testing::{
-    RedisCluster, RedisServer, free_port, key_slot, redis_connection, shared_redis_cluster_url,
-    unique_prefix,
+    RedisCluster, RedisServer, free_port, key_slot, shared_redis_cluster_url, unique_prefix,
 };
 
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.

@@ -119,7 +119,7 @@ async fn a_master_killed_and_its_replica_promoted_loses_no_fire_and_runs_none_tw
 
     tokio::time::sleep(KILL_AFTER).await;
     let slots: Vec<u16> = (0..PARTITIONS)
-        .map(|p| key_slot(&format!("{prefix}:{{{p}}}:")))
+        .map(|p| key_slot(format!("{prefix}:{{{p}}}:").as_bytes()))
         .collect();
     // Its replica stopped for LAG first: what the master acknowledged meanwhile (about
     // LAG × JOBS fires claimed, run and finished) is lost with it.

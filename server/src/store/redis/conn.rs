@@ -137,9 +137,10 @@ impl Target {
     }
 }
 
-/// A shared connection to `url`, for tests that look at the store's keys.
+/// A shared connection to the Redis or the cluster at `url` (any form `--redis-url`
+/// takes), for tests that look at the store's keys.
 #[cfg(any(test, feature = "testing"))]
-pub(crate) async fn raw_connection(url: &str) -> Result<Shared> {
+pub async fn raw_connection(url: &str) -> Result<impl ConnectionLike + Clone + use<>> {
     let target = Target::parse(url).map_err(unavailable)?;
     Ok(target.connect().await?.0)
 }

@@ -164,36 +164,6 @@ impl Call<'_> {
     }
 }
 
-/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (what is
-/// between its first `{` and the next `}`, when that is not empty; else the whole key),
-/// mod 16384.
-#[cfg(any(test, feature = "testing"))]
-pub(crate) fn key_slot(key: &[u8]) -> u16 {
-    let tag = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|&b| b == b'}')
-                .filter(|&len| len > 0)
-                .map(|len| &rest[..len])
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &b in tag {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 /// Every key a call declares hashes to one slot, as Redis Cluster requires of a
 /// script (checked on every call the tests make).
 #[cfg(test)]
@@ -208,10 +178,10 @@ fn assert_one_slot(function: &str, keys: &[Vec<u8>]) {
         "{function}: a call names its slot by a hash-tagged first key (or first argument)"
     );
     if let Some((first, rest)) = keys.split_first() {
-        let slot = key_slot(first);
+        let slot = crate::testing::key_slot(first);
         for key in rest {
             assert_eq!(
-                key_slot(key),
+                crate::testing::key_slot(key),
                 slot,
                 "{function}: key {:?} is not in the slot of {:?}",
                 String::from_utf8_lossy(key),
@@ -223,7 +193,7 @@ fn assert_one_slot(function: &str, keys: &[Vec<u8>]) {
 
 #[cfg(test)]
 mod tests {
-    use super::key_slot;
+    use crate::testing::key_slot;
 
     #[test]
     fn key_slots_are_redis_clusters() {

@@ -105,10 +105,8 @@ mod triggers;
 
 pub(crate) use conn::Target;
 #[cfg(any(test, feature = "testing"))]
-pub(crate) use conn::raw_connection;
+pub use conn::raw_connection;
 use conn::{Blocking, BlockingConn, Shared};
-#[cfg(any(test, feature = "testing"))]
-pub(crate) use functions::key_slot;
 use functions::{Activity, Call, Function, Library};
 
 const GROUP: &str = "dispatch";
