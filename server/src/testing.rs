@@ -261,6 +261,14 @@ impl RedisCluster {
             .collect()
     }
 
+    /// Each live node's own `redis://` URL.
+    pub fn node_urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+
     /// The seed list of every node, as `--redis-url` takes it.
     pub fn url(&self) -> String {
         format!("redis+cluster://{}", self.addresses().join(","))

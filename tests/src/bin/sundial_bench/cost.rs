@@ -77,6 +77,8 @@ pub struct Costs {
     pub redis_round_trips_per_run: Option<f64>,
     /// …and the ones their scripts ran.
     pub redis_in_scripts_per_run: Option<f64>,
+    /// Each Redis server's commands per run (a cluster: per master).
+    pub redis_commands_per_run_by_node: Vec<f64>,
     /// The eight most called commands, per run.
     pub redis_top_commands_per_run: Vec<(String, f64)>,
     pub redis_cpu_us_per_run: Option<f64>,
@@ -123,6 +125,14 @@ impl Costs {
                     "    by MONITOR: {trips:.1} sent by the servers, {inside:.1} run inside scripts"
                 );
             }
+            if self.redis_commands_per_run_by_node.len() > 1 {
+                let each: Vec<String> = self
+                    .redis_commands_per_run_by_node
+                    .iter()
+                    .map(|n| format!("{n:.1}"))
+                    .collect();
+                println!("    commands per run on each master: {}", each.join(" / "));
+            }
             let top: Vec<String> = self
                 .redis_top_commands_per_run
                 .iter()
@@ -142,7 +152,9 @@ impl Costs {
 
 /// Readings at the start of a window.
 pub struct CostProbe {
-    redis: Option<(String, BTreeMap<String, u64>, u64, ScriptTime)>,
+    /// Per Redis server (each master of a cluster): its URL, commands, CPU and script
+    /// time at the start.
+    redis: Vec<(String, BTreeMap<String, u64>, u64, ScriptTime)>,
     /// Where to read the store's commits, and how many there were at the start.
     commits: Option<(Vec<String>, f64)>,
     pids: Vec<u32>,
@@ -156,15 +168,13 @@ pub struct CostProbe {
 impl CostProbe {
     /// Starts a window now (and `MONITOR`, when `monitor`).
     pub async fn start(rig: &Rig, ceiling: Option<RedisCeiling>, monitor: bool) -> Result<Self> {
-        let redis = match rig.redis_url() {
-            Some(url) => {
-                let calls = commandstats(&url).await?;
-                let cpu = redis_cpu_us(&url).await?;
-                let scripts = script_time(&url).await?;
-                Some((url, calls, cpu, scripts))
-            }
-            None => None,
-        };
+        let mut redis = Vec::new();
+        for url in rig.redis_nodes() {
+            let calls = commandstats(&url).await?;
+            let cpu = redis_cpu_us(&url).await?;
+            let scripts = script_time(&url).await?;
+            redis.push((url, calls, cpu, scripts));
+        }
         let monitor = match (monitor, rig.redis_port()) {
             (true, Some(port)) => Some(Monitor::start(port)?),
             _ => None,
@@ -177,7 +187,7 @@ impl CostProbe {
         let server_cpu = processes_cpu_us(&pids)?;
         let executor_pids: Vec<u32> = rig.executors.iter().map(TestExecutor::pid).collect();
         let executor_cpu = processes_cpu_us(&executor_pids)?;
-        let commits = match rig.redis_url() {
+        let commits = match rig.redis_nodes().first() {
             Some(_) => None,
             None => {
                 let urls = rig
@@ -224,10 +234,25 @@ impl CostProbe {
             costs.redis_round_trips_per_run = Some(per_run(trips as f64));
             costs.redis_in_scripts_per_run = Some(per_run(inside as f64));
         }
-        let Some((url, calls_before, cpu_before, scripts_before)) = &self.redis else {
+        if self.redis.is_empty() {
             return Ok(costs);
-        };
-        let delta: Vec<(String, f64)> = calls_since(calls_before, &commandstats(url).await?)
+        }
+        let mut delta: BTreeMap<String, u64> = BTreeMap::new();
+        let (mut cpu_us, mut script_calls, mut script_usec) = (0, 0, 0);
+        for (url, calls_before, cpu_before, scripts_before) in &self.redis {
+            let node = calls_since(calls_before, &commandstats(url).await?);
+            costs
+                .redis_commands_per_run_by_node
+                .push(per_run(node.values().map(|n| *n as f64).sum()));
+            for (name, n) in node {
+                *delta.entry(name).or_default() += n;
+            }
+            cpu_us += redis_cpu_us(url).await?.saturating_sub(*cpu_before);
+            let scripts = script_time(url).await?;
+            script_calls += scripts.calls.saturating_sub(scripts_before.calls);
+            script_usec += scripts.usec.saturating_sub(scripts_before.usec);
+        }
+        let delta: Vec<(String, f64)> = delta
             .into_iter()
             .map(|(name, n)| (name, per_run(n as f64)))
             .collect();
@@ -243,13 +268,11 @@ impl CostProbe {
         sorted.sort_by(|a, b| b.1.total_cmp(&a.1));
         sorted.truncate(8);
         costs.redis_top_commands_per_run = sorted;
-        let cpu = per_run(redis_cpu_us(url).await?.saturating_sub(*cpu_before) as f64);
+        let cpu = per_run(cpu_us as f64);
         costs.redis_cpu_us_per_run = Some(cpu);
         costs.all_cpu_us_per_run += cpu;
-        let scripts = script_time(url).await?;
-        let calls = scripts.calls.saturating_sub(scripts_before.calls);
-        costs.redis_us_per_script_call = (calls > 0)
-            .then(|| scripts.usec.saturating_sub(scripts_before.usec) as f64 / calls as f64);
+        costs.redis_us_per_script_call =
+            (script_calls > 0).then(|| script_usec as f64 / script_calls as f64);
         costs.redis_cpu_per_run_in_sets = self.ceiling.map(|c| cpu * c.set_per_s / 1e6);
         Ok(costs)
     }

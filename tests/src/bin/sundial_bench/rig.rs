@@ -1,4 +1,6 @@
-//! What a scenario runs against: a throwaway Redis (no persistence) or an embedded store,
+//! What a scenario runs against: a throwaway Redis (no persistence), a throwaway Redis
+//! Cluster (three masters, no replicas: the machine's cores serve only what is used) or
+//! an embedded store,
 //! one or two `sundial serve` processes of the bench's own build profile, and
 //! `test_executor` processes journalling every handler start and finish. Everything is
 //! torn down when the rig drops.
@@ -9,7 +11,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use sundial_proto::v1 as pb;
 use sundial_tests::{
-    JobServiceClient, RedisServer, Sundial, SundialOptions, TestExecutor, read_journals,
+    JobServiceClient, RedisCluster, RedisServer, Sundial, SundialOptions, TestExecutor,
+    read_journals,
 };
 pub use sundial_tests::{now_ms, register};
 use tonic::transport::Channel;
@@ -18,6 +21,8 @@ use tonic::transport::Channel;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreKind {
     Redis,
+    /// A Redis Cluster of three masters.
+    Cluster,
     Embedded,
 }
 
@@ -25,6 +30,7 @@ impl StoreKind {
     pub fn name(self) -> &'static str {
         match self {
             StoreKind::Redis => "redis",
+            StoreKind::Cluster => "cluster",
             StoreKind::Embedded => "embedded",
         }
     }
@@ -87,6 +93,7 @@ impl Binaries {
 pub struct Rig {
     /// Kept until the rig drops (the servers need it); see [`Rig::redis_url`].
     _redis: Option<RedisServer>,
+    cluster: Option<RedisCluster>,
     pub instances: Vec<Sundial>,
     pub executors: Vec<TestExecutor>,
     /// The journals and the embedded store's file live here.
@@ -113,14 +120,22 @@ impl Rig {
         }
         let redis = match spec.store {
             StoreKind::Redis => Some(RedisServer::start()?),
-            StoreKind::Embedded => None,
+            StoreKind::Cluster | StoreKind::Embedded => None,
         };
+        let cluster = match spec.store {
+            StoreKind::Cluster => Some(RedisCluster::start(3, 0)?),
+            StoreKind::Redis | StoreKind::Embedded => None,
+        };
+        let url = redis
+            .as_ref()
+            .map(RedisServer::url)
+            .or_else(|| cluster.as_ref().map(RedisCluster::url));
         let mut instances = Vec::new();
         for i in 0..spec.instances {
             // The production defaults: not the harness's shortened test intervals.
             let mut opts = SundialOptions {
-                redis_url: redis.as_ref().map(RedisServer::url),
-                data_dir: redis.is_none().then(|| dir.path().join("data")),
+                data_dir: url.is_none().then(|| dir.path().join("data")),
+                redis_url: url.clone(),
                 bin: Some(spec.bins.sundial.clone()),
                 ..SundialOptions::default()
             };
@@ -149,6 +164,7 @@ impl Rig {
         }
         Ok(Self {
             _redis: redis,
+            cluster,
             instances,
             executors,
             _dir: dir,
@@ -158,6 +174,15 @@ impl Rig {
     /// The Redis the servers share, for the scenarios that read its statistics.
     pub fn redis_url(&self) -> Option<String> {
         self._redis.as_ref().map(RedisServer::url)
+    }
+
+    /// The URL of each Redis server the store is on: the one Redis, or each master of
+    /// the cluster (none for the embedded store).
+    pub fn redis_nodes(&self) -> Vec<String> {
+        match &self.cluster {
+            Some(c) => c.node_urls(),
+            None => self.redis_url().into_iter().collect(),
+        }
     }
 
     pub fn redis_port(&self) -> Option<u16> {
