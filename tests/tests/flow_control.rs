@@ -174,7 +174,7 @@ async fn a_burst_waits_for_capacity_on_two_instances_sharing_redis() -> Result<(
     a_burst_waits_for_capacity(&[a, b], dir.path()).await
 }
 
-/// On a Redis Cluster, where a node's window is reserved in the `{nodes}` slot before
+/// On a Redis Cluster, where a node's window is reserved in a slot of its own before
 /// the run's partition leases it (`store::redis::node_slots`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_waits_for_capacity_on_two_instances_sharing_a_cluster() -> Result<()> {

@@ -34,9 +34,9 @@
 //! <prefix>:{nodes}:ids                  set of registered node ids, pruned when listed
 //! <prefix>:{nodes}:busy:<node_id>       set of the runs leased to the node (one Redis: the
 //!                                       run scripts keep it)
-//! <prefix>:{nodes}:held:<node_id>       zset schedule_id -> reservation end: the same count
-//!                                       in a cluster, kept around the run scripts
-//!                                       (`node_slots`)
+//! <prefix>:{held:<node_id>}             zset schedule_id -> reservation end: the same count
+//!                                       in a cluster, kept around the run scripts in a
+//!                                       slot per node (`node_slots`)
 //! <prefix>:{nodes}:inbox:<instance>     list of messages for the instance's streams
 //! <prefix>:{nodes}:instances            zset instance -> end of its last beat (store clock)
 //! <prefix>:changes                      pub/sub channel: a job was created or changed
@@ -61,8 +61,8 @@
 //! Redis Cluster (`redis+cluster://`): every script's keys lie in one slot, and a call
 //! names that slot by its first key (or first argument: `functions`), so the client
 //! sends it to the master serving it. Two things cross slots on one Redis and are done
-//! otherwise in a cluster: a node's count of leased runs (`node_slots`: reserved in the
-//! `{nodes}` slot around the partition's script) and the trigger read over every
+//! otherwise in a cluster: a node's count of leased runs (`node_slots`: reserved in a
+//! slot of the node's own around the partition's script) and the trigger read over every
 //! partition (one reader per partition: `triggers`).
 
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! On one Redis the run scripts count a node's runs themselves (`busy:<node>` in the
 //! `{nodes}` slot, beside the run's partition): the lease and the count are one step.
 //! A cluster refuses a script whose keys span two slots, so there the count is kept by
-//! the calls around the run scripts, each in the `{nodes}` slot: a run is reserved on
-//! its node before the partition's script leases it (refused when the node is full),
+//! the calls around the run scripts, each in the node's own slot (`{held:<node>}`): a
+//! run is reserved on its node before the partition's script leases it (refused when the node is full),
 //! the reservation is extended before each lease renewal and released once the run
 //! leaves the node. The store stays the judge of a node's window: every lease is
 //! preceded by a reservation that outlasts it, so a node never holds more than its
@@ -36,6 +36,12 @@ impl RedisStore {
         }
     }
 
+    /// A node's reservations in a cluster: a key with a hash tag of its own, so the
+    /// nodes' counts spread over the masters.
+    pub(super) fn held_key(&self, node_id: &str) -> String {
+        format!("{}:{{held:{node_id}}}", self.inner.prefix)
+    }
+
     /// Reserves `schedule_id` on `node` for `hold` (a cluster only).
     pub(super) async fn reserve_slot(
         &self,
@@ -48,9 +54,8 @@ impl RedisStore {
             .inner
             .scripts
             .node_slots
-            .arg(self.nodes_prefix())
+            .key(self.held_key(&node.node_id))
             .arg("reserve")
-            .arg(&node.node_id)
             .arg(node.max_concurrency)
             .arg(ms(hold))
             .arg(schedule_id)
@@ -78,11 +83,8 @@ impl RedisStore {
         if schedule_ids.is_empty() {
             return Ok(());
         }
-        let mut inv = self.inner.scripts.node_slots.prepare_invoke();
-        inv.arg(self.nodes_prefix())
-            .arg("extend")
-            .arg(node)
-            .arg(ms(hold));
+        let mut inv = self.inner.scripts.node_slots.key(self.held_key(node));
+        inv.arg("extend").arg(ms(hold));
         for sid in schedule_ids {
             inv.arg(*sid);
             if !sid.contains('#') {
@@ -95,7 +97,7 @@ impl RedisStore {
     }
 
     /// Releases the reservations of runs that left their nodes, as (node, schedule_id)
-    /// (a cluster only; nothing to do elsewhere).
+    /// (a cluster only; nothing to do elsewhere): one call per node, sent together.
     pub(super) async fn release_slots<'a>(
         &self,
         left: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -103,18 +105,24 @@ impl RedisStore {
         if !self.inner.shared.is_cluster() {
             return Ok(());
         }
-        let mut inv = self.inner.scripts.node_slots.prepare_invoke();
-        inv.arg(self.nodes_prefix()).arg("release");
-        let mut any = false;
+        let mut by_node: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
         for (node, sid) in left {
-            inv.arg(node).arg(sid);
-            any = true;
+            by_node.entry(node).or_default().push(sid);
         }
-        if !any {
-            return Ok(());
-        }
-        let mut c = self.conn().await?;
-        let _: i64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let c = self.conn().await?;
+        let calls = by_node.into_iter().map(|(node, sids)| {
+            let mut c = c.clone();
+            let mut inv = self.inner.scripts.node_slots.key(self.held_key(node));
+            inv.arg("release");
+            for sid in sids {
+                inv.arg(sid);
+            }
+            async move {
+                let _: i64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+                Ok::<_, Error>(())
+            }
+        });
+        futures::future::try_join_all(calls).await?;
         Ok(())
     }
 
@@ -131,7 +139,7 @@ impl RedisStore {
 
 /// How long a reservation made for a lease of `terms` lasts: twice the longer of its
 /// lease and its confirmation window, so it outlasts the lease even when the clocks of
-/// the run's master and the `{nodes}` master differ by up to a lease's TTL.
+/// the run's master and the node's master differ by up to a lease's TTL.
 pub(super) fn reservation_hold(terms: &LeaseTerms) -> Duration {
     terms.ttl.max(terms.confirm_within) * 2
 }

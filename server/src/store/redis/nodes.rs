@@ -64,6 +64,13 @@ impl NodeRegistry for RedisStore {
         let Some(within) = leases_within.filter(|_| out.removed) else {
             return Ok(out);
         };
+        let leased = if self.inner.shared.is_cluster() {
+            c.zrange(self.held_key(&node.node_id), 0, -1)
+                .await
+                .map_err(unavailable)?
+        } else {
+            leased
+        };
         // In a cluster the partitions' scripts cannot see the node's registration:
         // it is looked at here (a node that registers again between this and a
         // partition's call has its leases shortened, and renews them at its next
@@ -111,29 +118,48 @@ impl NodeRegistry for RedisStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let cluster = self.inner.shared.is_cluster();
         let mut pipe = redis::pipe();
         for id in &ids {
             pipe.cmd("HMGET")
                 .arg(format!("{prefix}node:{id}"))
                 .arg("rec")
                 .arg("hb");
-            if self.inner.shared.is_cluster() {
-                pipe.cmd("ZCARD").arg(format!("{prefix}held:{id}"));
-            } else {
+            // A cluster counts in a slot of the node's own (node_slots): read below,
+            // so that this pipeline stays in the {nodes} slot.
+            if !cluster {
                 pipe.cmd("SCARD").arg(format!("{prefix}busy:{id}"));
             }
         }
         let rows: Vec<NodeRow> = {
             let flat: Vec<redis::Value> = pipe.query_async(&mut c).await.map_err(unavailable)?;
-            flat.chunks(2)
-                .map(|pair| match pair {
+            flat.chunks(if cluster { 1 } else { 2 })
+                .map(|row| match row {
                     [rec, busy] => Ok((
                         redis::from_redis_value(rec.clone()).map_err(unavailable)?,
                         redis::from_redis_value(busy.clone()).map_err(unavailable)?,
                     )),
+                    [rec] if cluster => Ok((
+                        redis::from_redis_value(rec.clone()).map_err(unavailable)?,
+                        0,
+                    )),
                     _ => Err(corrupt("list_nodes: an odd reply")),
                 })
                 .collect::<Result<_>>()?
+        };
+        let rows = if cluster {
+            let counts = ids.iter().map(|id| {
+                let mut c = c.clone();
+                let key = self.held_key(id);
+                async move { c.zcard::<_, u32>(key).await.map_err(unavailable) }
+            });
+            let counts = futures::future::try_join_all(counts).await?;
+            rows.into_iter()
+                .zip(counts)
+                .map(|((row, _), n)| (row, n))
+                .collect()
+        } else {
+            rows
         };
         let mut out = Vec::new();
         let mut gone = Vec::new();

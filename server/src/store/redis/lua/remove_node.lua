@@ -1,5 +1,6 @@
 -- ARGV: N (the {nodes} prefix), node_id, instance, session, and 'held' in a cluster
--- (the runs leased to the node are then those node_slots.lua counts)
+-- (where node_slots.lua counts the node's runs in a slot of its own: the caller reads
+-- them)
 -- Only the stream that registered the node removes it: a node that reconnected
 -- meanwhile (to this instance or another) stays registered.
 -- Returns {0} when it was not removed, else {1, the runs leased to the node}.
@@ -19,6 +20,6 @@ end
 redis.call('DEL', key)
 redis.call('SREM', N .. 'ids', id)
 if ARGV[5] == 'held' then
-  return { 1, redis.call('ZRANGE', N .. 'held:' .. id, 0, -1) }
+  return { 1 }
 end
 return { 1, redis.call('SMEMBERS', N .. 'busy:' .. id) }
