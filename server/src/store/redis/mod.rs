@@ -516,7 +516,7 @@ impl RedisStore {
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
         let t = transition(&r)?;
-        self.release_revoked(&t.revoked).await?;
+        self.release_revoked(&t.revoked).await;
         Ok(t)
     }
 

@@ -98,13 +98,25 @@ impl RedisStore {
 
     /// Releases the reservations of runs that left their nodes, as (node, schedule_id)
     /// (a cluster only; nothing to do elsewhere): one call per node, sent together.
+    /// It follows a decision already made (a result applied, a lease revoked), so a
+    /// failure is logged, not returned: the caller must still act on its decision, and
+    /// a reservation not released lapses at its end.
     pub(super) async fn release_slots<'a>(
         &self,
         left: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<()> {
+    ) {
         if !self.inner.shared.is_cluster() {
-            return Ok(());
+            return;
         }
+        if let Err(e) = self.try_release_slots(left).await {
+            tracing::warn!(error = %e, "releasing node reservations failed; they lapse at their end");
+        }
+    }
+
+    async fn try_release_slots<'a>(
+        &self,
+        left: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<()> {
         let mut by_node: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
         for (node, sid) in left {
             by_node.entry(node).or_default().push(sid);
@@ -127,13 +139,13 @@ impl RedisStore {
     }
 
     /// Releases what a transition's revocations took off their nodes.
-    pub(super) async fn release_revoked(&self, revoked: &[Revocation]) -> Result<()> {
+    pub(super) async fn release_revoked(&self, revoked: &[Revocation]) {
         self.release_slots(
             revoked
                 .iter()
                 .map(|r| (r.node_id.as_str(), r.schedule_id.as_str())),
         )
-        .await
+        .await;
     }
 }
 

@@ -122,7 +122,7 @@ impl RunStore for RedisStore {
             created: created.as_slice() == b"1",
             revoked: revocations(rest)?,
         };
-        self.release_revoked(&begun.revoked).await?;
+        self.release_revoked(&begun.revoked).await;
         Ok(begun)
     }
 
@@ -160,10 +160,10 @@ impl RunStore for RedisStore {
             created: created.as_slice() == b"1",
             revoked: revocations(rest)?,
         };
-        self.release_revoked(&begun.revoked).await?;
+        self.release_revoked(&begun.revoked).await;
         if reserved == Some(Reserved::Ok) && !matches!(assigned, Some(Assigned::Granted(_))) {
             self.release_slots([(node.node_id.as_str(), begun.run.schedule_id.as_str())])
-                .await?;
+                .await;
         }
         Ok((begun, assigned))
     }
@@ -199,7 +199,7 @@ impl RunStore for RedisStore {
         let granted = matches!(r.first(), Some(ok) if ok.as_slice() == b"ok");
         if reserved == Some(Reserved::Ok) && !granted {
             self.release_slots([(node.node_id.as_str(), schedule_id)])
-                .await?;
+                .await;
         }
         match r.as_slice() {
             [ok, record] if ok.as_slice() == b"ok" => Ok(Assigned::Granted(decode_run(record)?)),
@@ -289,8 +289,13 @@ impl RunStore for RedisStore {
             }
         }
         if self.inner.shared.is_cluster() {
+            // The node's reservations first, so they outlast the leases renewed below.
+            // A failure does not hold the renewals back (losing the leases would
+            // re-run the runs): the reservations last two TTLs, several renewals.
             let sids: Vec<&str> = held.iter().map(|h| h.schedule_id.as_str()).collect();
-            self.extend_slots(node_id, &sids, ttl * 2).await?;
+            if let Err(e) = self.extend_slots(node_id, &sids, ttl * 2).await {
+                tracing::warn!(node_id, error = %e, "extending node reservations failed");
+            }
         }
         let mut c = self.conn().await?;
         for (p, idx) in by_part {
@@ -337,7 +342,7 @@ impl RunStore for RedisStore {
                 .run
                 .as_ref()
                 .map_or(schedule_id, |r| r.schedule_id.as_str());
-            self.release_slots([(node.as_str(), sid)]).await?;
+            self.release_slots([(node.as_str(), sid)]).await;
         }
         Ok(t)
     }
