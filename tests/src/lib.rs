@@ -492,6 +492,17 @@ pub fn manual_http_job(id: &str, url: &str) -> pb::JobSpec {
     }
 }
 
+/// Whether a run has its final state (not TRIGGERED, WAITING, DISPATCHED or RUNNING).
+pub fn is_final(run: &pb::Run) -> bool {
+    !matches!(
+        pb::RunState::try_from(run.state),
+        Ok(pb::RunState::Triggered
+            | pb::RunState::Dispatched
+            | pb::RunState::Running
+            | pb::RunState::Waiting)
+    )
+}
+
 /// Unix ms now.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

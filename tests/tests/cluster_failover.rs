@@ -40,8 +40,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use sundial_proto::v1 as pb;
 use sundial_tests::{
-    RedisCluster, Sundial, SundialOptions, TestExecutor, all_runs, key_slot, read_journals,
-    redis_now_at, unique_prefix, wait_for,
+    RedisCluster, Sundial, SundialOptions, TestExecutor, all_runs, is_final, key_slot,
+    read_journals, redis_now_at, unique_prefix, wait_for,
 };
 
 const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
@@ -249,14 +249,4 @@ async fn a_master_killed_and_its_replica_promoted_loses_no_fire_and_runs_none_tw
         );
     }
     Ok(())
-}
-
-fn is_final(run: &pb::Run) -> bool {
-    !matches!(
-        pb::RunState::try_from(run.state),
-        Ok(pb::RunState::Triggered
-            | pb::RunState::Dispatched
-            | pb::RunState::Running
-            | pb::RunState::Waiting)
-    )
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use sundial_proto::v1 as pb;
 use sundial_tests::{
-    RedisServer, Sundial, SundialOptions, all_runs, every_second, queued_triggers_at, redis_now_at,
-    shared_redis_cluster_url, unique_prefix, wait_for,
+    RedisServer, Sundial, SundialOptions, all_runs, every_second, is_final, queued_triggers_at,
+    redis_now_at, shared_redis_cluster_url, unique_prefix, wait_for,
 };
 
 struct Scenario {
@@ -47,16 +47,6 @@ impl PlannedJob {
         let first = (self.created_at / 1000 + 1) * 1000;
         (first..=self.end).step_by(1000).collect()
     }
-}
-
-fn is_final(run: &pb::Run) -> bool {
-    !matches!(
-        pb::RunState::try_from(run.state),
-        Ok(pb::RunState::Triggered
-            | pb::RunState::Dispatched
-            | pb::RunState::Running
-            | pb::RunState::Waiting)
-    )
 }
 
 async fn run_scenario(s: Scenario) -> Result<()> {

@@ -17,7 +17,7 @@ mod cluster {
     use super::*;
     use crate::model::OverlapPolicy;
     use crate::store::RunStore;
-    use crate::store::conformance::{job, plan, planned_run, slot};
+    use crate::store::conformance::{job, outcome, plan, planned_run, slot};
 
     crate::store::conformance::store_conformance_tests!(|opts| async move {
         let url = shared_redis_cluster_url().expect("redis cluster");
@@ -110,14 +110,7 @@ mod cluster {
             .finish_run(
                 &first,
                 Finisher::Holder(Holder::of(&run)),
-                Outcome {
-                    state: RunState::Succeeded,
-                    output: None,
-                    error_code: String::new(),
-                    error_message: String::new(),
-                    started_at: None,
-                    finished_at: None,
-                },
+                outcome(RunState::Succeeded),
             )
             .await
             .expect("finish");
