@@ -253,17 +253,12 @@ pub(super) enum BlockingConn {
 impl Drop for BlockingConn {
     fn drop(&mut self) {
         if let Self::Cluster(conn, pool) = self {
-            let pool = pool.clone();
-            let conn = conn.take();
-            match conn {
-                Some(c) => {
-                    tokio::spawn(async move {
-                        pool.idle.lock().await.push(c);
-                        pool.permits.add_permits(1);
-                    });
-                }
-                None => pool.permits.add_permits(1),
+            // Never waits (a drop may happen outside the runtime): a connection that
+            // cannot be put back at once is closed.
+            if let (Some(c), Ok(mut idle)) = (conn.take(), pool.idle.try_lock()) {
+                idle.push(c);
             }
+            pool.permits.add_permits(1);
         }
     }
 }
