@@ -84,9 +84,9 @@ settings! {
     /// terminal, and not with NO_COLOR), `json` for log shippers (one object per line,
     /// job_id and schedule_id among its fields).
     log_format: LogFormat, env "SUNDIAL_LOG_FORMAT", default "text", arg(value_enum);
-    /// Redis URL: redis://host:port (rediss:// for TLS) for one server, or
-    /// redis+cluster://host:port,host:port (rediss+cluster://) for a Redis Cluster's seed
-    /// nodes. When absent, the embedded single-node store in --data-dir is used.
+    /// Redis URL: redis://host:port for one server, or redis+cluster://host:port,host:port
+    /// for a Redis Cluster's seed nodes (TLS to Redis is not built yet). When absent, the
+    /// embedded single-node store in --data-dir is used.
     redis_url: String, env "SUNDIAL_REDIS_URL";
     /// Prefix of every Redis key (several deployments can share one Redis).
     redis_prefix: String, env "SUNDIAL_REDIS_PREFIX", default "sundial";
