@@ -249,8 +249,7 @@ impl RedisCluster {
                 String::from_utf8_lossy(&out.stdout)
             );
         }
-        let ports = cluster.ports.clone();
-        cluster.wait_ok(&ports, Duration::from_secs(30))?;
+        cluster.wait_ok(Duration::from_secs(30))?;
         Ok(cluster)
     }
 
@@ -274,10 +273,10 @@ impl RedisCluster {
         format!("redis+cluster://{}", self.addresses().join(","))
     }
 
-    /// Waits until each node of `ports` reports `cluster_state:ok`.
-    fn wait_ok(&self, ports: &[u16], timeout: Duration) -> Result<()> {
+    /// Waits until each live node reports `cluster_state:ok`.
+    fn wait_ok(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        for &port in ports {
+        for &port in &self.ports {
             loop {
                 let info = node_command(port, &["CLUSTER", "INFO"]).unwrap_or_default();
                 if info.contains("cluster_state:ok") {
@@ -305,11 +304,7 @@ impl RedisCluster {
                 None => range.parse::<u16>().ok() == Some(slot),
             });
             if serves {
-                let port = f[1]
-                    .split(['@', ':'])
-                    .nth(1)
-                    .and_then(|p| p.parse().ok())
-                    .context("a CLUSTER NODES address without a port")?;
+                let port = node_port(f[1]).context("a CLUSTER NODES address without a port")?;
                 return Ok(Some(port));
             }
         }
@@ -367,18 +362,17 @@ impl RedisCluster {
     /// The port of a replica of the master at `master`.
     fn replica_of(ask: u16, master: u16) -> Result<u16> {
         let nodes = node_command(ask, &["CLUSTER", "NODES"])?;
-        let port_of = |addr: &str| addr.split(['@', ':']).nth(1).and_then(|p| p.parse().ok());
         let id = nodes
             .lines()
             .map(|l| l.split(' ').collect::<Vec<_>>())
-            .find(|f| f.len() > 1 && port_of(f[1]) == Some(master))
+            .find(|f| f.len() > 1 && node_port(f[1]) == Some(master))
             .map(|f| f[0].to_owned())
             .context("the master is not in CLUSTER NODES")?;
         nodes
             .lines()
             .map(|l| l.split(' ').collect::<Vec<_>>())
             .find(|f| f.len() > 3 && f[2].contains("slave") && f[3] == id)
-            .and_then(|f| port_of(f[1]))
+            .and_then(|f| node_port(f[1]))
             .context("the master has no replica")
     }
 
@@ -401,10 +395,7 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.wait_ok(
-            &self.ports,
-            deadline.saturating_duration_since(Instant::now()),
-        )
+        self.wait_ok(deadline.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -414,6 +405,11 @@ impl Drop for RedisCluster {
             let _ = node_command(port, &["SHUTDOWN", "NOSAVE"]);
         }
     }
+}
+
+/// The port of a `CLUSTER NODES` address (`ip:port@bus`).
+fn node_port(addr: &str) -> Option<u16> {
+    addr.split(['@', ':']).nth(1).and_then(|p| p.parse().ok())
 }
 
 /// A master SIGKILLed by [`RedisCluster::kill_busiest_master`].

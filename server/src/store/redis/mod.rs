@@ -54,9 +54,9 @@
 //! multiplexed connection (redis-rs's `ConnectionManager`, or its cluster connection:
 //! concurrent commands are pipelined on it, and it reconnects by itself after a Redis
 //! restart), so a command costs no pool checkout (deadpool's recycle check was a
-//! `PING` and an `UNWATCH` round trip per checkout, a fifth of all commands). The blocking trigger
-//! read (`XREADGROUP … BLOCK`) and inbox pop (`BRPOP`) would stall that shared
-//! pipeline, so each takes a connection of its own from a small pool.
+//! `PING` and an `UNWATCH` round trip per checkout, a fifth of all commands). The
+//! blocking trigger read (`XREADGROUP … BLOCK`) and inbox pop (`BRPOP`) would stall
+//! that shared pipeline, so each takes a connection of its own from a small pool.
 //!
 //! Redis Cluster (`redis+cluster://`): every script's keys lie in one slot, and a call
 //! names that slot by its first key (or first argument: `functions`), so the client
@@ -625,12 +625,21 @@ async fn watch_changes(
                 tracing::warn!(error = %e, "cannot subscribe to store changes; retrying");
             }
         }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
+        if !back_off(&stop, &mut backoff).await {
+            return;
         }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
+}
+
+/// Waits `backoff` and doubles it (up to 2 s) before a background task tries Redis
+/// again; false when `stop` came first.
+async fn back_off(stop: &CancellationToken, backoff: &mut Duration) -> bool {
+    tokio::select! {
+        () = stop.cancelled() => return false,
+        () = tokio::time::sleep(*backoff) => {}
+    }
+    *backoff = (*backoff * 2).min(Duration::from_secs(2));
+    true
 }
 
 /// The job `id` from its stored record (see `encode_job`; a whole JSON record, as

@@ -32,11 +32,6 @@ impl NodeRegistry for RedisStore {
                 .arg(&node.node_id)
                 .arg(&node.instance)
                 .arg(&node.session)
-                .arg(if self.inner.shared.is_cluster() {
-                    "held"
-                } else {
-                    "busy"
-                })
                 .invoke_async(&mut c)
                 .await
                 .map_err(unavailable)?;
@@ -64,6 +59,8 @@ impl NodeRegistry for RedisStore {
         let Some(within) = leases_within.filter(|_| out.removed) else {
             return Ok(out);
         };
+        // In a cluster the node's runs are counted in a slot of its own (node_slots),
+        // and busy:<node> is empty.
         let leased = if self.inner.shared.is_cluster() {
             c.zrange(self.held_key(&node.node_id), 0, -1)
                 .await
@@ -131,36 +128,33 @@ impl NodeRegistry for RedisStore {
                 pipe.cmd("SCARD").arg(format!("{prefix}busy:{id}"));
             }
         }
-        let rows: Vec<NodeRow> = {
-            let flat: Vec<redis::Value> = pipe.query_async(&mut c).await.map_err(unavailable)?;
-            flat.chunks(if cluster { 1 } else { 2 })
-                .map(|row| match row {
-                    [rec, busy] => Ok((
-                        redis::from_redis_value(rec.clone()).map_err(unavailable)?,
-                        redis::from_redis_value(busy.clone()).map_err(unavailable)?,
-                    )),
-                    [rec] if cluster => Ok((
-                        redis::from_redis_value(rec.clone()).map_err(unavailable)?,
-                        0,
-                    )),
-                    _ => Err(corrupt("list_nodes: an odd reply")),
-                })
-                .collect::<Result<_>>()?
-        };
-        let rows = if cluster {
+        let flat: Vec<Value> = pipe.query_async(&mut c).await.map_err(unavailable)?;
+        let per_node = if cluster { 1 } else { 2 };
+        if flat.len() != ids.len() * per_node {
+            return Err(corrupt("list_nodes: an odd reply"));
+        }
+        let mut rows = flat
+            .chunks(per_node)
+            .map(|row| {
+                let rec = redis::from_redis_value(row[0].clone()).map_err(unavailable)?;
+                let leased = row
+                    .get(1)
+                    .map(|busy| redis::from_redis_value(busy.clone()).map_err(unavailable))
+                    .transpose()?;
+                Ok((rec, leased.unwrap_or(0)))
+            })
+            .collect::<Result<Vec<NodeRow>>>()?;
+        if cluster {
             let counts = ids.iter().map(|id| {
                 let mut c = c.clone();
                 let key = self.held_key(id);
                 async move { c.zcard::<_, u32>(key).await.map_err(unavailable) }
             });
             let counts = futures::future::try_join_all(counts).await?;
-            rows.into_iter()
-                .zip(counts)
-                .map(|((row, _), n)| (row, n))
-                .collect()
-        } else {
-            rows
-        };
+            for (row, n) in rows.iter_mut().zip(counts) {
+                row.1 = n;
+            }
+        }
         let mut out = Vec::new();
         let mut gone = Vec::new();
         for (id, (row, leased)) in ids.iter().zip(rows) {

@@ -315,11 +315,9 @@ async fn read_partition(
         }
         let Some(c) = conn.as_mut() else {
             drop(store);
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+            if !back_off(&stop, &mut backoff).await {
+                return;
             }
-            backoff = (backoff * 2).min(Duration::from_secs(2));
             continue;
         };
         let key = store.key(p, "triggers");
@@ -361,11 +359,9 @@ async fn read_partition(
                     conn = None;
                 }
                 drop(store);
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                if !back_off(&stop, &mut backoff).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
     }

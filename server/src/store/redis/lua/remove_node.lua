@@ -1,9 +1,8 @@
--- ARGV: N (the {nodes} prefix), node_id, instance, session, and 'held' in a cluster
--- (where node_slots.lua counts the node's runs in a slot of its own: the caller reads
--- them)
+-- ARGV: N (the {nodes} prefix), node_id, instance, session
 -- Only the stream that registered the node removes it: a node that reconnected
 -- meanwhile (to this instance or another) stays registered.
--- Returns {0} when it was not removed, else {1, the runs leased to the node}.
+-- Returns {0} when it was not removed, else {1, the runs leased to the node} (none in
+-- a cluster, where node_slots.lua counts them in a slot of the node's own).
 local N, id = ARGV[1], ARGV[2]
 local key = N .. 'node:' .. id
 local inst, rec = unpack(redis.call('HMGET', key, 'inst', 'rec'))
@@ -19,7 +18,4 @@ if session ~= ARGV[4] then
 end
 redis.call('DEL', key)
 redis.call('SREM', N .. 'ids', id)
-if ARGV[5] == 'held' then
-  return { 1 }
-end
 return { 1, redis.call('SMEMBERS', N .. 'busy:' .. id) }
