@@ -145,6 +145,21 @@ impl ServerTls {
     }
 }
 
+/// Reads and checks a file of CA certificates a client trusts (`redis_tls_ca`): PEM,
+/// at least one certificate, each usable as a trust anchor. Returns the PEM.
+pub fn load_trusted_ca(field: &'static str, path: &Path) -> Result<Vec<u8>, Error> {
+    let pem = read(field, path)?;
+    let mut roots = RootCertStore::empty();
+    for ca in certificates(field, path, &pem)? {
+        roots.add(ca).map_err(|e| Error {
+            field,
+            path: path.to_owned(),
+            reason: format!("not a usable CA certificate: {e}"),
+        })?;
+    }
+    Ok(pem)
+}
+
 fn read(field: &'static str, path: &Path) -> Result<Vec<u8>, Error> {
     std::fs::read(path).map_err(|e| Error {
         field,

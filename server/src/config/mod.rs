@@ -103,8 +103,15 @@ impl Settings {
 /// Which store backs this instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
-    Redis { url: String, prefix: String },
-    Embedded { path: PathBuf },
+    Redis {
+        url: String,
+        prefix: String,
+        /// The CA certificates (PEM) a TLS URL's servers must be signed by.
+        tls_ca: Option<Vec<u8>>,
+    },
+    Embedded {
+        path: PathBuf,
+    },
 }
 
 /// The validated configuration of one server instance.
@@ -232,18 +239,40 @@ fn instance_id(given: Option<String>) -> Result<String, Error> {
 fn store_config(s: &Settings) -> Result<StoreConfig, Error> {
     match s.redis_url.clone() {
         Some(url) if !url.is_empty() => {
-            crate::store::redis::Target::parse(&url).map_err(|reason| Error::Invalid {
-                field: "redis_url",
-                reason,
-            })?;
+            let target =
+                crate::store::redis::Target::parse(&url).map_err(|reason| Error::Invalid {
+                    field: "redis_url",
+                    reason,
+                })?;
+            let tls_ca = match &s.redis_tls_ca {
+                Some(_) if !target.is_tls() => return Err(redis_tls_ca_unused()),
+                Some(path) => Some(crate::tls::load_trusted_ca("redis_tls_ca", path).map_err(
+                    |e| Error::Invalid {
+                        field: e.field,
+                        reason: format!("{}: {}", e.path.display(), e.reason),
+                    },
+                )?),
+                None => None,
+            };
             Ok(StoreConfig::Redis {
                 url,
                 prefix: given("redis_prefix", s.redis_prefix.clone())?,
+                tls_ca,
             })
         }
+        _ if s.redis_tls_ca.is_some() => Err(redis_tls_ca_unused()),
         _ => Ok(StoreConfig::Embedded {
             path: given("data_dir", s.data_dir.clone())?.join("sundial.redb"),
         }),
+    }
+}
+
+fn redis_tls_ca_unused() -> Error {
+    Error::Invalid {
+        field: "redis_tls_ca",
+        reason: "applies to a TLS redis_url only (rediss://, rediss+cluster:// or \
+                 rediss+sentinel://)"
+            .into(),
     }
 }
 
@@ -690,6 +719,7 @@ mod tests {
     const WITHOUT_DEFAULT: &[&str] = &[
         "instance_id",
         "redis_url",
+        "redis_tls_ca",
         "http_target_allow",
         "webhook_allow",
         "bearer_token",
@@ -1345,6 +1375,34 @@ mod tls_tests {
 
     fn err(s: Settings) -> String {
         Config::from_settings(s).expect_err("invalid").to_string()
+    }
+
+    #[test]
+    fn a_redis_ca_file_needs_a_tls_url_and_holds_certificates() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not pem").expect("write");
+        for url in [None, Some("redis://h:1"), Some("redis+sentinel://h:1/m")] {
+            let e = err(Settings {
+                redis_url: url.map(Into::into),
+                redis_tls_ca: Some(junk.clone()),
+                ..Default::default()
+            });
+            assert!(
+                e.starts_with("redis_tls_ca: applies to a TLS"),
+                "{url:?}: {e}"
+            );
+        }
+        let e = err(Settings {
+            redis_url: Some("rediss+cluster://h:1".into()),
+            redis_tls_ca: Some(junk.clone()),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("redis_tls_ca:") && e.contains("junk.pem"),
+            "{e}"
+        );
+        assert!(e.contains("no CERTIFICATE"), "{e}");
     }
 
     #[test]

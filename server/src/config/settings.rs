@@ -84,10 +84,16 @@ settings! {
     /// terminal, and not with NO_COLOR), `json` for log shippers (one object per line,
     /// job_id and schedule_id among its fields).
     log_format: LogFormat, env "SUNDIAL_LOG_FORMAT", default "text", arg(value_enum);
-    /// Redis URL: redis://host:port for one server, or redis+cluster://host:port,host:port
-    /// for a Redis Cluster's seed nodes (TLS to Redis is not built yet). When absent, the
-    /// embedded single-node store in --data-dir is used.
+    /// Redis URL: redis://[user:password@]host:port for one server,
+    /// redis+cluster://host:port,host:port for a Redis Cluster's seed nodes, or
+    /// redis+sentinel://host:port,host:port/master-name for the Sentinels watching a
+    /// master (the credentials are the master's); rediss:// (rediss+cluster://,
+    /// rediss+sentinel://) for TLS. When absent, the embedded single-node store in
+    /// --data-dir is used.
     redis_url: String, env "SUNDIAL_REDIS_URL";
+    /// PEM file of the certificate authorities a TLS Redis URL's servers must be signed
+    /// by, instead of the system's trusted ones.
+    redis_tls_ca: PathBuf, env "SUNDIAL_REDIS_TLS_CA", arg(value_name = "PEM_FILE");
     /// Prefix of every Redis key (several deployments can share one Redis).
     redis_prefix: String, env "SUNDIAL_REDIS_PREFIX", default "sundial";
     /// Directory of the embedded store.

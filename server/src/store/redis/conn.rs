@@ -1,22 +1,30 @@
-//! The store's connections: to one Redis (`redis://`, `rediss://`) or to a Redis
+//! The store's connections: to one Redis (`redis://`, `rediss://`), to a Redis
 //! Cluster (`redis+cluster://h1:p1,h2:p2`, `rediss+cluster://…`, a seed list: the
-//! client learns the rest of the cluster from any of them).
+//! client learns the rest of the cluster from any of them), or to the master a set of
+//! Sentinels names (`redis+sentinel://h1:p1,h2:p2/master-name`, `rediss+sentinel://…`).
 //!
-//! Owns the URL forms, the shared connection every non-blocking command goes over
-//! (`Shared`: redis-rs's `ConnectionManager`, or its async cluster connection, which
-//! routes each command by its first key, follows MOVED/ASK and reconnects), the
-//! connections the blocking commands take one at a time (`Blocking`) and the clients
-//! the change subscription may use (`Target::subscribers`: in a cluster a `PUBLISH`
-//! reaches every node, so any one of them will do).
+//! Owns the URL forms and TLS trust (`Target`), the shared connection every
+//! non-blocking command goes over (`Shared`: redis-rs's `ConnectionManager`, its async
+//! cluster connection, which routes each command by its first key, follows MOVED/ASK
+//! and reconnects, or a `SentinelConn`, which asks the Sentinels for the master again
+//! after a connection to it fails or it turned replica), the connections the blocking
+//! commands take one at a time (`Blocking`) and where the change subscription
+//! subscribes (`Subscribers`: in a cluster a `PUBLISH` reaches every node, so any one
+//! of them will do; under Sentinel, the master of the moment).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
-use deadpool_redis::{Manager, Pool, Runtime};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisFuture,
+    ServerErrorKind, TlsCertificates, TlsMode, Value,
+};
 use tokio::sync::{Mutex, Semaphore};
 
 use super::{Result, unavailable};
@@ -28,74 +36,190 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections the blocking commands may hold at once.
 const BLOCKING_MAX: usize = 8;
+/// After the Sentinels could not name a reachable master, how long callers are told
+/// so before they are asked again (callers retry with their own backoff).
+const SENTINEL_RETRY_GAP: Duration = Duration::from_millis(200);
 
-/// Where the store is: one server, or the seed nodes of a cluster.
+/// Where the store is (one server, a cluster's seed nodes, or Sentinels and the name
+/// of the master they watch) and which certificate authority a TLS URL's servers
+/// must be signed by.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Target {
+pub struct Target {
+    nodes: Nodes,
+    /// PEM certificates of the authorities trusted for TLS (instead of the system's).
+    tls_ca: Option<Vec<u8>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Nodes {
     Single(String),
     /// One `redis://` (or `rediss://`) URL per seed node, each with the credentials.
     Cluster(Vec<String>),
+    /// One `redis://` (or `rediss://`) URL per Sentinel, without credentials; the
+    /// credentials (a URL of the first Sentinel's address that carries them) are the
+    /// master's.
+    Sentinel {
+        sentinels: Vec<String>,
+        credentials: String,
+        master: String,
+    },
 }
 
 impl Target {
-    /// Reads `--redis-url`: `redis://…` or `rediss://…` (one server), or
-    /// `redis+cluster://[user:password@]host:port,host:port…` (and `rediss+cluster://`
-    /// for TLS) for a cluster's seed nodes. The error names what is wrong.
-    pub(crate) fn parse(url: &str) -> std::result::Result<Self, String> {
-        if url.starts_with("redis://") || url.starts_with("rediss://") {
-            return Ok(Self::Single(url.to_owned()));
-        }
-        let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
-            ("redis", rest)
-        } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
-            ("rediss", rest)
+    /// Reads `--redis-url`: `redis://…` or `rediss://…` (one server),
+    /// `redis+cluster://[user:password@]host:port,host:port…` for a cluster's seed
+    /// nodes, or `redis+sentinel://[user:password@]host:port,host:port…/master-name`
+    /// for the Sentinels watching a master (`rediss+` for TLS: to the Sentinels and the
+    /// master both). The error names what is wrong.
+    pub fn parse(url: &str) -> std::result::Result<Self, String> {
+        let nodes = if url.starts_with("redis://") || url.starts_with("rediss://") {
+            Nodes::Single(url.to_owned())
+        } else if let Some((scheme, rest)) = strip_scheme(url, "cluster") {
+            let (userinfo, hosts) = split_userinfo(rest);
+            let hosts = hosts.trim_end_matches('/');
+            if hosts.contains('/') || hosts.contains('?') {
+                return Err(
+                    "a cluster URL takes no database or options: host:port,host:port".into(),
+                );
+            }
+            let seeds = host_list(hosts, "cluster seed")?;
+            Nodes::Cluster(
+                seeds
+                    .iter()
+                    .map(|h| format!("{scheme}://{userinfo}{h}"))
+                    .collect(),
+            )
+        } else if let Some((scheme, rest)) = strip_scheme(url, "sentinel") {
+            let (userinfo, rest) = split_userinfo(rest);
+            let Some((hosts, master)) = rest.split_once('/') else {
+                return Err("a Sentinel URL ends with /master-name".into());
+            };
+            let master = master.trim_end_matches('/');
+            if master.is_empty() || master.contains(['/', '?', ' ']) {
+                return Err(format!(
+                    "Sentinel master name {master:?} must be one non-empty path segment"
+                ));
+            }
+            let sentinels = host_list(hosts, "sentinel")?;
+            Nodes::Sentinel {
+                credentials: format!("{scheme}://{userinfo}{}", sentinels[0]),
+                sentinels: sentinels
+                    .iter()
+                    .map(|h| format!("{scheme}://{h}"))
+                    .collect(),
+                master: master.to_owned(),
+            }
         } else {
             return Err(
-                "must start with redis:// or rediss:// (one server), or redis+cluster:// or \
-                 rediss+cluster:// (a cluster's seed nodes)"
+                "must start with redis:// or rediss:// (one server), redis+cluster:// or \
+                 rediss+cluster:// (a cluster's seed nodes), or redis+sentinel:// or \
+                 rediss+sentinel:// (Sentinels and the master's name)"
                     .into(),
             );
         };
-        let (userinfo, hosts) = match rest.rsplit_once('@') {
-            Some((user, hosts)) => (format!("{user}@"), hosts),
-            None => (String::new(), rest),
+        Ok(Self {
+            nodes,
+            tls_ca: None,
+        })
+    }
+
+    /// Whether the URL asks for TLS.
+    pub fn is_tls(&self) -> bool {
+        let first = match &self.nodes {
+            Nodes::Single(url) => url,
+            Nodes::Cluster(seeds) => &seeds[0],
+            Nodes::Sentinel { sentinels, .. } => &sentinels[0],
         };
-        let hosts = hosts.trim_end_matches('/');
-        if hosts.contains('/') || hosts.contains('?') {
-            return Err("a cluster URL takes no database or options: host:port,host:port".into());
-        }
-        let mut seeds = Vec::new();
-        for host in hosts.split(',') {
-            let valid = host
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-            if !valid {
-                return Err(format!("cluster seed {host:?} is not host:port"));
+        first.starts_with("rediss://")
+    }
+
+    /// Trusts the authorities in `pem` (instead of the system's) for TLS.
+    pub fn with_tls_ca(mut self, pem: Vec<u8>) -> Self {
+        self.tls_ca = Some(pem);
+        self
+    }
+
+    fn certificates(&self) -> Option<TlsCertificates> {
+        self.tls_ca.clone().map(|pem| TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        })
+    }
+
+    /// How new connections are made.
+    fn opener(&self) -> Result<Opener> {
+        Ok(match &self.nodes {
+            Nodes::Single(url) => Opener::Single(Box::new(
+                match self.certificates() {
+                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs),
+                    None => redis::Client::open(url.as_str()),
+                }
+                .map_err(unavailable)?,
+            )),
+            Nodes::Cluster(seeds) => {
+                let mut builder = ClusterClientBuilder::new(seeds.clone())
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(RESPONSE_TIMEOUT);
+                if let Some(certs) = self.certificates() {
+                    builder = builder.certs(certs);
+                }
+                Opener::Cluster(Box::new(builder.build().map_err(unavailable)?))
             }
-            seeds.push(format!("{scheme}://{userinfo}{host}"));
+            Nodes::Sentinel { .. } => Opener::Sentinel(Arc::new(self.sentinel_client()?)),
+        })
+    }
+
+    fn sentinel_client(&self) -> Result<Mutex<SentinelClient>> {
+        let Nodes::Sentinel {
+            sentinels,
+            credentials,
+            master,
+        } = &self.nodes
+        else {
+            return Err(unavailable("not a Sentinel URL"));
+        };
+        let addrs = sentinels
+            .iter()
+            .map(|u| {
+                Ok(u.as_str()
+                    .into_connection_info()
+                    .map_err(unavailable)?
+                    .addr()
+                    .clone())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+            .map_err(unavailable)?;
+        let info = credentials
+            .as_str()
+            .into_connection_info()
+            .map_err(unavailable)?;
+        if let Some(user) = info.redis_settings().username() {
+            builder = builder.set_client_to_redis_username(user);
         }
-        Ok(Self::Cluster(seeds))
+        if let Some(password) = info.redis_settings().password() {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if self.is_tls() {
+            builder = builder
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+            if let Some(certs) = self.certificates() {
+                builder = builder
+                    .set_client_to_redis_certificates(certs.clone())
+                    .set_client_to_sentinel_certificates(certs);
+            }
+        }
+        Ok(Mutex::new(builder.build().map_err(unavailable)?))
     }
 
     /// The shared connection and the pool of blocking ones.
     pub(super) async fn connect(&self) -> Result<(Shared, Blocking)> {
-        match self {
-            Self::Single(url) => {
-                let cfg = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
-                let pool = Pool::builder(
-                    Manager::new_with_config(url.as_str(), cfg).map_err(unavailable)?,
-                )
-                .max_size(BLOCKING_MAX)
-                .runtime(Runtime::Tokio1)
-                .wait_timeout(Some(Duration::from_secs(10)))
-                .create_timeout(Some(CONNECT_TIMEOUT))
-                .build()
-                .map_err(unavailable)?;
-                let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
-                let shared = ConnectionManager::new_with_config(
-                    client,
+        let opener = self.opener()?;
+        let shared = match &opener {
+            Opener::Single(client) => Shared::Single(
+                ConnectionManager::new_with_config(
+                    (**client).clone(),
                     ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(CONNECT_TIMEOUT))
                         .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -105,44 +229,114 @@ impl Target {
                         .set_pipeline_buffer_size(1024),
                 )
                 .await
-                .map_err(unavailable)?;
-                Ok((Shared::Single(shared), Blocking::Single(pool)))
-            }
-            Self::Cluster(seeds) => {
-                let client = ClusterClientBuilder::new(seeds.clone())
-                    .connection_timeout(CONNECT_TIMEOUT)
-                    .response_timeout(RESPONSE_TIMEOUT)
-                    .build()
-                    .map_err(unavailable)?;
-                let shared = client.get_async_connection().await.map_err(unavailable)?;
-                let blocking = Blocking::Cluster(Arc::new(ClusterPool {
-                    client,
-                    idle: Mutex::new(Vec::new()),
-                    permits: Semaphore::new(BLOCKING_MAX),
-                }));
-                Ok((Shared::Cluster(shared), blocking))
-            }
-        }
+                .map_err(unavailable)?,
+            ),
+            _ => opener.open().await?,
+        };
+        let blocking = Blocking(Arc::new(Pool {
+            opener,
+            idle: std::sync::Mutex::new(Vec::new()),
+            permits: Semaphore::new(BLOCKING_MAX),
+        }));
+        Ok((shared, blocking))
     }
 
-    /// Clients for the change subscription, tried in turn.
-    pub(super) fn subscribers(&self) -> Result<Vec<redis::Client>> {
-        let urls = match self {
-            Self::Single(url) => std::slice::from_ref(url),
-            Self::Cluster(seeds) => seeds.as_slice(),
-        };
-        urls.iter()
-            .map(|u| redis::Client::open(u.as_str()).map_err(unavailable))
-            .collect()
+    /// Where the change subscription subscribes, tried in turn.
+    pub(super) fn subscribers(&self) -> Result<Subscribers> {
+        Ok(match self.opener()? {
+            Opener::Sentinel(sentinel) => Subscribers::Master(sentinel),
+            Opener::Single(client) => Subscribers::Nodes(vec![*client], 0),
+            Opener::Cluster(_) => {
+                let Nodes::Cluster(seeds) = &self.nodes else {
+                    return Err(unavailable("not a cluster URL"));
+                };
+                let clients = seeds
+                    .iter()
+                    .map(|u| match self.certificates() {
+                        Some(certs) => redis::Client::build_with_tls(u.as_str(), certs),
+                        None => redis::Client::open(u.as_str()),
+                    })
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(unavailable)?;
+                Subscribers::Nodes(clients, 0)
+            }
+        })
     }
 }
 
-/// A shared connection to the Redis or the cluster at `url` (any form `--redis-url`
-/// takes), for tests that look at the store's keys.
+/// `url` without `redis+<kind>://` or `rediss+<kind>://`, and the plain scheme.
+fn strip_scheme<'a>(url: &'a str, kind: &str) -> Option<(&'static str, &'a str)> {
+    if let Some(rest) = url.strip_prefix(&format!("redis+{kind}://")) {
+        return Some(("redis", rest));
+    }
+    url.strip_prefix(&format!("rediss+{kind}://"))
+        .map(|rest| ("rediss", rest))
+}
+
+/// `user:password@` (empty when absent) and what follows it.
+fn split_userinfo(rest: &str) -> (String, &str) {
+    match rest.rsplit_once('@') {
+        Some((user, hosts)) => (format!("{user}@"), hosts),
+        None => (String::new(), rest),
+    }
+}
+
+/// `host:port,host:port…`, each checked.
+fn host_list<'a>(hosts: &'a str, what: &str) -> std::result::Result<Vec<&'a str>, String> {
+    hosts
+        .split(',')
+        .map(|host| {
+            let valid = host
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if valid {
+                Ok(host)
+            } else {
+                Err(format!("{what} {host:?} is not host:port"))
+            }
+        })
+        .collect()
+}
+
+/// A shared connection to the Redis, the cluster or the Sentinel-watched master at
+/// `url` (any form `--redis-url` takes), for tests that look at the store's keys.
 #[cfg(any(test, feature = "testing"))]
 pub async fn raw_connection(url: &str) -> Result<impl ConnectionLike + Clone + use<>> {
     let target = Target::parse(url).map_err(unavailable)?;
     Ok(target.connect().await?.0)
+}
+
+/// How a new connection is made.
+enum Opener {
+    Single(Box<redis::Client>),
+    Cluster(Box<ClusterClient>),
+    Sentinel(Arc<Mutex<SentinelClient>>),
+}
+
+impl Opener {
+    /// A connection of its own (not the shared one).
+    async fn open(&self) -> Result<Shared> {
+        Ok(match self {
+            Self::Single(client) => Shared::Own(
+                client
+                    .get_multiplexed_async_connection_with_config(&connection_config())
+                    .await
+                    .map_err(unavailable)?,
+            ),
+            Self::Cluster(client) => {
+                Shared::Cluster(client.get_async_connection().await.map_err(unavailable)?)
+            }
+            Self::Sentinel(sentinel) => {
+                Shared::Sentinel(SentinelConn::connect(sentinel.clone()).await?)
+            }
+        })
+    }
+}
+
+fn connection_config() -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
 }
 
 /// The shared, multiplexed connection (a cheap handle: clones share it).
@@ -150,6 +344,9 @@ pub async fn raw_connection(url: &str) -> Result<impl ConnectionLike + Clone + u
 pub enum Shared {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConn),
+    /// A blocking command's own connection to one server.
+    Own(MultiplexedConnection),
 }
 
 impl Shared {
@@ -163,6 +360,8 @@ impl ConnectionLike for Shared {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Sentinel(c) => c.req_packed_command(cmd),
+            Self::Own(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -175,6 +374,8 @@ impl ConnectionLike for Shared {
         match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Own(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -182,104 +383,119 @@ impl ConnectionLike for Shared {
         match self {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Own(c) => c.get_db(),
+            Self::Sentinel(_) => 0,
         }
     }
 }
 
-/// Where the blocking commands (`XREADGROUP … BLOCK`, `BRPOP`) take a connection of
-/// their own, so they never stall the shared pipeline.
+/// A connection to the master the Sentinels name. A command that fails because the
+/// connection broke, timed out or reached a server that is now a replica
+/// (`READONLY`) drops the connection, and the next command asks the Sentinels for the
+/// master again (after a failover, the promoted replica). That command's own error is
+/// returned as it is: the caller retries as it does when one Redis restarts.
 #[derive(Clone)]
-pub(super) enum Blocking {
-    Single(Pool),
-    Cluster(Arc<ClusterPool>),
+pub struct SentinelConn(Arc<SentinelState>);
+
+struct SentinelState {
+    sentinel: Arc<Mutex<SentinelClient>>,
+    /// The connection in use and its generation (so a failure on an older one does
+    /// not drop a newer one).
+    current: std::sync::Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// Held while asking the Sentinels; the time of the last failed ask.
+    resolving: Mutex<Option<Instant>>,
 }
 
-/// Cluster connections for blocking commands: at most `BLOCKING_MAX` out at once, a
-/// returned one reused, one that failed dropped.
-pub(super) struct ClusterPool {
-    client: ClusterClient,
-    idle: Mutex<Vec<ClusterConnection>>,
-    permits: Semaphore,
-}
+impl SentinelConn {
+    async fn connect(sentinel: Arc<Mutex<SentinelClient>>) -> Result<Self> {
+        let conn = Self(Arc::new(SentinelState {
+            sentinel,
+            current: std::sync::Mutex::new(None),
+            resolving: Mutex::new(None),
+        }));
+        conn.connection().await.map_err(unavailable)?;
+        Ok(conn)
+    }
 
-impl Blocking {
-    /// A connection of the caller's own for as long as it keeps it (a cluster's
-    /// partition readers hold one each).
-    pub(super) async fn dedicated(&self) -> Result<Shared> {
-        match self {
-            Self::Single(_) => Err(unavailable("dedicated connections are for a cluster")),
-            Self::Cluster(pool) => Ok(Shared::Cluster(
-                pool.client
-                    .get_async_connection()
-                    .await
-                    .map_err(unavailable)?,
-            )),
+    /// The connection in use, or a new one to the master the Sentinels name now.
+    async fn connection(&self) -> redis::RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let mut last_failure = self.0.resolving.lock().await;
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        if last_failure.is_some_and(|at| at.elapsed() < SENTINEL_RETRY_GAP) {
+            return Err(redis::RedisError::from((
+                ErrorKind::Io,
+                "the Sentinels named no reachable master a moment ago",
+            )));
+        }
+        let made = self
+            .0
+            .sentinel
+            .lock()
+            .await
+            .get_async_connection_with_config(&connection_config())
+            .await;
+        match made {
+            Ok(conn) => {
+                *last_failure = None;
+                let mut current = self
+                    .0
+                    .current
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let generation = current.as_ref().map_or(0, |(g, _)| g + 1);
+                *current = Some((generation, conn.clone()));
+                Ok((generation, conn))
+            }
+            Err(e) => {
+                *last_failure = Some(Instant::now());
+                Err(e)
+            }
         }
     }
 
-    pub(super) async fn get(&self) -> Result<BlockingConn> {
-        match self {
-            Self::Single(pool) => Ok(BlockingConn::Single(pool.get().await.map_err(unavailable)?)),
-            Self::Cluster(pool) => {
-                let permit = tokio::time::timeout(Duration::from_secs(10), pool.permits.acquire())
-                    .await
-                    .map_err(|_| unavailable("no blocking cluster connection free within 10 s"))?
-                    .map_err(unavailable)?;
-                permit.forget();
-                let idle = pool.idle.lock().await.pop();
-                let conn = match idle {
-                    Some(c) => c,
-                    None => match pool.client.get_async_connection().await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            pool.permits.add_permits(1);
-                            return Err(unavailable(e));
-                        }
-                    },
-                };
-                Ok(BlockingConn::Cluster(Some(conn), pool.clone()))
+    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+        self.0
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Drops connection `generation` when `e` says it is no longer the master's.
+    fn check<T>(&self, generation: u64, r: &redis::RedisResult<T>) {
+        let Err(e) = r else { return };
+        let stale = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+        if stale {
+            let mut current = self
+                .0
+                .current
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+                tracing::warn!(error = %e, "connection to the Redis master lost; asking the Sentinels again");
+                *current = None;
             }
         }
     }
 }
 
-/// A connection held for one blocking command; a cluster one goes back to its pool
-/// when dropped, unless a command on it failed.
-pub(super) enum BlockingConn {
-    Single(deadpool_redis::Connection),
-    Cluster(Option<ClusterConnection>, Arc<ClusterPool>),
-}
-
-impl Drop for BlockingConn {
-    fn drop(&mut self) {
-        if let Self::Cluster(conn, pool) = self {
-            // Never waits (a drop may happen outside the runtime): a connection that
-            // cannot be put back at once is closed.
-            if let (Some(c), Ok(mut idle)) = (conn.take(), pool.idle.try_lock()) {
-                idle.push(c);
-            }
-            pool.permits.add_permits(1);
-        }
-    }
-}
-
-impl ConnectionLike for BlockingConn {
+impl ConnectionLike for SentinelConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd),
-            Self::Cluster(c, _) => Box::pin(async move {
-                let Some(conn) = c.as_mut() else {
-                    return Err(closed());
-                };
-                let r = conn.req_packed_command(cmd).await;
-                if r.as_ref()
-                    .is_err_and(|e| e.is_io_error() || e.is_connection_dropped())
-                {
-                    *c = None;
-                }
-                r
-            }),
-        }
+        Box::pin(async move {
+            let (generation, mut conn) = self.connection().await?;
+            let r = conn.req_packed_command(cmd).await;
+            self.check(generation, &r);
+            r
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -288,23 +504,142 @@ impl ConnectionLike for BlockingConn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c, _) => Box::pin(async move {
-                let Some(conn) = c.as_mut() else {
-                    return Err(closed());
-                };
-                conn.req_packed_commands(pipeline, offset, count).await
-            }),
-        }
+        Box::pin(async move {
+            let (generation, mut conn) = self.connection().await?;
+            let r = conn.req_packed_commands(pipeline, offset, count).await;
+            self.check(generation, &r);
+            r
+        })
     }
 
     fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// Where the change subscription subscribes: the given nodes in turn, or the master
+/// the Sentinels name at each (re)subscription.
+pub(super) enum Subscribers {
+    Nodes(Vec<redis::Client>, usize),
+    Master(Arc<Mutex<SentinelClient>>),
+}
+
+impl Subscribers {
+    /// The client to subscribe through this time.
+    pub(super) async fn next(&mut self) -> redis::RedisResult<redis::Client> {
         match self {
-            Self::Single(c) => c.get_db(),
-            Self::Cluster(..) => 0,
+            Self::Nodes(clients, i) => {
+                let client = clients[*i % clients.len()].clone();
+                *i += 1;
+                Ok(client)
+            }
+            Self::Master(sentinel) => sentinel.lock().await.async_get_client().await,
         }
     }
+}
+
+/// Where the blocking commands (`XREADGROUP … BLOCK`, `BRPOP`) take a connection of
+/// their own, so they never stall the shared pipeline: at most `BLOCKING_MAX` out at
+/// once, a returned one reused, one that failed dropped.
+#[derive(Clone)]
+pub(super) struct Blocking(Arc<Pool>);
+
+pub(super) struct Pool {
+    opener: Opener,
+    idle: std::sync::Mutex<Vec<Shared>>,
+    permits: Semaphore,
+}
+
+impl Blocking {
+    /// A connection of the caller's own for as long as it keeps it (a cluster's
+    /// partition readers hold one each).
+    pub(super) async fn dedicated(&self) -> Result<Shared> {
+        self.0.opener.open().await
+    }
+
+    pub(super) async fn get(&self) -> Result<BlockingConn> {
+        let pool = &self.0;
+        let permit = tokio::time::timeout(Duration::from_secs(10), pool.permits.acquire())
+            .await
+            .map_err(|_| unavailable("no blocking connection free within 10 s"))?
+            .map_err(unavailable)?;
+        permit.forget();
+        let idle = pool
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let conn = match idle {
+            Some(c) => c,
+            None => match pool.opener.open().await {
+                Ok(c) => c,
+                Err(e) => {
+                    pool.permits.add_permits(1);
+                    return Err(e);
+                }
+            },
+        };
+        Ok(BlockingConn(Some(conn), self.0.clone()))
+    }
+}
+
+/// A connection held for one blocking command; it goes back to its pool when
+/// dropped, unless a command on it failed.
+pub(super) struct BlockingConn(Option<Shared>, Arc<Pool>);
+
+impl Drop for BlockingConn {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            self.1
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(c);
+        }
+        self.1.permits.add_permits(1);
+    }
+}
+
+impl ConnectionLike for BlockingConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let Some(conn) = self.0.as_mut() else {
+                return Err(closed());
+            };
+            let r = conn.req_packed_command(cmd).await;
+            if r.as_ref().is_err_and(broken) {
+                self.0 = None;
+            }
+            r
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let Some(conn) = self.0.as_mut() else {
+                return Err(closed());
+            };
+            let r = conn.req_packed_commands(pipeline, offset, count).await;
+            if r.as_ref().is_err_and(broken) {
+                self.0 = None;
+            }
+            r
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// An error after which a connection is not reused.
+fn broken(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
 }
 
 fn closed() -> redis::RedisError {
@@ -313,24 +648,46 @@ fn closed() -> redis::RedisError {
 
 #[cfg(test)]
 mod tests {
-    use super::Target;
+    use super::{Nodes, Target};
+
+    fn nodes(url: &str) -> Nodes {
+        Target::parse(url).expect("valid").nodes
+    }
 
     #[test]
-    fn urls_name_one_server_or_a_cluster_seed_list() {
+    fn urls_name_one_server_a_cluster_seed_list_or_sentinels() {
         assert_eq!(
-            Target::parse("redis://127.0.0.1:6379/0"),
-            Ok(Target::Single("redis://127.0.0.1:6379/0".into()))
+            nodes("redis://127.0.0.1:6379/0"),
+            Nodes::Single("redis://127.0.0.1:6379/0".into())
         );
         assert_eq!(
-            Target::parse("redis+cluster://u:p@h1:7000,h2:7001/"),
-            Ok(Target::Cluster(vec![
+            nodes("redis+cluster://u:p@h1:7000,h2:7001/"),
+            Nodes::Cluster(vec![
                 "redis://u:p@h1:7000".into(),
                 "redis://u:p@h2:7001".into()
-            ]))
+            ])
         );
         assert_eq!(
-            Target::parse("rediss+cluster://h1:7000"),
-            Ok(Target::Cluster(vec!["rediss://h1:7000".into()]))
+            nodes("rediss+cluster://h1:7000"),
+            Nodes::Cluster(vec!["rediss://h1:7000".into()])
+        );
+        assert_eq!(
+            nodes("redis+sentinel://:secret@h1:26379,h2:26380/mymaster"),
+            Nodes::Sentinel {
+                sentinels: vec!["redis://h1:26379".into(), "redis://h2:26380".into()],
+                credentials: "redis://:secret@h1:26379".into(),
+                master: "mymaster".into(),
+            }
+        );
+        assert!(
+            Target::parse("rediss+sentinel://h1:26379/m")
+                .expect("valid")
+                .is_tls()
+        );
+        assert!(
+            !Target::parse("redis+cluster://h1:1")
+                .expect("valid")
+                .is_tls()
         );
         for bad in [
             "http://h:1",
@@ -338,6 +695,10 @@ mod tests {
             "redis+cluster://h1",
             "redis+cluster://h1:x",
             "redis+cluster://h1:7000/2",
+            "redis+sentinel://h1:26379",
+            "redis+sentinel://h1:26379/",
+            "redis+sentinel://h1/m",
+            "redis+sentinel://h1:1/m/x",
         ] {
             assert!(Target::parse(bad).is_err(), "{bad} accepted");
         }

@@ -51,10 +51,11 @@
 //! connections, the scripts' table, the decoding helpers and `StoreMeta`.
 //!
 //! Connections (`conn`): every command but the two blocking ones goes over one shared,
-//! multiplexed connection (redis-rs's `ConnectionManager`, or its cluster connection:
-//! concurrent commands are pipelined on it, and it reconnects by itself after a Redis
-//! restart), so a command costs no pool checkout (deadpool's recycle check was a
-//! `PING` and an `UNWATCH` round trip per checkout, a fifth of all commands). The
+//! multiplexed connection (redis-rs's `ConnectionManager`, its cluster connection, or
+//! under Sentinel a connection to the master of the moment: concurrent commands are
+//! pipelined on it, and it reconnects by itself after a Redis restart or failover), so
+//! a command costs no pool checkout (a pool's recycle check was a `PING` and an
+//! `UNWATCH` round trip per checkout, a fifth of all commands). The
 //! blocking trigger read (`XREADGROUP … BLOCK`) and inbox pop (`BRPOP`) would stall
 //! that shared pipeline, so each takes a connection of its own from a small pool.
 //!
@@ -103,10 +104,10 @@ mod runs;
 mod tests;
 mod triggers;
 
-pub(crate) use conn::Target;
+pub use conn::Target;
 #[cfg(any(test, feature = "testing"))]
 pub use conn::raw_connection;
-use conn::{Blocking, BlockingConn, Shared};
+use conn::{Blocking, BlockingConn, Shared, Subscribers};
 use functions::{Activity, Call, Function, Library};
 
 const GROUP: &str = "dispatch";
@@ -290,6 +291,12 @@ impl RedisStore {
     /// starts the change watcher. `prefix` namespaces every key (tests use one per run).
     pub async fn connect(url: &str, prefix: &str, opts: StoreOptions) -> Result<Self> {
         let target = Target::parse(url).map_err(unavailable)?;
+        Self::connect_to(&target, prefix, opts).await
+    }
+
+    /// [`connect`](Self::connect) to a parsed target (which may carry the TLS
+    /// authorities to trust).
+    pub async fn connect_to(target: &Target, prefix: &str, opts: StoreOptions) -> Result<Self> {
         let (mut shared, blocking) = target.connect().await?;
         let partitions = Self::init_meta(&mut shared, prefix, opts.partitions).await?;
         let (tx, rx) = watch::channel(0u64);
@@ -589,15 +596,15 @@ impl RedisStore {
 /// Subscribes to the change channel and bumps the watch counter per message; after a
 /// reconnect it bumps once too, because messages may have been missed meanwhile.
 async fn watch_changes(
-    clients: Vec<redis::Client>,
+    mut subscribers: Subscribers,
     channel: String,
     tx: watch::Sender<u64>,
     stop: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(100);
-    for client in clients.iter().cycle() {
+    loop {
         let connected = async {
-            let mut ps = client.get_async_pubsub().await?;
+            let mut ps = subscribers.next().await?.get_async_pubsub().await?;
             ps.subscribe(&channel).await?;
             redis::RedisResult::Ok(ps)
         };
