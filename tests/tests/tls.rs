@@ -3,89 +3,25 @@
 //! job; with `--tls-client-ca`, gRPC callers need a client certificate. The
 //! certificates come from a throwaway CA made with rcgen for `localhost`/127.0.0.1.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 use sundial_proto::v1 as pb;
 use sundial_server::config::{Config, Settings};
+use sundial_server::testing::TestPki;
 use sundial_tests::cli::Cli;
 use sundial_tests::{JobServiceClient, Sundial, SundialOptions, TestExecutor, wait_for};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
 
-/// A CA, a server certificate it signed for localhost and 127.0.0.1, and a client
-/// certificate it signed, as PEM files in a temporary directory.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca_pem: String,
-    client_cert_pem: String,
-    client_key_pem: String,
-}
-
-impl Pki {
-    fn new() -> Result<Self> {
-        let mut ca = CertificateParams::new(Vec::<String>::new())?;
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(DnType::CommonName, "Sundial test CA");
-        ca.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
-        let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| -> Result<_> {
-            let key = KeyPair::generate()?;
-            let mut params = CertificateParams::new(names)?;
-            params.extended_key_usages = vec![usage];
-            let cert = params.signed_by(&key, &ca)?;
-            Ok((cert.pem(), key.serialize_pem()))
-        };
-        let (server_cert, server_key) = leaf(
-            vec!["localhost".into(), "127.0.0.1".into()],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        )?;
-        let (client_cert_pem, client_key_pem) = leaf(
-            vec!["executor.test".into()],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        )?;
-        let dir = tempfile::tempdir()?;
-        std::fs::write(dir.path().join("ca.pem"), ca.pem())?;
-        std::fs::write(dir.path().join("server.pem"), server_cert)?;
-        std::fs::write(dir.path().join("server.key"), server_key)?;
-        std::fs::write(
-            dir.path().join("other.key"),
-            KeyPair::generate()?.serialize_pem(),
-        )?;
-        Ok(Self {
-            ca_pem: ca.pem(),
-            dir,
-            client_cert_pem,
-            client_key_pem,
-        })
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn arg(&self, name: &str) -> String {
-        self.path(name).display().to_string()
-    }
-
-    /// A server on the embedded store in `data`, serving TLS.
-    fn server(&self, data: &Path) -> SundialOptions {
-        SundialOptions::embedded(data)
-            .arg("tls-cert", &self.arg("server.pem"))
-            .arg("tls-key", &self.arg("server.key"))
-            .tls(self.ca_pem.as_bytes())
-    }
+/// A server on the embedded store in `data`, serving TLS with `pki`'s certificate.
+fn tls_server(pki: &TestPki, data: &Path) -> SundialOptions {
+    SundialOptions::embedded(data)
+        .arg("tls-cert", &pki.arg("server.pem"))
+        .arg("tls-key", &pki.arg("server.key"))
+        .tls(pki.ca_pem.as_bytes())
 }
 
 /// The job `id`: the test executor's echo handler, run only when triggered.
@@ -135,9 +71,9 @@ async fn plaintext_get_job(addr: std::net::SocketAddr, id: &str) -> Result<pb::J
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_rest_and_an_executor_speak_tls_and_only_tls() -> Result<()> {
-    let pki = Pki::new()?;
+    let pki = TestPki::new()?;
     let data = tempfile::tempdir()?;
-    let mut server = Sundial::start(pki.server(data.path()))?;
+    let mut server = Sundial::start(tls_server(&pki, data.path()))?;
     ensure!(server.grpc_url().starts_with("https://"));
 
     // gRPC over TLS (the harness's channel trusts the test CA).
@@ -238,12 +174,10 @@ async fn grpc_rest_and_an_executor_speak_tls_and_only_tls() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_ca_makes_grpc_callers_present_a_certificate() -> Result<()> {
-    let pki = Pki::new()?;
+    let pki = TestPki::new()?;
     let data = tempfile::tempdir()?;
-    let server = Sundial::start(
-        pki.server(data.path())
-            .arg("tls-client-ca", &pki.arg("ca.pem")),
-    )?;
+    let server =
+        Sundial::start(tls_server(&pki, data.path()).arg("tls-client-ca", &pki.arg("ca.pem")))?;
 
     let anonymous = async {
         let channel = tls_channel(server.grpc_url(), &pki.ca_pem, None).await?;
@@ -279,7 +213,7 @@ async fn client_ca_makes_grpc_callers_present_a_certificate() -> Result<()> {
 
 #[test]
 fn tls_files_are_checked_with_the_configuration() -> Result<()> {
-    let pki = Pki::new()?;
+    let pki = TestPki::new()?;
     let settings = |cert: Option<&str>, key: Option<&str>| Settings {
         tls_cert: cert.map(|c| pki.path(c)),
         tls_key: key.map(|k| pki.path(k)),

@@ -2,7 +2,10 @@
 //! only this backend has.
 
 use super::*;
-use crate::testing::{shared_redis_cluster_url, shared_redis_url, unique_prefix};
+use crate::testing::{
+    shared_redis_cluster_url, shared_redis_sentinel_url, shared_redis_tls, shared_redis_url,
+    unique_prefix,
+};
 
 crate::store::conformance::store_conformance_tests!(|opts| async move {
     let url = shared_redis_url().expect("redis-server");
@@ -10,6 +13,84 @@ crate::store::conformance::store_conformance_tests!(|opts| async move {
         .await
         .expect("connect")
 });
+
+/// The conformance suite against the primary three Sentinels watch, reached through
+/// them (a failover is `sentinel_failover` in the tests crate).
+mod sentinel {
+    use super::*;
+
+    crate::store::conformance::store_conformance_tests!(|opts| async move {
+        let url = shared_redis_sentinel_url().expect("redis sentinel");
+        RedisStore::connect(&url, &unique_prefix("sentinel"), opts)
+            .await
+            .expect("connect")
+    });
+}
+
+/// The conformance suite over TLS (`rediss://`, trusting a throwaway CA given as
+/// `--redis-tls-ca` would), and what TLS refuses: a server signed by an authority not
+/// trusted.
+mod tls {
+    use super::*;
+    use crate::store::conformance::options;
+    use crate::testing::{RedisCluster, TestPki};
+
+    crate::store::conformance::store_conformance_tests!(|opts| async move {
+        let (url, ca) = shared_redis_tls().expect("redis over TLS");
+        let target = Target::parse(&url)
+            .expect("url")
+            .with_tls_ca(ca.into_bytes());
+        RedisStore::connect_to(&target, &unique_prefix("tls"), opts)
+            .await
+            .expect("connect")
+    });
+
+    #[tokio::test]
+    async fn a_server_signed_by_an_untrusted_authority_is_refused() {
+        let (url, _) = shared_redis_tls().expect("redis over TLS");
+        let other = TestPki::new().expect("another CA");
+        for target in [
+            // The system's authorities: the test CA is none of them.
+            Target::parse(&url).expect("url"),
+            Target::parse(&url)
+                .expect("url")
+                .with_tls_ca(other.ca_pem.clone().into_bytes()),
+        ] {
+            let refused = RedisStore::connect_to(&target, &unique_prefix("tls"), options())
+                .await
+                .err()
+                .expect("connected to a server no trusted authority signed");
+            let e = refused.to_string();
+            assert!(
+                e.contains("certificate") || e.contains("Certificate"),
+                "{e}"
+            );
+        }
+    }
+
+    /// A cluster whose nodes serve TLS (and talk TLS among themselves): the seed list
+    /// is of TLS ports, and the nodes the client learns of are reached by TLS too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_over_tls_runs_the_store() {
+        let pki = TestPki::new().expect("CA");
+        let cluster = RedisCluster::start_tls(3, 0, &pki).expect("cluster over TLS");
+        let target = Target::parse(&cluster.tls_url())
+            .expect("url")
+            .with_tls_ca(pki.ca_pem.clone().into_bytes());
+        let make = || async {
+            let store = RedisStore::connect_to(&target, &unique_prefix("tlscl"), options())
+                .await
+                .expect("connect");
+            std::sync::Arc::new(store) as std::sync::Arc<dyn crate::store::Store>
+        };
+        use crate::store::conformance as c;
+        c::job_crud(make().await).await;
+        c::trigger_read_blocks_until_append(make().await).await;
+        c::begin_and_assign_in_one_decision(make().await).await;
+        c::inbox_order_and_blocking(make().await).await;
+        c::finish_run_outcomes(make().await).await;
+    }
+}
 
 /// The conformance suite against a Redis Cluster of three masters with a replica each,
 /// and what only a cluster has: a node's count kept beside the run scripts.

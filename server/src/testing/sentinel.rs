@@ -1,0 +1,179 @@
+//! A throwaway primary with one replica, watched by three Sentinels on loopback ports,
+//! and the primary's failover.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::{Killed, free_ports, kill_with_lag, node_command, wait_redis_ready};
+
+/// The name the Sentinels know the primary by.
+const MASTER_NAME: &str = "sundial";
+
+/// A primary, its replica and three Sentinels (quorum 2, a primary is down after 1 s
+/// unanswered), no persistence. Shut down on drop, and by a watchdog shell within a
+/// second of the test process exiting.
+pub struct RedisSentinel {
+    /// The primary's port, then the replica's.
+    nodes: Vec<u16>,
+    sentinels: Vec<u16>,
+}
+
+impl RedisSentinel {
+    /// Starts them and waits until every Sentinel sees the primary, its replica and
+    /// the other two Sentinels.
+    pub fn start() -> Result<Self> {
+        let dir = tempfile::tempdir()?.keep();
+        let mut nodes = free_ports(5)?;
+        let sentinels = nodes.split_off(2);
+        let (primary, replica) = (nodes[0], nodes[1]);
+        let mut script = String::new();
+        for (port, extra) in [
+            (primary, String::new()),
+            (replica, format!("--replicaof 127.0.0.1 {primary}")),
+        ] {
+            script.push_str(&format!(
+                "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
+                 --dir {dir} --dbfilename {port}.rdb {extra} >/dev/null 2>&1 & \
+                 pids=\"$pids $!\"; ",
+                dir = dir.display()
+            ));
+        }
+        for &port in &sentinels {
+            // A Sentinel rewrites its configuration file: one each.
+            let conf = dir.join(format!("sentinel-{port}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 2\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                     sentinel failover-timeout {MASTER_NAME} 10000\n\
+                     sentinel parallel-syncs {MASTER_NAME} 1\n",
+                    dir = dir.display()
+                ),
+            )?;
+            script.push_str(&format!(
+                "redis-server {conf} --sentinel >/dev/null 2>&1 & pids=\"$pids $!\"; ",
+                conf = conf.display()
+            ));
+        }
+        script.push_str(&format!(
+            "trap 'kill $pids 2>/dev/null; sleep 0.2; rm -rf {dir}' EXIT; \
+             while kill -0 {parent} 2>/dev/null; do sleep 0.5; done",
+            parent = std::process::id(),
+            dir = dir.display()
+        ));
+        let mut watchdog = Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the primary, its replica and the Sentinels")?;
+        for &port in nodes.iter().chain(&sentinels) {
+            wait_redis_ready(&mut watchdog, port, Duration::from_secs(10))?;
+        }
+        let set = Self { nodes, sentinels };
+        set.wait_watched(Duration::from_secs(30))?;
+        Ok(set)
+    }
+
+    /// The Sentinels and the primary's name, as `--redis-url` takes them.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","))
+    }
+
+    /// The port of the primary the Sentinel at `sentinel` names.
+    fn named_primary(sentinel: u16) -> Result<u16> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{sentinel}"))?;
+        let mut c = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        let (_host, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(MASTER_NAME)
+            .query(&mut c)?;
+        Ok(port)
+    }
+
+    /// One `SENTINEL MASTER` field as the Sentinel at `sentinel` reports it.
+    fn master_field(sentinel: u16, field: &str) -> Result<String> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{sentinel}"))?;
+        let mut c = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        let fields: Vec<String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(MASTER_NAME)
+            .query(&mut c)?;
+        fields
+            .chunks(2)
+            .find(|kv| kv[0] == field)
+            .map(|kv| kv[1].clone())
+            .with_context(|| format!("SENTINEL MASTER without {field}"))
+    }
+
+    /// Waits until each Sentinel sees the primary with its replica and two other
+    /// Sentinels, and the replica's link to the primary is up.
+    fn wait_watched(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let watched = self.sentinels.iter().all(|&s| {
+                Self::master_field(s, "num-slaves").is_ok_and(|n| n == "1")
+                    && Self::master_field(s, "num-other-sentinels").is_ok_and(|n| n == "2")
+            });
+            let linked = node_command(self.nodes[1], &["INFO", "replication"])
+                .is_ok_and(|i| i.contains("master_link_status:up"));
+            if watched && linked {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "the Sentinels do not all watch the primary and its replica after {timeout:?}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGKILLs the primary; with `lag`, its replica falls that far behind first (see
+    /// `kill_with_lag`).
+    pub fn kill_primary(&mut self, lag: Option<Duration>) -> Result<Killed> {
+        let (primary, replica) = (self.nodes[0], self.nodes[1]);
+        let killed = kill_with_lag(primary, lag.map(|lag| (replica, lag)))?;
+        self.nodes.retain(|&p| p != primary);
+        Ok(killed)
+    }
+
+    /// Waits until every Sentinel names the replica as the primary and it answers as
+    /// one.
+    pub fn wait_failover(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let promoted = self.nodes[0];
+        loop {
+            let named = self
+                .sentinels
+                .iter()
+                .all(|&s| Self::named_primary(s).is_ok_and(|p| p == promoted));
+            let role = node_command(promoted, &["INFO", "replication"])
+                .is_ok_and(|i| i.contains("role:master"));
+            if named && role {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("the Sentinels promoted no replica within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        for &port in self.nodes.iter().chain(&self.sentinels) {
+            let _ = node_command(port, &["SHUTDOWN", "NOSAVE"]);
+        }
+    }
+}
