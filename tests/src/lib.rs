@@ -7,6 +7,7 @@
 //!   deadline instead of sleeping a fixed time.
 
 pub mod cli;
+pub mod failover;
 pub mod foreign;
 pub mod raw;
 pub mod rest;
@@ -27,7 +28,8 @@ pub use pb::run_service_client::RunServiceClient;
 
 pub use sundial_server::store::redis::raw_connection as redis_connection;
 pub use sundial_server::testing::{
-    RedisCluster, RedisServer, free_port, key_slot, shared_redis_cluster_url, unique_prefix,
+    RedisCluster, RedisSentinel, RedisServer, free_port, key_slot, shared_redis_cluster_url,
+    unique_prefix,
 };
 
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.

@@ -60,7 +60,8 @@ impl RedisCluster {
             };
             script.push_str(&format!(
                 "redis-server --port {port} --cluster-port {bus} --bind 127.0.0.1 --save '' \
-                 --appendonly no --cluster-enabled yes --cluster-node-timeout 1000 {tls} \
+                 --appendonly no --repl-diskless-sync-delay 0 --cluster-enabled yes \
+                 --cluster-node-timeout 1000 {tls} \
                  --dir {dir} >/dev/null 2>&1 & pids=\"$pids $!\"; ",
                 dir = node_dir.display()
             ));

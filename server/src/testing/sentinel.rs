@@ -35,23 +35,33 @@ impl RedisSentinel {
         ] {
             script.push_str(&format!(
                 "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
-                 --dir {dir} --dbfilename {port}.rdb {extra} >/dev/null 2>&1 & \
+                 --repl-diskless-sync-delay 0 --dir {dir} --dbfilename {port}.rdb {extra} >/dev/null 2>&1 & \
                  pids=\"$pids $!\"; ",
                 dir = dir.display()
             ));
         }
         for &port in &sentinels {
+            // Each Sentinel knows the replica and the other Sentinels from the start (by
+            // themselves they learn of them within about ten seconds).
+            let mut known = format!("sentinel known-replica {MASTER_NAME} 127.0.0.1 {replica}\n");
+            for &other in sentinels.iter().filter(|&&o| o != port) {
+                known.push_str(&format!(
+                    "sentinel known-sentinel {MASTER_NAME} 127.0.0.1 {other} {}\n",
+                    sentinel_id(other)
+                ));
+            }
             // A Sentinel rewrites its configuration file: one each.
             let conf = dir.join(format!("sentinel-{port}.conf"));
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel myid {id}\n\
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 2\n\
                      sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                      sentinel failover-timeout {MASTER_NAME} 10000\n\
-                     sentinel parallel-syncs {MASTER_NAME} 1\n",
-                    dir = dir.display()
+                     sentinel parallel-syncs {MASTER_NAME} 1\n{known}",
+                    dir = dir.display(),
+                    id = sentinel_id(port),
                 ),
             )?;
             script.push_str(&format!(
@@ -168,6 +178,11 @@ impl RedisSentinel {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// The Sentinel at `port`'s run id (40 hex digits).
+fn sentinel_id(port: u16) -> String {
+    format!("{port:040x}")
 }
 
 impl Drop for RedisSentinel {
