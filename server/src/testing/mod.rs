@@ -387,7 +387,12 @@ fn signal(pid: &str, sig: &str) -> Result<()> {
 
 /// One command to the node at `port`, its reply as text.
 fn node_command(port: u16, args: &[&str]) -> Result<String> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    node_command_at(&format!("redis://127.0.0.1:{port}"), args)
+}
+
+/// One command to the server at `url`, its reply as text.
+fn node_command_at(url: &str, args: &[&str]) -> Result<String> {
+    let client = redis::Client::open(url)?;
     let mut c = client.get_connection_with_timeout(Duration::from_secs(2))?;
     let mut cmd = redis::cmd(args[0]);
     for a in &args[1..] {

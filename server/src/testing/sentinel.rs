@@ -4,9 +4,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
-use super::{Killed, free_ports, kill_with_lag, node_command, wait_redis_ready};
+use super::{
+    Killed, TestPki, free_ports, kill_with_lag, node_command, node_command_at, wait_ready,
+    wait_redis_ready,
+};
 
 /// The name the Sentinels know the primary by.
 const MASTER_NAME: &str = "sundial";
@@ -15,39 +18,84 @@ const MASTER_NAME: &str = "sundial";
 /// unanswered), no persistence. Shut down on drop, and by a watchdog shell within a
 /// second of the test process exiting.
 pub struct RedisSentinel {
-    /// The primary's port, then the replica's.
+    /// The primary's port, then the replica's (plain; the harness's).
     nodes: Vec<u16>,
+    /// The Sentinels' ports (plain; the harness's).
     sentinels: Vec<u16>,
+    /// With [`start_secure`](Self::start_secure): the Sentinels' TLS ports and the
+    /// data nodes' password.
+    secure: Option<(Vec<u16>, String)>,
 }
 
 impl RedisSentinel {
     /// Starts them and waits until every Sentinel sees the primary, its replica and
     /// the other two Sentinels.
     pub fn start() -> Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// [`start`](Self::start), with every node and Sentinel also serving TLS with
+    /// `pki`'s certificate, replication and the Sentinels' links over TLS, and the
+    /// primary and replica asking for `password` ([`url`](Self::url) names the TLS
+    /// ports and the password).
+    pub fn start_secure(pki: &TestPki, password: &str) -> Result<Self> {
+        Self::start_with(Some((pki, password)))
+    }
+
+    fn start_with(secure: Option<(&TestPki, &str)>) -> Result<Self> {
         let dir = tempfile::tempdir()?.keep();
-        let mut nodes = free_ports(5)?;
-        let sentinels = nodes.split_off(2);
-        let (primary, replica) = (nodes[0], nodes[1]);
+        let mut nodes = free_ports(if secure.is_some() { 10 } else { 5 })?;
+        let mut sentinels = nodes.split_off(2);
+        let tls = sentinels.split_off(3);
+        // What a node or Sentinel is reached at by the others: TLS ports when secure.
+        let (node_tls, sentinel_tls) = match secure {
+            Some(_) => (tls[..2].to_vec(), tls[2..].to_vec()),
+            None => (nodes.clone(), sentinels.clone()),
+        };
+        let (primary, replica) = (node_tls[0], node_tls[1]);
         let mut script = String::new();
-        for (port, extra) in [
-            (primary, String::new()),
-            (replica, format!("--replicaof 127.0.0.1 {primary}")),
-        ] {
+        for (i, &port) in nodes.iter().enumerate() {
+            let mut extra = match secure {
+                Some((pki, password)) => format!(
+                    "--tls-port {} --tls-replication yes {} --requirepass {password} \
+                     --masterauth {password}",
+                    node_tls[i],
+                    pki.redis_args().join(" ")
+                ),
+                None => String::new(),
+            };
+            if i == 1 {
+                extra.push_str(&format!(" --replicaof 127.0.0.1 {primary}"));
+            }
             script.push_str(&format!(
                 "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
-                 --repl-diskless-sync-delay 0 --dir {dir} --dbfilename {port}.rdb {extra} >/dev/null 2>&1 & \
-                 pids=\"$pids $!\"; ",
+                 --repl-diskless-sync-delay 0 --dir {dir} --dbfilename {port}.rdb {extra} \
+                 >/dev/null 2>&1 & pids=\"$pids $!\"; ",
                 dir = dir.display()
             ));
         }
-        for &port in &sentinels {
+        for (i, &port) in sentinels.iter().enumerate() {
             // Each Sentinel knows the replica and the other Sentinels from the start (by
             // themselves they learn of them within about ten seconds).
             let mut known = format!("sentinel known-replica {MASTER_NAME} 127.0.0.1 {replica}\n");
-            for &other in sentinels.iter().filter(|&&o| o != port) {
+            for (&other, &reached) in sentinels.iter().zip(&sentinel_tls) {
+                if other != port {
+                    known.push_str(&format!(
+                        "sentinel known-sentinel {MASTER_NAME} 127.0.0.1 {reached} {}\n",
+                        sentinel_id(other)
+                    ));
+                }
+            }
+            if let Some((pki, password)) = secure {
                 known.push_str(&format!(
-                    "sentinel known-sentinel {MASTER_NAME} 127.0.0.1 {other} {}\n",
-                    sentinel_id(other)
+                    "sentinel auth-pass {MASTER_NAME} {password}\ntls-port {}\n\
+                     tls-replication yes\n{}\n",
+                    sentinel_tls[i],
+                    pki.redis_args()
+                        .chunks(2)
+                        .map(|kv| format!("{} {}", kv[0].trim_start_matches("--"), kv[1]))
+                        .collect::<Vec<_>>()
+                        .join("\n")
                 ));
             }
             // A Sentinel rewrites its configuration file: one each.
@@ -81,22 +129,41 @@ impl RedisSentinel {
             .stdin(Stdio::null())
             .spawn()
             .context("starting the primary, its replica and the Sentinels")?;
-        for &port in nodes.iter().chain(&sentinels) {
+        let set = Self {
+            nodes,
+            sentinels,
+            secure: secure.map(|(_, password)| (sentinel_tls, password.to_owned())),
+        };
+        for &port in &set.nodes {
+            let client = redis::Client::open(set.node_url(port))?;
+            wait_ready(&mut watchdog, &client, port, Duration::from_secs(10))?;
+        }
+        for &port in &set.sentinels {
             wait_redis_ready(&mut watchdog, port, Duration::from_secs(10))?;
         }
-        let set = Self { nodes, sentinels };
         set.wait_watched(Duration::from_secs(30))?;
         Ok(set)
     }
 
+    /// The harness's URL of the data node at `port`.
+    fn node_url(&self, port: u16) -> String {
+        match &self.secure {
+            Some((_, password)) => format!("redis://:{password}@127.0.0.1:{port}"),
+            None => format!("redis://127.0.0.1:{port}"),
+        }
+    }
+
     /// The Sentinels and the primary's name, as `--redis-url` takes them.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","))
+        let (scheme, credentials, ports) = match &self.secure {
+            Some((tls, password)) => ("rediss", format!(":{password}@"), tls),
+            None => ("redis", String::new(), &self.sentinels),
+        };
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!(
+            "{scheme}+sentinel://{credentials}{}/{MASTER_NAME}",
+            hosts.join(",")
+        )
     }
 
     /// The port of the primary the Sentinel at `sentinel` names.
@@ -134,7 +201,7 @@ impl RedisSentinel {
                 Self::master_field(s, "num-slaves").is_ok_and(|n| n == "1")
                     && Self::master_field(s, "num-other-sentinels").is_ok_and(|n| n == "2")
             });
-            let linked = node_command(self.nodes[1], &["INFO", "replication"])
+            let linked = node_command_at(&self.node_url(self.nodes[1]), &["INFO", "replication"])
                 .is_ok_and(|i| i.contains("master_link_status:up"));
             if watched && linked {
                 return Ok(());
@@ -151,6 +218,10 @@ impl RedisSentinel {
     /// SIGKILLs the primary; with `lag`, its replica falls that far behind first (see
     /// `kill_with_lag`).
     pub fn kill_primary(&mut self, lag: Option<Duration>) -> Result<Killed> {
+        ensure!(
+            self.secure.is_none(),
+            "kill_primary is for a set started by start()"
+        );
         let (primary, replica) = (self.nodes[0], self.nodes[1]);
         let killed = kill_with_lag(primary, lag.map(|lag| (replica, lag)))?;
         self.nodes.retain(|&p| p != primary);
@@ -187,7 +258,10 @@ fn sentinel_id(port: u16) -> String {
 
 impl Drop for RedisSentinel {
     fn drop(&mut self) {
-        for &port in self.nodes.iter().chain(&self.sentinels) {
+        for &port in &self.nodes {
+            let _ = node_command_at(&self.node_url(port), &["SHUTDOWN", "NOSAVE"]);
+        }
+        for &port in &self.sentinels {
             let _ = node_command(port, &["SHUTDOWN", "NOSAVE"]);
         }
     }

@@ -18,6 +18,26 @@ crate::store::conformance::store_conformance_tests!(|opts| async move {
 /// them (a failover is `sentinel_failover` in the tests crate).
 mod sentinel {
     use super::*;
+    use crate::store::conformance::options;
+    use crate::testing::{RedisSentinel, TestPki};
+
+    /// Sentinels and data nodes reached over TLS only (`rediss+sentinel://`, the CA
+    /// given), the primary asking for a password (given in the URL, for the master;
+    /// the Sentinels ask for none).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_tls_with_a_password_the_store_runs() {
+        let pki = TestPki::new().expect("CA");
+        let set = RedisSentinel::start_secure(&pki, "s3cret").expect("secure Sentinel set");
+        let target = Target::parse(&set.url())
+            .expect("url")
+            .with_tls_ca(pki.ca_pem.clone().into_bytes());
+        some_checks(|| async {
+            RedisStore::connect_to(&target, &unique_prefix("sentls"), options())
+                .await
+                .expect("connect")
+        })
+        .await;
+    }
 
     crate::store::conformance::store_conformance_tests!(|opts| async move {
         let url = shared_redis_sentinel_url().expect("redis sentinel");
@@ -77,19 +97,90 @@ mod tls {
         let target = Target::parse(&cluster.tls_url())
             .expect("url")
             .with_tls_ca(pki.ca_pem.clone().into_bytes());
-        let make = || async {
-            let store = RedisStore::connect_to(&target, &unique_prefix("tlscl"), options())
+        some_checks(|| async {
+            RedisStore::connect_to(&target, &unique_prefix("tlscl"), options())
                 .await
-                .expect("connect");
-            std::sync::Arc::new(store) as std::sync::Arc<dyn crate::store::Store>
-        };
-        use crate::store::conformance as c;
-        c::job_crud(make().await).await;
-        c::trigger_read_blocks_until_append(make().await).await;
-        c::begin_and_assign_in_one_decision(make().await).await;
-        c::inbox_order_and_blocking(make().await).await;
-        c::finish_run_outcomes(make().await).await;
+                .expect("connect")
+        })
+        .await;
     }
+}
+
+/// The conformance suite as an ACL user who may touch only its own prefix's keys and
+/// channel (`redis://user:password@…`), so nothing of the store lies outside its prefix;
+/// a wrong password is refused. (A cluster with such a user: `cluster::an_acl_user…`.)
+mod credentials {
+    use super::*;
+
+    crate::store::conformance::store_conformance_tests!(|opts| async move {
+        let url = shared_redis_url().expect("redis-server");
+        let prefix = unique_prefix("acl");
+        let credentials = acl_user(std::slice::from_ref(&url), &prefix).await;
+        let url = url.replacen("://", &format!("://{credentials}"), 1);
+        RedisStore::connect(&url, &prefix, opts)
+            .await
+            .expect("connect")
+    });
+
+    #[tokio::test]
+    async fn a_wrong_password_is_refused() {
+        let url = shared_redis_url().expect("redis-server");
+        let prefix = unique_prefix("acl");
+        let credentials = acl_user(std::slice::from_ref(&url), &prefix)
+            .await
+            .replace(":pw-", ":wrong-");
+        let url = url.replacen("://", &format!("://{credentials}"), 1);
+        let e = RedisStore::connect(&url, &prefix, StoreOptions::default())
+            .await
+            .err()
+            .expect("a wrong password connected");
+        assert!(e.to_string().contains("authentication failed"), "{e}");
+    }
+}
+
+/// Makes, on each of the servers at `urls`, a user who may touch only `prefix`'s keys
+/// and channel, and returns its credentials as a URL takes them (`user:password@`).
+async fn acl_user(urls: &[String], prefix: &str) -> String {
+    let user = format!("u-{prefix}");
+    let password = format!("pw-{}", uuid::Uuid::now_v7().simple());
+    for url in urls {
+        let mut c = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&user)
+            .arg("on")
+            .arg(format!(">{password}"))
+            .arg("resetkeys")
+            .arg(format!("~{prefix}:*"))
+            .arg("resetchannels")
+            .arg(format!("&{prefix}:*"))
+            .arg("+@all")
+            .query_async(&mut c)
+            .await
+            .expect("ACL SETUSER");
+    }
+    format!("{user}:{password}@")
+}
+
+/// A few checks that use every kind of connection the store has (the shared one, a
+/// blocking one, the change subscription) against stores `make` opens.
+async fn some_checks<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = RedisStore>,
+{
+    use crate::store::conformance as c;
+    let store =
+        || async { std::sync::Arc::new(make().await) as std::sync::Arc<dyn crate::store::Store> };
+    c::job_crud(store().await).await;
+    c::trigger_read_blocks_until_append(store().await).await;
+    c::begin_and_assign_in_one_decision(store().await).await;
+    c::inbox_order_and_blocking(store().await).await;
+    c::finish_run_outcomes(store().await).await;
 }
 
 /// The conformance suite against a Redis Cluster of three masters with a replica each,
@@ -98,7 +189,7 @@ mod cluster {
     use super::*;
     use crate::model::OverlapPolicy;
     use crate::store::RunStore;
-    use crate::store::conformance::{job, outcome, plan, planned_run, slot};
+    use crate::store::conformance::{job, options, outcome, plan, planned_run, slot};
 
     crate::store::conformance::store_conformance_tests!(|opts| async move {
         let url = shared_redis_cluster_url().expect("redis cluster");
@@ -106,6 +197,24 @@ mod cluster {
             .await
             .expect("connect")
     });
+
+    /// An ACL user made on every node who may touch only its prefix's keys and
+    /// channel: the cluster client authenticates to each node it learns of.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acl_user_limited_to_its_prefix_runs_the_store() {
+        let url = shared_redis_cluster_url().expect("redis cluster");
+        let hosts = url.trim_start_matches("redis+cluster://");
+        let nodes: Vec<String> = hosts.split(',').map(|h| format!("redis://{h}")).collect();
+        some_checks(|| async {
+            let prefix = unique_prefix("aclcl");
+            let credentials = acl_user(&nodes, &prefix).await;
+            let url = format!("redis+cluster://{credentials}{hosts}");
+            RedisStore::connect(&url, &prefix, options())
+                .await
+                .expect("connect")
+        })
+        .await;
+    }
 
     async fn cluster_store() -> RedisStore {
         let url = shared_redis_cluster_url().expect("redis cluster");
