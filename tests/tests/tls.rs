@@ -11,7 +11,9 @@ use sundial_proto::v1 as pb;
 use sundial_server::config::{Config, Settings};
 use sundial_server::testing::TestPki;
 use sundial_tests::cli::Cli;
-use sundial_tests::{JobServiceClient, Sundial, SundialOptions, TestExecutor, wait_for};
+use sundial_tests::{
+    JobServiceClient, RedisServer, Sundial, SundialOptions, TestExecutor, unique_prefix, wait_for,
+};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
@@ -35,6 +37,75 @@ fn echo_job(id: &str) -> pb::JobSpec {
         })),
         ..Default::default()
     }
+}
+
+/// Triggers `job_id` with `payload` and waits for its run to succeed.
+async fn trigger_and_wait(server: &Sundial, job_id: &str, payload: &[u8]) -> Result<pb::Run> {
+    let sid = server
+        .jobs()
+        .await?
+        .trigger_job(pb::TriggerJobRequest {
+            job_id: job_id.into(),
+            payload: payload.to_vec(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .schedule_id;
+    wait_for(
+        &format!("{sid} to succeed"),
+        Duration::from_secs(20),
+        || async {
+            let run = server.run(&sid).await?;
+            ensure!(
+                run.state != pb::RunState::Failed as i32,
+                "run failed: {run:?}"
+            );
+            Ok(Some(run).filter(|r| r.state == pb::RunState::Succeeded as i32))
+        },
+    )
+    .await
+}
+
+/// The store over TLS (`--redis-url rediss://…`): with `--redis-tls-ca` naming the CA
+/// that signed Redis's certificate a job runs; trusting the system's authorities only,
+/// the server does not start, and says it was the certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_over_tls_trusts_the_ca_it_is_given() -> Result<()> {
+    let pki = TestPki::new()?;
+    let redis = RedisServer::start_tls(&pki)?;
+    let url = redis.tls_url().context("no TLS port")?;
+    let prefix = unique_prefix("redis-tls");
+    let untrusted = Sundial::start(SundialOptions::redis_url(&url, &prefix))
+        .err()
+        .context("started against a Redis signed by an authority it does not trust")?;
+    ensure!(
+        format!("{untrusted:#}").contains("certificate"),
+        "the refusal names no certificate: {untrusted:#}"
+    );
+
+    let mut server = Sundial::start(
+        SundialOptions::redis_url(&url, &prefix).arg("redis-tls-ca", &pki.arg("ca.pem")),
+    )?;
+    server
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(echo_job("redis-tls-echo")),
+        })
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let executor = TestExecutor::start(
+        EXECUTOR,
+        &[server.grpc_url()],
+        "redis-tls-node",
+        &dir.path().join("exec.log"),
+    )?;
+    let run = trigger_and_wait(&server, "redis-tls-echo", b"store over tls").await?;
+    ensure!(run.node_id == executor.node_id, "ran on {}", run.node_id);
+    let status = server.stop()?;
+    ensure!(status.success(), "exit status {status}");
+    Ok(())
 }
 
 async fn get_job(channel: Channel, id: &str) -> Result<pb::Job> {
@@ -139,30 +210,7 @@ async fn grpc_rest_and_an_executor_speak_tls_and_only_tls() -> Result<()> {
         &journal,
         &["--tls-ca", &pki.arg("ca.pem")],
     )?;
-    let sid = server
-        .jobs()
-        .await?
-        .trigger_job(pb::TriggerJobRequest {
-            job_id: "tls-echo".into(),
-            payload: b"over tls".to_vec(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .schedule_id;
-    let run = wait_for(
-        &format!("{sid} to succeed"),
-        Duration::from_secs(20),
-        || async {
-            let run = server.run(&sid).await?;
-            ensure!(
-                run.state != pb::RunState::Failed as i32,
-                "run failed: {run:?}"
-            );
-            Ok(Some(run).filter(|r| r.state == pb::RunState::Succeeded as i32))
-        },
-    )
-    .await?;
+    let run = trigger_and_wait(&server, "tls-echo", b"over tls").await?;
     ensure!(run.node_id == executor.node_id, "ran on {}", run.node_id);
     ensure!(run.output == b"over tls", "output {:?}", run.output);
 

@@ -21,6 +21,11 @@ mod sentinel {
     use crate::store::conformance::options;
     use crate::testing::{RedisSentinel, TestPki};
 
+    #[tokio::test]
+    async fn a_job_change_on_one_instance_wakes_the_others() {
+        job_change_wakes_another_instance(&shared_redis_sentinel_url().expect("sentinel")).await;
+    }
+
     /// Sentinels and data nodes reached over TLS only (`rediss+sentinel://`, the CA
     /// given), the primary asking for a password (given in the URL, for the master;
     /// the Sentinels ask for none).
@@ -197,6 +202,11 @@ mod cluster {
             .await
             .expect("connect")
     });
+
+    #[tokio::test]
+    async fn a_job_change_on_one_instance_wakes_the_others() {
+        job_change_wakes_another_instance(&shared_redis_cluster_url().expect("cluster")).await;
+    }
 
     /// An ACL user made on every node who may touch only its prefix's keys and
     /// channel: the cluster client authenticates to each node it learns of.
@@ -496,10 +506,19 @@ async fn trimming_by_age_never_drops_pending_or_undelivered_triggers() {
 
 #[tokio::test]
 async fn a_job_change_on_one_instance_wakes_the_others() {
+    job_change_wakes_another_instance(&shared_redis_url().expect("redis-server")).await;
+}
+
+/// Two stores on `url` under one prefix: a job created through one wakes the other's
+/// change watch (the change subscription; in a cluster it is on a seed node, and the
+/// `PUBLISH` reaches it over the cluster bus; under Sentinel, on the master).
+async fn job_change_wakes_another_instance(url: &str) {
     use crate::store::conformance::job;
-    let (a, prefix) = store("notify", one_partition()).await;
-    let url = shared_redis_url().expect("redis-server");
-    let b = RedisStore::connect(&url, &prefix, one_partition())
+    let prefix = unique_prefix("notify");
+    let a = RedisStore::connect(url, &prefix, one_partition())
+        .await
+        .expect("connect");
+    let b = RedisStore::connect(url, &prefix, one_partition())
         .await
         .expect("connect");
     let mut changes = b.job_changes();
