@@ -192,6 +192,80 @@ impl RedisCluster {
         Ok(killed)
     }
 
+    /// Moves `slot` with its keys to another master as `redis-cli --cluster reshard`
+    /// does (the target importing, the source migrating, `MIGRATE` of `batch` keys at a
+    /// time with `pause` between, then the slot given to the target on every master),
+    /// while clients go on: meanwhile they meet `ASK` for keys already moved and
+    /// `TRYAGAIN` for a multi-key command whose keys are split. Returns the source's and
+    /// the target's ports.
+    pub fn move_slot(&self, slot: u16, batch: usize, pause: Duration) -> Result<(u16, u16)> {
+        let ask = self.ports[0];
+        let from = Self::master_of(ask, slot)?.context("no master serves the slot")?;
+        let nodes = node_command(ask, &["CLUSTER", "NODES"])?;
+        let masters: Vec<(String, u16)> = nodes
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .filter(|f| f.len() > 2 && f[2].contains("master") && !f[2].contains("fail"))
+            .filter_map(|f| Some((f[0].to_owned(), node_port(f[1])?)))
+            .collect();
+        let id_of = |port: u16| {
+            masters
+                .iter()
+                .find(|(_, p)| *p == port)
+                .map(|(id, _)| id.clone())
+                .context("not a master")
+        };
+        let to = masters
+            .iter()
+            .map(|(_, p)| *p)
+            .find(|&p| p != from)
+            .context("no other master")?;
+        let (from_id, to_id) = (id_of(from)?, id_of(to)?);
+        let slot_arg = slot.to_string();
+        node_command(
+            to,
+            &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &from_id],
+        )?;
+        node_command(
+            from,
+            &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id],
+        )?;
+        let client = redis::Client::open(format!("redis://127.0.0.1:{from}"))?;
+        let mut c = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(batch)
+                .query(&mut c)?;
+            if keys.is_empty() {
+                break;
+            }
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(to)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query::<()>(&mut c)?;
+            std::thread::sleep(pause);
+        }
+        // The target first, then the source, then the rest (as redis-cli does).
+        let mut order = vec![to, from];
+        order.extend(
+            masters
+                .iter()
+                .map(|(_, p)| *p)
+                .filter(|p| *p != to && *p != from),
+        );
+        for port in order {
+            node_command(port, &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id])?;
+        }
+        Ok((from, to))
+    }
+
     /// The port of a replica of the master at `master`.
     fn replica_of(ask: u16, master: u16) -> Result<u16> {
         let nodes = node_command(ask, &["CLUSTER", "NODES"])?;
