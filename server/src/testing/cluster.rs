@@ -260,8 +260,21 @@ impl RedisCluster {
                 .map(|(_, p)| *p)
                 .filter(|p| *p != to && *p != from),
         );
-        for port in order {
+        for &port in &order {
             node_command(port, &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id])?;
+        }
+        // Done once every master names the target (gossip settles it): until then two
+        // masters may each send a client to the other, and redis-rs gives up after
+        // sixteen redirects.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !order
+            .iter()
+            .all(|&port| Self::master_of(port, slot).ok().flatten() == Some(to))
+        {
+            if Instant::now() >= deadline {
+                bail!("the masters do not agree slot {slot} is on :{to} after 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         Ok((from, to))
     }
