@@ -263,9 +263,7 @@ impl RedisCluster {
         for &port in &order {
             node_command(port, &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id])?;
         }
-        // Done once every master names the target (gossip settles it): until then two
-        // masters may each send a client to the other, and redis-rs gives up after
-        // sixteen redirects.
+        // Done once every master names the target.
         let deadline = Instant::now() + Duration::from_secs(10);
         while !order
             .iter()

@@ -226,10 +226,9 @@ mod cluster {
         .await;
     }
 
-    /// Two partitions' slots moved to another master, key by key, while the store is
-    /// idle (its instances stopped, as README asks for a resharding): every record
-    /// moves with its slot, and the same connection goes on, following `MOVED` to the
-    /// new master. (Not while runs go on: most scripts reach keys they derive from
+    /// Two partitions' slots moved to another master, key by key, with the store's
+    /// instances stopped and started again after, as README asks for a resharding:
+    /// every record moves with its slot. (Not while runs go on: most scripts reach keys they derive from
     /// records, which Redis cannot redirect while a slot is half moved. Run during
     /// such a move, a script whose declared key, the partition prefix, exists on
     /// neither node is sent to the importing node, writes there keys still on the
@@ -247,6 +246,7 @@ mod cluster {
         for i in 0..40 {
             runs.push(life_of_a_run(&store, &format!("before-{i}"), &node).await);
         }
+        drop(store);
         let (cluster, moved) = tokio::task::spawn_blocking(move || {
             let moved: Vec<_> = [0u16, 1]
                 .iter()
@@ -261,6 +261,9 @@ mod cluster {
         .await
         .expect("mover");
         assert!(moved.iter().all(|(from, to)| from != to), "{moved:?}");
+        let store = RedisStore::connect(&cluster.url(), &prefix, options())
+            .await
+            .expect("connect");
         for i in 0..40 {
             runs.push(life_of_a_run(&store, &format!("after-{i}"), &node).await);
         }
