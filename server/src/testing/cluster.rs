@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::{Killed, TestPki, free_ports, kill_with_lag, node_command, wait_redis_ready};
+use super::{
+    Killed, TestPki, free_ports, kill_with_lag, node_command, spawn_watched, wait_redis_ready,
+};
 
 /// A throwaway Redis Cluster of cluster-enabled `redis-server`s on loopback ports (no
 /// persistence; a 1 s node timeout, so a master's replica is promoted within a few
@@ -66,18 +68,7 @@ impl RedisCluster {
                 dir = node_dir.display()
             ));
         }
-        script.push_str(&format!(
-            "trap 'kill $pids 2>/dev/null; sleep 0.2; rm -rf {dir}' EXIT; \
-             while kill -0 {parent} 2>/dev/null; do sleep 0.5; done",
-            parent = std::process::id(),
-            dir = dir.display()
-        ));
-        let mut watchdog = Command::new("bash")
-            .arg("-c")
-            .arg(script)
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting the cluster's redis-servers")?;
+        let mut watchdog = spawn_watched(&script, &dir, "the cluster's redis-servers")?;
         let cluster = Self { ports, tls_ports };
         for &port in &cluster.ports {
             wait_redis_ready(&mut watchdog, port, Duration::from_secs(10))?;

@@ -317,6 +317,24 @@ pub struct Killed {
     pub lost_bytes: u64,
 }
 
+/// Runs `script` (shell commands that start servers in the background, each adding its
+/// pid to `$pids`) in a watchdog shell that kills them and removes `dir` within a second
+/// of the test process exiting.
+fn spawn_watched(script: &str, dir: &std::path::Path, what: &str) -> Result<Child> {
+    let script = format!(
+        "{script}trap 'kill $pids 2>/dev/null; sleep 0.2; rm -rf {dir}' EXIT; \
+         while kill -0 {parent} 2>/dev/null; do sleep 0.5; done",
+        parent = std::process::id(),
+        dir = dir.display()
+    );
+    Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {what}"))
+}
+
 /// SIGKILLs the Redis at `victim` (no goodbye: a failover has to notice it). With
 /// `lag` (the port of its replica and a duration), the replica is stopped (SIGSTOP)
 /// and its replication link cut (`CLIENT KILL TYPE replica`) for that long first,

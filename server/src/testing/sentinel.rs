@@ -1,14 +1,13 @@
 //! A throwaway primary with one replica, watched by three Sentinels on loopback ports,
 //! and the primary's failover.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
 use super::{
-    Killed, TestPki, free_ports, kill_with_lag, node_command, node_command_at, wait_ready,
-    wait_redis_ready,
+    Killed, TestPki, free_ports, kill_with_lag, node_command, node_command_at, spawn_watched,
+    wait_ready, wait_redis_ready,
 };
 
 /// The name the Sentinels know the primary by.
@@ -117,18 +116,8 @@ impl RedisSentinel {
                 conf = conf.display()
             ));
         }
-        script.push_str(&format!(
-            "trap 'kill $pids 2>/dev/null; sleep 0.2; rm -rf {dir}' EXIT; \
-             while kill -0 {parent} 2>/dev/null; do sleep 0.5; done",
-            parent = std::process::id(),
-            dir = dir.display()
-        ));
-        let mut watchdog = Command::new("bash")
-            .arg("-c")
-            .arg(script)
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting the primary, its replica and the Sentinels")?;
+        let mut watchdog =
+            spawn_watched(&script, &dir, "the primary, its replica and the Sentinels")?;
         let set = Self {
             nodes,
             sentinels,
