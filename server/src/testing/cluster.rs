@@ -39,15 +39,9 @@ impl RedisCluster {
         // The bus ports are chosen too (port + 10000 may be past 65535), all of them
         // distinct: each bound at once before any is released.
         let mut ports = free_ports(if pki.is_some() { 3 } else { 2 } * count)?;
-        let buses = ports.split_off(count);
-        let (buses, tls_ports) = match pki {
-            Some(_) => {
-                let mut buses = buses;
-                let tls = buses.split_off(count);
-                (buses, tls)
-            }
-            None => (buses, Vec::new()),
-        };
+        let mut buses = ports.split_off(count);
+        // Empty without TLS.
+        let tls_ports = buses.split_off(count);
         let mut script = String::new();
         for (i, (&port, bus)) in ports.iter().zip(buses).enumerate() {
             let node_dir = dir.join(port.to_string());

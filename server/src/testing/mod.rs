@@ -60,14 +60,7 @@ impl RedisServer {
     /// A Redis without persistence that also serves TLS with `pki`'s server
     /// certificate, on the port of [`tls_url`](Self::tls_url).
     pub fn start_tls(pki: &TestPki) -> Result<Self> {
-        let mut server = Self::start_with(false, Some(pki))?;
-        server.tls_port = server
-            .extra
-            .iter()
-            .skip_while(|a| *a != "--tls-port")
-            .nth(1)
-            .and_then(|p| p.parse().ok());
-        Ok(server)
+        Self::start_with(false, Some(pki))
     }
 
     fn start_with(persistent: bool, pki: Option<&TestPki>) -> Result<Self> {
@@ -92,7 +85,7 @@ impl RedisServer {
                         persistent,
                         dir,
                         extra,
-                        tls_port: None,
+                        tls_port: pki.map(|_| ports[1]),
                     });
                 }
                 Err(e) => last_err = e,
@@ -207,24 +200,31 @@ impl Drop for RedisServer {
 pub fn shared_redis_url() -> Result<String> {
     static URL: OnceLock<Result<String, String>> = OnceLock::new();
     URL.get_or_init(|| {
-        let port = free_port().map_err(|e| e.to_string())?;
-        let script = format!(
-            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & r=$!; \
-             trap 'kill $r 2>/dev/null' EXIT; \
-             while kill -0 {parent} 2>/dev/null && kill -0 $r 2>/dev/null; do sleep 0.5; done",
-            parent = std::process::id()
-        );
-        let mut child = Command::new("bash")
-            .arg("-c")
-            .arg(script)
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting redis-server: {e}"))?;
-        wait_redis_ready(&mut child, port, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-        Ok(format!("redis://127.0.0.1:{port}"))
+        let started = || -> Result<String> {
+            let port = free_port()?;
+            let dir = tempfile::tempdir()?.keep();
+            let mut child = spawn_shared_redis(&format!("--port {port}"), &dir)?;
+            wait_redis_ready(&mut child, port, Duration::from_secs(10))?;
+            Ok(format!("redis://127.0.0.1:{port}"))
+        };
+        started().map_err(|e| format!("{e:#}"))
     })
     .clone()
     .map_err(|e| anyhow!(e))
+}
+
+/// A `redis-server` with `args` (its ports, TLS) and no persistence, in `dir`, under a
+/// watchdog shell ([`spawn_watched`]).
+fn spawn_shared_redis(args: &str, dir: &std::path::Path) -> Result<Child> {
+    spawn_watched(
+        &format!(
+            "redis-server {args} --bind 127.0.0.1 --save '' --appendonly no --dir {dir} \
+             >/dev/null 2>&1 & pids=\"$pids $!\"; ",
+            dir = dir.display()
+        ),
+        dir,
+        "redis-server",
+    )
 }
 
 /// One Redis Cluster (three masters, each with a replica, on loopback ports) shared by
@@ -256,19 +256,10 @@ pub fn shared_redis_tls() -> Result<(String, String)> {
             let started = || -> Result<(String, String)> {
                 let pki = TestPki::new()?;
                 let port = free_port()?;
-                let script = format!(
-                    "redis-server --port 0 --tls-port {port} --bind 127.0.0.1 --save '' \
-                     --appendonly no {tls} >/dev/null 2>&1 & r=$!; \
-                     trap 'kill $r 2>/dev/null' EXIT; \
-                     while kill -0 {parent} 2>/dev/null && kill -0 $r 2>/dev/null; do sleep 0.5; done",
-                    tls = pki.redis_args().join(" "),
-                    parent = std::process::id()
-                );
-                let mut child = Command::new("bash")
-                    .arg("-c")
-                    .arg(script)
-                    .stdin(Stdio::null())
-                    .spawn()?;
+                let mut child = spawn_shared_redis(
+                    &format!("--port 0 --tls-port {port} {}", pki.redis_args().join(" ")),
+                    &pki.path(""),
+                )?;
                 let url = format!("rediss://127.0.0.1:{port}");
                 let client = redis::Client::build_with_tls(
                     url.as_str(),
@@ -279,7 +270,8 @@ pub fn shared_redis_tls() -> Result<(String, String)> {
                 )?;
                 wait_ready(&mut child, &client, port, Duration::from_secs(10))?;
                 let ca = pki.ca_pem.clone();
-                // The certificate files stay for the server's life.
+                // The certificate files stay for the server's life (the watchdog
+                // removes them).
                 std::mem::forget(pki);
                 Ok((url, ca))
             };

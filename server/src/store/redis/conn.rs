@@ -146,16 +146,19 @@ impl Target {
         })
     }
 
+    /// A client of the one server at `url`, trusting the given authorities for TLS.
+    fn client(&self, url: &str) -> Result<redis::Client> {
+        match self.certificates() {
+            Some(certs) => redis::Client::build_with_tls(url, certs),
+            None => redis::Client::open(url),
+        }
+        .map_err(unavailable)
+    }
+
     /// How new connections are made.
     fn opener(&self) -> Result<Opener> {
         Ok(match &self.nodes {
-            Nodes::Single(url) => Opener::Single(Box::new(
-                match self.certificates() {
-                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs),
-                    None => redis::Client::open(url.as_str()),
-                }
-                .map_err(unavailable)?,
-            )),
+            Nodes::Single(url) => Opener::Single(Box::new(self.client(url)?)),
             Nodes::Cluster(seeds) => {
                 let mut builder = ClusterClientBuilder::new(seeds.clone())
                     .connection_timeout(CONNECT_TIMEOUT)
@@ -165,19 +168,22 @@ impl Target {
                 }
                 Opener::Cluster(Box::new(builder.build().map_err(unavailable)?))
             }
-            Nodes::Sentinel { .. } => Opener::Sentinel(Arc::new(self.sentinel_client()?)),
+            Nodes::Sentinel {
+                sentinels,
+                credentials,
+                master,
+            } => Opener::Sentinel(self.sentinel_client(sentinels, credentials, master)?),
         })
     }
 
-    fn sentinel_client(&self) -> Result<Mutex<SentinelClient>> {
-        let Nodes::Sentinel {
-            sentinels,
-            credentials,
-            master,
-        } = &self.nodes
-        else {
-            return Err(unavailable("not a Sentinel URL"));
-        };
+    /// A client asking the Sentinels at `sentinels` for `master`, with the master's
+    /// credentials from the URL `credentials`.
+    fn sentinel_client(
+        &self,
+        sentinels: &[String],
+        credentials: &str,
+        master: &str,
+    ) -> Result<Arc<Mutex<SentinelClient>>> {
         let addrs = sentinels
             .iter()
             .map(|u| {
@@ -190,10 +196,7 @@ impl Target {
             .collect::<Result<Vec<_>>>()?;
         let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
             .map_err(unavailable)?;
-        let info = credentials
-            .as_str()
-            .into_connection_info()
-            .map_err(unavailable)?;
+        let info = credentials.into_connection_info().map_err(unavailable)?;
         if let Some(user) = info.redis_settings().username() {
             builder = builder.set_client_to_redis_username(user);
         }
@@ -210,7 +213,7 @@ impl Target {
                     .set_client_to_sentinel_certificates(certs);
             }
         }
-        Ok(Mutex::new(builder.build().map_err(unavailable)?))
+        Ok(Arc::new(Mutex::new(builder.build().map_err(unavailable)?)))
     }
 
     /// The shared connection and the pool of blocking ones.
@@ -243,23 +246,20 @@ impl Target {
 
     /// Where the change subscription subscribes, tried in turn.
     pub(super) fn subscribers(&self) -> Result<Subscribers> {
-        Ok(match self.opener()? {
-            Opener::Sentinel(sentinel) => Subscribers::Master(sentinel),
-            Opener::Single(client) => Subscribers::Nodes(vec![*client], 0),
-            Opener::Cluster(_) => {
-                let Nodes::Cluster(seeds) = &self.nodes else {
-                    return Err(unavailable("not a cluster URL"));
-                };
-                let clients = seeds
+        Ok(match &self.nodes {
+            Nodes::Single(url) => Subscribers::Nodes(vec![self.client(url)?], 0),
+            Nodes::Cluster(seeds) => Subscribers::Nodes(
+                seeds
                     .iter()
-                    .map(|u| match self.certificates() {
-                        Some(certs) => redis::Client::build_with_tls(u.as_str(), certs),
-                        None => redis::Client::open(u.as_str()),
-                    })
-                    .collect::<redis::RedisResult<Vec<_>>>()
-                    .map_err(unavailable)?;
-                Subscribers::Nodes(clients, 0)
-            }
+                    .map(|u| self.client(u))
+                    .collect::<Result<Vec<_>>>()?,
+                0,
+            ),
+            Nodes::Sentinel {
+                sentinels,
+                credentials,
+                master,
+            } => Subscribers::Master(self.sentinel_client(sentinels, credentials, master)?),
         })
     }
 }
