@@ -4,9 +4,9 @@
 //! `{nodes}` slot, beside the run's partition): the lease and the count are one step.
 //! A cluster refuses a script whose keys span two slots, so there the count is kept by
 //! the calls around the run scripts, each in the node's own slot (`{held:<node>}`): a
-//! run is reserved on its node before the partition's script leases it (refused when the node is full),
-//! the reservation is extended before each lease renewal and released once the run
-//! leaves the node. The store stays the judge of a node's window: every lease is
+//! run is reserved on its node before the partition's script leases it (refused when
+//! the node is full), the reservation is extended before each lease renewal and
+//! released once the run leaves the node. The store stays the judge of a node's window: every lease is
 //! preceded by a reservation that outlasts it, so a node never holds more than its
 //! window; a reservation left by an instance that died between two steps (or by a
 //! run dropped from a full job index while held) lapses at its end, so a node can

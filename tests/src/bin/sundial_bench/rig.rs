@@ -1,8 +1,7 @@
 //! What a scenario runs against: a throwaway Redis (no persistence), a throwaway Redis
 //! Cluster (three masters, no replicas: the machine's cores serve only what is used) or
-//! an embedded store,
-//! one or two `sundial serve` processes of the bench's own build profile, and
-//! `test_executor` processes journalling every handler start and finish. Everything is
+//! an embedded store, one or two `sundial serve` processes of the bench's own build
+//! profile, and `test_executor` processes journalling every handler start and finish. Everything is
 //! torn down when the rig drops.
 
 use std::path::PathBuf;
