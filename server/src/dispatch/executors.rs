@@ -720,11 +720,12 @@ impl Executors {
     }
 
     /// Handles a batch of messages in their order, except that each stretch of run
-    /// reports (`Started`, `Result`) naming distinct runs goes to the store concurrently:
-    /// a report never overtakes an earlier message about the same run. Each message's
-    /// replies are sent on `tx` as soon as its store call is done (a `StartAck` never
-    /// waits for the rest of its batch); the status that ends the stream if one message
-    /// did. A stream whose receiving side is gone stops being answered.
+    /// reports (`Started`, `Result`) naming distinct runs goes to the store concurrently
+    /// (its `Started` reports in one call): a report never overtakes an earlier message
+    /// about the same run. Each message's replies are sent on `tx` as soon as its store
+    /// call is done (a `StartAck` never waits for a `Result`); the status that ends the
+    /// stream if one message did. A stream whose receiving side is gone stops being
+    /// answered.
     async fn handle_batch(
         &self,
         state: &Mutex<NodeState>,
@@ -749,13 +750,27 @@ impl Executors {
                 }
                 Stretch::Reports(reports) => reports,
             };
-            let mut reported = futures::stream::iter(reports)
-                .map(|m| self.report(state, m))
-                .buffered(REPORT_CONCURRENCY);
-            while let Some(r) = reported.next().await {
-                if !send(self.settle(state, r?).await?).await {
-                    return Ok(());
+            // The stretch's `Started` reports go to the store in one call, beside its
+            // other reports (each a call of its own).
+            let (starts, others): (Vec<_>, Vec<_>) = reports
+                .into_iter()
+                .partition(|m| matches!(m.msg, Some(Msg::Started(_))));
+            let started =
+                async { Ok::<_, Status>(send(self.start_many(state, starts).await?).await) };
+            let reported = async {
+                let mut reported = futures::stream::iter(others)
+                    .map(|m| self.report(state, m))
+                    .buffered(REPORT_CONCURRENCY);
+                while let Some(r) = reported.next().await {
+                    if !send(self.settle(state, r?).await?).await {
+                        return Ok(false);
+                    }
                 }
+                Ok::<_, Status>(true)
+            };
+            let (started, reported) = futures::try_join!(started, reported)?;
+            if !started || !reported {
+                return Ok(());
             }
         }
         Ok(())
@@ -918,41 +933,7 @@ impl Executors {
                     .runs
                     .mark_started(&stored_id(&run), &holder(state, &run))
                     .await?;
-                let why = match t.applied {
-                    Applied::Yes | Applied::Already => {
-                        return Ok(Reported::Started {
-                            reply: vec![Out::StartAck(pb::StartAck {
-                                run: Some(run),
-                                go: true,
-                                reason: String::new(),
-                            })],
-                            refused: None,
-                        });
-                    }
-                    Applied::No(why) => why,
-                };
-                if !is_foreign(&why) {
-                    // A dispatch that waited past its lease (e.g. unread in a frozen
-                    // process): the handler must not start.
-                    info!(schedule_id = %run.schedule_id, token = run.fencing_token, %why, "start refused: the lease is gone");
-                    self.dispatcher.start_refused();
-                }
-                let reason = format!("no lease for this run: {why}");
-                Ok(Reported::Started {
-                    reply: vec![
-                        Out::StartAck(pb::StartAck {
-                            run: Some(run.clone()),
-                            go: false,
-                            reason: reason.clone(),
-                        }),
-                        // For executors that start without waiting for the answer.
-                        Out::Cancel(pb::Cancel {
-                            run: Some(run),
-                            reason,
-                        }),
-                    ],
-                    refused: Some(why),
-                })
+                Ok(self.started(run, t.applied))
             }
             Some(Msg::Result(r)) => {
                 let run = run_ref(r.run.clone(), "result")?;
@@ -1022,6 +1003,75 @@ impl Executors {
             }
             _ => Err(Status::internal("report: not a run report")),
         }
+    }
+
+    /// The replies to a `Started` the store answered `applied`: the go-ahead, or its
+    /// refusal and a `Cancel`.
+    fn started(&self, run: pb::RunRef, applied: Applied) -> Reported {
+        let why = match applied {
+            Applied::Yes | Applied::Already => {
+                return Reported::Started {
+                    reply: vec![Out::StartAck(pb::StartAck {
+                        run: Some(run),
+                        go: true,
+                        reason: String::new(),
+                    })],
+                    refused: None,
+                };
+            }
+            Applied::No(why) => why,
+        };
+        if !is_foreign(&why) {
+            // A dispatch that waited past its lease (e.g. unread in a frozen
+            // process): the handler must not start.
+            info!(schedule_id = %run.schedule_id, token = run.fencing_token, %why, "start refused: the lease is gone");
+            self.dispatcher.start_refused();
+        }
+        let reason = format!("no lease for this run: {why}");
+        Reported::Started {
+            reply: vec![
+                Out::StartAck(pb::StartAck {
+                    run: Some(run.clone()),
+                    go: false,
+                    reason: reason.clone(),
+                }),
+                // For executors that start without waiting for the answer.
+                Out::Cancel(pb::Cancel {
+                    run: Some(run),
+                    reason,
+                }),
+            ],
+            refused: Some(why),
+        }
+    }
+
+    /// A stretch's `Started` reports in one store call (`mark_started_many`), each
+    /// answered as [`report`](Self::report) answers one; the replies in order.
+    async fn start_many(
+        &self,
+        state: &Mutex<NodeState>,
+        msgs: Vec<pb::ExecutorMessage>,
+    ) -> Result<Vec<Out>, Status> {
+        let runs = msgs
+            .into_iter()
+            .map(|m| match m.msg {
+                Some(Msg::Started(s)) => run_ref(s.run, "started"),
+                _ => Err(Status::internal("start_many: not a Started")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let reports: Vec<(String, Holder)> = runs
+            .iter()
+            .map(|run| (stored_id(run), holder(state, run)))
+            .collect();
+        let answers = self.store.runs.mark_started_many(&reports).await?;
+        let mut out = Vec::with_capacity(runs.len());
+        for (run, applied) in runs.into_iter().zip(answers) {
+            out.extend(self.settle(state, self.started(run, applied)).await?);
+        }
+        Ok(out)
     }
 
     /// What a run report leaves for the stream: the reply, and for an applied result

@@ -305,6 +305,20 @@ pub trait RunStore: StoreMeta {
     /// the reason ([`Holder::refusal`], [`UNKNOWN_RUN`], or the state).
     async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition>;
 
+    /// [`mark_started`](Self::mark_started) of each `(schedule_id, holder)` report, the
+    /// answers in the order given. A report refused (an unknown run, another node's
+    /// lease, a stale token, a run no longer DISPATCHED) is answered `No` with its
+    /// reason and changes nothing; the others are applied all the same. Redis makes
+    /// one script call per partition; this default makes the calls concurrently (the
+    /// embedded store commits them together).
+    async fn mark_started_many(&self, reports: &[(String, Holder)]) -> Result<Vec<Applied>> {
+        let calls = reports
+            .iter()
+            .map(|(schedule_id, holder)| self.mark_started(schedule_id, holder));
+        let done = futures::future::try_join_all(calls).await?;
+        Ok(done.into_iter().map(|t| t.applied).collect())
+    }
+
     /// Takes back a dispatch its node never answered, because the node went silent
     /// (the instance holding its stream heard nothing from it for about a second after
     /// the dispatch): if `holder` holds the run's lease under its token and the run is

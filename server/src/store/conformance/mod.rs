@@ -98,6 +98,7 @@ macro_rules! store_conformance_tests {
                 assign_run_race: options,
                 begin_and_assign_in_one_decision: options,
                 mark_started_transitions: options,
+                mark_started_many_applies_each_report: options,
                 reports_only_from_the_lease_holder: options,
                 renew_leases_extend_and_confirm: options,
                 finish_run_outcomes: options,

@@ -813,6 +813,83 @@ pub async fn mark_started_transitions(store: Arc<dyn Store>) {
     assert_eq!(t.run, None);
 }
 
+/// `mark_started_many` answers each report as `mark_started` would, in order (runs of
+/// two jobs, with whatever partitions they hash to): one refused (a stale token, a run
+/// not leased, an unknown run) changes nothing and the others are applied all the same.
+pub async fn mark_started_many_applies_each_report(store: Arc<dyn Store>) {
+    for id in ["many-a", "many-b"] {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    let mut granted = Vec::new();
+    for (id, at) in [
+        ("many-a", 1000),
+        ("many-a", 2000),
+        ("many-a", 3000),
+        ("many-b", 1000),
+    ] {
+        let r = begin(&store, planned_run(id, at, plan(OverlapPolicy::Allow)))
+            .await
+            .run;
+        let slot = slot("n", 0);
+        granted.push(grant(&store, &r.schedule_id, 1, &slot, terms(30_000, 10_000)).await);
+    }
+    let waiting = begin(
+        &store,
+        planned_run("many-a", 4000, plan(OverlapPolicy::Allow)),
+    )
+    .await
+    .run;
+    let stale = Holder {
+        token: granted[1].fencing_token + 1,
+        ..Holder::of(&granted[1])
+    };
+    let reports = vec![
+        (granted[0].schedule_id.clone(), Holder::of(&granted[0])),
+        (granted[1].schedule_id.clone(), stale),
+        (waiting.schedule_id.clone(), holder("n", 1)),
+        ("many-a@404".to_owned(), holder("n", 1)),
+        (granted[2].schedule_id.clone(), Holder::of(&granted[2])),
+        (granted[3].schedule_id.clone(), Holder::of(&granted[3])),
+        ("no-separator".to_owned(), holder("n", 1)),
+    ];
+    let before = now(&store).await;
+    let answers = store.mark_started_many(&reports).await.expect("start");
+    let after = now(&store).await;
+    assert_eq!(answers.len(), reports.len());
+    assert_eq!(answers[0], Applied::Yes);
+    assert_eq!(answers[1], Applied::No("stale fencing token".to_owned()));
+    assert!(
+        matches!(answers[2], Applied::No(_)),
+        "not leased: {answers:?}"
+    );
+    assert_eq!(answers[3], Applied::No(UNKNOWN_RUN.to_owned()));
+    assert_eq!(answers[4], Applied::Yes);
+    assert_eq!(answers[5], Applied::Yes);
+    assert_eq!(answers[6], Applied::No(UNKNOWN_RUN.to_owned()));
+    for i in [0, 2, 3] {
+        let run = get(&store, &granted[i].schedule_id).await;
+        assert_eq!(run.state, RunState::Running, "{i}");
+        let started = run.started_at.expect("started_at");
+        assert_near(started, before, after, 0, "started_at");
+        assert_eq!(run.deadlines.confirm_by, 0);
+    }
+    let untouched = get(&store, &granted[1].schedule_id).await;
+    assert_eq!(untouched, granted[1], "a refused report changes nothing");
+    assert_eq!(
+        get(&store, &waiting.schedule_id).await.state,
+        RunState::Waiting
+    );
+
+    // Sent again: already started, and the refused one now goes through.
+    let again = vec![
+        (granted[0].schedule_id.clone(), Holder::of(&granted[0])),
+        (granted[1].schedule_id.clone(), Holder::of(&granted[1])),
+    ];
+    let answers = store.mark_started_many(&again).await.expect("start");
+    assert_eq!(answers, vec![Applied::Already, Applied::Yes]);
+    assert!(store.mark_started_many(&[]).await.expect("none").is_empty());
+}
+
 /// Every report about a run (start, result, reject, progress, logs) is applied only
 /// from the node that holds its lease, with its token: another node quoting the right
 /// token is refused "not the lease holder" and changes nothing; the holder's own

@@ -197,6 +197,7 @@ scripts!(
     assign_run,
     begin_and_assign,
     mark_started,
+    mark_started_many,
     take_back_unconfirmed,
     renew_leases,
     shorten_leases,

@@ -264,6 +264,47 @@ impl RunStore for RedisStore {
         self.run_transition(script, schedule_id, &args).await
     }
 
+    async fn mark_started_many(&self, reports: &[(String, Holder)]) -> Result<Vec<Applied>> {
+        let mut out = vec![Applied::No(UNKNOWN_RUN.to_owned()); reports.len()];
+        let mut by_part: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (i, (schedule_id, _)) in reports.iter().enumerate() {
+            if let Some((job_id, _)) = split_schedule_id(schedule_id) {
+                by_part.entry(self.part(job_id)).or_default().push(i);
+            }
+        }
+        // One call per partition, sent together (pipelined on the shared connection).
+        let calls = by_part.into_iter().map(|(p, idx)| async move {
+            let mut inv = self.inner.scripts.mark_started_many.prepare_invoke();
+            inv.arg(self.pfx(p));
+            for &i in &idx {
+                let (schedule_id, holder) = &reports[i];
+                inv.arg(schedule_id)
+                    .arg(&holder.node_id)
+                    .arg(holder.token.to_string());
+            }
+            let mut c = self.conn().await?;
+            let r: Vec<String> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+            if r.len() != idx.len() * 2 {
+                return Err(corrupt(format!(
+                    "mark_started_many answered {} fields for {} reports",
+                    r.len(),
+                    idx.len()
+                )));
+            }
+            Ok((idx, r))
+        });
+        for (idx, r) in futures::future::try_join_all(calls).await? {
+            for (&i, answer) in idx.iter().zip(r.chunks(2)) {
+                out[i] = match answer[0].as_str() {
+                    "yes" => Applied::Yes,
+                    "already" => Applied::Already,
+                    _ => Applied::No(answer[1].clone()),
+                };
+            }
+        }
+        Ok(out)
+    }
+
     async fn take_back_unconfirmed(
         &self,
         schedule_id: &str,

@@ -181,6 +181,27 @@ local function save_run(P, run)
   return json
 end
 
+-- An executor's `Started` for run `sid` under `token`: DISPATCHED → RUNNING (the
+-- store's now as started_at, confirm_by cleared), saved. Returns the answer ('yes',
+-- 'already' when RUNNING under the same lease, 'no'), the reason of a 'no', and the
+-- run (nil when there is none) with, when 'yes', its record as written.
+local function start_run(P, sid, node, token)
+  local run, refused = reported_run(P, sid, node, token)
+  if not run or refused then
+    return 'no', refused, run
+  end
+  if run.state == 'RUNNING' then
+    return 'already', '', run
+  end
+  if run.state ~= 'DISPATCHED' then
+    return 'no', 'run is ' .. run.state, run
+  end
+  run.state = 'RUNNING'
+  run.started_at = store_now_ms()
+  run.deadlines.confirm_by = 0
+  return 'yes', '', run, save_run(P, run)
+end
+
 -- Every deadline unset (0; left out of the record until one is set).
 local function clear_deadlines(run)
   run.deadlines = setmetatable({}, DEADLINES_MT)
