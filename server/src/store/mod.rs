@@ -29,7 +29,7 @@
 
 mod apps;
 mod audit;
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod embedded;
 mod jobs;

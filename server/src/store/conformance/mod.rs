@@ -1,6 +1,7 @@
 //! The store conformance suite: the behaviour every `Store` backend must share, written
 //! once and run against each backend, so "same semantics" is a test result and not a
-//! promise.
+//! promise. Also built with the `testing` feature, so a benchmark makes the records
+//! the checks make (`sundial-bench steps`).
 //!
 //! Each check is a `pub async fn` taking a fresh, empty store. A backend's test module
 //! runs the whole suite in one line, given an async constructor that takes the
@@ -65,6 +66,7 @@ pub use triggers::*;
 /// module with one submodule per store trait (`store_conformance::run_store::…`).
 /// `$make` is a closure `|opts: StoreOptions| async move { … }` returning any `Store`;
 /// it is called once per test with the options that test needs.
+#[cfg(test)]
 macro_rules! store_conformance_tests {
     ($make:expr) => {
         $crate::store::conformance::store_conformance_tests!(@suite $make;
@@ -175,6 +177,7 @@ macro_rules! store_conformance_tests {
         }
     };
 }
+#[cfg(test)]
 pub(crate) use store_conformance_tests;
 
 /// Builds a store through the backend's constructor closure (the bound lets the closure's

@@ -380,13 +380,28 @@ pub async fn commandstats(url: &str) -> Result<BTreeMap<String, u64>> {
 
 /// Script calls and the time Redis spent in them, since it started.
 #[derive(Debug, Clone, Copy, Default)]
-struct ScriptTime {
-    calls: u64,
-    usec: u64,
+pub struct ScriptTime {
+    pub calls: u64,
+    pub usec: u64,
+}
+
+impl ScriptTime {
+    /// What was spent between an `earlier` reading and this one.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            calls: self.calls.saturating_sub(earlier.calls),
+            usec: self.usec.saturating_sub(earlier.usec),
+        }
+    }
+
+    pub fn add(&mut self, other: Self) {
+        self.calls += other.calls;
+        self.usec += other.usec;
+    }
 }
 
 /// `INFO commandstats`' calls and usec of `fcall`, `evalsha` and `eval`, summed.
-async fn script_time(url: &str) -> Result<ScriptTime> {
+pub async fn script_time(url: &str) -> Result<ScriptTime> {
     let info = redis_info(url, "commandstats").await?;
     let mut total = ScriptTime::default();
     for line in info.lines() {
@@ -435,7 +450,7 @@ async fn redis_cpu_us(url: &str) -> Result<u64> {
 
 /// The CPU (utime + stime) of these processes so far, µs, from `/proc/<pid>/stat`
 /// (in clock ticks of 1/100 s, Linux's `USER_HZ`).
-fn processes_cpu_us(pids: &[u32]) -> Result<u64> {
+pub fn processes_cpu_us(pids: &[u32]) -> Result<u64> {
     let mut total = 0;
     for pid in pids {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;

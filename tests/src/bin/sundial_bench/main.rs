@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Scenarios: `burst`, `sustained` (with webhooks), `unary`, `idle`, `registered`,
-//! `executors` and `failover` (see their modules). `burst` and `sustained` also count what a run costs
+//! `executors`, `failover` and `steps` (see their modules). `burst` and `sustained` also count what a run costs
 //! (`cost`): Redis commands, Redis CPU and server CPU per run, read against
 //! `redis-benchmark` on the same Redis.
 
@@ -25,6 +25,7 @@ mod idle;
 mod registered;
 mod rig;
 mod stats;
+mod steps;
 mod streams;
 mod sustained;
 mod unary;
@@ -38,6 +39,7 @@ use crate::failover::FailoverArgs;
 use crate::idle::IdleArgs;
 use crate::registered::RegisteredArgs;
 use crate::rig::{Binaries, StoreKind};
+use crate::steps::StepsArgs;
 use crate::streams::StreamsArgs;
 use crate::sustained::SustainedArgs;
 use crate::unary::UnaryArgs;
@@ -73,6 +75,9 @@ enum Scenario {
     /// An executor SIGKILLed mid-run: kill → its runs' attempt 2 starting elsewhere;
     /// `--freeze`: one SIGSTOPped before a stream of runs: trigger → start.
     Failover(FailoverArgs),
+    /// The three hot run steps alone on one Redis, no server: Redis µs per run in
+    /// each, commands per run by name, the store client's CPU (Redis only).
+    Steps(StepsArgs),
     /// Every scenario, on every store it supports.
     All,
 }
@@ -125,6 +130,14 @@ fn quick_sustained(store: StoreKind) -> SustainedArgs {
         store,
         monitor: true,
         timeout_s: 120,
+    }
+}
+
+fn quick_steps() -> StepsArgs {
+    StepsArgs {
+        runs: 640,
+        jobs: 100,
+        batch: 64,
     }
 }
 
@@ -181,6 +194,10 @@ async fn main() -> Result<()> {
                 args.calls = QUICK_CALLS;
             }
             problems.extend(finish(&unary::run(&bins, &args).await?)?);
+        }
+        Scenario::Steps(args) => {
+            let args = if quick { quick_steps() } else { args.clone() };
+            problems.extend(finish(&steps::run(&args).await?)?);
         }
         Scenario::Idle(args) => {
             let args = if quick { quick_idle() } else { args.clone() };
@@ -255,6 +272,8 @@ async fn main() -> Result<()> {
                 }
                 problems.extend(finish(&unary::run(&bins, &args).await?)?);
             }
+            let args = if quick { quick_steps() } else { defaults() };
+            problems.extend(finish(&steps::run(&args).await?)?);
             let args = if quick { quick_idle() } else { defaults() };
             problems.extend(finish(&idle::run(&bins, &args).await?)?);
             let mut args: RegisteredArgs = defaults();
