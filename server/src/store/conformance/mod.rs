@@ -38,7 +38,7 @@ use super::{
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
-    RetryPolicy, RunPlan, RunRecord, RunState, Target, Trigger, TriggerKind, WebhookBody,
+    RetryPolicy, RunEvent, RunPlan, RunRecord, RunState, Target, Trigger, TriggerKind, WebhookBody,
     schedule_id,
 };
 
@@ -138,6 +138,7 @@ macro_rules! store_conformance_tests {
                 clean_admissions: options,
                 a_closed_breaker_ramps_up: options,
                 run_history_notes_each_step: options,
+                run_history_keeps_the_last_steps: options,
             }
             app_store {
                 apps_and_rotation: options,

@@ -1077,3 +1077,79 @@ pub async fn run_history_notes_each_step(store: Arc<dyn Store>) {
     assert!(at.windows(2).all(|w| w[0] <= w[1]), "in order: {at:?}");
     assert!(at[0] >= run.created_at, "{at:?} from {}", run.created_at);
 }
+
+/// A run's history keeps its last [`RunEvent::KEPT`] steps, oldest first, on every
+/// store; a record given with steps of its own (`record_run`) keeps them before the
+/// store's.
+pub async fn run_history_keeps_the_last_steps(store: Arc<dyn Store>) {
+    store.create_job(job("kept", None)).await.expect("create");
+    let given_steps = vec![
+        RunEvent {
+            at: 5,
+            what: "TRIGGERED".to_owned(),
+            attempt: 1,
+            node_id: String::new(),
+            detail: "earlier".to_owned(),
+        },
+        RunEvent {
+            at: 6,
+            what: "WAITING".to_owned(),
+            attempt: 1,
+            node_id: "somewhere".to_owned(),
+            detail: String::new(),
+        },
+    ];
+    let given = RunRecord {
+        history: given_steps.clone(),
+        ..run("kept", 1_000_000, 0)
+    };
+    let recorded = store.record_run(given).await.expect("record").run;
+    assert_eq!(recorded.history[..2], given_steps[..]);
+    assert_eq!(recorded.history.len(), 3, "{:?}", recorded.history);
+    assert_eq!(recorded.history[2].what, "TRIGGERED");
+    assert_eq!(
+        get(&store, &recorded.schedule_id).await.history,
+        recorded.history
+    );
+
+    // Begun (1 step), then 20 dispatches each rejected (2 steps each): 41 steps.
+    let r = begin(
+        &store,
+        planned_run("kept", 2000, plan(OverlapPolicy::Allow)),
+    )
+    .await
+    .run;
+    let sid = r.schedule_id.as_str();
+    let rejection = Outcome {
+        error_message: "busy".to_owned(),
+        ..outcome(RunState::Waiting)
+    };
+    for i in 0..20 {
+        let g = grant(&store, sid, 1, &slot(&format!("kept-{}", i % 2), 0), LONG).await;
+        let t = store
+            .finish_run(sid, Finisher::Holder(Holder::of(&g)), rejection.clone())
+            .await
+            .expect("reject");
+        assert_eq!(t.applied, Applied::Yes);
+    }
+    let run = get(&store, sid).await;
+    assert_eq!(run.history.len(), RunEvent::KEPT);
+    // The first 9 steps fell out: step 9 (the fifth dispatch, to kept-0) is the oldest.
+    let whats: Vec<(&str, &str)> = run
+        .history
+        .iter()
+        .map(|e| (e.what.as_str(), e.node_id.as_str()))
+        .collect();
+    for (i, w) in whats.iter().enumerate() {
+        let node = if (i + 9) % 4 == 1 || (i + 9) % 4 == 2 {
+            "kept-0"
+        } else {
+            "kept-1"
+        };
+        let what = if i % 2 == 0 { "DISPATCHED" } else { "WAITING" };
+        assert_eq!(*w, (what, node), "step {i} of {whats:?}");
+    }
+    assert_eq!(run.history[31].detail, "rejected: busy");
+    let at: Vec<Millis> = run.history.iter().map(|e| e.at).collect();
+    assert!(at.windows(2).all(|w| w[0] <= w[1]), "in order: {at:?}");
+}
