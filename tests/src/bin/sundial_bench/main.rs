@@ -138,6 +138,7 @@ fn quick_steps() -> StepsArgs {
         runs: 640,
         jobs: 100,
         batch: 64,
+        whole: false,
     }
 }
 

@@ -38,6 +38,11 @@ pub struct StepsArgs {
     /// node's window is this size (so its count is checked and never full).
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
+    /// Read Redis's statistics only before and after, not between the steps (each
+    /// reading is an `INFO` call, which at small batches sits between every two script
+    /// calls): the three steps' total only.
+    #[arg(long)]
+    pub whole: bool,
 }
 
 /// One step's cost per run.
@@ -56,8 +61,9 @@ pub struct StepsReport {
     pub runs: usize,
     pub jobs: usize,
     pub batch: usize,
+    /// Each step's cost (none with `--whole`).
     pub steps: Vec<StepCost>,
-    /// The three steps' Redis time per run, summed.
+    /// The three steps' Redis time per run inside their scripts.
     pub redis_us_per_run: f64,
     pub commands_per_run: f64,
     /// Every command run per run, by name (scripts' inner commands included).
@@ -85,12 +91,21 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
     let node = slot("bench-node", u32::try_from(args.batch)?);
     let lease = terms(60_000, 30_000);
     let mut spent = [ScriptTime::default(); 3];
+    let whole_before = script_time(&url).await?;
+    // Between the steps, unless only the whole is read.
+    let reading = |url: String| async move {
+        if args.whole {
+            Ok(ScriptTime::default())
+        } else {
+            script_time(&url).await
+        }
+    };
     let (mut granted, mut started, mut succeeded) = (0, 0, 0);
     let calls_before = commandstats(&url).await?;
     let cpu_before = processes_cpu_us(&[std::process::id()])?;
     for first in (0..args.runs).step_by(args.batch) {
         let batch = first..(first + args.batch).min(args.runs);
-        let t0 = script_time(&url).await?;
+        let t0 = reading(url.clone()).await?;
         let begins = batch.map(|i| {
             let job_id = format!("step-{}", i % args.jobs);
             let at = 1_000_000 + i64::try_from(i / args.jobs)? * 1000;
@@ -110,10 +125,10 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
             }
         }
         granted += held.len();
-        let t1 = script_time(&url).await?;
+        let t1 = reading(url.clone()).await?;
         let answers = store.mark_started_many(&held).await?;
         started += answers.iter().filter(|a| **a == Applied::Yes).count();
-        let t2 = script_time(&url).await?;
+        let t2 = reading(url.clone()).await?;
         let finishes = held.iter().map(|(sid, holder)| {
             store.finish_run(
                 sid,
@@ -130,11 +145,12 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
                     .is_some_and(|r| r.state == RunState::Succeeded)
             })
             .count();
-        let t3 = script_time(&url).await?;
+        let t3 = reading(url.clone()).await?;
         for (s, (a, b)) in spent.iter_mut().zip([(t0, t1), (t1, t2), (t2, t3)]) {
             s.add(b.since(a));
         }
     }
+    let whole = script_time(&url).await?.since(whole_before);
     let cpu = processes_cpu_us(&[std::process::id()])?.saturating_sub(cpu_before);
     let calls = calls_since(&calls_before, &commandstats(&url).await?);
     let n = args.runs as f64;
@@ -147,6 +163,7 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
     let steps: Vec<StepCost> = STEPS
         .iter()
         .zip(spent)
+        .filter(|_| !args.whole)
         .map(|(step, t)| StepCost {
             step,
             redis_us_per_run: t.usec as f64 / n,
@@ -158,7 +175,7 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
         runs: args.runs,
         jobs: args.jobs,
         batch: args.batch,
-        redis_us_per_run: steps.iter().map(|s| s.redis_us_per_run).sum(),
+        redis_us_per_run: whole.usec as f64 / n,
         steps,
         commands_per_run: by_name.values().sum(),
         commands_per_run_by_name: by_name,
