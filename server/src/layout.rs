@@ -164,7 +164,7 @@ const STORE_TRAITS: &[(&str, &[&str])] = &[
         &["JobStore", "TriggerQueue", "RunStore", "NodeRegistry"],
     ),
     ("dispatch/dispatcher/node_cache.rs", &["NodeRegistry"]),
-    ("dispatch/executors.rs", &["RunStore", "NodeRegistry"]),
+    ("dispatch/executors/mod.rs", &["RunStore", "NodeRegistry"]),
     ("dispatch/http_target.rs", &["RunStore"]),
     ("dispatch/sweeper.rs", &["RunStore"]),
     ("dispatch/links.rs", &["Inboxes"]),

@@ -21,7 +21,11 @@
 //! entry and leases never wait behind other messages' store calls; the session task
 //! handles the rest in batches, the
 //! `Started` / `Result` reports about distinct runs concurrently, never one overtaking
-//! an earlier message about the same run.
+//! an earlier message about the same run (`stretches` cuts a batch so). `node_service`
+//! answers the operators' `NodeService` over the same registry.
+
+mod node_service;
+mod stretches;
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -31,7 +35,6 @@ use futures::{Stream, StreamExt as _};
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::executor_message::Msg;
 use sundial_proto::v1::executor_service_server::ExecutorService;
-use sundial_proto::v1::node_service_server::NodeService;
 use sundial_proto::v1::server_message::Msg as Out;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -39,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use self::stretches::{Stretch, stretches};
 use crate::auth::Authenticator;
 use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::{Links, Outgoing, StreamSender};
@@ -1246,56 +1250,6 @@ fn run_ref(r: Option<pb::RunRef>, what: &str) -> Result<pb::RunRef, Status> {
         .ok_or_else(|| Status::invalid_argument(format!("{what}.run: required")))
 }
 
-/// The stored run a run report (`Started`, `Result`) names; None for other messages
-/// and for a report that names none (handled on its own, and refused).
-fn report_key(m: &pb::ExecutorMessage) -> Option<String> {
-    let run = match &m.msg {
-        Some(Msg::Started(s)) => s.run.as_ref(),
-        Some(Msg::Result(r)) => r.run.as_ref(),
-        _ => None,
-    }?;
-    (!run.schedule_id.is_empty()).then(|| stored_id(run))
-}
-
-/// A batch cut for handling: a message handled on its own, or run reports about
-/// distinct runs, which may go to the store at once.
-#[derive(Debug, PartialEq)]
-enum Stretch {
-    One(pb::ExecutorMessage),
-    Reports(Vec<pb::ExecutorMessage>),
-}
-
-/// Cuts a batch, in order, into stretches: each maximal run of reports naming distinct
-/// runs is one stretch (a second report about a run starts the next), every other
-/// message one of its own.
-fn stretches(msgs: Vec<pb::ExecutorMessage>) -> Vec<Stretch> {
-    let mut out = Vec::new();
-    let mut current: Vec<pb::ExecutorMessage> = Vec::new();
-    let mut runs = std::collections::HashSet::new();
-    for m in msgs {
-        match report_key(&m) {
-            Some(key) => {
-                if !runs.insert(key.clone()) {
-                    out.push(Stretch::Reports(std::mem::take(&mut current)));
-                    runs = std::collections::HashSet::from([key]);
-                }
-                current.push(m);
-            }
-            None => {
-                if !current.is_empty() {
-                    out.push(Stretch::Reports(std::mem::take(&mut current)));
-                    runs.clear();
-                }
-                out.push(Stretch::One(m));
-            }
-        }
-    }
-    if !current.is_empty() {
-        out.push(Stretch::Reports(current));
-    }
-    out
-}
-
 /// What the reader task hands the session (a message boxed: see [`Outgoing`]).
 enum Read {
     Message(Box<pb::ExecutorMessage>),
@@ -1350,34 +1304,6 @@ fn stored_id(r: &pb::RunRef) -> String {
     crate::model::RunRecord::held_id(&r.schedule_id, r.shard_index)
 }
 
-/// A registry record as `ListNodes` shows it.
-fn node_view(n: NodeRecord, nodes: &[NodeRecord], policy: &HealthPolicy) -> pb::Node {
-    let judged = health::judge(&n, nodes, policy);
-    let health = match judged.health {
-        Health::Healthy => pb::NodeHealth::Healthy,
-        Health::Slow => pb::NodeHealth::Slow,
-        Health::Failing => pb::NodeHealth::Failing,
-        Health::NotReady => pb::NodeHealth::NotReady,
-        Health::Draining => pb::NodeHealth::Draining,
-        Health::Unresponsive => pb::NodeHealth::Unresponsive,
-    };
-    pb::Node {
-        health: health as i32,
-        success_rate: health::success_rate(&n),
-        node_id: n.node_id,
-        group: n.group,
-        handlers: n.handlers,
-        weight: n.weight,
-        max_concurrency: n.max_concurrency,
-        active: n.active.max(n.leased),
-        mean_duration_ms: i64::try_from(n.mean_duration_ms).unwrap_or(i64::MAX),
-        server_instance: n.instance,
-        last_heartbeat_ms: n.last_heartbeat,
-        labels: n.labels.into_iter().collect(),
-        health_reason: judged.reason,
-    }
-}
-
 /// Cuts `s` to at most `max` bytes on a character boundary.
 fn truncate_utf8(s: &mut String, max: usize) {
     if s.len() > max {
@@ -1386,160 +1312,5 @@ fn truncate_utf8(s: &mut String, max: usize) {
             cut -= 1;
         }
         s.truncate(cut);
-    }
-}
-
-#[tonic::async_trait]
-impl NodeService for Executors {
-    async fn list_nodes(
-        &self,
-        req: Request<pb::ListNodesRequest>,
-    ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let group = req.into_inner().group;
-        if !group.is_empty() && !valid_job_id(&group) {
-            return Err(Status::invalid_argument(
-                "group: must match [A-Za-z0-9._-]{1,128}, not . or ..",
-            ));
-        }
-        let nodes = self
-            .store
-            .nodes
-            .list_nodes((!group.is_empty()).then_some(group.as_str()))
-            .await?;
-        Ok(Response::new(pb::ListNodesResponse {
-            nodes: nodes
-                .iter()
-                .map(|n| node_view(n.clone(), &nodes, &self.opts.health))
-                .collect(),
-        }))
-    }
-
-    async fn drain_node(
-        &self,
-        req: Request<pb::DrainNodeRequest>,
-    ) -> Result<Response<pb::DrainNodeResponse>, Status> {
-        let req = req.into_inner();
-        let node = self
-            .tell_node(&req.node_id, req.reason, true, |reason| {
-                Out::Drain(pb::Drain { reason })
-            })
-            .await?;
-        Ok(Response::new(pb::DrainNodeResponse { node: Some(node) }))
-    }
-
-    async fn undrain_node(
-        &self,
-        req: Request<pb::UndrainNodeRequest>,
-    ) -> Result<Response<pb::UndrainNodeResponse>, Status> {
-        let req = req.into_inner();
-        let node = self
-            .tell_node(&req.node_id, req.reason, false, |reason| {
-                Out::Undrain(pb::Undrain { reason })
-            })
-            .await?;
-        Ok(Response::new(pb::UndrainNodeResponse { node: Some(node) }))
-    }
-}
-
-impl Executors {
-    /// Drains (`draining`) or undrains the connected node `node_id`: sends it the
-    /// message `say(reason)` wherever its stream is attached, and answers the node as
-    /// it is now to be seen.
-    async fn tell_node(
-        &self,
-        node_id: &str,
-        mut reason: String,
-        draining: bool,
-        say: impl FnOnce(String) -> Out,
-    ) -> Result<pb::Node, Status> {
-        if node_id.is_empty() || node_id.len() > 256 {
-            return Err(Status::invalid_argument(
-                "node_id: required, at most 256 bytes",
-            ));
-        }
-        truncate_utf8(&mut reason, 256);
-        let nodes = self.store.nodes.list_nodes(None).await?;
-        let Some(mut node) = nodes.iter().find(|n| n.node_id == node_id).cloned() else {
-            return Err(Status::not_found(format!(
-                "node_id: no connected node {node_id:?}"
-            )));
-        };
-        if draining {
-            info!(node_id = %node.node_id, %reason, "draining node");
-        } else {
-            info!(node_id = %node.node_id, %reason, "undraining node");
-        }
-        self.links
-            .deliver(&node.node_id, &node.instance, say(reason))
-            .await;
-        node.draining = draining;
-        Ok(node_view(node, &nodes, &self.opts.health))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(id: &str) -> Option<pb::RunRef> {
-        Some(pb::RunRef {
-            schedule_id: id.into(),
-            attempt: 1,
-            fencing_token: 1,
-            shard_index: 0,
-        })
-    }
-
-    fn started(id: &str) -> pb::ExecutorMessage {
-        pb::ExecutorMessage {
-            msg: Some(Msg::Started(pb::Started { run: run(id) })),
-        }
-    }
-
-    fn result(id: &str) -> pb::ExecutorMessage {
-        pb::ExecutorMessage {
-            msg: Some(Msg::Result(pb::Result {
-                run: run(id),
-                ..Default::default()
-            })),
-        }
-    }
-
-    fn heartbeat() -> pb::ExecutorMessage {
-        pb::ExecutorMessage {
-            msg: Some(Msg::Heartbeat(pb::Heartbeat::default())),
-        }
-    }
-
-    #[test]
-    fn reports_about_distinct_runs_share_a_stretch_and_never_overtake() {
-        use Stretch::{One, Reports};
-        let cut = stretches(vec![
-            started("a@1"),
-            started("b@1"),
-            result("a@1"),
-            result("c@1"),
-            heartbeat(),
-            result("b@1"),
-            started("x@1"),
-            pb::ExecutorMessage {
-                msg: Some(Msg::Started(pb::Started { run: None })),
-            },
-        ]);
-        assert_eq!(
-            cut,
-            vec![
-                Reports(vec![started("a@1"), started("b@1")]),
-                // The second report about a@1 waits for the first.
-                Reports(vec![result("a@1"), result("c@1")]),
-                One(heartbeat()),
-                Reports(vec![result("b@1"), started("x@1")]),
-                // A report naming no run is handled (and refused) on its own.
-                One(pb::ExecutorMessage {
-                    msg: Some(Msg::Started(pb::Started { run: None })),
-                }),
-            ]
-        );
-        assert!(stretches(Vec::new()).is_empty());
     }
 }
