@@ -397,6 +397,28 @@ async fn an_operator_manages_jobs_in_a_real_browser() -> Result<()> {
     b.shows("#log", "tick 3").await?;
     b.shot("run").await?;
 
+    // A run's page opened before its run is recorded (as the "Run now" notice's link
+    // can be, a manual trigger being answered once queued) waits for it instead of
+    // answering "not found": here a fire due in a few seconds, whose schedule_id is
+    // known ahead.
+    let due = (sundial_tests::now_ms() + 3_000) / 1000 * 1000 + 1000;
+    let spec = json!({"id": "soon-demo", "cron": "* * * * * *", "startTimeMs": due,
+        "endTimeMs": due + 1, "executor": {"group": "g", "handler": "noop"}});
+    reqwest::Client::new()
+        .post(format!("{base}/api/v1/jobs"))
+        .bearer_auth(ADMIN)
+        .json(&json!({ "spec": spec }))
+        .send()
+        .await?
+        .error_for_status()?;
+    let soon = format!("soon-demo@{due}");
+    b.d()
+        .goto(format!("{base}/#/runs/{}", soon.replace('@', "%40")))
+        .await?;
+    b.shows("#run-queued", "is queued").await?;
+    b.rendered(&format!("/runs/{soon}")).await?;
+    b.shows("h1 .badge", "SUCCEEDED").await?;
+
     // A retried run's timeline has both attempts: the failure that caused the retry,
     // then the second attempt to its end.
     let flaky = trigger_run(&base, "flaky-demo", "flaky", "").await?;

@@ -818,7 +818,22 @@ async function runPage(sid, my) {
       h('div', { class: 'split' }, h('div', { class: 'card' }, h('h2', {}, 'Timeline'), timeline(run, zone)), h('div', { class: 'card' }, runFacts(run))),
     );
   };
-  const first = await api('GET', '/api/v1/runs/' + enc(sid));
+  // A manual trigger is answered with its schedule_id once it is queued; the run is
+  // recorded when a dispatcher begins it, a moment later (longer on a busy server).
+  // Until then the page says so and asks again (every 0.5 s, up to 30 s) rather than
+  // answering "not found".
+  const firstRead = async () => {
+    for (let i = 0; ; i++) {
+      try {
+        return await api('GET', '/api/v1/runs/' + enc(sid));
+      } catch (e) {
+        if (e.status !== 404 || i >= 60 || my !== view) throw e;
+        show(my, h('p', { class: 'muted', id: 'run-queued' }, 'Run ' + sid + ' is queued: waiting for it to begin…'));
+        await new Promise((resolve) => setTimeout(resolve, 500));
+      }
+    }
+  };
+  const first = await firstRead();
   try {
     zone = ((await api('GET', '/api/v1/jobs/' + enc(first.run.jobId))).job.spec.timeZone) || 'UTC';
   } catch (_) {
