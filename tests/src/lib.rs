@@ -9,6 +9,7 @@
 pub mod cli;
 pub mod failover;
 pub mod foreign;
+pub mod hooks;
 pub mod raw;
 pub mod rest;
 

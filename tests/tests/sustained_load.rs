@@ -7,19 +7,14 @@
 //! is `sundial-bench sustained`'s business, never asserted here.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::node_service_client::NodeServiceClient;
-use sundial_sdk::webhook::{MemoryNonceCache, Secret, Verifier};
+use sundial_sdk::webhook::Secret;
+use sundial_tests::hooks::SignedReceiver;
 use sundial_tests::{RedisServer, Sundial, SundialOptions, TestExecutor, wait_for};
-use tokio_util::sync::CancellationToken;
 
 const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
 /// Jobs, each firing every second.
@@ -27,100 +22,6 @@ const JOBS: usize = 60;
 /// Seconds of firing: each job fires this many times.
 const SECONDS: i64 = 5;
 const EXECUTORS: [&str; 3] = ["s1", "s2", "s3"];
-
-/// One verified delivery: the run's status and attempt as its body says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Delivered {
-    status: String,
-    attempt: i64,
-}
-
-#[derive(Default)]
-struct Inbox {
-    /// Verified deliveries by schedule_id, in arrival order.
-    by_run: BTreeMap<String, Vec<Delivered>>,
-    /// Deliveries that failed a check (signature, timestamp, replay, body).
-    refused: usize,
-}
-
-#[derive(Clone)]
-struct Checks {
-    classic: Verifier,
-    standard: Verifier,
-    inbox: Arc<Mutex<Inbox>>,
-}
-
-struct Receiver {
-    addr: SocketAddr,
-    inbox: Arc<Mutex<Inbox>>,
-    stop: CancellationToken,
-}
-
-impl Receiver {
-    async fn start(secret: &Secret) -> Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let inbox = Arc::new(Mutex::new(Inbox::default()));
-        let verifier = || Verifier::new(secret.clone()).nonce_cache(MemoryNonceCache::new(4096));
-        let checks = Checks {
-            classic: verifier(),
-            standard: verifier(),
-            inbox: inbox.clone(),
-        };
-        let app = axum::Router::new()
-            .route("/hook", axum::routing::post(hook))
-            .with_state(checks);
-        let stop = CancellationToken::new();
-        let until = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(until)
-                .await;
-        });
-        Ok(Self { addr, inbox, stop })
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/hook", self.addr)
-    }
-
-    fn read<T>(&self, f: impl FnOnce(&Inbox) -> T) -> T {
-        f(&self.inbox.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn hook(State(checks): State<Checks>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let verified = checks.classic.verify_classic(&headers, &body).is_ok()
-        && checks.standard.verify_standard(&headers, &body).is_ok();
-    let parsed = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| {
-            Some((
-                v.get("schedule_id")?.as_str()?.to_owned(),
-                Delivered {
-                    status: v.get("status")?.as_str()?.to_owned(),
-                    attempt: v.get("attempt")?.as_i64()?,
-                },
-            ))
-        });
-    let mut inbox = checks.inbox.lock().unwrap_or_else(PoisonError::into_inner);
-    match parsed {
-        Some((sid, delivered)) if verified => {
-            inbox.by_run.entry(sid).or_default().push(delivered);
-            StatusCode::OK
-        }
-        _ => {
-            inbox.refused += 1;
-            StatusCode::UNAUTHORIZED
-        }
-    }
-}
 
 /// Short sweeps; 2 s heartbeats (6 s leases), so a debug build on a loaded two-core
 /// machine renews in time (a lease lost that way would be a second start here).
@@ -138,7 +39,7 @@ async fn sustained_load_runs_and_delivers_each_once(
     dir: &std::path::Path,
 ) -> Result<()> {
     let secret = Secret::generate();
-    let receiver = Receiver::start(&secret).await?;
+    let receiver = SignedReceiver::start(&secret, 4096).await?;
     let server = Sundial::start(settings(store, &secret))?;
     let execs: Vec<TestExecutor> = EXECUTORS
         .iter()
@@ -230,13 +131,9 @@ async fn sustained_load_runs_and_delivers_each_once(
     );
     let (by_run, refused) = receiver.read(|inbox| (inbox.by_run.clone(), inbox.refused));
     ensure!(refused == 0, "{refused} deliveries failed verification");
-    let once = Delivered {
-        status: "SUCCEEDED".into(),
-        attempt: 1,
-    };
     let wrong: Vec<_> = by_run
         .iter()
-        .filter(|(_, d)| d.as_slice() != std::slice::from_ref(&once))
+        .filter(|(_, h)| !matches!(h.as_slice(), [h] if h.status == "SUCCEEDED" && h.attempt == 1))
         .take(12)
         .collect();
     ensure!(

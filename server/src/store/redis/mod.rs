@@ -486,6 +486,21 @@ impl RedisStore {
         partition_of(job_id, self.inner.partitions)
     }
 
+    /// The positions of `schedule_ids` grouped by the partition of their run (one
+    /// script call each); a schedule_id naming no job is in none.
+    fn positions_by_partition<'a>(
+        &self,
+        schedule_ids: impl Iterator<Item = &'a str>,
+    ) -> std::collections::BTreeMap<u32, Vec<usize>> {
+        let mut by_part: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (i, sid) in schedule_ids.enumerate() {
+            if let Some((job_id, _)) = split_schedule_id(sid) {
+                by_part.entry(self.part(job_id)).or_default().push(i);
+            }
+        }
+        by_part
+    }
+
     /// Nodes are not partitioned: all of them share the `{nodes}` slot.
     fn nodes_prefix(&self) -> String {
         format!("{}:{{nodes}}:", self.inner.prefix)

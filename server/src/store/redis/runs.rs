@@ -266,12 +266,7 @@ impl RunStore for RedisStore {
 
     async fn mark_started_many(&self, reports: &[(String, Holder)]) -> Result<Vec<Applied>> {
         let mut out = vec![Applied::No(UNKNOWN_RUN.to_owned()); reports.len()];
-        let mut by_part: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
-        for (i, (schedule_id, _)) in reports.iter().enumerate() {
-            if let Some((job_id, _)) = split_schedule_id(schedule_id) {
-                by_part.entry(self.part(job_id)).or_default().push(i);
-            }
-        }
+        let by_part = self.positions_by_partition(reports.iter().map(|(sid, _)| sid.as_str()));
         // One call per partition, sent together (pipelined on the shared connection).
         let calls = by_part.into_iter().map(|(p, idx)| async move {
             let mut inv = self.inner.scripts.mark_started_many.prepare_invoke();
@@ -323,12 +318,7 @@ impl RunStore for RedisStore {
     ) -> Result<Vec<Option<i64>>> {
         let mut out = vec![None; held.len()];
         // One script call per partition the held runs live in.
-        let mut by_part: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
-        for (i, h) in held.iter().enumerate() {
-            if let Some((job_id, _)) = split_schedule_id(&h.schedule_id) {
-                by_part.entry(self.part(job_id)).or_default().push(i);
-            }
-        }
+        let by_part = self.positions_by_partition(held.iter().map(|h| h.schedule_id.as_str()));
         if self.inner.shared.is_cluster() {
             // The node's reservations first, so they outlast the leases renewed below.
             // A failure does not hold the renewals back (losing the leases would

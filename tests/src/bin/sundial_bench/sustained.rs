@@ -4,20 +4,14 @@
 //! run's `finished_at_ms` in the webhook body) and due → webhook arrival; and whether
 //! every run ran once and was delivered, verified.
 
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use sundial_proto::v1 as pb;
-use sundial_sdk::webhook::{MemoryNonceCache, Secret, Verifier};
-use tokio_util::sync::CancellationToken;
+use sundial_sdk::webhook::Secret;
+use sundial_tests::hooks::{Hook, SignedReceiver};
 
 use crate::cost::{CostProbe, Costs, RedisCeiling};
 use crate::rig::{Binaries, Rig, RigSpec, StoreKind, noop_job, now_ms, register};
@@ -47,118 +41,6 @@ pub struct SustainedArgs {
     /// (what has not arrived by then is reported missing).
     #[arg(long, default_value_t = 300)]
     pub timeout_s: u64,
-}
-
-/// One delivery the receiver accepted (both schemes verified).
-#[derive(Debug, Clone)]
-struct Delivery {
-    arrived_ms: i64,
-    scheduled_at_ms: i64,
-    finished_at_ms: i64,
-    status: String,
-}
-
-/// What the receiver saw, by schedule_id.
-#[derive(Default)]
-struct Inbox {
-    /// The first verified delivery of each run.
-    first: HashMap<String, Delivery>,
-    /// Verified deliveries of a run already delivered (at least once allows them).
-    redelivered: usize,
-    /// Deliveries refused (401): a signature, timestamp or replay check failed, or the
-    /// body was not a run's webhook.
-    refused: usize,
-}
-
-struct Receiver {
-    addr: SocketAddr,
-    inbox: Arc<Mutex<Inbox>>,
-    stop: CancellationToken,
-}
-
-#[derive(Clone)]
-struct Checks {
-    /// Classic and standard, each with its own replay cache.
-    classic: Verifier,
-    standard: Verifier,
-    inbox: Arc<Mutex<Inbox>>,
-}
-
-impl Receiver {
-    /// Listens on a free local port; accepts what both schemes verify with `secret`.
-    async fn start(secret: &Secret, capacity: usize) -> Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let inbox = Arc::new(Mutex::new(Inbox::default()));
-        let verifier =
-            || Verifier::new(secret.clone()).nonce_cache(MemoryNonceCache::new(capacity));
-        let checks = Checks {
-            classic: verifier(),
-            standard: verifier(),
-            inbox: inbox.clone(),
-        };
-        let app = axum::Router::new()
-            .route("/hook", axum::routing::post(hook))
-            .with_state(checks);
-        let stop = CancellationToken::new();
-        let until = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(until)
-                .await;
-        });
-        Ok(Self { addr, inbox, stop })
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/hook", self.addr)
-    }
-
-    fn read<T>(&self, f: impl FnOnce(&Inbox) -> T) -> T {
-        f(&self.inbox.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn hook(State(checks): State<Checks>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let arrived_ms = now_ms();
-    let verified = checks.classic.verify_classic(&headers, &body).is_ok()
-        && checks.standard.verify_standard(&headers, &body).is_ok();
-    let parsed = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| {
-            let int = |name: &str| v.get(name)?.as_i64();
-            Some((
-                v.get("schedule_id")?.as_str()?.to_owned(),
-                Delivery {
-                    arrived_ms,
-                    scheduled_at_ms: int("scheduled_at_ms")?,
-                    finished_at_ms: int("finished_at_ms")?,
-                    status: v.get("status")?.as_str()?.to_owned(),
-                },
-            ))
-        });
-    let mut inbox = checks.inbox.lock().unwrap_or_else(PoisonError::into_inner);
-    match parsed {
-        Some((sid, delivery)) if verified => {
-            match inbox.first.entry(sid) {
-                Entry::Occupied(_) => inbox.redelivered += 1,
-                Entry::Vacant(v) => {
-                    v.insert(delivery);
-                }
-            }
-            StatusCode::OK
-        }
-        _ => {
-            inbox.refused += 1;
-            StatusCode::UNAUTHORIZED
-        }
-    }
 }
 
 #[derive(Debug, Serialize)]
@@ -283,7 +165,7 @@ pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedRepor
     }
     let expected = args.rate * args.seconds;
     let secret = Secret::generate();
-    let receiver = Receiver::start(&secret, 2 * expected + 1000).await?;
+    let receiver = SignedReceiver::start(&secret, 2 * expected + 1000).await?;
     let rig = Rig::start(&RigSpec {
         bins,
         store: args.store,
@@ -320,7 +202,7 @@ pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedRepor
     let deadline = Instant::now()
         + Duration::from_millis(u64::try_from(last - now_ms()).unwrap_or(0))
         + Duration::from_secs(args.timeout_s);
-    while receiver.read(|i| i.first.len()) < expected && Instant::now() < deadline {
+    while receiver.read(|i| i.by_run.len()) < expected && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let costs = probe.finish(expected).await?;
@@ -333,9 +215,14 @@ pub async fn run(bins: &Binaries, args: &SustainedArgs) -> Result<SustainedRepor
         .iter()
         .filter_map(|(sid, (at, _))| Some(at - planned_ms(sid)?))
         .collect();
+    // The first verified delivery of each run.
     let (deliveries, redelivered, refused) = receiver.read(|i| {
-        let d: Vec<Delivery> = i.first.values().cloned().collect();
-        (d, i.redelivered, i.refused)
+        let d: Vec<Hook> = i
+            .by_run
+            .values()
+            .filter_map(|h| h.first().cloned())
+            .collect();
+        (d, i.redelivered(), i.refused)
     });
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     for d in &deliveries {
