@@ -70,26 +70,12 @@ impl ServerTls {
     /// certificates gRPC callers must then present.
     pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Self, Error> {
         let cert_pem = read("tls_cert", cert)?;
-        let key_pem = Secret::new(read("tls_key", key)?);
         let chain = certificates("tls_cert", cert, &cert_pem)?;
-        let private_key = PrivateKeyDer::from_pem_slice(key_pem.expose()).map_err(|e| Error {
-            field: "tls_key",
-            path: key.to_owned(),
-            reason: match e {
-                rustls_pki_types::pem::Error::NoItemsFound => {
-                    "no private key (PKCS#8, PKCS#1 or SEC1 PEM) found".into()
-                }
-                other => pem_error(&other),
-            },
-        })?;
+        let (key_pem, private_key) = private_key("tls_key", key)?;
         let mut http = ServerConfig::builder()
             .with_no_client_auth()
             .with_single_cert(chain, private_key)
-            .map_err(|e| Error {
-                field: "tls_key",
-                path: key.to_owned(),
-                reason: format!("does not fit the certificate in {}: {e}", cert.display()),
-            })?;
+            .map_err(|e| misfit("tls_key", key, cert, &e))?;
         http.alpn_protocols = vec![b"http/1.1".to_vec()];
         let client_ca_pem = match client_ca {
             None => None,
@@ -158,6 +144,66 @@ pub fn load_trusted_ca(field: &'static str, path: &Path) -> Result<Vec<u8>, Erro
         })?;
     }
     Ok(pem)
+}
+
+/// A client certificate and its key, for mutual TLS to Redis (`redis_tls_cert`,
+/// `redis_tls_key`), read and checked: the chain holds a certificate and the key is
+/// its private key.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    /// The chain, leaf first (PEM).
+    pub cert_pem: Vec<u8>,
+    /// The leaf's private key (PEM).
+    pub key_pem: Secret,
+}
+
+impl std::fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientIdentity")
+            .field("key", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads and checks the certificate chain at `cert` and its private key at `key`
+/// (PKCS#8, PKCS#1 or SEC1) a client presents (`redis_tls_cert`, `redis_tls_key`).
+pub fn load_client_identity(cert: &Path, key: &Path) -> Result<ClientIdentity, Error> {
+    let cert_pem = read("redis_tls_cert", cert)?;
+    let chain = certificates("redis_tls_cert", cert, &cert_pem)?;
+    let (key_pem, private_key) = private_key("redis_tls_key", key)?;
+    tokio_rustls::rustls::ClientConfig::builder()
+        .with_root_certificates(RootCertStore::empty())
+        .with_client_auth_cert(chain, private_key)
+        .map_err(|e| misfit("redis_tls_key", key, cert, &e))?;
+    Ok(ClientIdentity { cert_pem, key_pem })
+}
+
+/// The private key in the PEM file at `path`, as read and as parsed.
+fn private_key(
+    field: &'static str,
+    path: &Path,
+) -> Result<(Secret, PrivateKeyDer<'static>), Error> {
+    let pem = Secret::new(read(field, path)?);
+    let key = PrivateKeyDer::from_pem_slice(pem.expose()).map_err(|e| Error {
+        field,
+        path: path.to_owned(),
+        reason: match e {
+            rustls_pki_types::pem::Error::NoItemsFound => {
+                "no private key (PKCS#8, PKCS#1 or SEC1 PEM) found".into()
+            }
+            other => pem_error(&other),
+        },
+    })?;
+    Ok((pem, key))
+}
+
+/// The key at `key` is not the private key of the certificate at `cert`.
+fn misfit(field: &'static str, key: &Path, cert: &Path, e: &tokio_rustls::rustls::Error) -> Error {
+    Error {
+        field,
+        path: key.to_owned(),
+        reason: format!("does not fit the certificate in {}: {e}", cert.display()),
+    }
 }
 
 fn read(field: &'static str, path: &Path) -> Result<Vec<u8>, Error> {

@@ -67,13 +67,16 @@ async fn trigger_and_wait(server: &Sundial, job_id: &str, payload: &[u8]) -> Res
     .await
 }
 
-/// The store over TLS (`--redis-url rediss://…`): with `--redis-tls-ca` naming the CA
-/// that signed Redis's certificate a job runs; trusting the system's authorities only,
+/// The store over mutual TLS (`--redis-url rediss://…` to a Redis that asks clients
+/// for a certificate): with `--redis-tls-ca` naming the CA that signed Redis's
+/// certificate and `--redis-tls-cert`/`--redis-tls-key` a client certificate it signed,
+/// a job runs. Trusting the system's authorities only, or presenting no certificate,
 /// the server does not start, and says it was the certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_over_tls_trusts_the_ca_it_is_given() -> Result<()> {
+async fn the_store_over_mutual_tls_trusts_the_ca_and_presents_the_certificate_it_is_given()
+-> Result<()> {
     let pki = TestPki::new()?;
-    let redis = RedisServer::start_tls(&pki)?;
+    let redis = RedisServer::start_mutual_tls(&pki)?;
     let url = redis.tls_url().context("no TLS port")?;
     let prefix = unique_prefix("redis-tls");
     let untrusted = Sundial::start(SundialOptions::redis_url(&url, &prefix))
@@ -83,9 +86,20 @@ async fn the_store_over_tls_trusts_the_ca_it_is_given() -> Result<()> {
         format!("{untrusted:#}").contains("certificate"),
         "the refusal names no certificate: {untrusted:#}"
     );
+    let trusting =
+        || SundialOptions::redis_url(&url, &prefix).arg("redis-tls-ca", &pki.arg("ca.pem"));
+    let uncertified = Sundial::start(trusting())
+        .err()
+        .context("started without the client certificate Redis asks for")?;
+    ensure!(
+        format!("{uncertified:#}").contains("CertificateRequired"),
+        "the refusal names no certificate: {uncertified:#}"
+    );
 
     let mut server = Sundial::start(
-        SundialOptions::redis_url(&url, &prefix).arg("redis-tls-ca", &pki.arg("ca.pem")),
+        trusting()
+            .arg("redis-tls-cert", &pki.arg("client.pem"))
+            .arg("redis-tls-key", &pki.arg("client.key")),
     )?;
     server
         .jobs()

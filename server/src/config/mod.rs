@@ -104,10 +104,9 @@ impl Settings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     Redis {
-        url: String,
+        /// Where the store is, with the certificates and credentials to reach it.
+        target: crate::store::redis::Target,
         prefix: String,
-        /// The CA certificates (PEM) a TLS URL's servers must be signed by.
-        tls_ca: Option<Vec<u8>>,
     },
     Embedded {
         path: PathBuf,
@@ -238,41 +237,102 @@ fn instance_id(given: Option<String>) -> Result<String, Error> {
 /// Redis when a URL is given, else the embedded store in the data directory.
 fn store_config(s: &Settings) -> Result<StoreConfig, Error> {
     match s.redis_url.clone() {
-        Some(url) if !url.is_empty() => {
-            let target =
-                crate::store::redis::Target::parse(&url).map_err(|reason| Error::Invalid {
-                    field: "redis_url",
-                    reason,
-                })?;
-            let tls_ca = match &s.redis_tls_ca {
-                Some(_) if !target.is_tls() => return Err(redis_tls_ca_unused()),
-                Some(path) => Some(crate::tls::load_trusted_ca("redis_tls_ca", path).map_err(
-                    |e| Error::Invalid {
-                        field: e.field,
-                        reason: format!("{}: {}", e.path.display(), e.reason),
-                    },
-                )?),
-                None => None,
-            };
-            Ok(StoreConfig::Redis {
-                url,
-                prefix: given("redis_prefix", s.redis_prefix.clone())?,
-                tls_ca,
-            })
-        }
-        _ if s.redis_tls_ca.is_some() => Err(redis_tls_ca_unused()),
-        _ => Ok(StoreConfig::Embedded {
-            path: given("data_dir", s.data_dir.clone())?.join("sundial.redb"),
+        Some(url) if !url.is_empty() => Ok(StoreConfig::Redis {
+            target: redis_target(s, &url)?,
+            prefix: given("redis_prefix", s.redis_prefix.clone())?,
         }),
+        _ => match redis_only_setting(s) {
+            Some(field) => Err(Error::Invalid {
+                field,
+                reason: "applies to a redis_url only (the embedded store is in use)".into(),
+            }),
+            None => Ok(StoreConfig::Embedded {
+                path: given("data_dir", s.data_dir.clone())?.join("sundial.redb"),
+            }),
+        },
     }
 }
 
-fn redis_tls_ca_unused() -> Error {
-    Error::Invalid {
-        field: "redis_tls_ca",
+/// The first Redis connection setting given, when there is no Redis URL.
+fn redis_only_setting(s: &Settings) -> Option<&'static str> {
+    [
+        ("redis_tls_ca", s.redis_tls_ca.is_some()),
+        ("redis_tls_cert", s.redis_tls_cert.is_some()),
+        ("redis_tls_key", s.redis_tls_key.is_some()),
+        ("redis_sentinel_user", s.redis_sentinel_user.is_some()),
+        (
+            "redis_sentinel_password",
+            s.redis_sentinel_password.is_some(),
+        ),
+    ]
+    .into_iter()
+    .find_map(|(field, set)| set.then_some(field))
+}
+
+/// `url` with the TLS files (read and checked) and the Sentinels' credentials.
+fn redis_target(s: &Settings, url: &str) -> Result<crate::store::redis::Target, Error> {
+    let mut target = crate::store::redis::Target::parse(url).map_err(|reason| Error::Invalid {
+        field: "redis_url",
+        reason,
+    })?;
+    let tls_file_error = |e: crate::tls::Error| Error::Invalid {
+        field: e.field,
+        reason: format!("{}: {}", e.path.display(), e.reason),
+    };
+    let tls_only = |field| Error::Invalid {
+        field,
         reason: "applies to a TLS redis_url only (rediss://, rediss+cluster:// or \
                  rediss+sentinel://)"
             .into(),
+    };
+    if let Some(path) = &s.redis_tls_ca {
+        if !target.is_tls() {
+            return Err(tls_only("redis_tls_ca"));
+        }
+        let pem = crate::tls::load_trusted_ca("redis_tls_ca", path).map_err(tls_file_error)?;
+        target = target.with_tls_ca(pem);
+    }
+    match (&s.redis_tls_cert, &s.redis_tls_key) {
+        (None, None) => {}
+        (Some(_), _) | (_, Some(_)) if !target.is_tls() => {
+            let field = match s.redis_tls_cert {
+                Some(_) => "redis_tls_cert",
+                None => "redis_tls_key",
+            };
+            return Err(tls_only(field));
+        }
+        (Some(cert), Some(key)) => {
+            let identity = crate::tls::load_client_identity(cert, key).map_err(tls_file_error)?;
+            target = target.with_client_cert(identity.cert_pem, identity.key_pem.expose().to_vec());
+        }
+        (Some(_), None) => return Err(needs("redis_tls_cert", "redis_tls_key")),
+        (None, Some(_)) => return Err(needs("redis_tls_key", "redis_tls_cert")),
+    }
+    let sentinel_only = |field| Error::Invalid {
+        field,
+        reason: "applies to a Sentinel redis_url only (redis+sentinel:// or \
+                 rediss+sentinel://)"
+            .into(),
+    };
+    match (&s.redis_sentinel_user, &s.redis_sentinel_password) {
+        (None, None) => {}
+        (Some(_), _) if !target.is_sentinel() => return Err(sentinel_only("redis_sentinel_user")),
+        (_, Some(_)) if !target.is_sentinel() => {
+            return Err(sentinel_only("redis_sentinel_password"));
+        }
+        (Some(_), None) => return Err(needs("redis_sentinel_user", "redis_sentinel_password")),
+        (user, Some(password)) => {
+            target = target.with_sentinel_auth(user.clone(), password.0.clone());
+        }
+    }
+    Ok(target)
+}
+
+/// `field` was given without `other`, which it needs.
+fn needs(field: &'static str, other: &str) -> Error {
+    Error::Invalid {
+        field,
+        reason: format!("needs {other} too"),
     }
 }
 
@@ -720,6 +780,10 @@ mod tests {
         "instance_id",
         "redis_url",
         "redis_tls_ca",
+        "redis_tls_cert",
+        "redis_tls_key",
+        "redis_sentinel_user",
+        "redis_sentinel_password",
         "http_target_allow",
         "webhook_allow",
         "bearer_token",
@@ -1382,7 +1446,7 @@ mod tls_tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let junk = dir.path().join("junk.pem");
         std::fs::write(&junk, "not pem").expect("write");
-        for url in [None, Some("redis://h:1"), Some("redis+sentinel://h:1/m")] {
+        for url in [Some("redis://h:1"), Some("redis+sentinel://h:1/m")] {
             let e = err(Settings {
                 redis_url: url.map(Into::into),
                 redis_tls_ca: Some(junk.clone()),
@@ -1394,6 +1458,14 @@ mod tls_tests {
             );
         }
         let e = err(Settings {
+            redis_tls_ca: Some(junk.clone()),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("redis_tls_ca: applies to a redis_url only"),
+            "{e}"
+        );
+        let e = err(Settings {
             redis_url: Some("rediss+cluster://h:1".into()),
             redis_tls_ca: Some(junk.clone()),
             ..Default::default()
@@ -1403,6 +1475,92 @@ mod tls_tests {
             "{e}"
         );
         assert!(e.contains("no CERTIFICATE"), "{e}");
+    }
+
+    /// `--redis-tls-cert` and `--redis-tls-key`: both or neither, a TLS URL only, the
+    /// key the certificate's; each refusal names the setting (and the file).
+    #[test]
+    fn a_redis_client_certificate_needs_its_key_and_a_tls_url() {
+        let pki = crate::testing::TestPki::new().expect("CA");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cert = dir.path().join("client.pem");
+        let key = dir.path().join("client.key");
+        std::fs::write(&cert, &pki.client_cert_pem).expect("write");
+        std::fs::write(&key, &pki.client_key_pem).expect("write");
+        let with = |url: Option<&str>, c: Option<&std::path::Path>, k: Option<&std::path::Path>| {
+            Config::from_settings(Settings {
+                redis_url: url.map(Into::into),
+                redis_tls_cert: c.map(Into::into),
+                redis_tls_key: k.map(Into::into),
+                ..Default::default()
+            })
+            .map_err(|e| e.to_string())
+        };
+        let tls = Some("rediss://h:1");
+        let config = with(tls, Some(&cert), Some(&key)).expect("a certificate and its key");
+        let crate::config::StoreConfig::Redis { target, .. } = config.store else {
+            panic!("not the Redis store")
+        };
+        assert!(!format!("{target:?}").contains("PRIVATE KEY"), "{target:?}");
+
+        let e = with(tls, Some(&cert), None).expect_err("no key");
+        assert!(e.starts_with("redis_tls_cert: needs redis_tls_key"), "{e}");
+        let e = with(tls, None, Some(&key)).expect_err("no certificate");
+        assert!(e.starts_with("redis_tls_key: needs redis_tls_cert"), "{e}");
+        let e = with(Some("redis://h:1"), Some(&cert), Some(&key)).expect_err("plain URL");
+        assert!(e.starts_with("redis_tls_cert: applies to a TLS"), "{e}");
+        let e = with(None, Some(&cert), Some(&key)).expect_err("embedded store");
+        assert!(
+            e.starts_with("redis_tls_cert: applies to a redis_url"),
+            "{e}"
+        );
+        let other = pki.path("other.key");
+        let e = with(tls, Some(&cert), Some(&other)).expect_err("another key");
+        assert!(
+            e.starts_with("redis_tls_key:")
+                && e.contains("other.key")
+                && e.contains("does not fit"),
+            "{e}"
+        );
+        let e = with(tls, Some(&key), Some(&key)).expect_err("a key as the certificate");
+        assert!(
+            e.starts_with("redis_tls_cert:") && e.contains("no CERTIFICATE"),
+            "{e}"
+        );
+    }
+
+    /// `--redis-sentinel-user` and `--redis-sentinel-password`: a Sentinel URL only,
+    /// a user with a password.
+    #[test]
+    fn sentinel_credentials_need_a_sentinel_url() {
+        let with = |url: &str, user: Option<&str>, password: Option<&str>| {
+            Config::from_settings(Settings {
+                redis_url: Some(url.into()),
+                redis_sentinel_user: user.map(Into::into),
+                redis_sentinel_password: password.map(|p| super::SecretText(p.into())),
+                ..Default::default()
+            })
+            .map_err(|e| e.to_string())
+        };
+        let sentinel = "redis+sentinel://:master-pw@h:26379/m";
+        with(sentinel, None, Some("s3cret")).expect("a password");
+        let config = with(sentinel, Some("watcher"), Some("s3cret")).expect("user and password");
+        assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
+        let e = with(sentinel, Some("watcher"), None).expect_err("a user alone");
+        assert!(
+            e.starts_with("redis_sentinel_user: needs redis_sentinel_password"),
+            "{e}"
+        );
+        let e = with("redis://h:1", None, Some("s3cret")).expect_err("one server");
+        assert!(
+            e.starts_with("redis_sentinel_password: applies to a Sentinel"),
+            "{e}"
+        );
+        let e = with("redis+cluster://h:1", Some("u"), Some("p")).expect_err("a cluster");
+        assert!(
+            e.starts_with("redis_sentinel_user: applies to a Sentinel"),
+            "{e}"
+        );
     }
 
     #[test]

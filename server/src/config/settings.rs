@@ -94,6 +94,18 @@ settings! {
     /// PEM file of the certificate authorities a TLS Redis URL's servers must be signed
     /// by, instead of the system's trusted ones.
     redis_tls_ca: PathBuf, env "SUNDIAL_REDIS_TLS_CA", arg(value_name = "PEM_FILE");
+    /// PEM file of the certificate (chain) this instance presents to a TLS Redis URL's
+    /// servers that ask for one (mutual TLS: `tls-auth-clients yes`); with
+    /// --redis-tls-key.
+    redis_tls_cert: PathBuf, env "SUNDIAL_REDIS_TLS_CERT", arg(value_name = "PEM_FILE");
+    /// PEM file of the private key of --redis-tls-cert.
+    redis_tls_key: PathBuf, env "SUNDIAL_REDIS_TLS_KEY", arg(value_name = "PEM_FILE");
+    /// ACL user the Sentinels of a redis+sentinel:// URL ask for (with
+    /// --redis-sentinel-password; the URL's credentials are the master's).
+    redis_sentinel_user: String, env "SUNDIAL_REDIS_SENTINEL_USER";
+    /// Password the Sentinels of a redis+sentinel:// URL ask for (their requirepass),
+    /// when they ask for one.
+    redis_sentinel_password: SecretText, env "SUNDIAL_REDIS_SENTINEL_PASSWORD";
     /// Prefix of every Redis key (several deployments can share one Redis).
     redis_prefix: String, env "SUNDIAL_REDIS_PREFIX", default "sundial";
     /// Directory of the embedded store.

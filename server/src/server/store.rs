@@ -8,21 +8,13 @@ use tracing::{info, warn};
 use super::Error;
 use crate::config::{Config, StoreConfig};
 use crate::store::embedded::EmbeddedStore;
-use crate::store::redis::{RedisStore, Target};
+use crate::store::redis::RedisStore;
 use crate::store::{Store, StoreMeta};
 
 pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
     Ok(match &config.store {
-        StoreConfig::Redis {
-            url,
-            prefix,
-            tls_ca,
-        } => {
-            let mut target = Target::parse(url).map_err(crate::store::Error::Unavailable)?;
-            if let Some(pem) = tls_ca {
-                target = target.with_tls_ca(pem.clone());
-            }
-            let store = RedisStore::connect_to(&target, prefix, config.store_opts.clone()).await?;
+        StoreConfig::Redis { target, prefix } => {
+            let store = RedisStore::connect_to(target, prefix, config.store_opts.clone()).await?;
             info!(prefix = %prefix, partitions = store.partitions(), "store: redis (multi-instance)");
             Arc::new(store)
         }

@@ -60,19 +60,26 @@ impl RedisServer {
     /// A Redis without persistence that also serves TLS with `pki`'s server
     /// certificate, on the port of [`tls_url`](Self::tls_url).
     pub fn start_tls(pki: &TestPki) -> Result<Self> {
-        Self::start_with(false, Some(pki))
+        Self::start_with(false, Some(pki.redis_args()))
     }
 
-    fn start_with(persistent: bool, pki: Option<&TestPki>) -> Result<Self> {
+    /// [`start_tls`](Self::start_tls), its TLS port asking every client for a
+    /// certificate `pki`'s CA signed (mutual TLS).
+    pub fn start_mutual_tls(pki: &TestPki) -> Result<Self> {
+        Self::start_with(false, Some(pki.redis_mutual_args()))
+    }
+
+    /// `tls`: the `redis-server` arguments of its TLS port, if it has one.
+    fn start_with(persistent: bool, tls: Option<Vec<String>>) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let mut last_err = anyhow!("redis-server did not start");
         // A free port can be taken between the probe and redis's bind: try a few.
         for _ in 0..5 {
             let ports = free_ports(2)?;
-            let extra = match pki {
-                Some(pki) => [
+            let extra = match &tls {
+                Some(args) => [
                     vec!["--tls-port".to_owned(), ports[1].to_string()],
-                    pki.redis_args(),
+                    args.clone(),
                 ]
                 .concat(),
                 None => Vec::new(),
@@ -85,7 +92,7 @@ impl RedisServer {
                         persistent,
                         dir,
                         extra,
-                        tls_port: pki.map(|_| ports[1]),
+                        tls_port: tls.as_ref().map(|_| ports[1]),
                     });
                 }
                 Err(e) => last_err = e,

@@ -10,8 +10,9 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
-/// The files are `ca.pem`, `server.pem`, `server.key` and `other.key` (a key that fits
-/// no certificate); the client certificate and key are kept in memory.
+/// The files are `ca.pem`, `server.pem`, `server.key`, `client.pem`, `client.key` and
+/// `other.key` (a key that fits no certificate); the CA and the client certificate and
+/// key are in memory too.
 pub struct TestPki {
     dir: tempfile::TempDir,
     pub ca_pem: String,
@@ -55,6 +56,8 @@ impl TestPki {
         std::fs::write(dir.path().join("ca.pem"), ca.pem())?;
         std::fs::write(dir.path().join("server.pem"), server_cert)?;
         std::fs::write(dir.path().join("server.key"), server_key)?;
+        std::fs::write(dir.path().join("client.pem"), &client_cert_pem)?;
+        std::fs::write(dir.path().join("client.key"), &client_key_pem)?;
         std::fs::write(
             dir.path().join("other.key"),
             KeyPair::generate()?.serialize_pem(),
@@ -79,6 +82,17 @@ impl TestPki {
     /// `redis-server` arguments serving TLS with the server certificate (clients need
     /// no certificate of their own).
     pub fn redis_args(&self) -> Vec<String> {
+        self.redis_tls_args(false)
+    }
+
+    /// `redis-server` arguments serving TLS with the server certificate to clients that
+    /// present a certificate the CA signed (`tls-auth-clients yes`; the plain port, if
+    /// any, asks for none).
+    pub fn redis_mutual_args(&self) -> Vec<String> {
+        self.redis_tls_args(true)
+    }
+
+    fn redis_tls_args(&self, mutual: bool) -> Vec<String> {
         vec![
             "--tls-cert-file".into(),
             self.arg("server.pem"),
@@ -87,7 +101,7 @@ impl TestPki {
             "--tls-ca-cert-file".into(),
             self.arg("ca.pem"),
             "--tls-auth-clients".into(),
-            "no".into(),
+            if mutual { "yes" } else { "no" }.into(),
         ]
     }
 }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::{
     Killed, TestPki, free_ports, kill_with_lag, node_command, node_command_at, spawn_watched,
-    wait_ready, wait_redis_ready,
+    wait_ready,
 };
 
 /// The name the Sentinels know the primary by.
@@ -21,9 +21,18 @@ pub struct RedisSentinel {
     nodes: Vec<u16>,
     /// The Sentinels' ports (plain; the harness's).
     sentinels: Vec<u16>,
-    /// With [`start_secure`](Self::start_secure): the Sentinels' TLS ports and the
-    /// data nodes' password.
-    secure: Option<(Vec<u16>, String)>,
+    /// With [`start_secure`](Self::start_secure): how the set is secured.
+    secure: Option<Secure>,
+}
+
+/// A set of [`RedisSentinel::start_secure`].
+struct Secure {
+    /// The Sentinels' TLS ports.
+    tls_sentinels: Vec<u16>,
+    /// The data nodes' password.
+    password: String,
+    /// The Sentinels' own password.
+    sentinel_password: String,
 }
 
 impl RedisSentinel {
@@ -34,14 +43,15 @@ impl RedisSentinel {
     }
 
     /// [`start`](Self::start), with every node and Sentinel also serving TLS with
-    /// `pki`'s certificate, replication and the Sentinels' links over TLS, and the
-    /// primary and replica asking for `password` ([`url`](Self::url) names the TLS
-    /// ports and the password).
-    pub fn start_secure(pki: &TestPki, password: &str) -> Result<Self> {
-        Self::start_with(Some((pki, password)))
+    /// `pki`'s certificate to clients that present one it signed (mutual TLS),
+    /// replication and the Sentinels' links over TLS, the primary and replica asking
+    /// for `password` and the Sentinels for `sentinel_password` ([`url`](Self::url)
+    /// names the TLS ports and the data nodes' password).
+    pub fn start_secure(pki: &TestPki, password: &str, sentinel_password: &str) -> Result<Self> {
+        Self::start_with(Some((pki, password, sentinel_password)))
     }
 
-    fn start_with(secure: Option<(&TestPki, &str)>) -> Result<Self> {
+    fn start_with(secure: Option<(&TestPki, &str, &str)>) -> Result<Self> {
         let dir = tempfile::tempdir()?.keep();
         let mut nodes = free_ports(if secure.is_some() { 10 } else { 5 })?;
         let mut sentinels = nodes.split_off(2);
@@ -55,11 +65,11 @@ impl RedisSentinel {
         let mut script = String::new();
         for (i, &port) in nodes.iter().enumerate() {
             let mut extra = match secure {
-                Some((pki, password)) => format!(
+                Some((pki, password, _)) => format!(
                     "--tls-port {} --tls-replication yes {} --requirepass {password} \
                      --masterauth {password}",
                     node_tls[i],
-                    pki.redis_args().join(" ")
+                    pki.redis_mutual_args().join(" ")
                 ),
                 None => String::new(),
             };
@@ -85,12 +95,14 @@ impl RedisSentinel {
                     ));
                 }
             }
-            if let Some((pki, password)) = secure {
+            if let Some((pki, password, sentinel_password)) = secure {
+                // `requirepass` is also what a Sentinel presents to the other Sentinels.
                 known.push_str(&format!(
-                    "sentinel auth-pass {MASTER_NAME} {password}\ntls-port {}\n\
+                    "sentinel auth-pass {MASTER_NAME} {password}\n\
+                     requirepass {sentinel_password}\ntls-port {}\n\
                      tls-replication yes\n{}\n",
                     sentinel_tls[i],
-                    pki.redis_args()
+                    pki.redis_mutual_args()
                         .chunks(2)
                         .map(|kv| format!("{} {}", kv[0].trim_start_matches("--"), kv[1]))
                         .collect::<Vec<_>>()
@@ -121,14 +133,19 @@ impl RedisSentinel {
         let set = Self {
             nodes,
             sentinels,
-            secure: secure.map(|(_, password)| (sentinel_tls, password.to_owned())),
+            secure: secure.map(|(_, password, sentinel_password)| Secure {
+                tls_sentinels: sentinel_tls,
+                password: password.to_owned(),
+                sentinel_password: sentinel_password.to_owned(),
+            }),
         };
         for &port in &set.nodes {
             let client = redis::Client::open(set.node_url(port))?;
             wait_ready(&mut watchdog, &client, port, Duration::from_secs(10))?;
         }
         for &port in &set.sentinels {
-            wait_redis_ready(&mut watchdog, port, Duration::from_secs(10))?;
+            let client = redis::Client::open(set.sentinel_url(port))?;
+            wait_ready(&mut watchdog, &client, port, Duration::from_secs(10))?;
         }
         set.wait_watched(Duration::from_secs(30))?;
         Ok(set)
@@ -137,7 +154,15 @@ impl RedisSentinel {
     /// The harness's URL of the data node at `port`.
     fn node_url(&self, port: u16) -> String {
         match &self.secure {
-            Some((_, password)) => format!("redis://:{password}@127.0.0.1:{port}"),
+            Some(secure) => format!("redis://:{}@127.0.0.1:{port}", secure.password),
+            None => format!("redis://127.0.0.1:{port}"),
+        }
+    }
+
+    /// The harness's URL of the Sentinel at `port`.
+    fn sentinel_url(&self, port: u16) -> String {
+        match &self.secure {
+            Some(secure) => format!("redis://:{}@127.0.0.1:{port}", secure.sentinel_password),
             None => format!("redis://127.0.0.1:{port}"),
         }
     }
@@ -145,7 +170,11 @@ impl RedisSentinel {
     /// The Sentinels and the primary's name, as `--redis-url` takes them.
     pub fn url(&self) -> String {
         let (scheme, credentials, ports) = match &self.secure {
-            Some((tls, password)) => ("rediss", format!(":{password}@"), tls),
+            Some(secure) => (
+                "rediss",
+                format!(":{}@", secure.password),
+                &secure.tls_sentinels,
+            ),
             None => ("redis", String::new(), &self.sentinels),
         };
         let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -156,8 +185,8 @@ impl RedisSentinel {
     }
 
     /// The port of the primary the Sentinel at `sentinel` names.
-    fn named_primary(sentinel: u16) -> Result<u16> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{sentinel}"))?;
+    fn named_primary(&self, sentinel: u16) -> Result<u16> {
+        let client = redis::Client::open(self.sentinel_url(sentinel))?;
         let mut c = client.get_connection_with_timeout(Duration::from_secs(2))?;
         let (_host, port): (String, u16) = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
@@ -167,8 +196,8 @@ impl RedisSentinel {
     }
 
     /// One `SENTINEL MASTER` field as the Sentinel at `sentinel` reports it.
-    fn master_field(sentinel: u16, field: &str) -> Result<String> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{sentinel}"))?;
+    fn master_field(&self, sentinel: u16, field: &str) -> Result<String> {
+        let client = redis::Client::open(self.sentinel_url(sentinel))?;
         let mut c = client.get_connection_with_timeout(Duration::from_secs(2))?;
         let fields: Vec<String> = redis::cmd("SENTINEL")
             .arg("MASTER")
@@ -187,8 +216,10 @@ impl RedisSentinel {
         let deadline = Instant::now() + timeout;
         loop {
             let watched = self.sentinels.iter().all(|&s| {
-                Self::master_field(s, "num-slaves").is_ok_and(|n| n == "1")
-                    && Self::master_field(s, "num-other-sentinels").is_ok_and(|n| n == "2")
+                self.master_field(s, "num-slaves").is_ok_and(|n| n == "1")
+                    && self
+                        .master_field(s, "num-other-sentinels")
+                        .is_ok_and(|n| n == "2")
             });
             let linked = node_command_at(&self.node_url(self.nodes[1]), &["INFO", "replication"])
                 .is_ok_and(|i| i.contains("master_link_status:up"));
@@ -226,7 +257,7 @@ impl RedisSentinel {
             let named = self
                 .sentinels
                 .iter()
-                .all(|&s| Self::named_primary(s).is_ok_and(|p| p == promoted));
+                .all(|&s| self.named_primary(s).is_ok_and(|p| p == promoted));
             let role = node_command(promoted, &["INFO", "replication"])
                 .is_ok_and(|i| i.contains("role:master"));
             if named && role {
@@ -251,7 +282,7 @@ impl Drop for RedisSentinel {
             let _ = node_command_at(&self.node_url(port), &["SHUTDOWN", "NOSAVE"]);
         }
         for &port in &self.sentinels {
-            let _ = node_command(port, &["SHUTDOWN", "NOSAVE"]);
+            let _ = node_command_at(&self.sentinel_url(port), &["SHUTDOWN", "NOSAVE"]);
         }
     }
 }

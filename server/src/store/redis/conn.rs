@@ -22,8 +22,8 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisFuture,
-    ServerErrorKind, TlsCertificates, TlsMode, Value,
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline,
+    RedisFuture, ServerErrorKind, TlsCertificates, TlsMode, Value,
 };
 use tokio::sync::{Mutex, Semaphore};
 
@@ -41,13 +41,28 @@ const BLOCKING_MAX: usize = 8;
 const SENTINEL_RETRY_GAP: Duration = Duration::from_millis(200);
 
 /// Where the store is (one server, a cluster's seed nodes, or Sentinels and the name
-/// of the master they watch) and which certificate authority a TLS URL's servers
-/// must be signed by.
+/// of the master they watch), which certificate authority a TLS URL's servers must be
+/// signed by, the certificate this client presents when they ask for one, and the
+/// Sentinels' own credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     nodes: Nodes,
     /// PEM certificates of the authorities trusted for TLS (instead of the system's).
     tls_ca: Option<Vec<u8>>,
+    /// The certificate chain and key presented for mutual TLS (PEM).
+    client_cert: Option<Hidden<(Vec<u8>, Vec<u8>)>>,
+    /// The user (if any) and password the Sentinels ask for.
+    sentinel_auth: Option<Hidden<(Option<String>, String)>>,
+}
+
+/// A value `Debug` does not print (key material, passwords).
+#[derive(Clone, PartialEq, Eq)]
+struct Hidden<T>(T);
+
+impl<T> std::fmt::Debug for Hidden<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,6 +135,8 @@ impl Target {
         Ok(Self {
             nodes,
             tls_ca: None,
+            client_cert: None,
+            sentinel_auth: None,
         })
     }
 
@@ -139,10 +156,37 @@ impl Target {
         self
     }
 
+    /// Whether the URL names Sentinels (`redis+sentinel://`, `rediss+sentinel://`).
+    pub fn is_sentinel(&self) -> bool {
+        matches!(self.nodes, Nodes::Sentinel { .. })
+    }
+
+    /// Presents the certificate chain `cert_pem` with its private key `key_pem` to
+    /// servers that ask for a client certificate (mutual TLS), Sentinels included.
+    pub fn with_client_cert(mut self, cert_pem: Vec<u8>, key_pem: Vec<u8>) -> Self {
+        self.client_cert = Some(Hidden((cert_pem, key_pem)));
+        self
+    }
+
+    /// Authenticates to the Sentinels themselves (as `user` when given), whose
+    /// `requirepass` or ACL differs from the master's credentials in the URL.
+    pub fn with_sentinel_auth(mut self, user: Option<String>, password: String) -> Self {
+        self.sentinel_auth = Some(Hidden((user, password)));
+        self
+    }
+
+    /// The trusted authorities and the client certificate, when either is given.
     fn certificates(&self) -> Option<TlsCertificates> {
-        self.tls_ca.clone().map(|pem| TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem),
+        let client_tls = self
+            .client_cert
+            .as_ref()
+            .map(|Hidden((cert, key))| ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            });
+        (client_tls.is_some() || self.tls_ca.is_some()).then(|| TlsCertificates {
+            client_tls,
+            root_cert: self.tls_ca.clone(),
         })
     }
 
@@ -202,6 +246,12 @@ impl Target {
         }
         if let Some(password) = info.redis_settings().password() {
             builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(Hidden((user, password))) = &self.sentinel_auth {
+            if let Some(user) = user {
+                builder = builder.set_client_to_sentinel_username(user);
+            }
+            builder = builder.set_client_to_sentinel_password(password);
         }
         if self.is_tls() {
             builder = builder

@@ -26,16 +26,40 @@ mod sentinel {
         job_change_wakes_another_instance(&shared_redis_sentinel_url().expect("sentinel")).await;
     }
 
-    /// Sentinels and data nodes reached over TLS only (`rediss+sentinel://`, the CA
-    /// given), the primary asking for a password (given in the URL, for the master;
-    /// the Sentinels ask for none).
+    /// Sentinels and data nodes reached over mutual TLS only (`rediss+sentinel://`, the
+    /// CA and a client certificate given), the primary asking for a password (given in
+    /// the URL, for the master) and the Sentinels for another one of their own
+    /// (`--redis-sentinel-password`). Without the Sentinels' password, or without the
+    /// client certificate, the store does not connect.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn over_tls_with_a_password_the_store_runs() {
+    async fn over_mutual_tls_with_passwords_the_store_runs() {
         let pki = TestPki::new().expect("CA");
-        let set = RedisSentinel::start_secure(&pki, "s3cret").expect("secure Sentinel set");
-        let target = Target::parse(&set.url())
+        let set = RedisSentinel::start_secure(&pki, "s3cret", "watchers-s3cret")
+            .expect("secure Sentinel set");
+        let trusting = Target::parse(&set.url())
             .expect("url")
             .with_tls_ca(pki.ca_pem.clone().into_bytes());
+        let certified = trusting.clone().with_client_cert(
+            pki.client_cert_pem.clone().into_bytes(),
+            pki.client_key_pem.clone().into_bytes(),
+        );
+        let refused = |target: Target| async move {
+            RedisStore::connect_to(&target, &unique_prefix("sentls"), options())
+                .await
+                .err()
+                .expect("connected without what the set asks for")
+                .to_string()
+        };
+        let e = refused(certified.clone()).await;
+        assert!(e.contains("NOAUTH"), "{e}");
+        let e = refused(
+            trusting
+                .clone()
+                .with_sentinel_auth(None, "watchers-s3cret".into()),
+        )
+        .await;
+        assert!(e.contains("CertificateRequired"), "{e}");
+        let target = certified.with_sentinel_auth(None, "watchers-s3cret".into());
         some_checks(|| async {
             RedisStore::connect_to(&target, &unique_prefix("sentls"), options())
                 .await
@@ -58,7 +82,7 @@ mod sentinel {
 mod tls {
     use super::*;
     use crate::store::conformance::options;
-    use crate::testing::{RedisCluster, TestPki};
+    use crate::testing::{RedisCluster, RedisServer, TestPki};
 
     crate::store::conformance::store_conformance_tests!(|opts| async move {
         let (url, ca) = shared_redis_tls().expect("redis over TLS");
@@ -69,6 +93,33 @@ mod tls {
             .await
             .expect("connect")
     });
+
+    /// A server asking clients for a certificate (`tls-auth-clients yes`): the store
+    /// presents the one it is given and runs; without one it does not connect.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_certificate_is_presented_when_the_server_asks() {
+        let pki = TestPki::new().expect("CA");
+        let redis = RedisServer::start_mutual_tls(&pki).expect("redis over mutual TLS");
+        let trusting = Target::parse(&redis.tls_url().expect("TLS port"))
+            .expect("url")
+            .with_tls_ca(pki.ca_pem.clone().into_bytes());
+        let refused = RedisStore::connect_to(&trusting, &unique_prefix("mtls"), options())
+            .await
+            .err()
+            .expect("connected without a client certificate");
+        let e = refused.to_string();
+        assert!(e.contains("CertificateRequired"), "{e}");
+        let target = trusting.with_client_cert(
+            pki.client_cert_pem.clone().into_bytes(),
+            pki.client_key_pem.clone().into_bytes(),
+        );
+        some_checks(|| async {
+            RedisStore::connect_to(&target, &unique_prefix("mtls"), options())
+                .await
+                .expect("connect")
+        })
+        .await;
+    }
 
     #[tokio::test]
     async fn a_server_signed_by_an_untrusted_authority_is_refused() {
