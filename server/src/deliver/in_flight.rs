@@ -24,13 +24,18 @@
 //! destination's breaker and answered 2xx need not be settled, so the next delivery to
 //! the destination takes it without asking the store ([`Slot::kept`]); the last user
 //! of a destination gives them back ([`Slot::release`]), and so does a sweep of the
-//! ones left idle ([`InFlight::stale_idle`]).
+//! ones left idle ([`InFlight::stale_idle`]). A delivery the store refused a slot (the
+//! destination's window full across instances) waits for one of those kept slots
+//! ([`Slot::wait_kept`]) ahead of the deliveries that come after it: without that, the
+//! slots kept by finished deliveries went to the next ones to take a place here, and
+//! the refused ones, asking the store again and again, found its window full until
+//! their claim ran out.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Deliveries in flight per destination and bound.
 #[derive(Debug)]
@@ -55,6 +60,12 @@ struct Destination {
     queue_end: Instant,
     /// Store slots held with no delivery in them, newest last.
     idle: Vec<Kept>,
+    /// Deliveries the store refused a slot, waiting for a kept one (`Slot::wait_kept`).
+    refused: usize,
+    /// Told when a slot is kept while some of them wait, or the store may have room.
+    kept_ready: Arc<Notify>,
+    /// When one of them may ask the store again (one at a time, `ask_gap` apart).
+    next_ask: Instant,
 }
 
 /// A store slot this instance holds for a destination between two deliveries.
@@ -124,6 +135,9 @@ impl InFlight {
                     hold: None,
                     queue_end: Instant::now(),
                     idle: Vec::new(),
+                    refused: 0,
+                    kept_ready: Arc::new(Notify::new()),
+                    next_ask: Instant::now(),
                 });
             let limit = usize::try_from(limit).unwrap_or(1);
             if d.users >= limit + self.waiting.max(limit) {
@@ -218,18 +232,88 @@ impl Slot {
 
 impl Slot {
     /// A store slot of the destination kept by an earlier delivery (the newest), taken
-    /// for this one.
+    /// for this one; none while deliveries the store refused wait for one (they come
+    /// first: [`wait_kept`](Self::wait_kept)).
     pub fn kept(&self) -> Option<Kept> {
-        self.owner.destinations().get_mut(&self.key)?.idle.pop()
+        let mut destinations = self.owner.destinations();
+        let d = destinations.get_mut(&self.key)?;
+        if d.refused > 0 {
+            return None;
+        }
+        d.idle.pop()
     }
 
-    /// Keeps a store slot of the destination for a later delivery.
+    /// Whether deliveries the store refused a slot wait for a kept one (a delivery
+    /// about to ask the store would most likely be refused too: it queues behind
+    /// them with [`wait_kept`](Self::wait_kept)).
+    pub fn refused_wait(&self) -> bool {
+        self.owner
+            .destinations()
+            .get(&self.key)
+            .is_some_and(|d| d.refused > 0)
+    }
+
+    /// For a delivery the store refused a slot: a store slot of the destination kept
+    /// by an earlier delivery (ahead of the deliveries that ask for one with
+    /// [`kept`](Self::kept)), or None when it is this one's turn to ask the store
+    /// again (those waiting ask one at a time, `ask_gap` apart, sooner after the store
+    /// admitted one: [`store_answered`](Self::store_answered)) or `wait` is over.
+    pub async fn wait_kept(&self, wait: Duration, ask_gap: Duration) -> Option<Kept> {
+        let ready = {
+            let mut destinations = self.owner.destinations();
+            let d = destinations.get_mut(&self.key)?;
+            if let Some(k) = d.idle.pop() {
+                return Some(k);
+            }
+            d.refused += 1;
+            d.kept_ready.clone()
+        };
+        let _waiting = Refused(self);
+        let deadline = Instant::now() + wait;
+        loop {
+            let turn = {
+                let mut destinations = self.owner.destinations();
+                let d = destinations.get_mut(&self.key)?;
+                if let Some(k) = d.idle.pop() {
+                    return Some(k);
+                }
+                let now = Instant::now();
+                if d.next_ask <= now || deadline <= now {
+                    d.next_ask = now + ask_gap;
+                    return None;
+                }
+                d.next_ask.min(deadline)
+            };
+            let _ = tokio::time::timeout_at(turn.into(), ready.notified()).await;
+        }
+    }
+
+    /// What the store answered a delivery of this destination that asked it for a
+    /// slot: when it admitted one, it may have room for more, and the next delivery
+    /// waiting (`wait_kept`) asks at once.
+    pub fn store_answered(&self, admitted: bool) {
+        if !admitted {
+            return;
+        }
+        if let Some(d) = self.owner.destinations().get_mut(&self.key) {
+            d.next_ask = Instant::now();
+            if d.refused > 0 {
+                d.kept_ready.notify_one();
+            }
+        }
+    }
+
+    /// Keeps a store slot of the destination for a later delivery (first for one the
+    /// store refused, if one waits).
     pub fn keep(&self, kept: Kept) {
         if let Some(d) = self.owner.destinations().get_mut(&self.key) {
             d.idle.push(Kept {
                 idle_since: Instant::now(),
                 ..kept
             });
+            if d.refused > 0 {
+                d.kept_ready.notify_one();
+            }
         }
     }
 
@@ -260,6 +344,17 @@ impl Slot {
         if let (Some((_, taken)), true) = (permit, sent) {
             let held = taken.elapsed();
             d.hold = Some(d.hold.map_or(held, |h| (h * 4 + held) / 5));
+        }
+    }
+}
+
+/// A delivery of `Slot::wait_kept` counted among those waiting, until it drops.
+struct Refused<'a>(&'a Slot);
+
+impl Drop for Refused<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.owner.destinations().get_mut(&self.0.key) {
+            d.refused = d.refused.saturating_sub(1);
         }
     }
 }
@@ -384,6 +479,56 @@ mod tests {
             held.push(slots.take(A, limit, Duration::ZERO).await.expect("slot"));
         }
         held
+    }
+
+    /// A delivery the store refused waits for a kept slot and gets the next one kept,
+    /// ahead of a delivery that comes after it; those waiting ask the store one at a
+    /// time, `ask_gap` apart, or at once after the store admitted one.
+    #[tokio::test]
+    async fn refused_deliveries_get_kept_slots_first_and_ask_the_store_in_turn() {
+        let slots = InFlight::new(4);
+        let at = Instant::now();
+        let gap = Duration::from_millis(300);
+        let long = Duration::from_secs(30);
+        let refused = slots.take(A, 4, Duration::ZERO).await.expect("slot");
+        let sender = slots.take(A, 4, Duration::ZERO).await.expect("slot");
+        // Nothing kept, and its turn to ask the store has come: None at once.
+        assert_eq!(refused.wait_kept(long, gap).await, None);
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move {
+                let s = slots.take(A, 4, Duration::ZERO).await.expect("slot");
+                let got = s.wait_kept(long, gap).await;
+                (got, s)
+            }
+        });
+        let newcomer = slots.take(A, 4, Duration::ZERO).await.expect("slot");
+        while !newcomer.refused_wait() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        sender.keep(Kept::new("h1".into(), at));
+        assert_eq!(newcomer.kept(), None, "the waiting one comes first");
+        let (got, waited) = waiting.await.expect("waiter");
+        assert_eq!(got.map(|k| k.holder), Some("h1".to_owned()));
+        assert!(!newcomer.refused_wait(), "no one waits now");
+        // Two wait with nothing kept: they ask the store in turn, `gap` apart.
+        let started = Instant::now();
+        let (a, b) = tokio::join!(waited.wait_kept(long, gap), newcomer.wait_kept(long, gap));
+        assert_eq!((a, b), (None, None));
+        assert!(started.elapsed() >= gap / 2, "{:?}", started.elapsed());
+        // After the store admitted one, the next asks at once.
+        refused.store_answered(true);
+        let started = Instant::now();
+        assert_eq!(newcomer.wait_kept(long, gap).await, None);
+        assert!(started.elapsed() < gap, "{:?}", started.elapsed());
+        // The wait is bounded: before its turn comes, it ends.
+        let started = Instant::now();
+        assert_eq!(
+            newcomer.wait_kept(Duration::from_millis(20), gap).await,
+            None
+        );
+        let waited_for = started.elapsed();
+        assert!(waited_for >= Duration::from_millis(20), "{waited_for:?}");
     }
 
     #[tokio::test]

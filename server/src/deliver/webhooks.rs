@@ -106,9 +106,10 @@ pub const BUSY_DEFER: Duration = Duration::from_secs(1);
 /// The longest a delivery is deferred for a busy destination.
 pub const BUSY_DEFER_MAX: Duration = Duration::from_secs(30);
 
-/// The longest pause between two asks for a slot of a destination whose window is
-/// full (the first is 20 ms, each next one twice as long).
-const ADMIT_PAUSE_MAX: Duration = Duration::from_millis(250);
+/// While the store finds a destination's window full, this instance's deliveries
+/// waiting for a slot there ask it again one at a time, this far apart (at once after
+/// it admitted one); meanwhile they take the slots its other deliveries keep.
+const ADMIT_ASK_GAP: Duration = Duration::from_millis(50);
 
 impl Default for WebhookOptions {
     fn default() -> Self {
@@ -593,8 +594,12 @@ impl Deliveries {
     /// The store slot of `dest` a delivery holding `local` sends with: one this
     /// instance kept for the destination, admitted clean within [`KEEP_FRESH`] (no
     /// store call), else one the store admits now (a kept one admitted longer ago is
-    /// asked for again under its holder, its lease renewed). Err with the admission
-    /// that refused it (None: the store could not be asked, logged).
+    /// asked for again under its holder, its lease renewed). While the store finds the
+    /// destination's window full and the claim leaves time, it waits for a slot
+    /// another delivery of this instance keeps (`Slot::wait_kept`: first in line for
+    /// it) or its turn to ask the store again; while other deliveries do so, it queues
+    /// behind them before it asks. Err with the admission that refused it (None: the
+    /// store could not be asked, logged).
     async fn store_slot(
         &self,
         local: &Slot,
@@ -602,45 +607,72 @@ impl Deliveries {
         limit: u32,
         claimed_at: Instant,
     ) -> Result<StoreSlot, Option<Admission>> {
-        let kept = local.kept();
-        if let Some(k) = kept.as_ref().filter(|k| k.admitted.elapsed() < KEEP_FRESH) {
-            return Ok(StoreSlot {
-                holder: k.holder.clone(),
-                admitted: k.admitted,
-                clean: true,
-            });
+        let mut kept = local.kept();
+        if kept.is_none() && local.refused_wait() {
+            // Behind the deliveries the store refused, without asking it first.
+            kept = local
+                .wait_kept(self.wait_budget(claimed_at), ADMIT_ASK_GAP)
+                .await;
         }
-        let was_kept = kept.is_some();
-        let holder = kept.map_or_else(|| self.new_holder(), |k| k.holder);
-        let admitted = Instant::now();
-        match self.admit(dest, &holder, limit, claimed_at).await {
-            Some(CleanAdmission {
-                admission: Admission::Go,
-                clean,
-            }) => Ok(StoreSlot {
-                holder,
-                admitted,
-                clean,
-            }),
-            Some(CleanAdmission {
-                admission: Admission::Probe,
-                ..
-            }) => {
-                info!(destination = %dest, "webhook circuit breaker half-open: this delivery is the probe");
-                Ok(StoreSlot {
-                    holder,
-                    admitted,
-                    clean: false,
+        loop {
+            if let Some(k) = kept.as_ref().filter(|k| k.admitted.elapsed() < KEEP_FRESH) {
+                return Ok(StoreSlot {
+                    holder: k.holder.clone(),
+                    admitted: k.admitted,
+                    clean: true,
+                });
+            }
+            let was_kept = kept.is_some();
+            let holder = kept.map_or_else(|| self.new_holder(), |k| k.holder);
+            let admitted = Instant::now();
+            let admission = self.admit(dest, &holder, limit, claimed_at).await;
+            local.store_answered(matches!(
+                admission,
+                Some(CleanAdmission {
+                    admission: Admission::Go | Admission::Probe,
+                    ..
                 })
-            }
-            Some(CleanAdmission { admission, .. }) => {
-                // A kept slot the store did not renew: whatever it still holds goes back.
-                if was_kept {
-                    self.give_back(vec![(dest.to_owned(), holder)]).await;
+            ));
+            match admission {
+                Some(CleanAdmission {
+                    admission: Admission::Go,
+                    clean,
+                }) => {
+                    return Ok(StoreSlot {
+                        holder,
+                        admitted,
+                        clean,
+                    });
                 }
-                Err(Some(admission))
+                Some(CleanAdmission {
+                    admission: Admission::Probe,
+                    ..
+                }) => {
+                    info!(destination = %dest, "webhook circuit breaker half-open: this delivery is the probe");
+                    return Ok(StoreSlot {
+                        holder,
+                        admitted,
+                        clean: false,
+                    });
+                }
+                _ => {}
             }
-            None => Err(None),
+            // A kept slot the store did not renew: whatever it still holds goes back.
+            if was_kept {
+                self.give_back(vec![(dest.to_owned(), holder)]).await;
+            }
+            match admission {
+                Some(CleanAdmission {
+                    admission: Admission::Full { .. },
+                    ..
+                }) if !self.wait_budget(claimed_at).is_zero() => {
+                    kept = local
+                        .wait_kept(self.wait_budget(claimed_at), ADMIT_ASK_GAP)
+                        .await;
+                }
+                Some(CleanAdmission { admission, .. }) => return Err(Some(admission)),
+                None => return Err(None),
+            }
         }
     }
 
@@ -685,9 +717,8 @@ impl Deliveries {
         }
     }
 
-    /// The destination's admission for `holder`, asked again (with a growing pause)
-    /// while its window is full and the claim leaves time to wait. None when the store
-    /// could not be asked (logged).
+    /// The destination's admission for `holder`. None when the store could not be
+    /// asked (logged).
     async fn admit(
         &self,
         dest: &str,
@@ -695,27 +726,17 @@ impl Deliveries {
         limit: u32,
         claimed_at: Instant,
     ) -> Option<CleanAdmission> {
-        let mut pause = Duration::from_millis(20);
-        loop {
-            let terms = self.terms(limit, claimed_at);
-            match self
-                .store
-                .outbox
-                .admit_delivery_clean(dest, holder, &terms)
-                .await
-            {
-                Ok(CleanAdmission {
-                    admission: Admission::Full { .. },
-                    ..
-                }) if self.wait_budget(claimed_at) > pause => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(ADMIT_PAUSE_MAX);
-                }
-                Ok(admission) => return Some(admission),
-                Err(e) => {
-                    warn!(destination = %dest, error = %e, "admitting the webhook to its destination failed; the claim runs out and it is retried");
-                    return None;
-                }
+        let terms = self.terms(limit, claimed_at);
+        match self
+            .store
+            .outbox
+            .admit_delivery_clean(dest, holder, &terms)
+            .await
+        {
+            Ok(admission) => Some(admission),
+            Err(e) => {
+                warn!(destination = %dest, error = %e, "admitting the webhook to its destination failed; the claim runs out and it is retried");
+                None
             }
         }
     }

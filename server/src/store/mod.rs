@@ -54,7 +54,7 @@ pub use jobs::{
 pub use nodes::{HandlerFigures, Inboxes, NodeRecord, NodeRegistry, NodeRemoved, Registered};
 pub use outbox::{
     Admission, BreakerState, BreakerUpdate, CleanAdmission, DeliveryOutcome, DeliveryResult,
-    DeliveryTerms, GONE_ERROR, Outbox, SettleRequest, WebhookDelivery,
+    DeliveryTerms, GONE_ERROR, Outbox, SettleRequest, WAITING_MARK, WebhookDelivery,
 };
 pub use pacing::Pacer;
 pub use runs::{

@@ -76,6 +76,11 @@ pub struct DeliveryResult {
     pub outcome: DeliveryOutcome,
 }
 
+/// How long an owner refused a slot of a destination stays marked as waiting for one
+/// (`Outbox::admit_delivery`): longer than the pause between two asks of a delivery
+/// waiting for a slot, so a waiting instance stays marked while it asks again.
+pub const WAITING_MARK: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The delivery record's error after a 410 Gone.
 pub const GONE_ERROR: &str = "gone: the receiver answered 410 Gone; no more retries";
 
@@ -228,6 +233,15 @@ pub trait Outbox: StoreMeta {
     /// while it is smaller: after a breaker closes it starts at one and grows by one
     /// with each answered attempt (see `settle_delivery`). Asking again for a holder
     /// that has a slot keeps it (its lease renewed).
+    ///
+    /// While the breaker is closed the window is shared fairly between owners: a
+    /// holder's owner (an instance) is what comes before the first `#` of its name
+    /// (the whole name without one). An owner told `Full` is marked waiting for
+    /// [`WAITING_MARK`]; while another owner marked waiting holds fewer than its share
+    /// (the window over the owners holding slots or waiting, rounded up), an owner
+    /// holding at least its share (besides the asking holder) is told `Full` too, and
+    /// a holder of it asking again loses its slot (it is given to the waiting one): one
+    /// instance keeping its slots between deliveries cannot starve another.
     async fn admit_delivery(
         &self,
         destination: &str,

@@ -134,6 +134,7 @@ macro_rules! store_conformance_tests {
                 outbox_due_per_partition: options,
                 breaker_transitions: options,
                 delivery_slots_pace_a_destination: options,
+                delivery_slots_are_shared_between_owners: options,
                 settle_batches: options,
                 clean_admissions: options,
                 a_closed_breaker_ramps_up: options,

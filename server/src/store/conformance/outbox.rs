@@ -819,6 +819,57 @@ pub async fn delivery_slots_pace_a_destination(store: Arc<dyn Store>) {
     assert_eq!(admit(&store, lone, "y", &one).await, Admission::Go);
 }
 
+/// A destination's window shared between owners (a holder's name before its `#`):
+/// while one is refused a slot (and so marked waiting), another holding at least its
+/// share is refused new slots and loses a slot it asks again for, until the waiting one
+/// has its share; one owner with nobody waiting takes the whole window, and the waiting
+/// mark ends after `WAITING_MARK`.
+pub async fn delivery_slots_are_shared_between_owners(store: Arc<dyn Store>) {
+    let dest = "http://shared.example:80";
+    let t = terms(4);
+    for h in ["a#1", "a#2", "a#3", "a#4"] {
+        assert_eq!(admit(&store, dest, h, &t).await, Admission::Go, "{h}");
+    }
+    let full = Admission::Full { window: 4 };
+    assert_eq!(
+        admit(&store, dest, "b#1", &t).await,
+        full,
+        "the window is full"
+    );
+    // Share 2 each: `a` holds 3 besides a#1, so a#1 asking again loses its slot, and a
+    // new holder of `a` gets none.
+    assert_eq!(admit(&store, dest, "a#1", &t).await, full, "a#1 yields");
+    assert_eq!(
+        admit(&store, dest, "a#5", &t).await,
+        full,
+        "a is past its share"
+    );
+    assert_eq!(admit(&store, dest, "b#1", &t).await, Admission::Go);
+    assert_eq!(admit(&store, dest, "a#2", &t).await, full, "a#2 yields");
+    assert_eq!(admit(&store, dest, "b#2", &t).await, Admission::Go);
+    // Each has its share: asking again keeps a slot, and the window is full.
+    assert_eq!(admit(&store, dest, "a#3", &t).await, Admission::Go, "kept");
+    assert_eq!(admit(&store, dest, "b#1", &t).await, Admission::Go, "kept");
+    assert_eq!(admit(&store, dest, "b#3", &t).await, full);
+    // Alone on another destination, an owner takes the whole window.
+    let alone = "http://alone.example:80";
+    for h in ["a#6", "a#7", "a#8", "a#9"] {
+        assert_eq!(admit(&store, alone, h, &t).await, Admission::Go, "{h}");
+    }
+    // `b` gives its slots back: while its mark lasts `a` is held to its share ...
+    assert_eq!(settle(&store, dest, "b#1", None, &t).await, None);
+    assert_eq!(settle(&store, dest, "b#2", None, &t).await, None);
+    assert_eq!(
+        admit(&store, dest, "a#10", &t).await,
+        full,
+        "b is still waiting"
+    );
+    // ... and once it has ended, `a` takes the whole window again.
+    tokio::time::sleep(crate::store::WAITING_MARK + Duration::from_millis(200)).await;
+    assert_eq!(admit(&store, dest, "a#10", &t).await, Admission::Go);
+    assert_eq!(admit(&store, dest, "a#11", &t).await, Admission::Go);
+}
+
 /// `settle_deliveries`: a batch is the sequence of its requests, across destinations,
 /// one answer each: slots given back, answers counted on each destination's breaker.
 pub async fn settle_batches(store: Arc<dyn Store>) {

@@ -278,8 +278,8 @@ struct Claims {
     live: HashMap<String, (u64, Millis)>,
 }
 
-/// Pacing slots held per destination: holder → the end of its slot's lease.
-type Paces = HashMap<String, HashMap<String, Millis>>;
+/// Pacing per destination (`outbox`).
+type Paces = HashMap<String, outbox::Pace>;
 
 /// One instance's inbox: messages oldest first, forgotten once nobody pushed for
 /// [`INBOX_TTL`] (as the redis key expires).

@@ -211,6 +211,7 @@ impl Outbox for EmbeddedStore {
                 holder,
                 limit,
                 lease_end,
+                true,
             ));
         }
         let (destination, holder, probe) = (destination.to_owned(), holder.to_owned(), terms.probe);
@@ -222,7 +223,14 @@ impl Outbox for EmbeddedStore {
             let b = load_breaker(&table, &destination)?;
             if b.state == "closed" {
                 let window = b.ramp.map_or(limit, |r| r.clamp(1, limit));
-                return Ok(take_slot(&paces, &destination, &holder, window, lease_end));
+                return Ok(take_slot(
+                    &paces,
+                    &destination,
+                    &holder,
+                    window,
+                    lease_end,
+                    true,
+                ));
             }
             if b.until > now {
                 return Ok(if b.state == "half_open" {
@@ -234,7 +242,7 @@ impl Outbox for EmbeddedStore {
             }
             // The cool-down is over: the probe goes alone.
             if let full @ Admission::Full { .. } =
-                take_slot(&paces, &destination, &holder, 1, lease_end)
+                take_slot(&paces, &destination, &holder, 1, lease_end, false)
             {
                 return Ok(full);
             }
@@ -322,32 +330,84 @@ fn load_breaker(table: &Table<'_, &str, &str>, destination: &str) -> Result<Brea
     )
 }
 
+/// A destination's pacing slots, and the owners refused one lately.
+#[derive(Debug, Default)]
+pub(super) struct Pace {
+    /// Holder → the end of its slot's lease.
+    slots: HashMap<String, Millis>,
+    /// Owner → the end of its waiting mark.
+    waiting: HashMap<String, Millis>,
+}
+
+impl Pace {
+    /// Whether `owner` yields to another owner marked waiting that holds fewer than
+    /// its share of `window` (the window over the owners holding or waiting, rounded
+    /// up), `owner` holding at least its share besides `holder`.
+    fn must_yield(&self, owner: &str, holder: &str, window: usize) -> bool {
+        if self.waiting.keys().all(|w| w == owner) {
+            return false;
+        }
+        let mut held: HashMap<&str, usize> = HashMap::new();
+        held.insert(owner, 0);
+        for w in self.waiting.keys() {
+            held.entry(w.as_str()).or_default();
+        }
+        for h in self.slots.keys() {
+            *held.entry(owner_of(h)).or_default() += usize::from(h != holder);
+        }
+        let share = window.div_ceil(held.len());
+        held[owner] >= share
+            && self
+                .waiting
+                .keys()
+                .any(|w| w != owner && held[w.as_str()] < share)
+    }
+}
+
+/// A holder's owner (an instance): its name up to its first `#`, else all of it.
+fn owner_of(holder: &str) -> &str {
+    holder.split_once('#').map_or(holder, |(owner, _)| owner)
+}
+
 /// A slot of `destination` for `holder` until `lease_end`, if fewer than `window` are
-/// held by live holders (or `holder` has one already: its lease is renewed).
+/// held by live holders (or `holder` has one already: its lease is renewed) and, when
+/// `fair`, its owner need not yield to another one waiting (`Pace::must_yield`). An
+/// owner refused is marked waiting, and a holder refused loses the slot it had.
 fn take_slot(
     paces: &Mutex<Paces>,
     destination: &str,
     holder: &str,
     window: u32,
     lease_end: Millis,
+    fair: bool,
 ) -> Admission {
     let now = now_ms();
     let mut paces = paces.lock().unwrap_or_else(|e| e.into_inner());
-    let slots = paces.entry(destination.to_owned()).or_default();
-    slots.retain(|_, end| *end > now);
-    let held = slots.contains_key(holder);
-    if !held && slots.len() >= usize::try_from(window).unwrap_or(usize::MAX) {
+    let pace = paces.entry(destination.to_owned()).or_default();
+    pace.slots.retain(|_, end| *end > now);
+    pace.waiting.retain(|_, end| *end > now);
+    let owner = owner_of(holder);
+    let size = usize::try_from(window).unwrap_or(usize::MAX);
+    let full = !pace.slots.contains_key(holder) && pace.slots.len() >= size;
+    if full || (fair && pace.must_yield(owner, holder, size)) {
+        pace.slots.remove(holder);
+        pace.waiting.insert(
+            owner.to_owned(),
+            now.saturating_add(duration_ms(crate::store::WAITING_MARK)),
+        );
         return Admission::Full { window };
     }
-    slots.insert(holder.to_owned(), lease_end);
+    pace.slots.insert(holder.to_owned(), lease_end);
     Admission::Go
 }
 
 fn give_back_slot(paces: &Mutex<Paces>, destination: &str, holder: &str) {
     let mut paces = paces.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(slots) = paces.get_mut(destination) {
-        slots.remove(holder);
-        if slots.is_empty() {
+    if let Some(pace) = paces.get_mut(destination) {
+        pace.slots.remove(holder);
+        let now = now_ms();
+        pace.waiting.retain(|_, end| *end > now);
+        if pace.slots.is_empty() && pace.waiting.is_empty() {
             paces.remove(destination);
         }
     }

@@ -29,6 +29,8 @@
 //! <prefix>:{p}:outbox_due               zset schedule_id -> due (next attempt, or the end of
 //!                                       an in-flight claim's lease)
 //! <prefix>:{webhooks}:breaker:<dest>    hash: state, until, failures (a day's TTL)
+//! <prefix>:{webhooks}:pace:<dest>       zset holder -> end of its slot's lease
+//! <prefix>:{webhooks}:wait:<dest>       zset owner refused a slot -> end of its waiting mark
 //! <prefix>:{n}:nonce:<app>:<nonce>      replay-protection marker with a TTL
 //! <prefix>:{nodes}:node:<node_id>       hash: rec (JSON), inst, hb (store clock); expires with its TTL
 //! <prefix>:{nodes}:ids                  set of registered node ids, pruned when listed
@@ -85,7 +87,8 @@ use super::{
     Finisher, FireClaim, GONE_ERROR, Held, Holder, Inboxes, JobStore, JobWrite, LOG_LINE_COST,
     LeaseTerms, LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page,
     Recorded, Registered, Result, Revocation, RunQuery, RunStore, SCHEMA_VERSION, SettleRequest,
-    StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
+    StoreMeta, StoreOptions, Transition, TriggerQueue, UNKNOWN_RUN, WAITING_MARK, WebhookDelivery,
+    partition_of,
 };
 use crate::model::{
     AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,

@@ -135,12 +135,14 @@ impl Outbox for RedisStore {
             .admit_delivery
             .key(format!("{b}breaker:{destination}"))
             .key(format!("{b}pace:{destination}"))
+            .key(format!("{b}wait:{destination}"))
             .arg(&b)
             .arg(destination)
             .arg(holder)
             .arg(terms.limit.max(1))
             .arg(ms(terms.lease).max(1))
             .arg(ms(terms.probe))
+            .arg(ms(WAITING_MARK))
             .invoke_async(&mut c)
             .await
             .map_err(unavailable)?;

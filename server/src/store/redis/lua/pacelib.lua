@@ -1,16 +1,66 @@
 -- A webhook destination's breaker and slots (prepended to every function after
 -- beginlib.lua). Keys under B, the breakers' prefix (the {webhooks} slot):
--- breaker:<dest> (hash: state, until, failures, ramp) and pace:<dest> (zset: holder →
--- its slot's lease end).
+-- breaker:<dest> (hash: state, until, failures, ramp), pace:<dest> (zset: holder →
+-- its slot's lease end) and wait:<dest> (zset: owner refused a slot → end of its
+-- waiting mark).
+
+-- A holder's owner (an instance): its name up to its first '#', else all of it.
+local function owner_of(holder)
+  return string.match(holder, '^([^#]*)#') or holder
+end
+
+-- Whether `owner` yields to another owner marked waiting in `wkey` that holds fewer
+-- than its share of `window` slots of `pkey` (the window over the owners holding or
+-- waiting, rounded up), `owner` holding at least its share besides `holder`. With
+-- nobody waiting, one command.
+local function must_yield(pkey, wkey, owner, holder, window, now)
+  local waiting = redis.call('ZRANGEBYSCORE', wkey, '(' .. int(now), '+inf')
+  if #waiting == 0 or (#waiting == 1 and waiting[1] == owner) then
+    return false
+  end
+  local held, owners = {}, 0
+  local function count(o, n)
+    if not held[o] then
+      held[o] = 0
+      owners = owners + 1
+    end
+    held[o] = held[o] + n
+  end
+  count(owner, 0)
+  for _, w in ipairs(waiting) do
+    count(w, 0)
+  end
+  for _, h in ipairs(redis.call('ZRANGEBYSCORE', pkey, '(' .. int(now), '+inf')) do
+    count(owner_of(h), h == holder and 0 or 1)
+  end
+  local share = math.ceil(window / owners)
+  if held[owner] < share then
+    return false
+  end
+  for _, w in ipairs(waiting) do
+    if w ~= owner and held[w] < share then
+      return true
+    end
+  end
+  return false
+end
 
 -- Admits `holder` to `dest` (see Outbox::admit_delivery): the breaker first, then a
 -- slot among the window (`limit`, or the ramp while smaller; 1 for a probe) for
--- `lease` ms. Returns {verdict, n}: 'go' (n: '1' when the breaker has no record, so
--- nothing is counted on it, else '0'), 'probe' (this caller is the breaker's probe),
--- 'open' (n: until), 'full' (n: the window).
-local function admit_slot(B, dest, holder, limit, lease, probe)
+-- `lease` ms, shared fairly between owners while the breaker is closed (an owner
+-- refused is marked waiting for `wait_ms`). Returns {verdict, n}: 'go' (n: '1' when
+-- the breaker has no record, so nothing is counted on it, else '0'), 'probe' (this
+-- caller is the breaker's probe), 'open' (n: until), 'full' (n: the window).
+local function admit_slot(B, dest, holder, limit, lease, probe, wait_ms)
   local bkey = B .. 'breaker:' .. dest
   local pkey = B .. 'pace:' .. dest
+  local wkey = B .. 'wait:' .. dest
+  local owner = owner_of(holder)
+  local function refuse(window)
+    redis.call('ZADD', wkey, int(store_now_ms() + wait_ms), owner)
+    redis.call('PEXPIRE', wkey, wait_ms)
+    return { 'full', int(window) }
+  end
   limit = math.max(1, limit)
   local b = redis.call('HMGET', bkey, 'state', 'until', 'ramp')
   local state, untl, ramp = b[1] or 'closed', tonumber(b[2]) or 0, tonumber(b[3])
@@ -35,8 +85,12 @@ local function admit_slot(B, dest, holder, limit, lease, probe)
   if full() then
     redis.call('ZREMRANGEBYSCORE', pkey, '-inf', now)
     if full() then
-      return { 'full', int(window) }
+      return refuse(window)
     end
+  end
+  if state == 'closed' and must_yield(pkey, wkey, owner, holder, window, now) then
+    redis.call('ZREM', pkey, holder)
+    return refuse(window)
   end
   redis.call('ZADD', pkey, now + lease, holder)
   if redis.call('PTTL', pkey) < lease then
