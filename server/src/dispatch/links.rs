@@ -18,8 +18,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::dispatch::messages;
 use crate::dispatch::silence::Liveness;
-use crate::store::Inboxes;
+use crate::model::{JobRecord, RunRecord};
+use crate::store::{Inboxes, NodeRecord, Revocation};
 
 /// The sending half of an executor's stream.
 pub type StreamSender = mpsc::Sender<Outgoing>;
@@ -141,6 +143,25 @@ impl Links {
         {
             debug!(%node_id, "the node's stream is full or closed; message dropped");
         }
+    }
+
+    /// Sends the dispatch of `run`, leased to `node` (see `messages::dispatch`).
+    pub async fn dispatch(
+        &self,
+        node: &NodeRecord,
+        run: &RunRecord,
+        job: &JobRecord,
+        route_key: &str,
+    ) {
+        let msg = messages::dispatch(run, job, route_key);
+        self.deliver(&node.node_id, &node.instance, msg).await;
+    }
+
+    /// Tells `rv.node_id`, attached to `instance` as far as the caller knows, to stop
+    /// the run of the revoked lease `rv`.
+    pub async fn cancel(&self, rv: &Revocation, instance: &str) {
+        self.deliver(&rv.node_id, instance, messages::cancel(rv))
+            .await;
     }
 
     /// Delivers to `node_id`, attached to `instance` as far as the caller knows.

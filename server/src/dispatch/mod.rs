@@ -1,7 +1,7 @@
 //! *Where* does a run go: the trigger consumer and routing ([`Dispatcher`]), the
 //! strategies ([`routing`]) and node health ([`health`]) they route by, the executor
-//! streams ([`executors`]), the links to them ([`links`]) and whether they still
-//! answer ([`silence`]), the built-in HTTP
+//! streams ([`executors`]), the links to them ([`links`]), the messages sent down them
+//! ([`messages`]) and whether they still answer ([`silence`]), the built-in HTTP
 //! executor ([`http_target`]), and the sweeper of run deadlines ([`sweeper`]).
 //!
 //! May import the foundation (`store`, `model`, `metrics`, `auth`, `egress`, `fault`)
@@ -12,6 +12,7 @@ pub mod executors;
 pub mod health;
 pub mod http_target;
 pub mod links;
+pub mod messages;
 pub mod routing;
 pub mod silence;
 pub mod sweeper;

@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sundial_proto::v1 as pb;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::deliver::alerts::Alerts;
@@ -420,17 +419,7 @@ impl Dispatcher {
             .unwrap_or_default();
         let (job_id, _) = crate::model::split_schedule_id(&rv.schedule_id).unwrap_or(("", ""));
         debug!(%job_id, schedule_id = %rv.schedule_id, node_id = %rv.node_id, reason = %rv.reason, "cancelling");
-        let (schedule_id, shard_index) = RunRecord::wire_ref(&rv.schedule_id);
-        let cancel = pb::server_message::Msg::Cancel(pb::Cancel {
-            run: Some(pb::RunRef {
-                schedule_id: schedule_id.to_owned(),
-                attempt: rv.attempt,
-                fencing_token: rv.token,
-                shard_index,
-            }),
-            reason: rv.reason.clone(),
-        });
-        self.links.deliver(&rv.node_id, &instance, cancel).await;
+        self.links.cancel(rv, &instance).await;
     }
 
     /// Routes a WAITING run: leases it to a node and sends the dispatch. When no node
@@ -829,11 +818,8 @@ impl Dispatcher {
         node: &NodeRecord,
         route_key: &str,
     ) {
-        let dispatch = dispatch_message(leased, job, route_key);
         debug!(node_id = %node.node_id, token = leased.fencing_token, shard = leased.shard_index, "dispatched");
-        self.links
-            .deliver(&node.node_id, &node.instance, dispatch)
-            .await;
+        self.links.dispatch(node, leased, job, route_key).await;
     }
 
     /// Every eligible node is at its window: the run stays WAITING in the store (its
@@ -996,30 +982,4 @@ enum Placed {
     Done,
     /// The node is at its max concurrency: try another.
     Full,
-}
-
-fn dispatch_message(run: &RunRecord, job: &JobRecord, route_key: &str) -> pb::server_message::Msg {
-    let handler = match &job.spec.target {
-        Target::Executor { handler, .. } => handler.clone(),
-        Target::Http { .. } => String::new(),
-    };
-    pb::server_message::Msg::Dispatch(pb::Dispatch {
-        run: Some(pb::RunRef {
-            schedule_id: run.wire_id().to_owned(),
-            attempt: run.attempt,
-            fencing_token: run.fencing_token,
-            shard_index: run.shard_index,
-        }),
-        job_id: run.job_id.clone(),
-        handler,
-        payload: run
-            .payload_override
-            .clone()
-            .unwrap_or_else(|| job.spec.payload.clone()),
-        route_key: route_key.to_owned(),
-        shard_total: run.shard_total.max(1),
-        deadline_ms: run.plan.timeout_ms,
-        scheduled_at_ms: run.scheduled_at,
-        labels: job.spec.labels.clone().into_iter().collect(),
-    })
 }
