@@ -271,11 +271,20 @@ fn redis_only_setting(s: &Settings) -> Option<&'static str> {
 
 /// `url` with the TLS files (read and checked) and the Sentinels' credentials.
 fn redis_target(s: &Settings, url: &str) -> Result<crate::store::redis::Target, Error> {
-    let mut target = crate::store::redis::Target::parse(url).map_err(|reason| Error::Invalid {
+    let target = crate::store::redis::Target::parse(url).map_err(|reason| Error::Invalid {
         field: "redis_url",
         reason,
     })?;
-    let tls_file_error = |e: crate::tls::Error| Error::Invalid {
+    with_sentinel_auth(s, with_redis_tls(s, target)?)
+}
+
+/// `target` trusting `redis_tls_ca` and presenting `redis_tls_cert`/`redis_tls_key`
+/// (a TLS URL only; the files read and checked).
+fn with_redis_tls(
+    s: &Settings,
+    mut target: crate::store::redis::Target,
+) -> Result<crate::store::redis::Target, Error> {
+    let file_error = |e: crate::tls::Error| Error::Invalid {
         field: e.field,
         reason: format!("{}: {}", e.path.display(), e.reason),
     };
@@ -289,25 +298,28 @@ fn redis_target(s: &Settings, url: &str) -> Result<crate::store::redis::Target, 
         if !target.is_tls() {
             return Err(tls_only("redis_tls_ca"));
         }
-        let pem = crate::tls::load_trusted_ca("redis_tls_ca", path).map_err(tls_file_error)?;
+        let pem = crate::tls::load_trusted_ca("redis_tls_ca", path).map_err(file_error)?;
         target = target.with_tls_ca(pem);
     }
     match (&s.redis_tls_cert, &s.redis_tls_key) {
-        (None, None) => {}
-        (Some(_), _) | (_, Some(_)) if !target.is_tls() => {
-            let field = match s.redis_tls_cert {
-                Some(_) => "redis_tls_cert",
-                None => "redis_tls_key",
-            };
-            return Err(tls_only(field));
-        }
+        (None, None) => Ok(target),
+        (Some(_), _) if !target.is_tls() => Err(tls_only("redis_tls_cert")),
+        (_, Some(_)) if !target.is_tls() => Err(tls_only("redis_tls_key")),
         (Some(cert), Some(key)) => {
-            let identity = crate::tls::load_client_identity(cert, key).map_err(tls_file_error)?;
-            target = target.with_client_cert(identity.cert_pem, identity.key_pem.expose().to_vec());
+            let identity = crate::tls::load_client_identity(cert, key).map_err(file_error)?;
+            Ok(target.with_client_cert(identity.cert_pem, identity.key_pem.expose().to_vec()))
         }
-        (Some(_), None) => return Err(needs("redis_tls_cert", "redis_tls_key")),
-        (None, Some(_)) => return Err(needs("redis_tls_key", "redis_tls_cert")),
+        (Some(_), None) => Err(needs("redis_tls_cert", "redis_tls_key")),
+        (None, Some(_)) => Err(needs("redis_tls_key", "redis_tls_cert")),
     }
+}
+
+/// `target` authenticating to its Sentinels as `redis_sentinel_user` with
+/// `redis_sentinel_password` (a Sentinel URL only).
+fn with_sentinel_auth(
+    s: &Settings,
+    target: crate::store::redis::Target,
+) -> Result<crate::store::redis::Target, Error> {
     let sentinel_only = |field| Error::Invalid {
         field,
         reason: "applies to a Sentinel redis_url only (redis+sentinel:// or \
@@ -315,17 +327,12 @@ fn redis_target(s: &Settings, url: &str) -> Result<crate::store::redis::Target, 
             .into(),
     };
     match (&s.redis_sentinel_user, &s.redis_sentinel_password) {
-        (None, None) => {}
-        (Some(_), _) if !target.is_sentinel() => return Err(sentinel_only("redis_sentinel_user")),
-        (_, Some(_)) if !target.is_sentinel() => {
-            return Err(sentinel_only("redis_sentinel_password"));
-        }
-        (Some(_), None) => return Err(needs("redis_sentinel_user", "redis_sentinel_password")),
-        (user, Some(password)) => {
-            target = target.with_sentinel_auth(user.clone(), password.0.clone());
-        }
+        (None, None) => Ok(target),
+        (Some(_), _) if !target.is_sentinel() => Err(sentinel_only("redis_sentinel_user")),
+        (_, Some(_)) if !target.is_sentinel() => Err(sentinel_only("redis_sentinel_password")),
+        (Some(_), None) => Err(needs("redis_sentinel_user", "redis_sentinel_password")),
+        (user, Some(password)) => Ok(target.with_sentinel_auth(user.clone(), password.0.clone())),
     }
-    Ok(target)
 }
 
 /// `field` was given without `other`, which it needs.
