@@ -626,36 +626,27 @@ impl Deliveries {
             let holder = kept.map_or_else(|| self.new_holder(), |k| k.holder);
             let admitted = Instant::now();
             let admission = self.admit(dest, &holder, limit, claimed_at).await;
-            local.store_answered(matches!(
-                admission,
-                Some(CleanAdmission {
-                    admission: Admission::Go | Admission::Probe,
-                    ..
-                })
-            ));
-            match admission {
+            let clean = match admission {
                 Some(CleanAdmission {
                     admission: Admission::Go,
                     clean,
-                }) => {
-                    return Ok(StoreSlot {
-                        holder,
-                        admitted,
-                        clean,
-                    });
-                }
+                }) => Some(clean),
                 Some(CleanAdmission {
                     admission: Admission::Probe,
                     ..
                 }) => {
                     info!(destination = %dest, "webhook circuit breaker half-open: this delivery is the probe");
-                    return Ok(StoreSlot {
-                        holder,
-                        admitted,
-                        clean: false,
-                    });
+                    Some(false)
                 }
-                _ => {}
+                _ => None,
+            };
+            local.store_answered(clean.is_some());
+            if let Some(clean) = clean {
+                return Ok(StoreSlot {
+                    holder,
+                    admitted,
+                    clean,
+                });
             }
             // A kept slot the store did not renew: whatever it still holds goes back.
             if was_kept {
