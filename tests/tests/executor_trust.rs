@@ -2,8 +2,9 @@
 //! authenticated for one executor group cannot start, finish, report progress or log
 //! for a run leased to another group's node, even quoting that run's current
 //! `RunRef`; the holder's own reports then go through; a stream that keeps naming
-//! runs its node does not hold (guessing tokens) is closed; a node id belongs to one
-//! group, and the same executor connecting again replaces its old stream.
+//! runs its node does not hold (guessing tokens) is closed; results sent together are
+//! each answered as alone; a node id belongs to one group, and the same executor
+//! connecting again replaces its old stream.
 
 use std::time::Duration;
 
@@ -193,6 +194,88 @@ async fn forged_reports_are_refused_on_redis() -> Result<()> {
 async fn forged_reports_are_refused_on_the_embedded_store() -> Result<()> {
     let dir = tempfile::tempdir()?;
     forged_reports_are_refused(SundialOptions::embedded(dir.path())).await
+}
+
+/// Results sent together (one batch on the stream, one store decision) are each
+/// answered as alone, in order: the holder's are applied, one quoting a stale token is
+/// refused and changes nothing, and that run's real result is applied after.
+async fn results_sent_together_are_each_answered(opts: SundialOptions) -> Result<()> {
+    let server = Sundial::start(secured(opts))?;
+    let channel = server.channel().await?;
+    server.create_job(gb_job("ledger")).await?;
+    let mut holder = connect(channel.clone(), "holder", "gb", TOKEN_B).await?;
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let sid = server.trigger("ledger").await?;
+        let run = holder.dispatch().await?.run.context("run ref")?;
+        ensure!(run.schedule_id == sid, "{run:?}");
+        ensure!(holder.start(&run).await?, "no go-ahead for {sid}");
+        runs.push(run);
+    }
+    let stale = pb::RunRef {
+        fencing_token: runs[1].fencing_token - 1,
+        ..runs[1].clone()
+    };
+    for (run, output) in [(&runs[0], "r0"), (&stale, "stale"), (&runs[2], "r2")] {
+        holder
+            .send(Msg::Result(pb::Result {
+                run: Some(run.clone()),
+                status: pb::ResultStatus::Succeeded as i32,
+                output: output.as_bytes().to_vec(),
+                ..Default::default()
+            }))
+            .await?;
+    }
+    let mut acks = Vec::new();
+    while acks.len() < 3 {
+        if let Out::ResultAck(a) = holder.next().await? {
+            acks.push(a);
+        }
+    }
+    let answered: Vec<_> = acks
+        .iter()
+        .map(|a| (a.run.clone(), a.accepted, a.reason.as_str()))
+        .collect();
+    ensure!(
+        answered
+            == vec![
+                (Some(runs[0].clone()), true, ""),
+                (Some(stale.clone()), false, "stale fencing token"),
+                (Some(runs[2].clone()), true, ""),
+            ],
+        "{answered:?}"
+    );
+    for (run, output) in [(&runs[0], "r0"), (&runs[2], "r2")] {
+        let r = server.finished(&run.schedule_id).await?;
+        ensure!(
+            r.state == pb::RunState::Succeeded as i32 && r.output == output.as_bytes(),
+            "{r:?}"
+        );
+    }
+    let r = server.run(&runs[1].schedule_id).await?;
+    ensure!(
+        r.state == pb::RunState::Running as i32 && r.output.is_empty(),
+        "the stale result changed the run: {r:?}"
+    );
+    let ack = holder
+        .result(&runs[1], pb::ResultStatus::Succeeded, b"r1")
+        .await?;
+    ensure!(ack.accepted, "the holder's own result: {ack:?}");
+    let r = server.finished(&runs[1].schedule_id).await?;
+    ensure!(r.output == b"r1", "{r:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_sent_together_are_each_answered_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    results_sent_together_are_each_answered(SundialOptions::redis(&redis)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_sent_together_are_each_answered_on_the_embedded_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    results_sent_together_are_each_answered(SundialOptions::embedded(dir.path())).await
 }
 
 /// A `manual_job` on group `gb`.

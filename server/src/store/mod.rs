@@ -58,7 +58,7 @@ pub use outbox::{
 };
 pub use pacing::Pacer;
 pub use runs::{
-    Assigned, Begun, FannedOut, Finisher, Held, Holder, LOG_LINE_COST, LeaseTerms, LogLine,
+    Assigned, Begun, FannedOut, Finish, Finisher, Held, Holder, LOG_LINE_COST, LeaseTerms, LogLine,
     NOT_THE_HOLDER, NodeSlot, Outcome, Recorded, Revocation, RunQuery, RunStore, STALE_TOKEN,
     Transition, UNKNOWN_RUN, assigned_after, routable_now,
 };

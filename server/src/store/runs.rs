@@ -182,6 +182,14 @@ pub struct Outcome {
     pub finished_at: Option<Millis>,
 }
 
+/// One result of a batch given to [`RunStore::finish_runs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    pub schedule_id: String,
+    pub by: Finisher,
+    pub outcome: Outcome,
+}
+
 /// What a run transition did, with the follow-up work it leaves to the caller.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transition {
@@ -362,6 +370,19 @@ pub trait RunStore: StoreMeta {
         by: Finisher,
         outcome: Outcome,
     ) -> Result<Transition>;
+
+    /// [`finish_run`](Self::finish_run) of each result, the answers in the order
+    /// given (a stream's results, one store decision per batch). A result refused (an
+    /// unknown run, another node's lease, a stale token, a run no longer held) is
+    /// answered with its refusal and changes nothing; the others are applied all the
+    /// same. Redis makes one script call per partition, the embedded store one write
+    /// step; this default makes the calls concurrently.
+    async fn finish_runs(&self, results: Vec<Finish>) -> Result<Vec<Transition>> {
+        let calls = results
+            .into_iter()
+            .map(|f| async move { self.finish_run(&f.schedule_id, f.by, f.outcome).await });
+        futures::future::try_join_all(calls).await
+    }
 
     /// Sharding broadcast: fans a WAITING run at `attempt` (not queued) out into
     /// `shards` sub-runs `{schedule_id}#{i}` (i from 0), each WAITING at attempt 1 with

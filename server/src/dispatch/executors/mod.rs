@@ -50,8 +50,8 @@ use crate::dispatch::silence::Liveness;
 use crate::dispatch::{Dispatcher, lock};
 use crate::model::{RunState, duration_ms, now_ms, reported_time, valid_job_id};
 use crate::store::{
-    Applied, Finisher, Held, Holder, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRegistry, Outcome,
-    Registered, RunStore, UNKNOWN_RUN,
+    Applied, Finish, Finisher, Held, Holder, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRegistry,
+    Outcome, Registered, RunStore, UNKNOWN_RUN,
 };
 
 #[derive(Debug, Clone)]
@@ -724,12 +724,12 @@ impl Executors {
     }
 
     /// Handles a batch of messages in their order, except that each stretch of run
-    /// reports (`Started`, `Result`) naming distinct runs goes to the store concurrently
-    /// (its `Started` reports in one call): a report never overtakes an earlier message
-    /// about the same run. Each message's replies are sent on `tx` as soon as its store
-    /// call is done (a `StartAck` never waits for a `Result`); the status that ends the
-    /// stream if one message did. A stream whose receiving side is gone stops being
-    /// answered.
+    /// reports (`Started`, `Result`) naming distinct runs goes to the store at once:
+    /// its `Started` reports in one call, its results in another, side by side; a
+    /// report never overtakes an earlier message about the same run. Replies are sent
+    /// on `tx` as soon as their store call is done (a `StartAck` never waits for a
+    /// `ResultAck`); the status that ends the stream if one message did. A stream
+    /// whose receiving side is gone stops being answered.
     async fn handle_batch(
         &self,
         state: &Mutex<NodeState>,
@@ -754,24 +754,15 @@ impl Executors {
                 }
                 Stretch::Reports(reports) => reports,
             };
-            // The stretch's `Started` reports go to the store in one call, beside its
-            // other reports (each a call of its own).
-            let (starts, others): (Vec<_>, Vec<_>) = reports
+            // The stretch's `Started` reports go to the store in one call, its results
+            // in another, side by side.
+            let (starts, results): (Vec<_>, Vec<_>) = reports
                 .into_iter()
                 .partition(|m| matches!(m.msg, Some(Msg::Started(_))));
             let started =
                 async { Ok::<_, Status>(send(self.start_many(state, starts).await?).await) };
-            let reported = async {
-                let mut reported = futures::stream::iter(others)
-                    .map(|m| self.report(state, m))
-                    .buffered(REPORT_CONCURRENCY);
-                while let Some(r) = reported.next().await {
-                    if !send(self.settle(state, r?).await?).await {
-                        return Ok(false);
-                    }
-                }
-                Ok::<_, Status>(true)
-            };
+            let reported =
+                async { Ok::<_, Status>(send(self.finish_many(state, results).await?).await) };
             let (started, reported) = futures::try_join!(started, reported)?;
             if !started || !reported {
                 return Ok(());
@@ -940,63 +931,11 @@ impl Executors {
                 Ok(self.started(run, t.applied))
             }
             Some(Msg::Result(r)) => {
-                let run = run_ref(r.run.clone(), "result")?;
-                let by = holder(state, &run);
-                let state = match pb::ResultStatus::try_from(r.status) {
-                    Ok(pb::ResultStatus::Succeeded) => RunState::Succeeded,
-                    Ok(pb::ResultStatus::Failed) => RunState::Failed,
-                    Ok(pb::ResultStatus::Cancelled) => RunState::Cancelled,
-                    _ => {
-                        return Err(Status::invalid_argument(
-                            "result.status: must be SUCCEEDED, FAILED or CANCELLED",
-                        ));
-                    }
-                };
-                // Times the stores cannot hold (an executor's i64::MAX) count as unknown.
-                let (started_at, finished_at) = (
-                    reported_time(r.started_at_ms),
-                    reported_time(r.finished_at_ms),
-                );
-                let duration = match (started_at, finished_at) {
-                    (Some(s), Some(f)) if f >= s => u64::try_from(f - s).ok(),
-                    _ => None,
-                };
-                let (state, output, mut error_code, mut error_message) = if r.output.len()
-                    > MAX_OUTPUT_BYTES
-                {
-                    // Stored whole it would swell every read of the run (and make
-                    // a listing pass the transport's limit): the attempt fails.
-                    (
-                        RunState::Failed,
-                        None,
-                        "output_too_large".to_owned(),
-                        format!(
-                            "the handler's output was {} bytes, more than {MAX_OUTPUT_BYTES}; it was not kept",
-                            r.output.len()
-                        ),
-                    )
-                } else {
-                    (
-                        state,
-                        (!r.output.is_empty()).then_some(r.output),
-                        r.error_code,
-                        r.error_message,
-                    )
-                };
-                truncate_utf8(&mut error_code, MAX_ERROR_CODE_BYTES);
-                truncate_utf8(&mut error_message, MAX_ERROR_MESSAGE_BYTES);
-                let outcome = Outcome {
-                    state,
-                    output,
-                    error_code,
-                    error_message,
-                    started_at,
-                    finished_at,
-                };
+                let (run, finish, state, duration) = result_of(state, r)?;
                 let t = self
                     .store
                     .runs
-                    .finish_run(&stored_id(&run), Finisher::Holder(by), outcome)
+                    .finish_run(&finish.schedule_id, finish.by, finish.outcome)
                     .await?;
                 Ok(Reported::Finished {
                     run,
@@ -1074,6 +1013,41 @@ impl Executors {
         let mut out = Vec::with_capacity(runs.len());
         for (run, applied) in runs.into_iter().zip(answers) {
             out.extend(self.settle(state, self.started(run, applied)).await?);
+        }
+        Ok(out)
+    }
+
+    /// A stretch's `Result` reports in one store call (`finish_runs`), each answered
+    /// and settled as [`report`](Self::report) and [`settle`](Self::settle) do one;
+    /// the replies in order.
+    async fn finish_many(
+        &self,
+        state: &Mutex<NodeState>,
+        msgs: Vec<pb::ExecutorMessage>,
+    ) -> Result<Vec<Out>, Status> {
+        if msgs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut reads = Vec::with_capacity(msgs.len());
+        let mut finishes = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            let Some(Msg::Result(r)) = m.msg else {
+                return Err(Status::internal("finish_many: not a Result"));
+            };
+            let (run, finish, ended_as, duration) = result_of(state, r)?;
+            reads.push((run, ended_as, duration));
+            finishes.push(finish);
+        }
+        let answers = self.store.runs.finish_runs(finishes).await?;
+        let mut out = Vec::with_capacity(reads.len());
+        for ((run, state_of_run, duration), t) in reads.into_iter().zip(answers) {
+            let r = Reported::Finished {
+                run,
+                t: Box::new(t),
+                state: state_of_run,
+                duration,
+            };
+            out.extend(self.settle(state, r).await?);
         }
         Ok(out)
     }
@@ -1245,6 +1219,71 @@ fn note_answers(liveness: &Liveness, m: &pb::ExecutorMessage) {
 }
 
 /// A message's run reference, which must name a run.
+/// A `Result` read: its run, the finish to apply (from the run's holder on this
+/// stream), the state it reports and the handler's run time. An output past
+/// [`MAX_OUTPUT_BYTES`] fails the attempt; error texts are cut to their bounds.
+fn result_of(
+    state: &Mutex<NodeState>,
+    r: pb::Result,
+) -> Result<(pb::RunRef, Finish, RunState, Option<u64>), Status> {
+    let run = run_ref(r.run.clone(), "result")?;
+    let reported = match pb::ResultStatus::try_from(r.status) {
+        Ok(pb::ResultStatus::Succeeded) => RunState::Succeeded,
+        Ok(pb::ResultStatus::Failed) => RunState::Failed,
+        Ok(pb::ResultStatus::Cancelled) => RunState::Cancelled,
+        _ => {
+            return Err(Status::invalid_argument(
+                "result.status: must be SUCCEEDED, FAILED or CANCELLED",
+            ));
+        }
+    };
+    // Times the stores cannot hold (an executor's i64::MAX) count as unknown.
+    let (started_at, finished_at) = (
+        reported_time(r.started_at_ms),
+        reported_time(r.finished_at_ms),
+    );
+    let duration = match (started_at, finished_at) {
+        (Some(s), Some(f)) if f >= s => u64::try_from(f - s).ok(),
+        _ => None,
+    };
+    let (ended_as, output, mut error_code, mut error_message) = if r.output.len() > MAX_OUTPUT_BYTES
+    {
+        // Stored whole it would swell every read of the run (and make a listing
+        // pass the transport's limit): the attempt fails.
+        (
+            RunState::Failed,
+            None,
+            "output_too_large".to_owned(),
+            format!(
+                "the handler's output was {} bytes, more than {MAX_OUTPUT_BYTES}; it was not kept",
+                r.output.len()
+            ),
+        )
+    } else {
+        (
+            reported,
+            (!r.output.is_empty()).then_some(r.output),
+            r.error_code,
+            r.error_message,
+        )
+    };
+    truncate_utf8(&mut error_code, MAX_ERROR_CODE_BYTES);
+    truncate_utf8(&mut error_message, MAX_ERROR_MESSAGE_BYTES);
+    let finish = Finish {
+        schedule_id: stored_id(&run),
+        by: Finisher::Holder(holder(state, &run)),
+        outcome: Outcome {
+            state: ended_as,
+            output,
+            error_code,
+            error_message,
+            started_at,
+            finished_at,
+        },
+    };
+    Ok((run, finish, ended_as, duration))
+}
+
 fn run_ref(r: Option<pb::RunRef>, what: &str) -> Result<pb::RunRef, Status> {
     r.filter(|r| !r.schedule_id.is_empty())
         .ok_or_else(|| Status::invalid_argument(format!("{what}.run: required")))

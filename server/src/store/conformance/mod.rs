@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 use super::{
     Admission, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate, ClaimResult,
     Delivery, DeliveryOutcome, DeliveryResult, DeliveryTerms, DueFire, Enqueued, Error, FannedOut,
-    Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
-    NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation, RunQuery,
-    STALE_TOKEN, SettleRequest, Store, StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery,
-    partition_of,
+    Finish, Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms,
+    LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation,
+    RunQuery, STALE_TOKEN, SettleRequest, Store, StoreOptions, Transition, UNKNOWN_RUN,
+    WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
@@ -101,6 +101,7 @@ macro_rules! store_conformance_tests {
                 begin_and_assign_in_one_decision: options,
                 mark_started_transitions: options,
                 mark_started_many_applies_each_report: options,
+                finish_runs_applies_each_result: options,
                 reports_only_from_the_lease_holder: options,
                 renew_leases_extend_and_confirm: options,
                 finish_run_outcomes: options,

@@ -890,6 +890,150 @@ pub async fn mark_started_many_applies_each_report(store: Arc<dyn Store>) {
     assert!(store.mark_started_many(&[]).await.expect("none").is_empty());
 }
 
+/// `finish_runs` answers each result as `finish_run` would, in order (runs of three
+/// jobs, whatever partitions they hash to): a result refused (a stale token, an unknown
+/// run, a malformed id) changes nothing and the others are applied all the same, each
+/// answer with the transition's run and follow-ups (a serial job's released run); a
+/// second result for a run the batch already finished is `Already`.
+pub async fn finish_runs_applies_each_result(store: Arc<dyn Store>) {
+    for id in ["fins-a", "fins-b", "fins-s"] {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    let n = slot("fins-n", 0);
+    let mut granted = Vec::new();
+    for (id, at) in [
+        ("fins-a", 1000),
+        ("fins-a", 2000),
+        ("fins-b", 1000),
+        ("fins-b", 2000),
+        ("fins-s", 1000),
+    ] {
+        let overlap = if id == "fins-s" {
+            OverlapPolicy::Serial
+        } else {
+            OverlapPolicy::Allow
+        };
+        let r = begin(&store, planned_run(id, at, plan(overlap))).await.run;
+        granted.push(grant(&store, &r.schedule_id, 1, &n, LONG).await);
+    }
+    let queued = begin(
+        &store,
+        planned_run("fins-s", 2000, plan(OverlapPolicy::Serial)),
+    )
+    .await
+    .run;
+    assert_eq!(queued.reason, "queued");
+    let waiting = begin(
+        &store,
+        planned_run("fins-b", 3000, plan(OverlapPolicy::Allow)),
+    )
+    .await
+    .run;
+    let stale = Holder {
+        token: granted[1].fencing_token + 1,
+        ..Holder::of(&granted[1])
+    };
+    let by = |r: &RunRecord| Finisher::Holder(Holder::of(r));
+    let fin = |sid: &str, by: Finisher, outcome: Outcome| Finish {
+        schedule_id: sid.to_owned(),
+        by,
+        outcome,
+    };
+    let rejected = Outcome {
+        error_message: "busy".into(),
+        ..outcome(RunState::Waiting)
+    };
+    let results = vec![
+        fin(
+            &granted[0].schedule_id,
+            by(&granted[0]),
+            Outcome {
+                output: Some(b"a0".to_vec()),
+                ..outcome(RunState::Succeeded)
+            },
+        ),
+        fin(
+            &granted[1].schedule_id,
+            Finisher::Holder(stale),
+            outcome(RunState::Succeeded),
+        ),
+        fin("fins-a@404", by(&granted[0]), outcome(RunState::Succeeded)),
+        fin(&granted[2].schedule_id, by(&granted[2]), failed("E1")),
+        fin(&granted[3].schedule_id, by(&granted[3]), rejected),
+        fin(
+            &waiting.schedule_id,
+            Finisher::Waiting { attempt: 1 },
+            failed("no executor"),
+        ),
+        fin(
+            &granted[4].schedule_id,
+            by(&granted[4]),
+            outcome(RunState::Succeeded),
+        ),
+        fin(
+            "no-separator",
+            by(&granted[0]),
+            outcome(RunState::Succeeded),
+        ),
+        fin(
+            &granted[0].schedule_id,
+            by(&granted[0]),
+            outcome(RunState::Failed),
+        ),
+    ];
+    let answers = store.finish_runs(results).await.expect("finish");
+    let states: Vec<_> = answers
+        .iter()
+        .map(|t| (t.applied.clone(), t.run.as_ref().map(|r| r.state)))
+        .collect();
+    let no = |why: &str| Applied::No(why.to_owned());
+    assert_eq!(
+        states,
+        vec![
+            (Applied::Yes, Some(RunState::Succeeded)),
+            (no("stale fencing token"), Some(RunState::Dispatched)),
+            (no(UNKNOWN_RUN), None),
+            (Applied::Yes, Some(RunState::Failed)),
+            (Applied::Yes, Some(RunState::Waiting)),
+            (Applied::Yes, Some(RunState::Failed)),
+            (Applied::Yes, Some(RunState::Succeeded)),
+            (no(UNKNOWN_RUN), None),
+            (Applied::Already, Some(RunState::Succeeded)),
+        ]
+    );
+    let done = get(&store, &granted[0].schedule_id).await;
+    assert_eq!(done.output.as_deref(), Some(&b"a0"[..]));
+    assert_eq!(
+        answers[8].run.as_ref(),
+        Some(&done),
+        "the batch's first result stands"
+    );
+    assert_eq!(
+        get(&store, &granted[1].schedule_id).await,
+        granted[1],
+        "a refused result changes nothing"
+    );
+    let again = get(&store, &granted[3].schedule_id).await;
+    assert_eq!(
+        (again.attempt, again.reason.as_str()),
+        (1, "rejected: busy")
+    );
+    assert!(again.fencing_token > granted[3].fencing_token);
+    assert_eq!(answers[6].next_serial, Some(queued.schedule_id.clone()));
+    assert!(answers.iter().all(|t| t.revoked.is_empty()));
+    assert_eq!(
+        answers.iter().filter(|t| t.next_serial.is_some()).count(),
+        1
+    );
+    assert!(
+        store
+            .finish_runs(Vec::new())
+            .await
+            .expect("none")
+            .is_empty()
+    );
+}
+
 /// Every report about a run (start, result, reject, progress, logs) is applied only
 /// from the node that holds its lease, with its token: another node quoting the right
 /// token is refused "not the lease holder" and changes nothing; the holder's own

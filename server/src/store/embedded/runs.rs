@@ -6,7 +6,7 @@
 
 use super::run_tables::RunTables;
 use super::*;
-use crate::store::{assigned_after, routable_now};
+use crate::store::{Finish, assigned_after, routable_now};
 
 #[async_trait]
 impl RunStore for EmbeddedStore {
@@ -232,99 +232,17 @@ impl RunStore for EmbeddedStore {
         outcome: Outcome,
     ) -> Result<Transition> {
         let schedule_id = schedule_id.to_owned();
+        self.write(move |_, b| finish(b.runs()?, &schedule_id, by, outcome))
+            .await
+    }
+
+    async fn finish_runs(&self, results: Vec<Finish>) -> Result<Vec<Transition>> {
         self.write(move |_, b| {
-            let schedule_id = schedule_id.as_str();
             let t = b.runs()?;
-            let found = match by {
-                Finisher::Holder(_) => t.load_held(schedule_id)?,
-                Finisher::Waiting { .. } => t.load(schedule_id)?,
-            };
-            let Some(mut run) = found else {
-                return Ok(refused(UNKNOWN_RUN, None));
-            };
-            match &by {
-                Finisher::Holder(holder) => {
-                    if let Some(why) = holder.refusal(&run) {
-                        return Ok(refused(why, Some(run)));
-                    }
-                    if run.state.is_final() {
-                        return Ok(Transition {
-                            applied: Applied::Already,
-                            ..refused("", Some(run))
-                        });
-                    }
-                    if !held(run.state) {
-                        return Ok(refused(&format!("run is {}", run.state), Some(run)));
-                    }
-                }
-                Finisher::Waiting { attempt } => {
-                    if run.state != RunState::Waiting || run.attempt != *attempt {
-                        return Ok(refused("run is no longer waiting", Some(run)));
-                    }
-                    // Queued behind a serial run: nobody may route it, so nobody may
-                    // find that no executor takes it either.
-                    if run.deadlines.wake_at == 0 {
-                        return Ok(refused("run is queued", Some(run)));
-                    }
-                }
-            }
-            if outcome.state == RunState::Waiting {
-                // The executor rejected the dispatch (busy, not ready): route it
-                // elsewhere at the same attempt; the attempt never began.
-                if !matches!(by, Finisher::Holder(_)) {
-                    return Ok(refused("only a lease holder can reject", Some(run)));
-                }
-                let now = t.now;
-                t.leave_node(&run)?;
-                run.last_node = run.node_id.clone();
-                run.fencing_token = t.new_token(&run.job_id)?;
-                run.state = RunState::Waiting;
-                run.reason = format!("rejected: {}", outcome.error_message);
-                run.deadlines = Deadlines {
-                    wake_at: now,
-                    wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
-                    ..Deadlines::default()
-                };
-                t.save(&mut run)?;
-                return Ok(applied(run, [], None));
-            }
-            if !outcome.state.is_final() {
-                return Ok(refused(
-                    &format!("{} is not an outcome", outcome.state),
-                    Some(run),
-                ));
-            }
-            t.leave_node(&run)?;
-            if outcome.output.is_some() {
-                run.output = outcome.output;
-            }
-            run.error_code = outcome.error_code;
-            run.error_message = outcome.error_message;
-            if outcome.started_at.is_some() {
-                run.started_at = outcome.started_at;
-            }
-            // Set before the run may become final, so the webhook body written then has
-            // it (a retry clears it again).
-            if outcome.finished_at.is_some() {
-                run.finished_at = outcome.finished_at;
-            }
-            let next = if outcome.state == RunState::Failed {
-                let reason = if run.error_code.is_empty() {
-                    "failed".to_owned()
-                } else {
-                    run.error_code.clone()
-                };
-                let delay = run.plan.backoff_after(run.attempt);
-                let next = t.retry_or_final(&mut run, RunState::Failed, &reason, delay)?;
-                if run.state == RunState::Failed {
-                    run.reason.clear();
-                }
-                next
-            } else {
-                t.finalize(&mut run, outcome.state, "", true)?
-            };
-            t.save(&mut run)?;
-            Ok(applied(run, [], next))
+            results
+                .into_iter()
+                .map(|f| finish(t, &f.schedule_id, f.by, f.outcome))
+                .collect()
         })
         .await
     }
@@ -826,4 +744,103 @@ fn applied(
         revoked: revoked.into_iter().collect(),
         next_serial,
     }
+}
+
+/// `finish_run`'s decision in the batch's run tables.
+fn finish(
+    t: &mut RunTables<'_>,
+    schedule_id: &str,
+    by: Finisher,
+    outcome: Outcome,
+) -> Result<Transition> {
+    let found = match by {
+        Finisher::Holder(_) => t.load_held(schedule_id)?,
+        Finisher::Waiting { .. } => t.load(schedule_id)?,
+    };
+    let Some(mut run) = found else {
+        return Ok(refused(UNKNOWN_RUN, None));
+    };
+    match &by {
+        Finisher::Holder(holder) => {
+            if let Some(why) = holder.refusal(&run) {
+                return Ok(refused(why, Some(run)));
+            }
+            if run.state.is_final() {
+                return Ok(Transition {
+                    applied: Applied::Already,
+                    ..refused("", Some(run))
+                });
+            }
+            if !held(run.state) {
+                return Ok(refused(&format!("run is {}", run.state), Some(run)));
+            }
+        }
+        Finisher::Waiting { attempt } => {
+            if run.state != RunState::Waiting || run.attempt != *attempt {
+                return Ok(refused("run is no longer waiting", Some(run)));
+            }
+            // Queued behind a serial run: nobody may route it, so nobody may
+            // find that no executor takes it either.
+            if run.deadlines.wake_at == 0 {
+                return Ok(refused("run is queued", Some(run)));
+            }
+        }
+    }
+    if outcome.state == RunState::Waiting {
+        // The executor rejected the dispatch (busy, not ready): route it
+        // elsewhere at the same attempt; the attempt never began.
+        if !matches!(by, Finisher::Holder(_)) {
+            return Ok(refused("only a lease holder can reject", Some(run)));
+        }
+        let now = t.now;
+        t.leave_node(&run)?;
+        run.last_node = run.node_id.clone();
+        run.fencing_token = t.new_token(&run.job_id)?;
+        run.state = RunState::Waiting;
+        run.reason = format!("rejected: {}", outcome.error_message);
+        run.deadlines = Deadlines {
+            wake_at: now,
+            wait_until: now.saturating_add(run.plan.dispatch_wait_ms),
+            ..Deadlines::default()
+        };
+        t.save(&mut run)?;
+        return Ok(applied(run, [], None));
+    }
+    if !outcome.state.is_final() {
+        return Ok(refused(
+            &format!("{} is not an outcome", outcome.state),
+            Some(run),
+        ));
+    }
+    t.leave_node(&run)?;
+    if outcome.output.is_some() {
+        run.output = outcome.output;
+    }
+    run.error_code = outcome.error_code;
+    run.error_message = outcome.error_message;
+    if outcome.started_at.is_some() {
+        run.started_at = outcome.started_at;
+    }
+    // Set before the run may become final, so the webhook body written then has
+    // it (a retry clears it again).
+    if outcome.finished_at.is_some() {
+        run.finished_at = outcome.finished_at;
+    }
+    let next = if outcome.state == RunState::Failed {
+        let reason = if run.error_code.is_empty() {
+            "failed".to_owned()
+        } else {
+            run.error_code.clone()
+        };
+        let delay = run.plan.backoff_after(run.attempt);
+        let next = t.retry_or_final(&mut run, RunState::Failed, &reason, delay)?;
+        if run.state == RunState::Failed {
+            run.reason.clear();
+        }
+        next
+    } else {
+        t.finalize(&mut run, outcome.state, "", true)?
+    };
+    t.save(&mut run)?;
+    Ok(applied(run, [], next))
 }

@@ -205,6 +205,7 @@ scripts!(
     renew_leases,
     shorten_leases,
     finish_run,
+    finish_runs,
     due_runs,
     expire_run,
     cancel_run,

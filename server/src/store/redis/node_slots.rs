@@ -139,6 +139,21 @@ impl RedisStore {
     }
 
     /// Releases what a transition's revocations took off their nodes.
+    /// Releases the nodes' reservations for the runs a holder's result (or rejection)
+    /// took off them: each `(holder's node, schedule_id, transition)` applied (a
+    /// broadcast shard's result may name its parent: the run answered is the shard).
+    pub(super) async fn release_finished<'a>(
+        &self,
+        finished: impl IntoIterator<Item = (Option<&'a str>, &'a str, &'a Transition)>,
+    ) {
+        let left = finished.into_iter().filter_map(|(node, sid, t)| {
+            let node = node.filter(|_| t.applied == Applied::Yes)?;
+            let sid = t.run.as_ref().map_or(sid, |r| r.schedule_id.as_str());
+            Some((node, sid))
+        });
+        self.release_slots(left).await;
+    }
+
     pub(super) async fn release_revoked(&self, revoked: &[Revocation]) {
         self.release_slots(
             revoked

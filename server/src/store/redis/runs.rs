@@ -3,6 +3,7 @@
 
 use super::node_slots::{Reserved, reservation_hold};
 use super::*;
+use crate::store::Finish;
 
 #[async_trait]
 impl RunStore for RedisStore {
@@ -349,33 +350,59 @@ impl RunStore for RedisStore {
         by: Finisher,
         outcome: Outcome,
     ) -> Result<Transition> {
-        let json = serde_json::to_string(&OutcomeJson::from(outcome)).map_err(corrupt)?;
-        let (args, holder) = match by {
-            Finisher::Holder(h) => (
-                vec![
-                    "holder".to_owned(),
-                    h.token.to_string(),
-                    json,
-                    h.node_id.clone(),
-                ],
-                Some(h.node_id),
-            ),
-            Finisher::Waiting { attempt } => {
-                (vec!["waiting".to_owned(), attempt.to_string(), json], None)
-            }
-        };
+        let (args, holder) = finish_args(by, outcome)?;
         let script = &self.inner.scripts.finish_run;
         let t = self.run_transition(script, schedule_id, &args).await?;
-        // The holder's result (or rejection) took the run off its node (a broadcast
-        // shard's result may name its parent: the run answered is the shard).
-        if let (Some(node), Applied::Yes) = (&holder, &t.applied) {
-            let sid = t
-                .run
-                .as_ref()
-                .map_or(schedule_id, |r| r.schedule_id.as_str());
-            self.release_slots([(node.as_str(), sid)]).await;
-        }
+        self.release_finished([(holder.as_deref(), schedule_id, &t)])
+            .await;
         Ok(t)
+    }
+
+    async fn finish_runs(&self, results: Vec<Finish>) -> Result<Vec<Transition>> {
+        let mut out: Vec<Transition> = results.iter().map(|_| unknown_run()).collect();
+        let by_part = self.positions_by_partition(results.iter().map(|f| f.schedule_id.as_str()));
+        let mut ids = Vec::with_capacity(results.len());
+        let mut encoded = Vec::with_capacity(results.len());
+        for f in results {
+            encoded.push(finish_args(f.by, f.outcome)?);
+            ids.push(f.schedule_id);
+        }
+        // One call per partition, sent together (pipelined on the shared connection).
+        let calls = by_part.into_iter().map(|(p, idx)| {
+            let (ids, encoded) = (&ids, &encoded);
+            async move {
+                let mut inv = self.inner.scripts.finish_runs.prepare_invoke();
+                inv.arg(self.pfx(p)).arg(self.run_nodes_arg());
+                for &i in &idx {
+                    let (args, holder) = &encoded[i];
+                    inv.arg(&ids[i]).arg(&args[..3]);
+                    inv.arg(holder.as_deref().unwrap_or(""));
+                }
+                let mut c = self.conn().await?;
+                let r: Vec<Vec<Vec<u8>>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+                if r.len() != idx.len() {
+                    return Err(corrupt(format!(
+                        "finish_runs answered {} replies for {} results",
+                        r.len(),
+                        idx.len()
+                    )));
+                }
+                Ok((idx, r))
+            }
+        });
+        for (idx, replies) in futures::future::try_join_all(calls).await? {
+            for (i, reply) in idx.into_iter().zip(replies) {
+                out[i] = transition(&reply)?;
+            }
+        }
+        let revoked: Vec<_> = out.iter().flat_map(|t| t.revoked.iter().cloned()).collect();
+        self.release_revoked(&revoked).await;
+        let mut finished = Vec::with_capacity(out.len());
+        for (((_, holder), sid), t) in encoded.iter().zip(&ids).zip(&out) {
+            finished.push((holder.as_deref(), sid.as_str(), t));
+        }
+        self.release_finished(finished).await;
+        Ok(out)
     }
 
     async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
@@ -538,4 +565,24 @@ impl RedisStore {
             .arg(ms(route_grace));
         Ok(inv)
     }
+}
+
+/// `finish_run`'s arguments after the schedule_id ('holder' | 'waiting', the token or
+/// the attempt, the outcome, and for a holder its node), and the holder's node.
+fn finish_args(by: Finisher, outcome: Outcome) -> Result<(Vec<String>, Option<String>)> {
+    let json = serde_json::to_string(&OutcomeJson::from(outcome)).map_err(corrupt)?;
+    Ok(match by {
+        Finisher::Holder(h) => (
+            vec![
+                "holder".to_owned(),
+                h.token.to_string(),
+                json,
+                h.node_id.clone(),
+            ],
+            Some(h.node_id),
+        ),
+        Finisher::Waiting { attempt } => {
+            (vec!["waiting".to_owned(), attempt.to_string(), json], None)
+        }
+    })
 }
