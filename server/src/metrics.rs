@@ -15,7 +15,7 @@
 //!   `sundial_runs_lost_total`: by [`Metrics::record_transition`], from the transitions
 //!   the store applied (`Applied::Yes`) on this instance, which are atomic and applied
 //!   once: results (`executors`, `http_target`), deadlines (`sweeper`), failures
-//!   before dispatch and cancels (`dispatch::Dispatcher::follow_up`), and the SKIPPED
+//!   before dispatch and cancels (`dispatch::Router::follow_up`), and the SKIPPED
 //!   and replaced runs of `begin_run` (`dispatch`).
 //! - `sundial_executors_connected`, `sundial_executor_nodes{health}` (gauges): read at
 //!   scrape time from this instance's attached streams and from the registry (every

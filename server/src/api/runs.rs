@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use super::budget::{Budget, MAX_LIST_BYTES};
 use super::{convert, status};
 use crate::api::queries::{self, RunFilter};
-use crate::dispatch::Dispatcher;
+use crate::dispatch::Router;
 use crate::model::split_schedule_id;
 use crate::schedule::jobs::Jobs;
 use crate::store::{Applied, RunStore};
@@ -21,7 +21,7 @@ use crate::store::{Applied, RunStore};
 pub struct RunApi {
     store: Arc<dyn RunStore>,
     jobs: Jobs,
-    dispatcher: Arc<Dispatcher>,
+    router: Arc<Router>,
     /// Ends log follows on shutdown.
     shutdown: CancellationToken,
 }
@@ -30,13 +30,13 @@ impl RunApi {
     pub fn new(
         jobs: Jobs,
         store: Arc<dyn RunStore>,
-        dispatcher: Arc<Dispatcher>,
+        router: Arc<Router>,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
             store,
             jobs,
-            dispatcher,
+            router,
             shutdown,
         }
     }
@@ -155,7 +155,7 @@ impl RunService for RunApi {
         match &t.applied {
             Applied::Yes => {
                 tracing::info!(schedule_id = %sid, %reason, "run cancelled");
-                self.dispatcher.follow_up(t).await;
+                self.router.follow_up(t).await;
             }
             Applied::Already | Applied::No(_) => {
                 return Err(Status::failed_precondition(format!(

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::dispatch::Dispatcher;
+use crate::dispatch::Router;
 use crate::model::RunState;
 use crate::store::{Applied, DueEntries, Pacer, RunStore};
 
@@ -36,15 +36,15 @@ impl Default for SweepOptions {
 
 pub struct Sweeper {
     store: Arc<dyn RunStore>,
-    dispatcher: Arc<Dispatcher>,
+    router: Arc<Router>,
     opts: SweepOptions,
 }
 
 impl Sweeper {
-    pub fn new(store: Arc<dyn RunStore>, dispatcher: Arc<Dispatcher>, opts: SweepOptions) -> Self {
+    pub fn new(store: Arc<dyn RunStore>, router: Arc<Router>, opts: SweepOptions) -> Self {
         Self {
             store,
-            dispatcher,
+            router,
             opts,
         }
     }
@@ -73,7 +73,7 @@ impl Sweeper {
             }
         };
         for schedule_id in &due.ids {
-            let grace = self.dispatcher.wake_grace(schedule_id);
+            let grace = self.router.wake_grace(schedule_id);
             let (job_id, _) = crate::model::split_schedule_id(schedule_id).unwrap_or(("", ""));
             let span = info_span!("deadline", %job_id, %schedule_id);
             async {
@@ -102,8 +102,8 @@ impl Sweeper {
                     debug!(state = %run.state, attempt = run.attempt, reason = %run.reason, "deadline handled");
                 }
                 match woken {
-                    Some(run) => self.dispatcher.route(run).await,
-                    None => self.dispatcher.follow_up(t).await,
+                    Some(run) => self.router.route(run).await,
+                    None => self.router.follow_up(t).await,
                 }
             }
             .instrument(span)

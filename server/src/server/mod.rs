@@ -1,7 +1,7 @@
-//! One server instance: opens the store, starts its loops (scheduler, dispatcher and
-//! the instance's beat, sweeper, inbox, HTTP targets, webhooks, alerts, executor
-//! tokens), serves gRPC (services, health, reflection v1 + v1alpha) and HTTP, and shuts
-//! all of it down in order.
+//! One server instance: opens the store, starts its loops (scheduler, trigger consumer
+//! and the instance's beat, the router's room, sweeper, inbox, HTTP targets, webhooks,
+//! alerts, executor tokens), serves gRPC (services, health, reflection v1 + v1alpha)
+//! and HTTP, and shuts all of it down in order.
 //!
 //! Every loop is started the same way, under one watched task set (`loops.rs`): a loop
 //! that panics or returns early stops the instance with an error (non-zero exit).
@@ -27,7 +27,7 @@ use crate::deliver::webhooks::{Deliveries, WebhookStore};
 use crate::dispatch::http_target::HttpTargets;
 use crate::dispatch::links::Links;
 use crate::dispatch::sweeper::Sweeper;
-use crate::dispatch::{DispatchStore, Dispatcher};
+use crate::dispatch::{RouteStore, Router, TriggerConsumer};
 use crate::egress::EgressPolicy;
 use crate::metrics::Metrics;
 use crate::schedule::scheduler::{Scheduler, SchedulerStats};
@@ -111,7 +111,8 @@ struct Parts {
     /// The alert webhook's sender and its queue, when one is configured.
     alert_webhook: Option<(AlertWebhook, tokio::sync::mpsc::Receiver<Alert>)>,
     links: Arc<Links>,
-    dispatcher: Arc<Dispatcher>,
+    router: Arc<Router>,
+    consumer: Arc<TriggerConsumer>,
 }
 
 impl Parts {
@@ -165,10 +166,9 @@ impl Parts {
             None => None,
         };
         let links = Arc::new(Links::new(store.clone(), config.instance_id.clone()));
-        let dispatcher = Arc::new(Dispatcher::new(
-            DispatchStore {
+        let router = Arc::new(Router::new(
+            RouteStore {
                 jobs: store.clone(),
-                triggers: store.clone(),
                 runs: store.clone(),
                 nodes: store.clone(),
             },
@@ -176,6 +176,11 @@ impl Parts {
             links.clone(),
             http_targets.clone(),
             alerts.clone(),
+        ));
+        let consumer = Arc::new(TriggerConsumer::new(
+            store.clone(),
+            store.clone(),
+            router.clone(),
         ));
         Ok(Self {
             store,
@@ -186,7 +191,8 @@ impl Parts {
             deliveries,
             alert_webhook,
             links,
-            dispatcher,
+            router,
+            consumer,
         })
     }
 
@@ -200,15 +206,15 @@ impl Parts {
         )
         .with_alerts(self.alerts.clone());
         loops.spawn("scheduler", scheduler.run(stop.clone()));
-        loops.spawn("dispatcher", self.dispatcher.clone().run(stop.clone()));
-        loops.spawn("room", self.dispatcher.clone().refill_room(stop.clone()));
+        loops.spawn("dispatcher", self.consumer.clone().run(stop.clone()));
+        loops.spawn("room", self.router.clone().refill_room(stop.clone()));
         loops.spawn(
             "instance_beat",
-            self.dispatcher.clone().keep_alive(stop.clone()),
+            self.consumer.clone().keep_alive(stop.clone()),
         );
         let sweeper = Sweeper::new(
             self.store.clone(),
-            self.dispatcher.clone(),
+            self.router.clone(),
             config.sweep.clone(),
         );
         loops.spawn("sweeper", sweeper.run(stop.clone()));

@@ -203,7 +203,7 @@ fn services(
         },
         config.executors.clone(),
         parts.links.clone(),
-        parts.dispatcher.clone(),
+        parts.router.clone(),
         loops_stop.clone(),
         parts.auth.clone(),
     );
@@ -219,7 +219,7 @@ fn services(
         runs: Arc::new(RunApi::new(
             jobs,
             store.clone(),
-            parts.dispatcher.clone(),
+            parts.router.clone(),
             loops_stop,
         )),
         nodes: Arc::new(executors.clone()),

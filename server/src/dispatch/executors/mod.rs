@@ -47,7 +47,7 @@ use crate::auth::Authenticator;
 use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::{Links, Outgoing, StreamSender};
 use crate::dispatch::silence::Liveness;
-use crate::dispatch::{Dispatcher, lock};
+use crate::dispatch::{Router, lock};
 use crate::model::{RunState, duration_ms, now_ms, reported_time, valid_job_id};
 use crate::store::{
     Applied, Finish, Finisher, Held, Holder, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRegistry,
@@ -158,7 +158,7 @@ pub struct Executors {
     store: ExecutorStore,
     opts: ExecutorOptions,
     links: Arc<Links>,
-    dispatcher: Arc<Dispatcher>,
+    router: Arc<Router>,
     shutdown: CancellationToken,
     /// Checks the executor token of each hello.
     auth: Arc<Authenticator>,
@@ -169,7 +169,7 @@ impl Executors {
         store: ExecutorStore,
         opts: ExecutorOptions,
         links: Arc<Links>,
-        dispatcher: Arc<Dispatcher>,
+        router: Arc<Router>,
         shutdown: CancellationToken,
         auth: Arc<Authenticator>,
     ) -> Self {
@@ -177,7 +177,7 @@ impl Executors {
             store,
             opts,
             links,
-            dispatcher,
+            router,
             shutdown,
             auth,
         }
@@ -614,7 +614,7 @@ impl Executors {
         {
             // Superseded meanwhile: the newer stream's record stands; this stream's next
             // heartbeat ends it.
-            Ok(_) => self.dispatcher.nodes_changed().await,
+            Ok(_) => self.router.nodes_changed().await,
             Err(e) => {
                 warn!(error = %e, "could not publish the executor's silence; its dispatches are still taken back")
             }
@@ -633,7 +633,7 @@ impl Executors {
         match taken {
             Ok(t) if t.applied == Applied::Yes => {
                 debug!(schedule_id = %run.schedule_id, token = run.fencing_token, "dispatch taken back from a silent executor");
-                self.dispatcher.taken_back();
+                self.router.taken_back();
                 self.spawn_follow_up(t);
                 true
             }
@@ -968,7 +968,7 @@ impl Executors {
             // A dispatch that waited past its lease (e.g. unread in a frozen
             // process): the handler must not start.
             info!(schedule_id = %run.schedule_id, token = run.fencing_token, %why, "start refused: the lease is gone");
-            self.dispatcher.start_refused();
+            self.router.start_refused();
         }
         let reason = format!("no lease for this run: {why}");
         Reported::Started {
@@ -1092,14 +1092,14 @@ impl Executors {
                 };
                 st.window.record(now_ms(), handler, kind, duration);
                 let node = &st.node;
-                self.dispatcher
+                self.router
                     .run_ended_on(&node.node_id, &node.group, &node.handlers);
                 (node.node_id.clone(), st.window.recovered())
             };
             let forgiven = recovered && self.forgive(state, &node_id).await;
             self.publish_figures(state, forgiven).await?;
             if forgiven {
-                self.dispatcher.nodes_changed().await;
+                self.router.nodes_changed().await;
             }
             self.spawn_follow_up(*t);
         }
@@ -1135,7 +1135,7 @@ impl Executors {
     /// A FAILING node whose last results (its probes) all succeeded passed its
     /// probation: its window forgets its failures. Whether it did.
     async fn forgive(&self, state: &Mutex<NodeState>, node_id: &str) -> bool {
-        if self.dispatcher.judged_health(node_id).await != Some(Health::Failing) {
+        if self.router.judged_health(node_id).await != Some(Health::Failing) {
             return false;
         }
         lock(state).window.forgive();
@@ -1169,7 +1169,7 @@ impl Executors {
         if !is_foreign(why) {
             return Ok(());
         }
-        self.dispatcher.foreign_report();
+        self.router.foreign_report();
         let n = {
             let mut st = lock(state);
             st.foreign_reports = st.foreign_reports.saturating_add(1);
@@ -1188,16 +1188,16 @@ impl Executors {
 
     /// Routes what a finished or rejected attempt left behind, off the stream's task.
     fn spawn_follow_up(&self, t: crate::store::Transition) {
-        let dispatcher = self.dispatcher.clone();
+        let router = self.router.clone();
         let route = t.run.clone().filter(|r| {
             r.state == RunState::Waiting
                 && (r.reason.starts_with("rejected") || r.reason == "unconfirmed")
         });
         tokio::spawn(
             async move {
-                dispatcher.follow_up(t).await;
+                router.follow_up(t).await;
                 if let Some(run) = route {
-                    dispatcher.route(run).await;
+                    router.route(run).await;
                 }
             }
             .in_current_span(),

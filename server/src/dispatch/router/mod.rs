@@ -1,13 +1,14 @@
-//! Dispatch: turns each trigger into a run and each routable run into a dispatch.
+//! Routing: turns each routable run into a dispatch.
 //!
-//! Owns the trigger-queue consumer (a trigger is acknowledged only after `begin_run`
-//! made its run durable — leased, skipped or queued — and a redelivered trigger finds
-//! that run), the overlap policy's follow-up (revoked runs are sent `Cancel`), and
-//! routing: a WAITING run goes to one healthy node of its group that serves its
-//! handler, chosen by the job's strategy, under a lease granted by the store (which
-//! also enforces the node's max concurrency across instances). The dispatch travels
-//! on the node's stream, or through the inbox of the instance the node is attached
-//! to. HTTP targets are leased to this instance's built-in HTTP executor instead.
+//! A WAITING run goes to one healthy node of its group that serves its handler,
+//! chosen by the job's strategy, under a lease granted by the store (which also
+//! enforces the node's max concurrency across instances). The dispatch travels on the
+//! node's stream, or through the inbox of the instance the node is attached to. HTTP
+//! targets are leased to this instance's built-in HTTP executor instead. Owns the
+//! overlap policy's follow-up too (revoked runs are sent `Cancel`), the cache of job
+//! definitions the dispatch layer routes by, and tells the trigger consumer
+//! ([`TriggerConsumer`](super::TriggerConsumer)) where a run about to begin would go
+//! first.
 //!
 //! Nothing here is the only record of anything: a run that could not be routed now
 //! stays WAITING with a timer in the store, and the sweeper (`sweeper`) brings it back.
@@ -29,23 +30,22 @@ use crate::dispatch::routing::{self, NodeView, Route, RouteState};
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
 use crate::store::{
     Assigned, FannedOut, Finisher, JobStore, LeaseTerms, NodeRecord, NodeRegistry, NodeSlot,
-    Outcome, Revocation, RunStore, Transition, TriggerQueue,
+    Outcome, Revocation, RunStore, Transition,
 };
 
-mod consumer;
+mod begin;
 mod node_cache;
 mod room;
 
+pub use begin::First;
 use node_cache::NodeCache;
 use room::{Place, Room};
 
-/// The store traits the dispatcher uses, each for its own part of the work.
+/// The store traits the router uses, each for its own part of the work.
 #[derive(Clone)]
-pub struct DispatchStore {
+pub struct RouteStore {
     /// Job definitions: a run's plan and route come from its job.
     pub jobs: Arc<dyn JobStore>,
-    /// The triggers it consumes, and this instance's beat.
-    pub triggers: Arc<dyn TriggerQueue>,
     /// The run machine: begin, fan out, assign, finish what found no executor.
     pub runs: Arc<dyn RunStore>,
     /// The nodes it routes to, and the shared round-robin counters.
@@ -116,8 +116,8 @@ fn spread_offset(job_id: &str) -> u64 {
     })
 }
 
-pub struct Dispatcher {
-    store: DispatchStore,
+pub struct Router {
+    store: RouteStore,
     opts: DispatchOptions,
     links: Arc<Links>,
     http: Arc<HttpTargets>,
@@ -136,9 +136,6 @@ pub struct Dispatcher {
     /// served for `dispatch_wait` (see `no_node_yet`).
     serving_since: tokio::time::Instant,
 }
-
-/// Jobs whose triggers one dispatcher begins at once.
-const BEGIN_CONCURRENCY: usize = 64;
 
 /// A run waiting in the room queue is woken by its timer only this many times
 /// `route_retry` apart (the room routes it as soon as a slot frees; the timer is for an
@@ -166,9 +163,9 @@ pub fn run_plan(job: &JobRecord, opts: &DispatchOptions) -> RunPlan {
     }
 }
 
-impl Dispatcher {
+impl Router {
     pub fn new(
-        store: DispatchStore,
+        store: RouteStore,
         opts: DispatchOptions,
         links: Arc<Links>,
         http: Arc<HttpTargets>,
@@ -245,7 +242,7 @@ impl Dispatcher {
     }
 
     /// How far a sweep moves the timer of a run that is due again: further while the
-    /// run waits in the room (see [`Dispatcher::room_grace`]).
+    /// run waits in the room (see [`Router::room_grace`]).
     pub fn wake_grace(&self, schedule_id: &str) -> Duration {
         match lock(&self.room).waits(schedule_id) {
             Some(timeout_ms) => self.room_grace(timeout_ms),
@@ -347,7 +344,7 @@ impl Dispatcher {
     }
 
     /// The job as of at least `version` (None when it is gone).
-    async fn job(&self, job_id: &str, version: u64) -> Option<Arc<JobRecord>> {
+    pub(super) async fn job(&self, job_id: &str, version: u64) -> Option<Arc<JobRecord>> {
         if let Some(j) = lock(&self.jobs).get(job_id)
             && j.version >= version
         {
@@ -811,7 +808,7 @@ impl Dispatcher {
 
     /// Sends the dispatch of a run leased to `node` on its way; the lease is counted
     /// on the node already (`NodeCache::moved`).
-    async fn dispatch(
+    pub(super) async fn dispatch(
         &self,
         leased: &RunRecord,
         job: &JobRecord,
@@ -955,7 +952,7 @@ fn waiting_since(run: &RunRecord) -> i64 {
     }
 }
 
-/// Where routing sends a run (`Dispatcher::pick`); nodes are indexes into the
+/// Where routing sends a run (`Router::pick`); nodes are indexes into the
 /// snapshot of the registry the pick was made from.
 enum Pick {
     /// No healthy node of the group serves the handler.

@@ -1,9 +1,10 @@
 //! The trigger-queue consumer: reads triggers in batches, begins their runs (begun and
-//! leased in one store decision when routing can name a node with room), acknowledges
-//! each trigger only once its run is durable, takes over the triggers of instances
-//! whose beat ran out, and keeps this instance's own beat.
+//! leased in one store decision when the router can name a node with room),
+//! acknowledges each trigger only once its run is durable, takes over the triggers of
+//! instances whose beat ran out, and keeps this instance's own beat. Where a run goes
+//! is the [`Router`]'s decision.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,22 +12,48 @@ use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::{BEGIN_CONCURRENCY, Dispatcher, Pick, run_plan, waits_in_room};
-use crate::dispatch::lock;
+use crate::dispatch::router::First;
+use crate::dispatch::{DispatchOptions, Router, lock, run_plan};
 use crate::fault::crash_point;
-use crate::model::{JobRecord, RunRecord, RunState, Target, duration_ms};
-use crate::store::{Assigned, Begun, Delivery, NodeRecord};
+use crate::model::{RunRecord, duration_ms};
+use crate::store::{Assigned, Begun, Delivery, RunStore, TriggerQueue};
 
-impl Dispatcher {
+/// Jobs whose triggers one consumer begins at once.
+const BEGIN_CONCURRENCY: usize = 64;
+
+/// This instance's consumer of the trigger queue.
+pub struct TriggerConsumer {
+    /// The triggers it consumes, and this instance's beat.
+    triggers: Arc<dyn TriggerQueue>,
+    /// Where runs begin (and the store's clock, for trimming the queue).
+    runs: Arc<dyn RunStore>,
+    router: Arc<Router>,
+    opts: DispatchOptions,
+}
+
+impl TriggerConsumer {
+    pub fn new(
+        triggers: Arc<dyn TriggerQueue>,
+        runs: Arc<dyn RunStore>,
+        router: Arc<Router>,
+    ) -> Self {
+        let opts = router.options().clone();
+        Self {
+            triggers,
+            runs,
+            router,
+            opts,
+        }
+    }
+
     /// Consumes the trigger queue until `shutdown`; the batch in hand is finished
     /// before it returns.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        info!(consumer = %self.opts.consumer, "dispatcher started");
+        info!(consumer = %self.opts.consumer, "trigger consumer started");
         let mut last_reclaim = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(50);
         while !shutdown.is_cancelled() {
             let mut batch = match self
-                .store
                 .triggers
                 .read_triggers(
                     &self.opts.consumer,
@@ -53,7 +80,7 @@ impl Dispatcher {
             }
             self.begin_all(batch).await;
         }
-        info!("dispatcher stopped");
+        info!("trigger consumer stopped");
     }
 
     /// Runs of different jobs begin concurrently; one job's triggers keep their queue
@@ -61,7 +88,10 @@ impl Dispatcher {
     /// acknowledged together once the batch is done (one store call, not one per run;
     /// a trigger redelivered meanwhile finds its run).
     async fn begin_all(&self, batch: Vec<Delivery>) {
-        self.prefetch_jobs(&batch).await;
+        let wanted = batch
+            .iter()
+            .map(|d| (d.trigger.job_id.as_str(), d.trigger.job_version));
+        self.router.prefetch_jobs(wanted).await;
         let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
         for d in batch {
             by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
@@ -80,35 +110,8 @@ impl Dispatcher {
         if durable.is_empty() {
             return;
         }
-        if let Err(e) = self.store.triggers.ack_triggers(&durable).await {
+        if let Err(e) = self.triggers.ack_triggers(&durable).await {
             warn!(error = %e, count = durable.len(), "acknowledging triggers failed; they will be redelivered");
-        }
-    }
-
-    /// Reads the jobs of a batch that the cache does not hold at their trigger's version
-    /// in one store call per partition, instead of one call per run as each begins
-    /// (a burst of jobs firing for the first time would read each job alone). A job
-    /// not found, or a store error, is left to `job`, which reads it on its own.
-    async fn prefetch_jobs(&self, batch: &[Delivery]) {
-        let missing: Vec<String> = {
-            let jobs = lock(&self.jobs);
-            let ids: BTreeSet<&str> = batch
-                .iter()
-                .map(|d| &d.trigger)
-                .filter(|t| {
-                    jobs.get(&t.job_id)
-                        .is_none_or(|j| j.version < t.job_version)
-                })
-                .map(|t| t.job_id.as_str())
-                .collect();
-            ids.into_iter().map(str::to_owned).collect()
-        };
-        if missing.is_empty() {
-            return;
-        }
-        match self.store.jobs.get_jobs(&missing).await {
-            Ok(found) => self.cache_jobs(found),
-            Err(e) => debug!(error = %e, "reading a batch's jobs failed; each run reads its own"),
         }
     }
 
@@ -127,7 +130,6 @@ impl Dispatcher {
                 _ = tick.tick() => {}
             }
             let dead = match self
-                .store
                 .triggers
                 .beat_instance(&me, self.opts.instance_ttl)
                 .await
@@ -140,7 +142,6 @@ impl Dispatcher {
             };
             for instance in dead {
                 match self
-                    .store
                     .triggers
                     .take_over_triggers(&instance, &me, self.opts.batch_size)
                     .await
@@ -160,7 +161,6 @@ impl Dispatcher {
 
     async fn reclaim(&self) -> Vec<Delivery> {
         let reclaimed = self
-            .store
             .triggers
             .reclaim_triggers(
                 &self.opts.consumer,
@@ -176,13 +176,12 @@ impl Dispatcher {
             info!(count = reclaimed.len(), "took over unacknowledged triggers");
         }
         let cutoff = self
-            .store
             .runs
             .now()
             .await
             .map(|now| now - duration_ms(self.opts.queue_retention));
         if let Ok(cutoff) = cutoff
-            && let Err(e) = self.store.triggers.trim_triggers(cutoff).await
+            && let Err(e) = self.triggers.trim_triggers(cutoff).await
         {
             warn!(error = %e, "trimming the trigger queue failed");
         }
@@ -200,23 +199,16 @@ impl Dispatcher {
         async {
             crash_point("dispatch.before_record");
             let mut run = RunRecord::from_trigger(&d.trigger);
-            let job = self.job(&d.trigger.job_id, d.trigger.job_version).await;
+            let job = self.router.job(&d.trigger.job_id, d.trigger.job_version).await;
             if let Some(job) = &job {
                 run.plan = run_plan(job, &self.opts);
             }
             let first = match &job {
-                Some(job) => self.first_node(&run, job).await,
+                Some(job) => self.router.first_node(&run, job).await,
                 None => First::Other,
             };
-            let (first, grace) = match first {
-                First::Node(nodes, i, route_key) => (Some((nodes, i, route_key)), self.opts.route_retry),
-                // It will wait in the room, which routes it when a slot frees: its timer
-                // is only for an instance that dies meanwhile.
-                First::NoRoom => (None, self.room_grace(run.plan.timeout_ms)),
-                First::Other => (None, self.opts.route_retry),
-            };
-            let node = first.as_ref().map(|(nodes, i, _)| &nodes[*i]);
-            let (begun, assigned) = match self.begin_on(run, node, grace).await {
+            let grace = self.router.begin_grace(&first, &run);
+            let (begun, assigned) = match self.begin_on(run, &first, grace).await {
                 Ok(b) => b,
                 Err(e) => {
                     warn!(error = %e, "beginning the run failed; the trigger will be retried");
@@ -224,90 +216,36 @@ impl Dispatcher {
                 }
             };
             debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
-            self.alerts.metrics().record_begun(&begun);
+            self.router.count_begun(&begun);
             crash_point("dispatch.before_ack");
-            for rv in &begun.revoked {
-                self.send_cancel(rv).await;
-            }
-            match (assigned, &first, &job) {
-                (Some(Assigned::Granted(leased)), Some((nodes, i, route_key)), Some(job)) => {
-                    self.dispatch(&leased, job, &nodes[*i], route_key).await;
-                }
-                (Some(Assigned::NotWaiting(_)), _, _) => debug!("run no longer waiting"),
-                // Not assigned here (no node named, or it was full), or a trigger seen
-                // again whose run is still waiting: routed as any waiting run.
-                _ if begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0 => {
-                    self.route(begun.run).await;
-                }
-                _ => {}
-            }
+            self.router
+                .begun(begun, assigned, &first, job.as_deref())
+                .await;
             Some(d.entry_id)
         }
         .instrument(span)
         .await
     }
 
-    /// Begins the run; when routing named a node for it, leases it to that node in
-    /// the same store decision (`begin_and_assign`: its outcome is `Some` when tried).
+    /// Begins the run; when routing named a node for it (`first`), leases it to that
+    /// node in the same store decision (`begin_and_assign`: its outcome is `Some`
+    /// when tried).
     async fn begin_on(
         &self,
         run: RunRecord,
-        node: Option<&NodeRecord>,
-        grace: std::time::Duration,
+        first: &First,
+        grace: Duration,
     ) -> crate::store::Result<(Begun, Option<Assigned>)> {
-        let Some(node) = node else {
-            return self
-                .store
-                .runs
-                .begin_run(run, grace)
-                .await
-                .map(|b| (b, None));
+        let Some(node) = first.node() else {
+            return self.runs.begin_run(run, grace).await.map(|b| (b, None));
         };
-        // Least active must see the runs the begins beside this one are about to lease.
-        let slot = self.nodes.asking(node);
+        let slot = self.router.asking(node);
         let begun = self
-            .store
             .runs
             .begin_and_assign(run, grace, &slot, self.opts.lease)
             .await;
         let assigned = begun.as_ref().ok().and_then(|(_, a)| a.as_ref());
-        self.nodes.answered(node, assigned);
+        self.router.answered(node, assigned);
         begun
     }
-
-    /// The node routing would try first for a run of `job` about to begin, when it
-    /// is an executor job routed to one node and some node can take it now.
-    async fn first_node(&self, run: &RunRecord, job: &JobRecord) -> First {
-        let Target::Executor { group, handler } = &job.spec.target else {
-            return First::Other;
-        };
-        let roomy = waits_in_room(run, job);
-        if roomy && lock(&self.room).waiting(group, handler) {
-            // Older runs wait for a slot on these nodes: this one goes behind them.
-            return First::NoRoom;
-        }
-        match self.pick(run, job, group, handler).await {
-            Pick::Order {
-                nodes,
-                order,
-                route_key,
-            } => match order.first() {
-                Some(&i) => First::Node(nodes, i, route_key),
-                None if roomy => First::NoRoom,
-                None => First::Other,
-            },
-            Pick::NoNode | Pick::Broadcast { .. } => First::Other,
-        }
-    }
-}
-
-/// Where a run about to begin would go first.
-enum First {
-    /// To this node of the snapshot, with this route key.
-    Node(Arc<Vec<NodeRecord>>, usize, String),
-    /// Into the room queue: every eligible node is at its window, or runs wait already.
-    NoRoom,
-    /// Anywhere else (no node, a broadcast, an HTTP target, a run that waits by its
-    /// timer): routed as any begun run.
-    Other,
 }
