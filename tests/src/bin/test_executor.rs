@@ -184,7 +184,11 @@ fn register(
     })
 }
 
-#[tokio::main]
+// One thread: its handlers are light, and the tests and benchmarks start ten of these
+// on two cores, where a multi-thread runtime's workers spend their time waking each
+// other (`sundial-bench burst --jobs 10000`: 45-49 µs of CPU per run on the default
+// runtime, 30 µs on this one; see sundial-sdk's "Choosing a runtime").
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
     let node_id = args

@@ -152,8 +152,13 @@ impl crate::Report for BurstReport {
         for r in &self.rounds {
             let kind = if r.round == 1 { "cold" } else { "warm" };
             println!(
-                "  round {} ({kind}): due -> handler start {} over {} runs; {:.0} starts/s, {} in the first second",
-                r.round, r.due_to_start, r.due_to_start.n, r.starts_per_s, r.started_in_first_s
+                "  round {} ({kind}): due -> handler start {} over {} runs (the first after {} ms); {:.0} starts/s, {} in the first second",
+                r.round,
+                r.due_to_start,
+                r.due_to_start.n,
+                r.due_to_start.min,
+                r.starts_per_s,
+                r.started_in_first_s
             );
         }
         println!(

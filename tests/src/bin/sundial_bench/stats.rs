@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 use sundial_tests::JournalEntry;
 
-/// p50 / p99 / max of a sample set, in its unit (ms here).
+/// min / p50 / p99 / max of a sample set, in its unit (ms here).
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Spread {
     pub n: usize,
+    pub min: i64,
     pub p50: i64,
     pub p99: i64,
     pub max: i64,
@@ -27,6 +28,7 @@ impl Spread {
         };
         Self {
             n: samples.len(),
+            min: samples[0],
             p50: at(0.50),
             p99: at(0.99),
             max: samples[samples.len() - 1],
