@@ -23,6 +23,7 @@ use crate::fault::crash_point;
 use crate::model::{JobRecord, Millis, MisfirePolicy, Trigger, TriggerKind};
 use crate::schedule::cron::CronError;
 use crate::schedule::jobs::{self, Plan};
+use crate::store::job_cache::JobCache;
 use crate::store::{ClaimResult, DueFire, FireClaim, JobStore};
 
 #[derive(Debug, Clone)]
@@ -128,6 +129,9 @@ pub struct Scheduler {
     stats: SchedulerStats,
     /// Lateness, misfires and their alerts, for the fires this instance's claims won.
     alerts: Arc<Alerts>,
+    /// The job records read to plan fires, kept for the instance's router (which
+    /// begins their runs) in the cache they share.
+    job_cache: Arc<JobCache>,
     /// One state per partition, in the order this instance visits them: a random
     /// rotation, so instances spread out instead of racing for the same batch first.
     partitions: Vec<PartitionState>,
@@ -156,6 +160,7 @@ impl Scheduler {
             opts,
             stats,
             alerts: Arc::new(Alerts::unread()),
+            job_cache: Arc::new(JobCache::default()),
             partitions,
         }
     }
@@ -164,6 +169,13 @@ impl Scheduler {
     /// its own that nobody reads).
     pub fn with_alerts(mut self, alerts: Arc<Alerts>) -> Self {
         self.alerts = alerts;
+        self
+    }
+
+    /// Shares the job records it reads through `cache` (by default, a cache of its
+    /// own).
+    pub fn with_job_cache(mut self, cache: Arc<JobCache>) -> Self {
+        self.job_cache = cache;
         self
     }
 
@@ -208,6 +220,7 @@ impl Scheduler {
     pub async fn claim_all_due(&mut self) -> Result<Duration, jobs::Error> {
         let claimer = Claimer {
             store: &self.store,
+            job_cache: &self.job_cache,
             opts: &self.opts,
             stats: &self.stats,
             alerts: &self.alerts,
@@ -234,6 +247,7 @@ impl Scheduler {
 #[derive(Clone, Copy)]
 struct Claimer<'a> {
     store: &'a Arc<dyn JobStore>,
+    job_cache: &'a JobCache,
     opts: &'a SchedulerOptions,
     stats: &'a SchedulerStats,
     alerts: &'a Alerts,
@@ -355,7 +369,8 @@ impl Claimer<'_> {
         }
         // Jobs often share a cron line: parse each distinct (cron, zone) once per batch.
         let mut parsed: HashMap<(String, String), Option<Plan>> = HashMap::new();
-        for job in self.store.get_jobs(&missing).await? {
+        let found = self.store.get_jobs(&missing).await?;
+        for job in self.job_cache.keep(found) {
             let key = (job.spec.cron.clone(), job.spec.time_zone.clone());
             let plan = match parsed.get(&key) {
                 Some(Some(shared)) => Some(Plan {

@@ -32,6 +32,7 @@ use crate::egress::EgressPolicy;
 use crate::metrics::Metrics;
 use crate::schedule::scheduler::{Scheduler, SchedulerStats};
 use crate::store::Store;
+use crate::store::job_cache::JobCache;
 
 pub use loops::{LoopFailure, Loops};
 pub use serve::Bound;
@@ -111,6 +112,8 @@ struct Parts {
     /// The alert webhook's sender and its queue, when one is configured.
     alert_webhook: Option<(AlertWebhook, tokio::sync::mpsc::Receiver<Alert>)>,
     links: Arc<Links>,
+    /// The job records the scheduler and the router share.
+    job_cache: Arc<JobCache>,
     router: Arc<Router>,
     consumer: Arc<TriggerConsumer>,
 }
@@ -166,9 +169,11 @@ impl Parts {
             None => None,
         };
         let links = Arc::new(Links::new(store.clone(), config.instance_id.clone()));
+        let job_cache = Arc::new(JobCache::default());
         let router = Arc::new(Router::new(
             RouteStore {
                 jobs: store.clone(),
+                job_cache: job_cache.clone(),
                 runs: store.clone(),
                 nodes: store.clone(),
             },
@@ -191,6 +196,7 @@ impl Parts {
             deliveries,
             alert_webhook,
             links,
+            job_cache,
             router,
             consumer,
         })
@@ -204,7 +210,8 @@ impl Parts {
             config.scheduler.clone(),
             SchedulerStats::default(),
         )
-        .with_alerts(self.alerts.clone());
+        .with_alerts(self.alerts.clone())
+        .with_job_cache(self.job_cache.clone());
         loops.spawn("scheduler", scheduler.run(stop.clone()));
         loops.spawn("dispatcher", self.consumer.clone().run(stop.clone()));
         loops.spawn("room", self.router.clone().refill_room(stop.clone()));

@@ -20,6 +20,9 @@
 //! | [`Outbox`] | `outbox.rs` | webhook deliveries and circuit breakers |
 //! | [`AppStore`] | `apps.rs` | apps, their secrets, inbound nonces |
 //!
+//! Beside them, [`job_cache::JobCache`] is an instance's own cache of job records, which
+//! its scheduler and router share (it coordinates nothing).
+//!
 //! [`Store`] is their sum, which both backends implement (`redis/`, `embedded/`, each
 //! trait in the backend's file of that concern); only the wiring (`server.rs`) and tests
 //! hold a whole `Store`.
@@ -32,6 +35,7 @@ mod audit;
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod embedded;
+pub mod job_cache;
 mod jobs;
 mod nodes;
 mod outbox;

@@ -3,7 +3,6 @@
 //! timer waits, the node cache's bookkeeping around a begin-and-lease, and what is
 //! left to do once a run is begun (cancels, the dispatch, or routing it).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,19 +41,12 @@ impl Router {
     /// found, or a store error, is left to [`job`](Router::job), which reads it on its
     /// own.
     pub async fn prefetch_jobs<'a>(&self, wanted: impl Iterator<Item = (&'a str, u64)>) {
-        let missing: Vec<String> = {
-            let jobs = lock(&self.jobs);
-            let ids: BTreeSet<&str> = wanted
-                .filter(|(id, version)| jobs.get(*id).is_none_or(|j| j.version < *version))
-                .map(|(id, _)| id)
-                .collect();
-            ids.into_iter().map(str::to_owned).collect()
-        };
+        let missing = self.store.job_cache.missing(wanted);
         if missing.is_empty() {
             return;
         }
         match self.store.jobs.get_jobs(&missing).await {
-            Ok(found) => self.cache_jobs(found),
+            Ok(found) => drop(self.store.job_cache.keep(found)),
             Err(e) => debug!(error = %e, "reading a batch's jobs failed; each run reads its own"),
         }
     }

@@ -28,6 +28,7 @@ use crate::dispatch::links::Links;
 use crate::dispatch::lock;
 use crate::dispatch::routing::{self, NodeView, Route, RouteState};
 use crate::model::{JobRecord, RouteStrategy, RunPlan, RunRecord, RunState, Target, duration_ms};
+use crate::store::job_cache::JobCache;
 use crate::store::{
     Assigned, FannedOut, Finisher, JobStore, LeaseTerms, NodeRecord, NodeRegistry, NodeSlot,
     Outcome, Revocation, RunStore, Transition,
@@ -46,6 +47,9 @@ use room::{Place, Room};
 pub struct RouteStore {
     /// Job definitions: a run's plan and route come from its job.
     pub jobs: Arc<dyn JobStore>,
+    /// The job records this instance read, shared with its scheduler (which reads a
+    /// job first, when it fires), refreshed when a run names a newer version.
+    pub job_cache: Arc<JobCache>,
     /// The run machine: begin, fan out, assign, finish what found no executor.
     pub runs: Arc<dyn RunStore>,
     /// The nodes it routes to, and the shared round-robin counters.
@@ -124,8 +128,6 @@ pub struct Router {
     /// Where the run outcomes this instance applies are counted (and alerted).
     alerts: Arc<Alerts>,
     nodes: NodeCache,
-    /// Job definitions by id, refreshed when a run names a newer version.
-    jobs: Mutex<HashMap<String, Arc<JobRecord>>>,
     /// Per-job routing state (round-robin position, weights, hash ring).
     routes: Mutex<HashMap<String, RouteState>>,
     /// When this instance last sent each FAILING node a probe run.
@@ -179,7 +181,6 @@ impl Router {
             http,
             alerts,
             nodes: NodeCache::new(refresh, policy),
-            jobs: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
             probes: Mutex::new(HashMap::new()),
             room: Mutex::new(Room::default()),
@@ -343,39 +344,21 @@ impl Router {
         }
     }
 
-    /// The job as of at least `version` (None when it is gone).
+    /// The job as of at least `version` (None when it is gone), from the instance's
+    /// job cache or the store.
     pub(super) async fn job(&self, job_id: &str, version: u64) -> Option<Arc<JobRecord>> {
-        if let Some(j) = lock(&self.jobs).get(job_id)
-            && j.version >= version
-        {
-            return Some(j.clone());
+        if let Some(j) = self.store.job_cache.get(job_id, version) {
+            return Some(j);
         }
         match self.store.jobs.get_job(job_id).await {
-            Ok(Some(j)) => {
-                let j = Arc::new(j);
-                lock(&self.jobs).insert(job_id.to_owned(), j.clone());
-                Some(j)
-            }
+            Ok(Some(j)) => self.store.job_cache.keep(vec![j]).pop(),
             Ok(None) => {
-                lock(&self.jobs).remove(job_id);
+                self.store.job_cache.forget(job_id);
                 None
             }
             Err(e) => {
                 warn!(%job_id, error = %e, "reading the job failed");
                 None
-            }
-        }
-    }
-
-    /// Keeps these jobs in the cache, unless it holds a newer version of one.
-    fn cache_jobs(&self, found: Vec<JobRecord>) {
-        let mut jobs = lock(&self.jobs);
-        for job in found {
-            match jobs.get(&job.spec.id) {
-                Some(held) if held.version >= job.version => {}
-                _ => {
-                    jobs.insert(job.spec.id.clone(), Arc::new(job));
-                }
             }
         }
     }
