@@ -196,9 +196,10 @@ async fn forged_reports_are_refused_on_the_embedded_store() -> Result<()> {
     forged_reports_are_refused(SundialOptions::embedded(dir.path())).await
 }
 
-/// Results sent together (one batch on the stream, one store decision) are each
-/// answered as alone, in order: the holder's are applied, one quoting a stale token is
-/// refused and changes nothing, and that run's real result is applied after.
+/// Log lines, progress and results sent together (one batch on the stream; the results
+/// one store decision) are each applied as alone: the results answered in order, the
+/// holder's applied, one quoting a stale token refused and changing nothing (that
+/// run's real result is applied after), every run's log line and the progress kept.
 async fn results_sent_together_are_each_answered(opts: SundialOptions) -> Result<()> {
     let server = Sundial::start(secured(opts))?;
     let channel = server.channel().await?;
@@ -216,6 +217,26 @@ async fn results_sent_together_are_each_answered(opts: SundialOptions) -> Result
         fencing_token: runs[1].fencing_token - 1,
         ..runs[1].clone()
     };
+    // Log lines and progress first, in the same burst as the results.
+    for (i, run) in runs.iter().enumerate() {
+        holder
+            .send(Msg::Logs(pb::LogLines {
+                run: Some(run.clone()),
+                lines: vec![pb::LogEntry {
+                    time_ms: 1,
+                    level: "info".into(),
+                    message: format!("line of run {i}"),
+                }],
+            }))
+            .await?;
+    }
+    holder
+        .send(Msg::Progress(pb::Progress {
+            run: Some(runs[1].clone()),
+            percent: 40,
+            message: "almost".into(),
+        }))
+        .await?;
     for (run, output) in [(&runs[0], "r0"), (&stale, "stale"), (&runs[2], "r2")] {
         holder
             .send(Msg::Result(pb::Result {
@@ -257,6 +278,21 @@ async fn results_sent_together_are_each_answered(opts: SundialOptions) -> Result
         r.state == pb::RunState::Running as i32 && r.output.is_empty(),
         "the stale result changed the run: {r:?}"
     );
+    ensure!(r.progress_percent == 40, "{r:?}");
+    for (i, run) in runs.iter().enumerate() {
+        let logs = server
+            .runs()
+            .await?
+            .list_run_logs(pb::ListRunLogsRequest {
+                schedule_id: run.schedule_id.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .lines;
+        let texts: Vec<&str> = logs.iter().map(|l| l.message.as_str()).collect();
+        ensure!(texts == [format!("line of run {i}")], "run {i}: {texts:?}");
+    }
     let ack = holder
         .result(&runs[1], pb::ResultStatus::Succeeded, b"r1")
         .await?;

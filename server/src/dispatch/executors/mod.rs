@@ -724,8 +724,9 @@ impl Executors {
     }
 
     /// Handles a batch of messages in their order, except that each stretch of run
-    /// reports (`Started`, `Result`) naming distinct runs goes to the store at once:
-    /// its `Started` reports in one call, its results in another, side by side; a
+    /// reports (`Started`, `Result`, `Progress`, `Logs`) naming distinct runs goes to
+    /// the store at once: its `Started` reports in one call, its results in another,
+    /// its progress and log lines [`REPORT_CONCURRENCY`] at a time, side by side; a
     /// report never overtakes an earlier message about the same run. Replies are sent
     /// on `tx` as soon as their store call is done (a `StartAck` never waits for a
     /// `ResultAck`); the status that ends the stream if one message did. A stream
@@ -755,16 +756,30 @@ impl Executors {
                 Stretch::Reports(reports) => reports,
             };
             // The stretch's `Started` reports go to the store in one call, its results
-            // in another, side by side.
-            let (starts, results): (Vec<_>, Vec<_>) = reports
+            // in another, its progress and log lines a few at a time, side by side.
+            let (starts, rest): (Vec<_>, Vec<_>) = reports
                 .into_iter()
                 .partition(|m| matches!(m.msg, Some(Msg::Started(_))));
+            let (results, notes): (Vec<_>, Vec<_>) = rest
+                .into_iter()
+                .partition(|m| matches!(m.msg, Some(Msg::Result(_))));
             let started =
                 async { Ok::<_, Status>(send(self.start_many(state, starts).await?).await) };
             let reported =
                 async { Ok::<_, Status>(send(self.finish_many(state, results).await?).await) };
-            let (started, reported) = futures::try_join!(started, reported)?;
-            if !started || !reported {
+            let noted = async {
+                let mut noted = futures::stream::iter(notes)
+                    .map(|m| self.handle(state, m))
+                    .buffer_unordered(REPORT_CONCURRENCY);
+                while let Some(replies) = noted.next().await {
+                    if !send(replies?).await {
+                        return Ok(false);
+                    }
+                }
+                Ok::<_, Status>(true)
+            };
+            let (started, reported, noted) = futures::try_join!(started, reported, noted)?;
+            if !started || !reported || !noted {
                 return Ok(());
             }
         }

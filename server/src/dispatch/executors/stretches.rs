@@ -1,19 +1,22 @@
 //! How a stream's batch of messages is cut for handling: each maximal stretch of run
-//! reports (`Started`, `Result`) about distinct runs may go to the store at once, every
-//! other message is handled on its own, and no report overtakes an earlier one about
-//! the same run.
+//! reports (`Started`, `Result`, `Progress`, `Logs`) about distinct runs may go to the
+//! store at once, every other message is handled on its own, and no report overtakes
+//! an earlier one about the same run.
 
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::executor_message::Msg;
 
 use super::stored_id;
 
-/// The stored run a run report (`Started`, `Result`) names; None for other messages
-/// and for a report that names none (handled on its own, and refused).
+/// The stored run a run report (`Started`, `Result`, `Progress`, `Logs`) names; None
+/// for other messages and for a report that names none (handled on its own, and
+/// refused).
 fn report_key(m: &pb::ExecutorMessage) -> Option<String> {
     let run = match &m.msg {
         Some(Msg::Started(s)) => s.run.as_ref(),
         Some(Msg::Result(r)) => r.run.as_ref(),
+        Some(Msg::Progress(p)) => p.run.as_ref(),
+        Some(Msg::Logs(l)) => l.run.as_ref(),
         _ => None,
     }?;
     (!run.schedule_id.is_empty()).then(|| stored_id(run))
@@ -86,6 +89,24 @@ mod tests {
         }
     }
 
+    fn logs(id: &str) -> pb::ExecutorMessage {
+        pb::ExecutorMessage {
+            msg: Some(Msg::Logs(pb::LogLines {
+                run: run(id),
+                lines: Vec::new(),
+            })),
+        }
+    }
+
+    fn progress(id: &str) -> pb::ExecutorMessage {
+        pb::ExecutorMessage {
+            msg: Some(Msg::Progress(pb::Progress {
+                run: run(id),
+                ..Default::default()
+            })),
+        }
+    }
+
     fn heartbeat() -> pb::ExecutorMessage {
         pb::ExecutorMessage {
             msg: Some(Msg::Heartbeat(pb::Heartbeat::default())),
@@ -100,6 +121,10 @@ mod tests {
             started("b@1"),
             result("a@1"),
             result("c@1"),
+            logs("d@1"),
+            progress("e@1"),
+            logs("c@1"),
+            result("d@1"),
             heartbeat(),
             result("b@1"),
             started("x@1"),
@@ -112,7 +137,14 @@ mod tests {
             vec![
                 Reports(vec![started("a@1"), started("b@1")]),
                 // The second report about a@1 waits for the first.
-                Reports(vec![result("a@1"), result("c@1")]),
+                Reports(vec![
+                    result("a@1"),
+                    result("c@1"),
+                    logs("d@1"),
+                    progress("e@1")
+                ]),
+                // c@1's log lines after its result, d@1's result after its log lines.
+                Reports(vec![logs("c@1"), result("d@1")]),
                 One(heartbeat()),
                 Reports(vec![result("b@1"), started("x@1")]),
                 // A report naming no run is handled (and refused) on its own.
