@@ -182,6 +182,14 @@ pub struct Outcome {
     pub finished_at: Option<Millis>,
 }
 
+/// One run's log lines in a batch given to [`RunStore::append_logs_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogBatch {
+    pub schedule_id: String,
+    pub holder: Holder,
+    pub lines: Vec<LogLine>,
+}
+
 /// One result of a batch given to [`RunStore::finish_runs`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finish {
@@ -462,6 +470,23 @@ pub trait RunStore: StoreMeta {
         lines: Vec<LogLine>,
         max_bytes: usize,
     ) -> Result<Applied>;
+
+    /// [`append_logs`](Self::append_logs) of each run's lines, the answers in the order
+    /// given (a stream's log messages, one store decision per batch). A refused one
+    /// changes nothing; the others are appended all the same. Redis makes one script
+    /// call per partition, the embedded store one write step; this default makes the
+    /// calls concurrently.
+    async fn append_logs_many(
+        &self,
+        batches: Vec<LogBatch>,
+        max_bytes: usize,
+    ) -> Result<Vec<Applied>> {
+        let calls = batches.into_iter().map(|b| async move {
+            self.append_logs(&b.schedule_id, &b.holder, b.lines, max_bytes)
+                .await
+        });
+        futures::future::try_join_all(calls).await
+    }
 
     /// Log lines with `seq > after`, oldest first, at most `limit`.
     async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>>;

@@ -50,8 +50,8 @@ use crate::dispatch::silence::Liveness;
 use crate::dispatch::{Router, lock};
 use crate::model::{RunState, duration_ms, now_ms, reported_time, valid_job_id};
 use crate::store::{
-    Applied, Finish, Finisher, Held, Holder, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRegistry,
-    Outcome, Registered, RunStore, UNKNOWN_RUN,
+    Applied, Finish, Finisher, Held, Holder, LogBatch, LogLine, NOT_THE_HOLDER, NodeRecord,
+    NodeRegistry, Outcome, Registered, RunStore, UNKNOWN_RUN,
 };
 
 #[derive(Debug, Clone)]
@@ -726,7 +726,8 @@ impl Executors {
     /// Handles a batch of messages in their order, except that each stretch of run
     /// reports (`Started`, `Result`, `Progress`, `Logs`) naming distinct runs goes to
     /// the store at once: its `Started` reports in one call, its results in another,
-    /// its progress and log lines [`REPORT_CONCURRENCY`] at a time, side by side; a
+    /// its log lines in a third (then its progress, [`REPORT_CONCURRENCY`] at a
+    /// time), side by side; a
     /// report never overtakes an earlier message about the same run. Replies are sent
     /// on `tx` as soon as their store call is done (a `StartAck` never waits for a
     /// `ResultAck`); the status that ends the stream if one message did. A stream
@@ -756,19 +757,24 @@ impl Executors {
                 Stretch::Reports(reports) => reports,
             };
             // The stretch's `Started` reports go to the store in one call, its results
-            // in another, its progress and log lines a few at a time, side by side.
+            // in another, its log lines in a third (then its progress, a few at a time),
+            // side by side.
             let (starts, rest): (Vec<_>, Vec<_>) = reports
                 .into_iter()
                 .partition(|m| matches!(m.msg, Some(Msg::Started(_))));
-            let (results, notes): (Vec<_>, Vec<_>) = rest
+            let (results, rest): (Vec<_>, Vec<_>) = rest
                 .into_iter()
                 .partition(|m| matches!(m.msg, Some(Msg::Result(_))));
+            let (logs, progress): (Vec<_>, Vec<_>) = rest
+                .into_iter()
+                .partition(|m| matches!(m.msg, Some(Msg::Logs(_))));
             let started =
                 async { Ok::<_, Status>(send(self.start_many(state, starts).await?).await) };
             let reported =
                 async { Ok::<_, Status>(send(self.finish_many(state, results).await?).await) };
             let noted = async {
-                let mut noted = futures::stream::iter(notes)
+                self.append_many(state, logs).await?;
+                let mut noted = futures::stream::iter(progress)
                     .map(|m| self.handle(state, m))
                     .buffer_unordered(REPORT_CONCURRENCY);
                 while let Some(replies) = noted.next().await {
@@ -860,36 +866,14 @@ impl Executors {
                 Ok(Vec::new())
             }
             Some(Msg::Logs(l)) => {
-                let run = run_ref(l.run, "logs")?;
-                if l.lines.len() > MAX_LOG_LINES {
-                    return Err(Status::invalid_argument(format!(
-                        "logs.lines: more than {MAX_LOG_LINES} in one message"
-                    )));
-                }
-                let lines = l
-                    .lines
-                    .into_iter()
-                    .map(|e| {
-                        let mut message = e.message;
-                        truncate_utf8(&mut message, MAX_LOG_LINE_BYTES);
-                        let mut level = e.level;
-                        truncate_utf8(&mut level, 16);
-                        LogLine {
-                            seq: 0,
-                            time_ms: reported_time(e.time_ms).unwrap_or_else(now_ms),
-                            level,
-                            message,
-                            attempt: run.attempt,
-                        }
-                    })
-                    .collect();
+                let (run, batch) = log_batch_of(state, l)?;
                 let applied = self
                     .store
                     .runs
                     .append_logs(
-                        &stored_id(&run),
-                        &holder(state, &run),
-                        lines,
+                        &batch.schedule_id,
+                        &batch.holder,
+                        batch.lines,
                         self.opts.max_log_bytes,
                     )
                     .await?;
@@ -1067,6 +1051,37 @@ impl Executors {
         Ok(out)
     }
 
+    /// A stretch's `Logs` messages in one store call (`append_logs_many`), each refusal
+    /// counted as [`handle`](Self::handle) counts one (log lines get no reply).
+    async fn append_many(
+        &self,
+        state: &Mutex<NodeState>,
+        msgs: Vec<pb::ExecutorMessage>,
+    ) -> Result<(), Status> {
+        if msgs.is_empty() {
+            return Ok(());
+        }
+        let mut runs = Vec::with_capacity(msgs.len());
+        let mut batches = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            let Some(Msg::Logs(l)) = m.msg else {
+                return Err(Status::internal("append_many: not a Logs"));
+            };
+            let (run, batch) = log_batch_of(state, l)?;
+            runs.push(run);
+            batches.push(batch);
+        }
+        let answers = self
+            .store
+            .runs
+            .append_logs_many(batches, self.opts.max_log_bytes)
+            .await?;
+        for (run, applied) in runs.iter().zip(&answers) {
+            self.count_refusal(state, run, applied)?;
+        }
+        Ok(())
+    }
+
     /// What a run report leaves for the stream: the reply, and for an applied result
     /// the node's health window and the attempt's follow-up.
     async fn settle(&self, state: &Mutex<NodeState>, r: Reported) -> Result<Vec<Out>, Status> {
@@ -1234,6 +1249,44 @@ fn note_answers(liveness: &Liveness, m: &pb::ExecutorMessage) {
 }
 
 /// A message's run reference, which must name a run.
+/// A `Logs` message read: its run, and its lines to append as the run's holder on
+/// this stream (each cut to its bounds, timed by the store's clock when the executor's
+/// time cannot be held). More than [`MAX_LOG_LINES`] lines is refused.
+fn log_batch_of(
+    state: &Mutex<NodeState>,
+    l: pb::LogLines,
+) -> Result<(pb::RunRef, LogBatch), Status> {
+    let run = run_ref(l.run, "logs")?;
+    if l.lines.len() > MAX_LOG_LINES {
+        return Err(Status::invalid_argument(format!(
+            "logs.lines: more than {MAX_LOG_LINES} in one message"
+        )));
+    }
+    let lines = l
+        .lines
+        .into_iter()
+        .map(|e| {
+            let mut message = e.message;
+            truncate_utf8(&mut message, MAX_LOG_LINE_BYTES);
+            let mut level = e.level;
+            truncate_utf8(&mut level, 16);
+            LogLine {
+                seq: 0,
+                time_ms: reported_time(e.time_ms).unwrap_or_else(now_ms),
+                level,
+                message,
+                attempt: run.attempt,
+            }
+        })
+        .collect();
+    let batch = LogBatch {
+        schedule_id: stored_id(&run),
+        holder: holder(state, &run),
+        lines,
+    };
+    Ok((run, batch))
+}
+
 /// A `Result` read: its run, the finish to apply (from the run's holder on this
 /// stream), the state it reports and the handler's run time. An output past
 /// [`MAX_OUTPUT_BYTES`] fails the attempt; error texts are cut to their bounds.

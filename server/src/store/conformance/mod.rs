@@ -32,8 +32,8 @@ use super::{
     Admission, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate, ClaimResult,
     Delivery, DeliveryOutcome, DeliveryResult, DeliveryTerms, DueFire, Enqueued, Error, FannedOut,
     Finish, Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms,
-    LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered, Revocation,
-    RunQuery, STALE_TOKEN, SettleRequest, Store, StoreOptions, Transition, UNKNOWN_RUN,
+    LogBatch, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered,
+    Revocation, RunQuery, STALE_TOKEN, SettleRequest, Store, StoreOptions, Transition, UNKNOWN_RUN,
     WebhookDelivery, partition_of,
 };
 use crate::model::{
@@ -102,6 +102,7 @@ macro_rules! store_conformance_tests {
                 mark_started_transitions: options,
                 mark_started_many_applies_each_report: options,
                 finish_runs_applies_each_result: options,
+                append_logs_many_appends_each_run: options,
                 reports_only_from_the_lease_holder: options,
                 renew_leases_extend_and_confirm: options,
                 finish_run_outcomes: options,

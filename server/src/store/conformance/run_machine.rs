@@ -1034,6 +1034,106 @@ pub async fn finish_runs_applies_each_result(store: Arc<dyn Store>) {
     );
 }
 
+/// `append_logs_many` answers each run's lines as `append_logs` would, in order: a
+/// refused one (a stale token, an unknown run, a final run, a malformed id) stores
+/// nothing and the others are stored all the same; the same run twice in one batch
+/// gets its lines in order; no lines is vacuously stored.
+pub async fn append_logs_many_appends_each_run(store: Arc<dyn Store>) {
+    for id in ["logm-a", "logm-b"] {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    let n = slot("logm-n", 0);
+    let mut granted = Vec::new();
+    for (id, at) in [
+        ("logm-a", 1000),
+        ("logm-a", 2000),
+        ("logm-b", 1000),
+        ("logm-b", 2000),
+    ] {
+        let r = begin(&store, planned_run(id, at, plan(OverlapPolicy::Allow)))
+            .await
+            .run;
+        granted.push(grant(&store, &r.schedule_id, 1, &n, LONG).await);
+    }
+    let done = &granted[3];
+    store
+        .finish_run(
+            &done.schedule_id,
+            Finisher::Holder(Holder::of(done)),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let stale = Holder {
+        token: granted[1].fencing_token + 1,
+        ..Holder::of(&granted[1])
+    };
+    let batch = |sid: &str, holder: Holder, lines: &[&str]| LogBatch {
+        schedule_id: sid.to_owned(),
+        holder,
+        lines: lines.iter().map(|m| log(m)).collect(),
+    };
+    let of = |i: usize| (granted[i].schedule_id.as_str(), Holder::of(&granted[i]));
+    let batches = vec![
+        batch(of(0).0, of(0).1, &["a0-1", "a0-2"]),
+        batch(of(1).0, stale.clone(), &["stale"]),
+        batch("logm-a@404", of(0).1, &["nobody's"]),
+        batch(of(2).0, of(2).1, &["b0"]),
+        batch(of(0).0, of(0).1, &["a0-3"]),
+        batch(of(3).0, of(3).1, &["late"]),
+        batch(of(2).0, stale, &[]),
+        batch("no-separator", of(0).1, &["x"]),
+    ];
+    let answers = store
+        .append_logs_many(batches, 10_000)
+        .await
+        .expect("append");
+    let no = |why: &str| Applied::No(why.to_owned());
+    assert_eq!(
+        answers,
+        vec![
+            Applied::Yes,
+            no("stale fencing token"),
+            no(UNKNOWN_RUN),
+            Applied::Yes,
+            Applied::Yes,
+            no("run is SUCCEEDED"),
+            Applied::Yes,
+            no(UNKNOWN_RUN),
+        ]
+    );
+    let read = |i: usize| {
+        let store = store.clone();
+        let sid = granted[i].schedule_id.clone();
+        async move {
+            let lines = store.read_logs(&sid, 0, 100).await.expect("read");
+            lines
+                .into_iter()
+                .map(|l| (l.seq, l.message))
+                .collect::<Vec<_>>()
+        }
+    };
+    let owned = |v: &[(u64, &str)]| {
+        v.iter()
+            .map(|(s, m)| (*s, (*m).to_owned()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        read(0).await,
+        owned(&[(1, "a0-1"), (2, "a0-2"), (3, "a0-3")])
+    );
+    assert_eq!(read(1).await, owned(&[]), "a refused batch stores nothing");
+    assert_eq!(read(2).await, owned(&[(1, "b0")]));
+    assert_eq!(read(3).await, owned(&[]), "a final run's log is closed");
+    assert!(
+        store
+            .append_logs_many(Vec::new(), 10_000)
+            .await
+            .expect("none")
+            .is_empty()
+    );
+}
+
 /// Every report about a run (start, result, reject, progress, logs) is applied only
 /// from the node that holds its lease, with its token: another node quoting the right
 /// token is refused "not the lease holder" and changes nothing; the holder's own

@@ -6,7 +6,7 @@
 
 use super::run_tables::RunTables;
 use super::*;
-use crate::store::{Finish, assigned_after, routable_now};
+use crate::store::{Finish, LogBatch, assigned_after, routable_now};
 
 #[async_trait]
 impl RunStore for EmbeddedStore {
@@ -463,58 +463,30 @@ impl RunStore for EmbeddedStore {
             return Ok(Applied::Yes);
         }
         let (schedule_id, holder) = (schedule_id.to_owned(), holder.clone());
+        self.write(move |_, b| append(b.runs()?, &schedule_id, &holder, lines, max_bytes))
+            .await
+    }
+
+    async fn append_logs_many(
+        &self,
+        batches: Vec<LogBatch>,
+        max_bytes: usize,
+    ) -> Result<Vec<Applied>> {
+        if batches.iter().all(|b| b.lines.is_empty()) {
+            return Ok(vec![Applied::Yes; batches.len()]);
+        }
         self.write(move |_, b| {
-            let schedule_id = schedule_id.as_str();
             let t = b.runs()?;
-            let Some(run) = t.load_held(schedule_id)? else {
-                return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
-            };
-            if let Some(why) = holder.refusal(&run) {
-                return Ok(Applied::No(why.to_owned()));
-            }
-            if !held(run.state) {
-                return Ok(Applied::No(format!("run is {}", run.state)));
-            }
-            let schedule_id = run.schedule_id.as_str();
-            let (mut seq, mut bytes) = t
-                .log_meta
-                .get(schedule_id)
-                .ctx("read run log meta")?
-                .map(|g| g.value())
-                .unwrap_or((0, 0));
-            for mut line in lines {
-                seq += 1;
-                line.seq = seq;
-                bytes = bytes.saturating_add(line.message.len() as u64 + LOG_LINE_COST);
-                let json = encode("log line", &line)?;
-                t.logs
-                    .insert((schedule_id, seq), json.as_str())
-                    .ctx("write run log line")?;
-            }
-            let max = u64::try_from(max_bytes).unwrap_or(u64::MAX);
-            if bytes > max {
-                let mut dropped = Vec::new();
-                for item in t
-                    .logs
-                    .range((schedule_id, 0)..=(schedule_id, u64::MAX))
-                    .ctx("scan run logs")?
-                {
-                    if bytes <= max {
-                        break;
+            batches
+                .into_iter()
+                .map(|l| {
+                    if l.lines.is_empty() {
+                        Ok(Applied::Yes)
+                    } else {
+                        append(t, &l.schedule_id, &l.holder, l.lines, max_bytes)
                     }
-                    let (k, v) = item.ctx("scan run logs")?;
-                    let old: LogLine = decode("log line", schedule_id, v.value())?;
-                    bytes = bytes.saturating_sub(old.message.len() as u64 + LOG_LINE_COST);
-                    dropped.push(k.value().1);
-                }
-                for s in dropped {
-                    t.logs.remove((schedule_id, s)).ctx("delete run log line")?;
-                }
-            }
-            t.log_meta
-                .insert(schedule_id, (seq, bytes))
-                .ctx("write run log meta")?;
-            Ok(Applied::Yes)
+                })
+                .collect()
         })
         .await
     }
@@ -843,4 +815,63 @@ fn finish(
     };
     t.save(&mut run)?;
     Ok(applied(run, [], next))
+}
+
+/// `append_logs`'s decision in the batch's run tables (`lines` not empty).
+fn append(
+    t: &mut RunTables<'_>,
+    schedule_id: &str,
+    holder: &Holder,
+    lines: Vec<LogLine>,
+    max_bytes: usize,
+) -> Result<Applied> {
+    let Some(run) = t.load_held(schedule_id)? else {
+        return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
+    };
+    if let Some(why) = holder.refusal(&run) {
+        return Ok(Applied::No(why.to_owned()));
+    }
+    if !held(run.state) {
+        return Ok(Applied::No(format!("run is {}", run.state)));
+    }
+    let schedule_id = run.schedule_id.as_str();
+    let (mut seq, mut bytes) = t
+        .log_meta
+        .get(schedule_id)
+        .ctx("read run log meta")?
+        .map(|g| g.value())
+        .unwrap_or((0, 0));
+    for mut line in lines {
+        seq += 1;
+        line.seq = seq;
+        bytes = bytes.saturating_add(line.message.len() as u64 + LOG_LINE_COST);
+        let json = encode("log line", &line)?;
+        t.logs
+            .insert((schedule_id, seq), json.as_str())
+            .ctx("write run log line")?;
+    }
+    let max = u64::try_from(max_bytes).unwrap_or(u64::MAX);
+    if bytes > max {
+        let mut dropped = Vec::new();
+        for item in t
+            .logs
+            .range((schedule_id, 0)..=(schedule_id, u64::MAX))
+            .ctx("scan run logs")?
+        {
+            if bytes <= max {
+                break;
+            }
+            let (k, v) = item.ctx("scan run logs")?;
+            let old: LogLine = decode("log line", schedule_id, v.value())?;
+            bytes = bytes.saturating_sub(old.message.len() as u64 + LOG_LINE_COST);
+            dropped.push(k.value().1);
+        }
+        for s in dropped {
+            t.logs.remove((schedule_id, s)).ctx("delete run log line")?;
+        }
+    }
+    t.log_meta
+        .insert(schedule_id, (seq, bytes))
+        .ctx("write run log meta")?;
+    Ok(Applied::Yes)
 }

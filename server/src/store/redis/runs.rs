@@ -3,7 +3,7 @@
 
 use super::node_slots::{Reserved, reservation_hold};
 use super::*;
-use crate::store::Finish;
+use crate::store::{Finish, LogBatch};
 
 #[async_trait]
 impl RunStore for RedisStore {
@@ -481,6 +481,79 @@ impl RunStore for RedisStore {
         let mut c = self.conn().await?;
         let refused: String = inv.invoke_async(&mut c).await.map_err(unavailable)?;
         Ok(applied_unless(refused))
+    }
+
+    async fn append_logs_many(
+        &self,
+        batches: Vec<LogBatch>,
+        max_bytes: usize,
+    ) -> Result<Vec<Applied>> {
+        // Nothing to store is vacuously stored, whoever asks (as `append_logs`).
+        let mut out: Vec<Applied> = batches
+            .iter()
+            .map(|b| {
+                if b.lines.is_empty() {
+                    Applied::Yes
+                } else {
+                    Applied::No(UNKNOWN_RUN.to_owned())
+                }
+            })
+            .collect();
+        let sids = batches
+            .iter()
+            .filter(|b| !b.lines.is_empty())
+            .map(|b| b.schedule_id.as_str());
+        let mut by_part = self.positions_by_partition(sids);
+        // Positions among the non-empty batches, back to positions in `batches`.
+        let kept: Vec<usize> = (0..batches.len())
+            .filter(|&i| !batches[i].lines.is_empty())
+            .collect();
+        for idx in by_part.values_mut() {
+            for i in idx.iter_mut() {
+                *i = kept[*i];
+            }
+        }
+        let mut encoded = Vec::with_capacity(batches.len());
+        for b in &batches {
+            let lines = b
+                .lines
+                .iter()
+                .map(|l| serde_json::to_string(l).map_err(corrupt))
+                .collect::<Result<Vec<_>>>()?;
+            encoded.push(lines);
+        }
+        // One call per partition, sent together (pipelined on the shared connection).
+        let calls = by_part.into_iter().map(|(p, idx)| {
+            let (batches, encoded) = (&batches, &encoded);
+            async move {
+                let mut inv = self.inner.scripts.append_logs_many.prepare_invoke();
+                inv.arg(self.pfx(p)).arg(max_bytes).arg(LOG_LINE_COST);
+                for &i in &idx {
+                    let b = &batches[i];
+                    inv.arg(&b.schedule_id)
+                        .arg(&b.holder.node_id)
+                        .arg(b.holder.token.to_string())
+                        .arg(encoded[i].len())
+                        .arg(&encoded[i]);
+                }
+                let mut c = self.conn().await?;
+                let r: Vec<String> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+                if r.len() != idx.len() {
+                    return Err(corrupt(format!(
+                        "append_logs_many answered {} for {} runs",
+                        r.len(),
+                        idx.len()
+                    )));
+                }
+                Ok((idx, r))
+            }
+        });
+        for (idx, answers) in futures::future::try_join_all(calls).await? {
+            for (i, refused) in idx.into_iter().zip(answers) {
+                out[i] = applied_unless(refused);
+            }
+        }
+        Ok(out)
     }
 
     async fn read_logs(&self, schedule_id: &str, after: u64, limit: usize) -> Result<Vec<LogLine>> {

@@ -670,3 +670,43 @@ local function finish(P, N, sid, by, value, outcome_json, node)
   end
   return reply('yes', '', save_run(P, run), nil, nxt)
 end
+
+-- append_logs's decision (append_logs.lua) for run `sid` reported by `node` with
+-- `token`: `lines` a table of JSON lines ({time_ms, level, message, attempt}), each
+-- given its seq here and counted as its message's bytes plus `cost`; the oldest fall
+-- out past `max`. Only while the run is DISPATCHED or RUNNING: a final log is never
+-- appended to. Returns '' when stored, else the reason.
+local function append_lines(P, sid, node, token, max, cost, lines)
+  local run, refused = reported_run(P, sid, node, token)
+  if refused then
+    return refused
+  end
+  if not HELD[run.state] then
+    return 'run is ' .. run.state
+  end
+  sid = run.schedule_id
+  local runkey = P .. 'run:' .. sid
+  local lkey, mkey = P .. 'logs:' .. sid, P .. 'logmeta:' .. sid
+  local bytes = tonumber(redis.call('HGET', mkey, 'bytes') or '0')
+  for _, json in ipairs(lines) do
+    local line = cjson.decode(json)
+    line.seq = redis.call('HINCRBY', mkey, 'seq', 1)
+    bytes = bytes + #line.message + cost
+    redis.call('RPUSH', lkey, cjson.encode(line))
+  end
+  while bytes > max do
+    local old = redis.call('LPOP', lkey)
+    if not old then
+      bytes = 0
+      break
+    end
+    bytes = bytes - #cjson.decode(old).message - cost
+  end
+  redis.call('HSET', mkey, 'bytes', bytes)
+  local ttl = redis.call('PTTL', runkey)
+  if ttl > 0 then
+    redis.call('PEXPIRE', lkey, ttl)
+    redis.call('PEXPIRE', mkey, ttl)
+  end
+  return ''
+end
