@@ -1,12 +1,9 @@
 -- ARGV: P, schedule_id, node, token, percent, message
 -- Returns '' when stored, else the reason.
 local P = ARGV[1]
-local run, refused = reported_run(P, ARGV[2], ARGV[3], ARGV[4])
-if refused then
+local run, refused = held_run(P, ARGV[2], ARGV[3], ARGV[4])
+if not run then
   return refused
-end
-if not HELD[run.state] then
-  return 'run is ' .. run.state
 end
 run.progress_percent = tonumber(ARGV[5])
 run.progress_message = ARGV[6]

@@ -155,6 +155,19 @@ local function reported_run(P, sid, node, token)
   return run, holder_refusal(run, node, token)
 end
 
+-- The run a progress or log report names while it may still take one (DISPATCHED or
+-- RUNNING, by its lease holder), else nil and why not.
+local function held_run(P, sid, node, token)
+  local run, refused = reported_run(P, sid, node, token)
+  if refused then
+    return nil, refused
+  end
+  if not HELD[run.state] then
+    return nil, 'run is ' .. run.state
+  end
+  return run
+end
+
 local function earliest(d)
   local m = 0
   for _, k in ipairs({ 'lease_expires', 'confirm_by', 'timeout_at', 'wake_at' }) do
@@ -677,12 +690,9 @@ end
 -- out past `max`. Only while the run is DISPATCHED or RUNNING: a final log is never
 -- appended to. Returns '' when stored, else the reason.
 local function append_lines(P, sid, node, token, max, cost, lines)
-  local run, refused = reported_run(P, sid, node, token)
-  if refused then
+  local run, refused = held_run(P, sid, node, token)
+  if not run then
     return refused
-  end
-  if not HELD[run.state] then
-    return 'run is ' .. run.state
   end
   sid = run.schedule_id
   local runkey = P .. 'run:' .. sid
