@@ -19,12 +19,15 @@
 //! Each stream has a reader task that takes messages off it as they arrive (it never
 //! waits for the store) and hands heartbeats to their own task, so a node's registry
 //! entry and leases never wait behind other messages' store calls; the session task
-//! handles the rest in batches, the
-//! `Started` / `Result` reports about distinct runs concurrently, never one overtaking
-//! an earlier message about the same run (`stretches` cuts a batch so). `node_service`
-//! answers the operators' `NodeService` over the same registry.
+//! handles the rest in batches, the `Started` / `Result` / `Progress` / `Logs` reports
+//! about distinct runs together (a store call for the `Started`, one for the results,
+//! one for the log lines), never one overtaking an earlier message about the same run
+//! (`stretches` cuts a batch so; `reports` reads a result or log message into its
+//! store request). `node_service` answers the operators' `NodeService` over the same
+//! registry.
 
 mod node_service;
+mod reports;
 mod stretches;
 
 use std::pin::Pin;
@@ -42,16 +45,17 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use self::reports::{log_batch_of, result_of};
 use self::stretches::{Stretch, stretches};
 use crate::auth::Authenticator;
 use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::{Links, Outgoing, StreamSender};
 use crate::dispatch::silence::Liveness;
 use crate::dispatch::{Router, lock};
-use crate::model::{RunState, duration_ms, now_ms, reported_time, valid_job_id};
+use crate::model::{RunState, duration_ms, now_ms, valid_job_id};
 use crate::store::{
-    Applied, Finish, Finisher, Held, Holder, LogBatch, LogLine, NOT_THE_HOLDER, NodeRecord,
-    NodeRegistry, Outcome, Registered, RunStore, UNKNOWN_RUN,
+    Applied, Finisher, Held, Holder, NOT_THE_HOLDER, NodeRecord, NodeRegistry, Outcome, Registered,
+    RunStore, UNKNOWN_RUN,
 };
 
 #[derive(Debug, Clone)]
@@ -1249,109 +1253,6 @@ fn note_answers(liveness: &Liveness, m: &pb::ExecutorMessage) {
 }
 
 /// A message's run reference, which must name a run.
-/// A `Logs` message read: its run, and its lines to append as the run's holder on
-/// this stream (each cut to its bounds, timed by the store's clock when the executor's
-/// time cannot be held). More than [`MAX_LOG_LINES`] lines is refused.
-fn log_batch_of(
-    state: &Mutex<NodeState>,
-    l: pb::LogLines,
-) -> Result<(pb::RunRef, LogBatch), Status> {
-    let run = run_ref(l.run, "logs")?;
-    if l.lines.len() > MAX_LOG_LINES {
-        return Err(Status::invalid_argument(format!(
-            "logs.lines: more than {MAX_LOG_LINES} in one message"
-        )));
-    }
-    let lines = l
-        .lines
-        .into_iter()
-        .map(|e| {
-            let mut message = e.message;
-            truncate_utf8(&mut message, MAX_LOG_LINE_BYTES);
-            let mut level = e.level;
-            truncate_utf8(&mut level, 16);
-            LogLine {
-                seq: 0,
-                time_ms: reported_time(e.time_ms).unwrap_or_else(now_ms),
-                level,
-                message,
-                attempt: run.attempt,
-            }
-        })
-        .collect();
-    let batch = LogBatch {
-        schedule_id: stored_id(&run),
-        holder: holder(state, &run),
-        lines,
-    };
-    Ok((run, batch))
-}
-
-/// A `Result` read: its run, the finish to apply (from the run's holder on this
-/// stream), the state it reports and the handler's run time. An output past
-/// [`MAX_OUTPUT_BYTES`] fails the attempt; error texts are cut to their bounds.
-fn result_of(
-    state: &Mutex<NodeState>,
-    r: pb::Result,
-) -> Result<(pb::RunRef, Finish, RunState, Option<u64>), Status> {
-    let run = run_ref(r.run.clone(), "result")?;
-    let reported = match pb::ResultStatus::try_from(r.status) {
-        Ok(pb::ResultStatus::Succeeded) => RunState::Succeeded,
-        Ok(pb::ResultStatus::Failed) => RunState::Failed,
-        Ok(pb::ResultStatus::Cancelled) => RunState::Cancelled,
-        _ => {
-            return Err(Status::invalid_argument(
-                "result.status: must be SUCCEEDED, FAILED or CANCELLED",
-            ));
-        }
-    };
-    // Times the stores cannot hold (an executor's i64::MAX) count as unknown.
-    let (started_at, finished_at) = (
-        reported_time(r.started_at_ms),
-        reported_time(r.finished_at_ms),
-    );
-    let duration = match (started_at, finished_at) {
-        (Some(s), Some(f)) if f >= s => u64::try_from(f - s).ok(),
-        _ => None,
-    };
-    let (ended_as, output, mut error_code, mut error_message) = if r.output.len() > MAX_OUTPUT_BYTES
-    {
-        // Stored whole it would swell every read of the run (and make a listing
-        // pass the transport's limit): the attempt fails.
-        (
-            RunState::Failed,
-            None,
-            "output_too_large".to_owned(),
-            format!(
-                "the handler's output was {} bytes, more than {MAX_OUTPUT_BYTES}; it was not kept",
-                r.output.len()
-            ),
-        )
-    } else {
-        (
-            reported,
-            (!r.output.is_empty()).then_some(r.output),
-            r.error_code,
-            r.error_message,
-        )
-    };
-    truncate_utf8(&mut error_code, MAX_ERROR_CODE_BYTES);
-    truncate_utf8(&mut error_message, MAX_ERROR_MESSAGE_BYTES);
-    let finish = Finish {
-        schedule_id: stored_id(&run),
-        by: Finisher::Holder(holder(state, &run)),
-        outcome: Outcome {
-            state: ended_as,
-            output,
-            error_code,
-            error_message,
-            started_at,
-            finished_at,
-        },
-    };
-    Ok((run, finish, ended_as, duration))
-}
-
 fn run_ref(r: Option<pb::RunRef>, what: &str) -> Result<pb::RunRef, Status> {
     r.filter(|r| !r.schedule_id.is_empty())
         .ok_or_else(|| Status::invalid_argument(format!("{what}.run: required")))
