@@ -731,11 +731,10 @@ impl Executors {
     /// reports (`Started`, `Result`, `Progress`, `Logs`) naming distinct runs goes to
     /// the store at once: its `Started` reports in one call, its results in another,
     /// its log lines in a third (then its progress, [`REPORT_CONCURRENCY`] at a
-    /// time), side by side; a
-    /// report never overtakes an earlier message about the same run. Replies are sent
-    /// on `tx` as soon as their store call is done (a `StartAck` never waits for a
-    /// `ResultAck`); the status that ends the stream if one message did. A stream
-    /// whose receiving side is gone stops being answered.
+    /// time), side by side; a report never overtakes an earlier message about the
+    /// same run. Replies are sent on `tx` as soon as their store call is done (a
+    /// `StartAck` never waits for a `ResultAck`); the status that ends the stream if
+    /// one message did. A stream whose receiving side is gone stops being answered.
     async fn handle_batch(
         &self,
         state: &Mutex<NodeState>,
@@ -846,11 +845,20 @@ impl Executors {
                 "hello: sent twice on one stream",
             )),
             Some(Msg::Heartbeat(hb)) => Ok(vec![self.heartbeat(state, hb).await?]),
-            Some(m @ (Msg::Result(_) | Msg::Started(_))) => {
-                let r = self
-                    .report(state, pb::ExecutorMessage { msg: Some(m) })
+            // A report naming no run (any other is handled in a stretch): refused as
+            // the stretch's call would refuse it.
+            Some(m @ Msg::Started(_)) => {
+                self.start_many(state, vec![pb::ExecutorMessage { msg: Some(m) }])
+                    .await
+            }
+            Some(m @ Msg::Result(_)) => {
+                self.finish_many(state, vec![pb::ExecutorMessage { msg: Some(m) }])
+                    .await
+            }
+            Some(m @ Msg::Logs(_)) => {
+                self.append_many(state, vec![pb::ExecutorMessage { msg: Some(m) }])
                     .await?;
-                self.settle(state, r).await
+                Ok(Vec::new())
             }
             Some(Msg::Progress(p)) => {
                 let run = run_ref(p.run, "progress")?;
@@ -864,21 +872,6 @@ impl Executors {
                         &holder(state, &run),
                         p.percent.min(100),
                         &message,
-                    )
-                    .await?;
-                self.count_refusal(state, &run, &applied)?;
-                Ok(Vec::new())
-            }
-            Some(Msg::Logs(l)) => {
-                let (run, batch) = log_batch_of(state, l)?;
-                let applied = self
-                    .store
-                    .runs
-                    .append_logs(
-                        &batch.schedule_id,
-                        &batch.holder,
-                        batch.lines,
-                        self.opts.max_log_bytes,
                     )
                     .await?;
                 self.count_refusal(state, &run, &applied)?;
@@ -912,42 +905,6 @@ impl Executors {
                 }
                 Ok(Vec::new())
             }
-        }
-    }
-
-    /// A run report's store call (`Started` confirms the dispatch, `Result` finishes
-    /// the attempt); touches nothing of the stream's own state, so reports about
-    /// different runs may be made at once.
-    async fn report(
-        &self,
-        state: &Mutex<NodeState>,
-        msg: pb::ExecutorMessage,
-    ) -> Result<Reported, Status> {
-        match msg.msg {
-            Some(Msg::Started(s)) => {
-                let run = run_ref(s.run, "started")?;
-                let t = self
-                    .store
-                    .runs
-                    .mark_started(&stored_id(&run), &holder(state, &run))
-                    .await?;
-                Ok(self.started(run, t.applied))
-            }
-            Some(Msg::Result(r)) => {
-                let (run, finish, state, duration) = result_of(state, r)?;
-                let t = self
-                    .store
-                    .runs
-                    .finish_run(&finish.schedule_id, finish.by, finish.outcome)
-                    .await?;
-                Ok(Reported::Finished {
-                    run,
-                    t: Box::new(t),
-                    state,
-                    duration,
-                })
-            }
-            _ => Err(Status::internal("report: not a run report")),
         }
     }
 
@@ -992,7 +949,7 @@ impl Executors {
     }
 
     /// A stretch's `Started` reports in one store call (`mark_started_many`), each
-    /// answered as [`report`](Self::report) answers one; the replies in order.
+    /// answered with [`started`](Self::started); the replies in order.
     async fn start_many(
         &self,
         state: &Mutex<NodeState>,
@@ -1020,9 +977,8 @@ impl Executors {
         Ok(out)
     }
 
-    /// A stretch's `Result` reports in one store call (`finish_runs`), each answered
-    /// and settled as [`report`](Self::report) and [`settle`](Self::settle) do one;
-    /// the replies in order.
+    /// A stretch's `Result` reports in one store call (`finish_runs`), each settled
+    /// with [`settle`](Self::settle); the replies in order.
     async fn finish_many(
         &self,
         state: &Mutex<NodeState>,
@@ -1056,7 +1012,7 @@ impl Executors {
     }
 
     /// A stretch's `Logs` messages in one store call (`append_logs_many`), each refusal
-    /// counted as [`handle`](Self::handle) counts one (log lines get no reply).
+    /// counted as a progress report's is (log lines get no reply).
     async fn append_many(
         &self,
         state: &Mutex<NodeState>,

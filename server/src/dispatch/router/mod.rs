@@ -258,7 +258,7 @@ impl Router {
     /// backlog); on a store of its own, up to [`ROOM_GRACE_RETRIES`] times
     /// `route_retry`, but at most a tenth of its job's timeout (each wake-up is where a
     /// wait longer than the timeout is failed), and never less often than `route_retry`.
-    pub(super) fn room_grace(&self, timeout_ms: i64) -> Duration {
+    fn room_grace(&self, timeout_ms: i64) -> Duration {
         if self.store.runs.shared() {
             return self.opts.route_retry;
         }
@@ -791,7 +791,7 @@ impl Router {
 
     /// Sends the dispatch of a run leased to `node` on its way; the lease is counted
     /// on the node already (`NodeCache::moved`).
-    pub(super) async fn dispatch(
+    async fn dispatch(
         &self,
         leased: &RunRecord,
         job: &JobRecord,

@@ -458,7 +458,7 @@ impl RunStore for EmbeddedStore {
         lines: Vec<LogLine>,
         max_bytes: usize,
     ) -> Result<Applied> {
-        // Nothing to store is vacuously stored, whoever asks (as in redis).
+        // Nothing to store takes no write step (`append` answers it the same).
         if lines.is_empty() {
             return Ok(Applied::Yes);
         }
@@ -479,13 +479,7 @@ impl RunStore for EmbeddedStore {
             let t = b.runs()?;
             batches
                 .into_iter()
-                .map(|l| {
-                    if l.lines.is_empty() {
-                        Ok(Applied::Yes)
-                    } else {
-                        append(t, &l.schedule_id, &l.holder, l.lines, max_bytes)
-                    }
-                })
+                .map(|l| append(t, &l.schedule_id, &l.holder, l.lines, max_bytes))
                 .collect()
         })
         .await
@@ -817,7 +811,8 @@ fn finish(
     Ok(applied(run, [], next))
 }
 
-/// `append_logs`'s decision in the batch's run tables (`lines` not empty).
+/// `append_logs`'s decision in the batch's run tables (no lines is vacuously stored,
+/// whoever asks, as in redis).
 fn append(
     t: &mut RunTables<'_>,
     schedule_id: &str,
@@ -825,6 +820,9 @@ fn append(
     lines: Vec<LogLine>,
     max_bytes: usize,
 ) -> Result<Applied> {
+    if lines.is_empty() {
+        return Ok(Applied::Yes);
+    }
     let Some(run) = t.load_held(schedule_id)? else {
         return Ok(Applied::No(UNKNOWN_RUN.to_owned()));
     };

@@ -87,6 +87,11 @@ pub(super) struct Function {
 }
 
 impl Function {
+    /// Its name in Redis (the library's, then the script's).
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
     pub(super) fn prepare_invoke(&self) -> Call<'_> {
         Call {
             function: self,

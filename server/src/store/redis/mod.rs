@@ -76,7 +76,7 @@ use futures::StreamExt;
 use redis::streams::{
     StreamAutoClaimReply, StreamClaimReply, StreamId, StreamPendingCountReply, StreamReadReply,
 };
-use redis::{AsyncCommands, Value};
+use redis::{AsyncCommands, FromRedisValue, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -498,13 +498,55 @@ impl RedisStore {
         &self,
         schedule_ids: impl Iterator<Item = &'a str>,
     ) -> std::collections::BTreeMap<u32, Vec<usize>> {
+        self.partitions_of(schedule_ids.enumerate())
+    }
+
+    /// `(position, schedule_id)`s grouped by the partition of their run; a
+    /// schedule_id naming no job is in none.
+    fn partitions_of<'a>(
+        &self,
+        runs: impl Iterator<Item = (usize, &'a str)>,
+    ) -> std::collections::BTreeMap<u32, Vec<usize>> {
         let mut by_part: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
-        for (i, sid) in schedule_ids.enumerate() {
+        for (i, sid) in runs {
             if let Some((job_id, _)) = split_schedule_id(sid) {
                 by_part.entry(self.part(job_id)).or_default().push(i);
             }
         }
         by_part
+    }
+
+    /// Calls `function` once per partition of the runs at `runs` (position,
+    /// schedule_id; one naming no job is in no call), the calls sent together
+    /// (pipelined on the shared connection), each with the partition's prefix and
+    /// then what `args` adds for that partition's positions. Each call must answer
+    /// `per_run` values per run; returns each call's positions with its answer.
+    async fn per_partition<'a, R: FromRedisValue + Send>(
+        &self,
+        function: &Function,
+        runs: impl Iterator<Item = (usize, &'a str)>,
+        per_run: usize,
+        args: impl Fn(&mut Call<'_>, &[usize]),
+    ) -> Result<Vec<(Vec<usize>, Vec<R>)>> {
+        let calls = self.partitions_of(runs).into_iter().map(|(p, idx)| {
+            let mut inv = function.prepare_invoke();
+            inv.arg(self.pfx(p));
+            args(&mut inv, &idx);
+            async move {
+                let mut c = self.conn().await?;
+                let r: Vec<R> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+                if r.len() != idx.len() * per_run {
+                    return Err(corrupt(format!(
+                        "{} answered {} values for {} runs",
+                        function.name(),
+                        r.len(),
+                        idx.len()
+                    )));
+                }
+                Ok((idx, r))
+            }
+        });
+        futures::future::try_join_all(calls).await
     }
 
     /// Nodes are not partitioned: all of them share the `{nodes}` slot.

@@ -138,7 +138,6 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Releases what a transition's revocations took off their nodes.
     /// Releases the nodes' reservations for the runs a holder's result (or rejection)
     /// took off them: each `(holder's node, schedule_id, transition)` applied (a
     /// broadcast shard's result may name its parent: the run answered is the shard).
@@ -154,6 +153,7 @@ impl RedisStore {
         self.release_slots(left).await;
     }
 
+    /// Releases what a transition's revocations took off their nodes.
     pub(super) async fn release_revoked(&self, revoked: &[Revocation]) {
         self.release_slots(
             revoked

@@ -267,29 +267,23 @@ impl RunStore for RedisStore {
 
     async fn mark_started_many(&self, reports: &[(String, Holder)]) -> Result<Vec<Applied>> {
         let mut out = vec![Applied::No(UNKNOWN_RUN.to_owned()); reports.len()];
-        let by_part = self.positions_by_partition(reports.iter().map(|(sid, _)| sid.as_str()));
-        // One call per partition, sent together (pipelined on the shared connection).
-        let calls = by_part.into_iter().map(|(p, idx)| async move {
-            let mut inv = self.inner.scripts.mark_started_many.prepare_invoke();
-            inv.arg(self.pfx(p));
-            for &i in &idx {
-                let (schedule_id, holder) = &reports[i];
-                inv.arg(schedule_id)
-                    .arg(&holder.node_id)
-                    .arg(holder.token.to_string());
-            }
-            let mut c = self.conn().await?;
-            let r: Vec<String> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
-            if r.len() != idx.len() * 2 {
-                return Err(corrupt(format!(
-                    "mark_started_many answered {} fields for {} reports",
-                    r.len(),
-                    idx.len()
-                )));
-            }
-            Ok((idx, r))
-        });
-        for (idx, r) in futures::future::try_join_all(calls).await? {
+        let runs = reports.iter().map(|(sid, _)| sid.as_str()).enumerate();
+        let answers: Vec<(Vec<usize>, Vec<String>)> = self
+            .per_partition(
+                &self.inner.scripts.mark_started_many,
+                runs,
+                2,
+                |inv, idx| {
+                    for &i in idx {
+                        let (schedule_id, holder) = &reports[i];
+                        inv.arg(schedule_id)
+                            .arg(&holder.node_id)
+                            .arg(holder.token.to_string());
+                    }
+                },
+            )
+            .await?;
+        for (idx, r) in answers {
             for (&i, answer) in idx.iter().zip(r.chunks(2)) {
                 out[i] = match answer[0].as_str() {
                     "yes" => Applied::Yes,
@@ -360,37 +354,21 @@ impl RunStore for RedisStore {
 
     async fn finish_runs(&self, results: Vec<Finish>) -> Result<Vec<Transition>> {
         let mut out: Vec<Transition> = results.iter().map(|_| unknown_run()).collect();
-        let by_part = self.positions_by_partition(results.iter().map(|f| f.schedule_id.as_str()));
-        let mut ids = Vec::with_capacity(results.len());
-        let mut encoded = Vec::with_capacity(results.len());
-        for f in results {
-            encoded.push(finish_args(f.by, f.outcome)?);
-            ids.push(f.schedule_id);
-        }
-        // One call per partition, sent together (pipelined on the shared connection).
-        let calls = by_part.into_iter().map(|(p, idx)| {
-            let (ids, encoded) = (&ids, &encoded);
-            async move {
-                let mut inv = self.inner.scripts.finish_runs.prepare_invoke();
-                inv.arg(self.pfx(p)).arg(self.run_nodes_arg());
-                for &i in &idx {
-                    let (args, holder) = &encoded[i];
-                    inv.arg(&ids[i]).arg(&args[..3]);
-                    inv.arg(holder.as_deref().unwrap_or(""));
+        let encoded = results
+            .into_iter()
+            .map(|f| Ok((f.schedule_id, finish_args(f.by, f.outcome)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let runs = encoded.iter().map(|(sid, _)| sid.as_str()).enumerate();
+        let answers: Vec<(Vec<usize>, Vec<Vec<Vec<u8>>>)> = self
+            .per_partition(&self.inner.scripts.finish_runs, runs, 1, |inv, idx| {
+                inv.arg(self.run_nodes_arg());
+                for &i in idx {
+                    let (sid, (args, _)) = &encoded[i];
+                    inv.arg(sid).arg(args);
                 }
-                let mut c = self.conn().await?;
-                let r: Vec<Vec<Vec<u8>>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
-                if r.len() != idx.len() {
-                    return Err(corrupt(format!(
-                        "finish_runs answered {} replies for {} results",
-                        r.len(),
-                        idx.len()
-                    )));
-                }
-                Ok((idx, r))
-            }
-        });
-        for (idx, replies) in futures::future::try_join_all(calls).await? {
+            })
+            .await?;
+        for (idx, replies) in answers {
             for (i, reply) in idx.into_iter().zip(replies) {
                 out[i] = transition(&reply)?;
             }
@@ -398,7 +376,7 @@ impl RunStore for RedisStore {
         let revoked: Vec<_> = out.iter().flat_map(|t| t.revoked.iter().cloned()).collect();
         self.release_revoked(&revoked).await;
         let mut finished = Vec::with_capacity(out.len());
-        for (((_, holder), sid), t) in encoded.iter().zip(&ids).zip(&out) {
+        for ((sid, (_, holder)), t) in encoded.iter().zip(&out) {
             finished.push((holder.as_deref(), sid.as_str(), t));
         }
         self.release_finished(finished).await;
@@ -488,7 +466,8 @@ impl RunStore for RedisStore {
         batches: Vec<LogBatch>,
         max_bytes: usize,
     ) -> Result<Vec<Applied>> {
-        // Nothing to store is vacuously stored, whoever asks (as `append_logs`).
+        // Nothing to store is vacuously stored, whoever asks (as `append_logs`); a run
+        // in no call is unknown.
         let mut out: Vec<Applied> = batches
             .iter()
             .map(|b| {
@@ -499,36 +478,24 @@ impl RunStore for RedisStore {
                 }
             })
             .collect();
-        let sids = batches
+        let encoded = batches
             .iter()
-            .filter(|b| !b.lines.is_empty())
-            .map(|b| b.schedule_id.as_str());
-        let mut by_part = self.positions_by_partition(sids);
-        // Positions among the non-empty batches, back to positions in `batches`.
-        let kept: Vec<usize> = (0..batches.len())
-            .filter(|&i| !batches[i].lines.is_empty())
-            .collect();
-        for idx in by_part.values_mut() {
-            for i in idx.iter_mut() {
-                *i = kept[*i];
-            }
-        }
-        let mut encoded = Vec::with_capacity(batches.len());
-        for b in &batches {
-            let lines = b
-                .lines
-                .iter()
-                .map(|l| serde_json::to_string(l).map_err(corrupt))
-                .collect::<Result<Vec<_>>>()?;
-            encoded.push(lines);
-        }
-        // One call per partition, sent together (pipelined on the shared connection).
-        let calls = by_part.into_iter().map(|(p, idx)| {
-            let (batches, encoded) = (&batches, &encoded);
-            async move {
-                let mut inv = self.inner.scripts.append_logs_many.prepare_invoke();
-                inv.arg(self.pfx(p)).arg(max_bytes).arg(LOG_LINE_COST);
-                for &i in &idx {
+            .map(|b| {
+                b.lines
+                    .iter()
+                    .map(|l| serde_json::to_string(l).map_err(corrupt))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let runs = batches
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| !b.lines.is_empty())
+            .map(|(i, b)| (i, b.schedule_id.as_str()));
+        let answers: Vec<(Vec<usize>, Vec<String>)> = self
+            .per_partition(&self.inner.scripts.append_logs_many, runs, 1, |inv, idx| {
+                inv.arg(max_bytes).arg(LOG_LINE_COST);
+                for &i in idx {
                     let b = &batches[i];
                     inv.arg(&b.schedule_id)
                         .arg(&b.holder.node_id)
@@ -536,20 +503,10 @@ impl RunStore for RedisStore {
                         .arg(encoded[i].len())
                         .arg(&encoded[i]);
                 }
-                let mut c = self.conn().await?;
-                let r: Vec<String> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
-                if r.len() != idx.len() {
-                    return Err(corrupt(format!(
-                        "append_logs_many answered {} for {} runs",
-                        r.len(),
-                        idx.len()
-                    )));
-                }
-                Ok((idx, r))
-            }
-        });
-        for (idx, answers) in futures::future::try_join_all(calls).await? {
-            for (i, refused) in idx.into_iter().zip(answers) {
+            })
+            .await?;
+        for (idx, refusals) in answers {
+            for (i, refused) in idx.into_iter().zip(refusals) {
                 out[i] = applied_unless(refused);
             }
         }
@@ -641,21 +598,13 @@ impl RedisStore {
 }
 
 /// `finish_run`'s arguments after the schedule_id ('holder' | 'waiting', the token or
-/// the attempt, the outcome, and for a holder its node), and the holder's node.
+/// the attempt, the outcome, the holder's node or ''), and the holder's node.
 fn finish_args(by: Finisher, outcome: Outcome) -> Result<(Vec<String>, Option<String>)> {
     let json = serde_json::to_string(&OutcomeJson::from(outcome)).map_err(corrupt)?;
-    Ok(match by {
-        Finisher::Holder(h) => (
-            vec![
-                "holder".to_owned(),
-                h.token.to_string(),
-                json,
-                h.node_id.clone(),
-            ],
-            Some(h.node_id),
-        ),
-        Finisher::Waiting { attempt } => {
-            (vec!["waiting".to_owned(), attempt.to_string(), json], None)
-        }
-    })
+    let (by, value, node) = match by {
+        Finisher::Holder(h) => ("holder", h.token.to_string(), Some(h.node_id)),
+        Finisher::Waiting { attempt } => ("waiting", attempt.to_string(), None),
+    };
+    let args = vec![by.to_owned(), value, json, node.clone().unwrap_or_default()];
+    Ok((args, node))
 }
