@@ -30,6 +30,9 @@ struct Hit {
     body: Vec<u8>,
     headers: HeaderMap,
     answered: u16,
+    /// When it came, and how many were being answered then (itself included).
+    at: std::time::Instant,
+    in_flight: usize,
 }
 
 #[derive(Default)]
@@ -77,11 +80,14 @@ async fn hook(State(script): State<Shared>, headers: HeaderMap, body: Bytes) -> 
         }
         s.in_flight.push(id.clone());
         s.most_in_flight = s.most_in_flight.max(s.in_flight.len());
+        let in_flight = s.in_flight.len();
         s.hits.push(Hit {
             id: id.clone(),
             body: body.to_vec(),
             headers,
             answered: status,
+            at: std::time::Instant::now(),
+            in_flight,
         });
         (delay, status)
     };
@@ -841,6 +847,7 @@ async fn drained_after_an_outage(
         s.most_in_flight,
         s.hits.len()
     );
+    print_pace(&s.hits, back);
     ensure!(ids == expected, "each webhook arrived once");
     ensure!(s.overlaps == 0, "{} sent again while in flight", s.overlaps);
     ensure!(
@@ -849,4 +856,24 @@ async fn drained_after_an_outage(
         s.most_in_flight
     );
     Ok(())
+}
+
+/// Prints the requests that came in each half second after `from`, and the most in
+/// flight among them: where a drain slowed down (a fair share held too long, deliveries
+/// deferred too far) shows as a gap or a run of half-full windows.
+fn print_pace(hits: &[Hit], from: std::time::Instant) {
+    let mut halves: std::collections::BTreeMap<u128, (usize, usize)> = Default::default();
+    for h in hits.iter().filter(|h| h.at >= from) {
+        let half = halves
+            .entry(h.at.duration_since(from).as_millis() / 500)
+            .or_default();
+        half.0 += 1;
+        half.1 = half.1.max(h.in_flight);
+    }
+    for (half, (n, most)) in halves {
+        eprintln!(
+            "  from {:>6} ms: {n:>4} requests, at most {most:>2} in flight",
+            half * 500
+        );
+    }
 }

@@ -53,8 +53,12 @@ struct Destination {
     users: usize,
     /// Since when the destination has had users.
     since: Instant,
-    /// How long a sent delivery held its slot, on average (weighted to the latest);
-    /// None until one was sent.
+    /// How long a sent delivery held its slot from when it went out, on average
+    /// (weighted to the latest): the destination's pace (what it waited for the
+    /// store's slot before is the queue's, not the receiver's: counted, it made a
+    /// window ramping up after an outage look like a receiver ten times slower, and
+    /// the deliveries deferred behind it came back tens of seconds late); None until
+    /// one was sent.
     hold: Option<Duration>,
     /// When the last delivery deferred for this destination should find a slot.
     queue_end: Instant,
@@ -94,11 +98,11 @@ impl Kept {
 pub struct Slot {
     owner: Arc<InFlight>,
     key: (String, u32),
-    /// The permit and when it was taken; None while waiting (a slot that never got
-    /// one is dropped on the way out).
-    permit: Option<(OwnedSemaphorePermit, Instant)>,
-    /// Whether the delivery was sent with it.
-    sent: bool,
+    /// The permit; None while waiting (a slot that never got one is dropped on the
+    /// way out).
+    permit: Option<OwnedSemaphorePermit>,
+    /// When the delivery went out with it.
+    sent: Option<Instant>,
     /// Its user was counted off already (`release`).
     released: bool,
 }
@@ -150,7 +154,7 @@ impl InFlight {
             owner: self.clone(),
             key,
             permit: None,
-            sent: false,
+            sent: None,
             released: false,
         };
         let permit = match permits.clone().try_acquire_owned() {
@@ -160,7 +164,7 @@ impl InFlight {
                 .ok()?
                 .ok()?,
         };
-        slot.permit = Some((permit, Instant::now()));
+        slot.permit = Some(permit);
         Some(slot)
     }
 
@@ -223,10 +227,10 @@ impl InFlight {
 }
 
 impl Slot {
-    /// The delivery went out with this slot: how long it holds it counts toward the
-    /// destination's pace.
-    pub fn sent(&mut self) {
-        self.sent = true;
+    /// The delivery goes out with this slot: how long it holds it from now counts
+    /// toward the destination's pace.
+    pub fn sending(&mut self) {
+        self.sent = Some(Instant::now());
     }
 }
 
@@ -325,7 +329,7 @@ impl Slot {
         let Some(d) = destinations.get_mut(&self.key) else {
             return Vec::new();
         };
-        Self::count_off(d, self.permit.as_ref(), self.sent);
+        Self::count_off(d, self.sent);
         if d.users > 0 {
             return Vec::new();
         }
@@ -335,14 +339,10 @@ impl Slot {
     }
 
     /// One user fewer; a sent delivery's hold counts toward the pace.
-    fn count_off(
-        d: &mut Destination,
-        permit: Option<&(OwnedSemaphorePermit, Instant)>,
-        sent: bool,
-    ) {
+    fn count_off(d: &mut Destination, sent: Option<Instant>) {
         d.users = d.users.saturating_sub(1);
-        if let (Some((_, taken)), true) = (permit, sent) {
-            let held = taken.elapsed();
+        if let Some(sent) = sent {
+            let held = sent.elapsed();
             d.hold = Some(d.hold.map_or(held, |h| (h * 4 + held) / 5));
         }
     }
@@ -370,7 +370,7 @@ impl Drop for Slot {
         // (`InFlight::stale_idle`).
         let mut destinations = self.owner.destinations();
         if let Some(d) = destinations.get_mut(&self.key) {
-            Self::count_off(d, self.permit.as_ref(), self.sent);
+            Self::count_off(d, self.sent);
             if d.users == 0 && d.idle.is_empty() {
                 destinations.remove(&self.key);
             }
@@ -444,14 +444,16 @@ mod tests {
         assert_eq!(slots.busy_delay(A, 4, none, cap), cap, "never above max");
         drop(held);
         assert_eq!(slots.busy_delay(A, 4, min, max), min, "the queue is gone");
-        // Ten sent, each holding its slot about 20 ms, at a limit of 10: one place is
-        // about 2 ms, so ten queued put the first deferred about 20 ms back and each
-        // next one about 2 ms behind it.
+        // Ten sent after waiting 200 ms for the store's slot (a window ramping up),
+        // each holding its slot about 20 ms from then, at a limit of 10: the wait is
+        // not the receiver's pace, so one place is about 2 ms, ten queued put the
+        // first deferred about 20 ms back and each next one about 2 ms behind it.
         let mut sent = take_n(&slots, 10, 10).await;
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(200));
         for s in &mut sent {
-            s.sent();
+            s.sending();
         }
+        std::thread::sleep(Duration::from_millis(20));
         // One stays, so the destination keeps its figures.
         let kept = sent.pop();
         drop(sent);

@@ -499,6 +499,7 @@ impl Deliveries {
                 return;
             }
         };
+        local.sending();
         let attempt = tokio::select! {
             () = shutdown.cancelled() => {
                 debug!("shutting down mid-delivery; the claim and the slot run out and the delivery is retried");
@@ -506,7 +507,6 @@ impl Deliveries {
             }
             a = self.attempt(&d, &url, sender) => a,
         };
-        local.sent();
         // The receiver has answered (or not): the instance's slot is free while the
         // outcome is recorded. The destination's is kept for this instance's next
         // delivery there when nothing is counted on its breaker and this one was a
@@ -599,7 +599,8 @@ impl Deliveries {
     /// another delivery of this instance keeps (`Slot::wait_kept`: first in line for
     /// it) or its turn to ask the store again; while other deliveries do so, it queues
     /// behind them before it asks. Err with the admission that refused it (None: the
-    /// store could not be asked, logged).
+    /// store could not be asked, logged). The last of this instance's deliveries
+    /// waiting so for the destination to stop ends its waiting mark in the store.
     async fn store_slot(
         &self,
         local: &Slot,
@@ -607,8 +608,29 @@ impl Deliveries {
         limit: u32,
         claimed_at: Instant,
     ) -> Result<StoreSlot, Option<Admission>> {
+        let mut waited = false;
+        let slot = self
+            .wait_store_slot(local, dest, limit, claimed_at, &mut waited)
+            .await;
+        if waited && !local.refused_wait() {
+            self.end_waiting(dest).await;
+        }
+        slot
+    }
+
+    /// `store_slot`'s asking and waiting; `waited` is set once the store refused the
+    /// delivery (marking this instance waiting) or it waits among those it refused.
+    async fn wait_store_slot(
+        &self,
+        local: &Slot,
+        dest: &str,
+        limit: u32,
+        claimed_at: Instant,
+        waited: &mut bool,
+    ) -> Result<StoreSlot, Option<Admission>> {
         let mut kept = local.kept();
         if kept.is_none() && local.refused_wait() {
+            *waited = true;
             // Behind the deliveries the store refused, without asking it first.
             kept = local
                 .wait_kept(self.wait_budget(claimed_at), ADMIT_ASK_GAP)
@@ -648,6 +670,14 @@ impl Deliveries {
                     clean,
                 });
             }
+            // Refused, this instance is marked waiting in the store.
+            *waited |= matches!(
+                admission,
+                Some(CleanAdmission {
+                    admission: Admission::Full { .. },
+                    ..
+                })
+            );
             // A kept slot the store did not renew: whatever it still holds goes back.
             if was_kept {
                 self.give_back(vec![(dest.to_owned(), holder)]).await;
@@ -664,6 +694,14 @@ impl Deliveries {
                 Some(CleanAdmission { admission, .. }) => return Err(Some(admission)),
                 None => return Err(None),
             }
+        }
+    }
+
+    /// Ends this instance's waiting mark for `dest` in the store (see
+    /// `Outbox::end_waiting`); a failure leaves it to run out (logged).
+    async fn end_waiting(&self, dest: &str) {
+        if let Err(e) = self.store.outbox.end_waiting(dest, &self.holders.0).await {
+            warn!(destination = %dest, error = %e, "ending this instance's waiting mark failed; it runs out by itself");
         }
     }
 

@@ -281,6 +281,14 @@ pub trait Outbox: StoreMeta {
         terms: &DeliveryTerms,
     ) -> Result<Option<BreakerUpdate>>;
 
+    /// `owner` (an instance, as in `admit_delivery`) has no delivery left waiting for
+    /// a slot of `destination`: its waiting mark ends now instead of [`WAITING_MARK`]
+    /// after its last refusal, so the other owners stop yielding their share to it
+    /// (an instance whose refused deliveries were admitted or deferred held the others
+    /// to half the window for two seconds, with nothing of its own to send). A later
+    /// refusal marks it again.
+    async fn end_waiting(&self, destination: &str, owner: &str) -> Result<()>;
+
     /// `settle_delivery` of each request, one after the other in order, in as few
     /// store calls as the backend can make (Redis: one): what each made of its
     /// breaker, in order.

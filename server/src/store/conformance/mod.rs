@@ -137,6 +137,7 @@ macro_rules! store_conformance_tests {
                 breaker_transitions: options,
                 delivery_slots_pace_a_destination: options,
                 delivery_slots_are_shared_between_owners: options,
+                a_waiting_mark_ends_when_its_owner_stops_waiting: options,
                 settle_batches: options,
                 clean_admissions: options,
                 a_closed_breaker_ramps_up: options,

@@ -870,6 +870,46 @@ pub async fn delivery_slots_are_shared_between_owners(store: Arc<dyn Store>) {
     assert_eq!(admit(&store, dest, "a#11", &t).await, Admission::Go);
 }
 
+/// `end_waiting`: an owner with no delivery left waiting for a slot ends its mark at
+/// once, and the other owner takes the whole window again; a later refusal marks it
+/// again.
+pub async fn a_waiting_mark_ends_when_its_owner_stops_waiting(store: Arc<dyn Store>) {
+    let dest = "http://mark.example:80";
+    let t = terms(4);
+    for h in ["a#1", "a#2", "a#3", "a#4"] {
+        assert_eq!(admit(&store, dest, h, &t).await, Admission::Go, "{h}");
+    }
+    let full = Admission::Full { window: 4 };
+    assert_eq!(admit(&store, dest, "b#1", &t).await, full, "marked waiting");
+    assert_eq!(settle(&store, dest, "a#1", None, &t).await, None);
+    assert_eq!(admit(&store, dest, "b#1", &t).await, Admission::Go);
+    // `b` sent its one delivery and has nothing else waiting.
+    store.end_waiting(dest, "b").await.expect("end_waiting");
+    assert_eq!(settle(&store, dest, "b#1", None, &t).await, None);
+    assert_eq!(
+        admit(&store, dest, "a#5", &t).await,
+        Admission::Go,
+        "b's mark ended: a is not held to its share"
+    );
+    assert_eq!(
+        admit(&store, dest, "a#6", &t).await,
+        full,
+        "the window is full"
+    );
+    // Ending a mark that is not there changes nothing.
+    store.end_waiting(dest, "c").await.expect("end_waiting");
+    store
+        .end_waiting("http://nobody.example:80", "b")
+        .await
+        .expect("end_waiting");
+    assert_eq!(admit(&store, dest, "b#2", &t).await, full, "marked again");
+    assert_eq!(
+        admit(&store, dest, "a#2", &t).await,
+        full,
+        "a#2 yields to b"
+    );
+}
+
 /// `settle_deliveries`: a batch is the sequence of its requests, across destinations,
 /// one answer each: slots given back, answers counted on each destination's breaker.
 pub async fn settle_batches(store: Arc<dyn Store>) {

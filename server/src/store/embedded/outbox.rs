@@ -273,6 +273,17 @@ impl Outbox for EmbeddedStore {
         Ok(CleanAdmission { admission, clean })
     }
 
+    async fn end_waiting(&self, destination: &str, owner: &str) -> Result<()> {
+        let mut paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pace) = paces.get_mut(destination) {
+            pace.waiting.remove(owner);
+            if pace.slots.is_empty() && pace.waiting.is_empty() {
+                paces.remove(destination);
+            }
+        }
+        Ok(())
+    }
+
     async fn settle_delivery(
         &self,
         destination: &str,

@@ -178,6 +178,13 @@ impl Outbox for RedisStore {
         rows.into_iter().map(settled).collect()
     }
 
+    async fn end_waiting(&self, destination: &str, owner: &str) -> Result<()> {
+        let key = format!("{}wait:{destination}", self.breakers_prefix());
+        let mut c = self.conn().await?;
+        let _: i64 = c.zrem(key, owner).await.map_err(unavailable)?;
+        Ok(())
+    }
+
     async fn settle_delivery(
         &self,
         destination: &str,
