@@ -79,7 +79,7 @@ pub struct Costs {
     pub redis_in_scripts_per_run: Option<f64>,
     /// Each Redis server's commands per run (a cluster: per master).
     pub redis_commands_per_run_by_node: Vec<f64>,
-    /// The eight most called commands, per run.
+    /// Every command called at least once per twenty runs, per run, most called first.
     pub redis_top_commands_per_run: Vec<(String, f64)>,
     pub redis_cpu_us_per_run: Option<f64>,
     /// Redis's time inside one script call (`INFO commandstats` usec / calls of `fcall`,
@@ -138,7 +138,7 @@ impl Costs {
                 .iter()
                 .map(|(n, v)| format!("{n} {v:.1}"))
                 .collect();
-            println!("    top: {}", top.join(", "));
+            println!("    by name: {}", top.join(", "));
         }
         println!(
             "  server CPU per run: {:.0} µs; executors' {:.0} µs; all processes' (Redis, servers, executors) {:.0} µs",
@@ -266,7 +266,7 @@ impl CostProbe {
         );
         let mut sorted = delta;
         sorted.sort_by(|a, b| b.1.total_cmp(&a.1));
-        sorted.truncate(8);
+        sorted.retain(|(_, v)| *v >= 0.05);
         costs.redis_top_commands_per_run = sorted;
         let cpu = per_run(cpu_us as f64);
         costs.redis_cpu_us_per_run = Some(cpu);

@@ -101,6 +101,9 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
         }
     };
     let (mut granted, mut started, mut succeeded) = (0, 0, 0);
+    // Scheduled from now on, a second apart per job, as a scheduler plans them (a
+    // run's index entry is then within the retention, as in production).
+    let base = sundial_server::model::now_ms();
     let calls_before = commandstats(&url).await?;
     let cpu_before = processes_cpu_us(&[std::process::id()])?;
     for first in (0..args.runs).step_by(args.batch) {
@@ -108,7 +111,7 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
         let t0 = reading(url.clone()).await?;
         let begins = batch.map(|i| {
             let job_id = format!("step-{}", i % args.jobs);
-            let at = 1_000_000 + i64::try_from(i / args.jobs)? * 1000;
+            let at = base + i64::try_from(i / args.jobs)? * 1000;
             let run = planned_run(&job_id, at, plan(OverlapPolicy::Allow));
             let (store, node) = (&store, &node);
             Ok(async move {

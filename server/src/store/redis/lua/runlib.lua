@@ -180,15 +180,18 @@ local function earliest(d)
 end
 
 -- Writes the record back (keeping its retention TTL), its history noting what
--- changed, and re-scores its timer.
+-- changed, and re-scores its timer. A run that was final when loaded has no timer
+-- (the step that made it final took it out, and a final run is never given one), so
+-- a later change of it (its webhook's outcome) leaves the timers alone.
 local function save_run(P, run)
+  local was_final = run._before and FINAL[run._before[1]]
   note_change(run)
   local json = encode_run(run)
   redis.call('SET', P .. 'run:' .. run.schedule_id, json, 'KEEPTTL')
   local t = earliest(run.deadlines)
   if t > 0 and not FINAL[run.state] then
     redis.call('ZADD', P .. 'timers', int(t), run.schedule_id)
-  else
+  elseif not was_final then
     redis.call('ZREM', P .. 'timers', run.schedule_id)
   end
   return json
@@ -573,6 +576,10 @@ end
 -- Stores a new run record with its retention and indexes it under its job, keeping
 -- the index bounded (the oldest records fall out first; entries whose record expired
 -- are dropped from the oldest up to the first that still exists, at most 8 a call).
+-- A record lives its retention from when it was begun, which is not before its run
+-- was scheduled (the index's score), so while the oldest entry was scheduled within
+-- the retention none can have expired and one ZRANGE is the whole check (an entry
+-- that lingers past its record is skipped by listings and dropped by a later call).
 local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
   local sid = run.schedule_id
   note_change(run)
@@ -580,11 +587,14 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
   redis.call('SET', P .. 'run:' .. sid, json, 'PX', retention_ms)
   local index = P .. 'runs:' .. run.job_id
   redis.call('ZADD', index, scheduled_at, sid)
-  for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
-    if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
-      break
+  local oldest = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+  if oldest[2] and tonumber(oldest[2]) + tonumber(retention_ms) <= store_now_ms() then
+    for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
+      if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
+        break
+      end
+      redis.call('ZREM', index, o)
     end
-    redis.call('ZREM', index, o)
   end
   local excess = redis.call('ZCARD', index) - tonumber(max_runs)
   if excess > 0 then
