@@ -1,6 +1,7 @@
 //! *How does the world learn* the result: the webhook delivery worker that empties the
-//! store's outbox ([`webhooks`]) under per-destination bounds ([`in_flight`]), its store
-//! calls made in batches ([`batch`]), and alerts for the events an operator must hear
+//! store's outbox ([`webhooks`]) under per-destination bounds ([`in_flight`]), the
+//! bound and signer of each job's webhooks ([`senders`]), its store calls made in
+//! batches ([`batch`]), and alerts for the events an operator must hear
 //! about ([`alerts`]).
 //!
 //! May import the foundation (`store`, `model`, `metrics`, `auth`, `egress`); never
@@ -9,4 +10,5 @@
 pub mod alerts;
 pub mod batch;
 pub mod in_flight;
+pub mod senders;
 pub mod webhooks;

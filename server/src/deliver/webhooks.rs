@@ -38,7 +38,7 @@
 //! a sweep of those idle for [`KEEP_FRESH`] (`InFlight`). So under load a slot turns
 //! over in the time of a POST rather than a POST and two store round trips.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,6 +52,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::deliver::alerts::{AlertKind, Alerts};
 use crate::deliver::batch::{Coalescer, fallible};
 use crate::deliver::in_flight::{InFlight, Kept, Slot};
+use crate::deliver::senders::{Sender, Senders};
 use crate::egress::{self, EgressPolicy};
 use crate::model::duration_ms;
 use crate::store::{
@@ -192,16 +193,6 @@ enum Attempt {
     NoAnswer(&'static str, String),
 }
 
-/// How one job's webhooks go out (`Deliveries::sender`).
-struct Sender {
-    /// At most this many in flight to the destination.
-    limit: u32,
-    /// The `X-Sundial-App-Id` header.
-    app_id: String,
-    /// Every attempt is signed with each.
-    secrets: Vec<Secret>,
-}
-
 /// The store traits the delivery worker uses.
 #[derive(Clone)]
 pub struct WebhookStore {
@@ -236,6 +227,8 @@ pub struct Deliveries {
     outcomes: Coalescer<DeliveryResult, Result<Applied, String>>,
     /// This worker's store-slot holders: a random prefix and a counter.
     holders: (String, AtomicU64),
+    /// How each job's webhooks go out.
+    senders: Senders,
 }
 
 /// A store slot a delivery sends with (see `Deliveries::store_slot`).
@@ -295,6 +288,13 @@ impl Deliveries {
             in_flight: InFlight::new(opts.max_in_flight.max(1) * 2),
             outcomes: outcome_batches(&store.outbox),
             holders: (format!("{:016x}", rand::random::<u64>()), AtomicU64::new(0)),
+            senders: Senders::new(
+                store.jobs.clone(),
+                store.apps.clone(),
+                opts.max_in_flight_per_destination,
+                opts.app_id.clone(),
+                opts.secrets.clone(),
+            ),
             store,
             alerts,
             opts,
@@ -399,13 +399,13 @@ impl Deliveries {
                 return;
             }
         };
-        let senders = self.senders(&claimed).await;
+        let senders = self.senders.for_claims(&claimed).await;
         let mut permits: HashMap<String, OwnedSemaphorePermit> = batch.into_iter().collect();
         for d in claimed {
             let Some(permit) = permits.remove(&d.schedule_id) else {
                 continue;
             };
-            let sender = self.sender_of(&senders, &d.job_id);
+            let sender = self.senders.of(&senders, &d.job_id);
             let span = info_span!(
                 "webhook",
                 job_id = %d.job_id,
@@ -823,99 +823,6 @@ impl Deliveries {
         }
     }
 
-    /// How each claimed delivery's job has its webhooks go out, by job id: at most its
-    /// `callback_max_in_flight` (else the server's bound) to their destination, signed
-    /// by the app the job names (its secrets that sign now, two while a rotation
-    /// overlaps), else by the server-wide `--webhook-app-id` and `--webhook-secret`.
-    /// The jobs are read in one store call, each app once. A job that is gone (or
-    /// could not be read) has no entry: the server's bound and secrets.
-    async fn senders(&self, claimed: &[WebhookDelivery]) -> HashMap<String, Arc<Sender>> {
-        let default = self.opts.max_in_flight_per_destination;
-        let ids: Vec<String> = claimed
-            .iter()
-            .map(|d| d.job_id.as_str())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let jobs = match self.store.jobs.get_jobs(&ids).await {
-            Ok(jobs) => jobs,
-            Err(e) => {
-                warn!(error = %e, "reading the jobs of claimed webhooks failed; signing with the server's secrets, at the server's bound");
-                Vec::new()
-            }
-        };
-        let mut apps: HashMap<String, Option<Vec<Secret>>> = HashMap::new();
-        let mut senders = HashMap::with_capacity(jobs.len());
-        for job in jobs {
-            let limit = match job.spec.callback_max_in_flight {
-                0 => default,
-                n => n,
-            };
-            let app_id = job.spec.app_id;
-            let secrets = if app_id.is_empty() {
-                None
-            } else {
-                if !apps.contains_key(&app_id) {
-                    let secrets = self.app_secrets(&app_id).await;
-                    apps.insert(app_id.clone(), secrets);
-                }
-                apps.get(&app_id).cloned().flatten()
-            };
-            let sender = match secrets {
-                Some(secrets) => Sender {
-                    limit,
-                    app_id,
-                    secrets,
-                },
-                None => self.server_sender(limit),
-            };
-            senders.insert(job.spec.id, Arc::new(sender));
-        }
-        senders
-    }
-
-    /// The job's sender among `senders`, else the server's (its job is gone).
-    fn sender_of(&self, senders: &HashMap<String, Arc<Sender>>, job_id: &str) -> Arc<Sender> {
-        senders.get(job_id).cloned().unwrap_or_else(|| {
-            Arc::new(self.server_sender(self.opts.max_in_flight_per_destination))
-        })
-    }
-
-    /// The server-wide signer, at `limit` in flight per destination.
-    fn server_sender(&self, limit: u32) -> Sender {
-        Sender {
-            limit,
-            app_id: self.opts.app_id.clone(),
-            secrets: self.opts.secrets.clone(),
-        }
-    }
-
-    /// The secrets of app `app_id` that sign now; None (logged) when it has none
-    /// usable, does not exist or could not be read: the server's secrets sign.
-    async fn app_secrets(&self, app_id: &str) -> Option<Vec<Secret>> {
-        match self.store.apps.get_app(app_id).await {
-            Ok(Some(app)) => {
-                let now = crate::model::now_ms();
-                let secrets: Vec<Secret> = app
-                    .active_secrets(now)
-                    .filter_map(|s| s.parse().ok())
-                    .collect();
-                if !secrets.is_empty() {
-                    return Some(secrets);
-                }
-                warn!(%app_id, "the job's app has no usable secret; signing with the server's secrets");
-            }
-            Ok(None) => {
-                warn!(%app_id, "the job's app does not exist; signing with the server's secrets");
-            }
-            Err(e) => {
-                warn!(%app_id, error = %e, "reading the job's app failed; signing with the server's secrets");
-            }
-        }
-        None
-    }
-
     /// Gives back the destination's slot and counts the attempt on its breaker.
     async fn settle(
         &self,
@@ -1142,8 +1049,8 @@ mod tests {
 
     /// Sends a claimed delivery as the worker's sweep would.
     async fn deliver(w: &Deliveries, d: WebhookDelivery) {
-        let senders = w.senders(std::slice::from_ref(&d)).await;
-        let sender = w.sender_of(&senders, &d.job_id);
+        let senders = w.senders.for_claims(std::slice::from_ref(&d)).await;
+        let sender = w.senders.of(&senders, &d.job_id);
         w.deliver(d, &sender, &CancellationToken::new()).await;
     }
 
