@@ -170,6 +170,7 @@ const STORE_TRAITS: &[(&str, &[&str])] = &[
     ("dispatch/sweeper.rs", &["RunStore"]),
     ("dispatch/links.rs", &["Inboxes"]),
     ("deliver/webhooks.rs", &["Outbox", "JobStore", "AppStore"]),
+    ("deliver/senders.rs", &["JobStore", "AppStore"]),
 ];
 
 const STORE_NAMES: &[&str] = &[
