@@ -42,17 +42,23 @@ impl Library {
             hash.update(name.as_bytes());
             hash.update(body.as_bytes());
         }
+        #[cfg(test)]
+        hash.update(KEY_CHECK.as_bytes());
         let name = format!("sundial_{}", &hex::encode(hash.finalize())[..16]);
         let mut source = format!("#!lua name={name}\n");
+        #[cfg(test)]
+        source.push_str(KEY_CHECK);
         for part in prelude {
-            source.push_str(part);
+            source.push_str(&checked(part));
             source.push('\n');
         }
         for (function, body) in functions {
             // `store_time_reply` (common.lua) caches the store's clock for one call.
             source.push_str(&format!(
                 "redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
-                 store_time_reply = nil\n{body}\nend)\n"
+                 store_time_reply = nil\n{check}{body}\nend)\n",
+                check = key_check(function),
+                body = checked(body),
             ));
         }
         Arc::new(Self { name, source })
@@ -162,11 +168,54 @@ impl Call<'_> {
             }
             r => r,
         };
+        // Loud even where the caller would only log a failed call.
+        #[cfg(test)]
+        if let Err(e) = &r {
+            assert!(
+                !e.to_string().contains("undeclared key"),
+                "{}: {e}",
+                self.function.name
+            );
+        }
         if let Some(activity) = &self.function.activity {
             activity.send_modify(|n| *n = n.wrapping_add(1));
         }
         r
     }
+}
+
+/// Tests only: the check that a function touches no key of its slot it did not declare
+/// (`lua/keycheck.lua`), put first in the library, with every `redis.call` of the
+/// scripts going through it.
+#[cfg(test)]
+const KEY_CHECK: &str = include_str!("lua/keycheck.lua");
+
+/// A script's text as the library runs it: in the tests, its Redis commands go through
+/// the key check.
+#[cfg(test)]
+fn checked(lua: &str) -> std::borrow::Cow<'_, str> {
+    lua.replace("redis.call(", "checked_call(").into()
+}
+
+#[cfg(not(test))]
+fn checked(lua: &str) -> std::borrow::Cow<'_, str> {
+    lua.into()
+}
+
+/// What a function does first about the key check: in the tests, every function but
+/// those of `DERIVES_KEYS` has its calls checked against its declared keys.
+#[cfg(test)]
+fn key_check(function: &str) -> &'static str {
+    if super::DERIVES_KEYS.contains(&function) {
+        "checked_keys = nil\n"
+    } else {
+        "checked_keys = KEYS\n"
+    }
+}
+
+#[cfg(not(test))]
+fn key_check(_function: &str) -> &'static str {
+    ""
 }
 
 /// Every key a call declares hashes to one slot, as Redis Cluster requires of a

@@ -1143,3 +1143,46 @@ fn every_quiet_function_exists() {
         );
     }
 }
+
+/// Every name in `DERIVES_KEYS` names a function (a misspelt one would leave the
+/// function it meant checked, and the tests failing for a reason the list hides).
+#[test]
+fn every_function_deriving_keys_exists() {
+    for name in DERIVES_KEYS {
+        assert!(
+            SCRIPT_NAMES.contains(name),
+            "{name} is not a script of lua/"
+        );
+    }
+}
+
+/// The key check has teeth: a checked function called without one of the keys it
+/// touches (here `admit_delivery` without its waiting marks' key) is refused, loudly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "undeclared key")]
+async fn a_checked_function_touching_an_undeclared_key_fails() {
+    assert!(!DERIVES_KEYS.contains(&"admit_delivery"));
+    let url = shared_redis_url().expect("redis-server");
+    let store = RedisStore::connect(&url, &unique_prefix("keys"), StoreOptions::default())
+        .await
+        .expect("connect");
+    let b = store.breakers_prefix();
+    let dest = "http://undeclared.example:80";
+    let mut c = store.conn().await.expect("conn");
+    // Its two other keys declared: asking for a slot reads the waiting marks.
+    let _: redis::RedisResult<(String, String)> = store
+        .inner
+        .scripts
+        .admit_delivery
+        .key(format!("{b}breaker:{dest}"))
+        .key(format!("{b}pace:{dest}"))
+        .arg(&b)
+        .arg(dest)
+        .arg("a#1")
+        .arg(1)
+        .arg(30_000)
+        .arg(5_000)
+        .arg(2_000)
+        .invoke_async(&mut c)
+        .await;
+}
