@@ -162,7 +162,6 @@ const QUIET: &[&str] = &[
 const DERIVES_KEYS: &[&str] = &[
     "apply_jobs",
     "due_fires",
-    "due_runs",
     "upsert_node",
     "begin_and_assign",
     "begin_run",
@@ -181,10 +180,8 @@ const DERIVES_KEYS: &[&str] = &[
     "mark_started",
     "report_progress",
     "take_back_unconfirmed",
-    "trim_triggers",
     "append_logs",
     "append_logs_many",
-    "due_deliveries",
     "finish_runs",
     "mark_started_many",
     "renew_leases",
@@ -631,11 +628,18 @@ impl RedisStore {
         Ok(t)
     }
 
-    /// Calls `due_runs` or `due_deliveries` (the shared `due_entries` of common.lua).
-    async fn due_entries(&self, script: &Function, p: u32, limit: usize) -> Result<DueEntries> {
+    /// Calls `due_runs` or `due_deliveries` (the shared `due_entries` of common.lua) on
+    /// the zset `key` of partition `p`.
+    async fn due_entries(
+        &self,
+        script: &Function,
+        key: &str,
+        p: u32,
+        limit: usize,
+    ) -> Result<DueEntries> {
         let mut c = self.conn().await?;
         let (ids, next_in): (Vec<String>, Option<u64>) = script
-            .arg(self.pfx(p))
+            .key(self.key(p, key))
             .arg(limit)
             .invoke_async(&mut c)
             .await

@@ -13,8 +13,13 @@ impl Outbox for RedisStore {
         if limit == 0 {
             return Ok(DueEntries::default());
         }
-        self.due_entries(&self.inner.scripts.due_deliveries, partition, limit)
-            .await
+        self.due_entries(
+            &self.inner.scripts.due_deliveries,
+            "outbox_due",
+            partition,
+            limit,
+        )
+        .await
     }
 
     async fn claim_delivery(

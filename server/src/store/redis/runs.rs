@@ -388,7 +388,7 @@ impl RunStore for RedisStore {
     }
 
     async fn poll_due_runs(&self, partition: u32, limit: usize) -> Result<DueEntries> {
-        self.due_entries(&self.inner.scripts.due_runs, partition, limit)
+        self.due_entries(&self.inner.scripts.due_runs, "timers", partition, limit)
             .await
     }
 

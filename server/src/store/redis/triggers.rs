@@ -200,7 +200,7 @@ impl TriggerQueue for RedisStore {
                 .inner
                 .scripts
                 .trim_triggers
-                .arg(self.pfx(p))
+                .key(self.key(p, "triggers"))
                 .arg(GROUP)
                 .arg(older_than.max(0))
                 .invoke_async(&mut c)

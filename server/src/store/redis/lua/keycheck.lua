@@ -7,6 +7,8 @@
 local checked_keys = nil
 local KEYLESS = { TIME = true, PUBLISH = true }
 local ALL_KEYS = { DEL = true, EXISTS = true, MGET = true, UNLINK = true }
+-- Commands whose first argument is a subcommand: the key is the second.
+local KEY_SECOND = { XINFO = true, XGROUP = true }
 local function slot_tag(key)
   local open = string.find(key, '{', 1, true)
   local close = open and string.find(key, '}', open + 1, true)
@@ -18,9 +20,14 @@ end
 local function checked_call(cmd, ...)
   if checked_keys and not KEYLESS[string.upper(cmd)] then
     local args = { ... }
-    local n = ALL_KEYS[string.upper(cmd)] and #args or 1
+    local first, last = 1, 1
+    if ALL_KEYS[string.upper(cmd)] then
+      last = #args
+    elseif KEY_SECOND[string.upper(cmd)] then
+      first, last = 2, 2
+    end
     local tag = slot_tag(checked_keys[1])
-    for i = 1, n do
+    for i = first, last do
       local key = tostring(args[i])
       if slot_tag(key) == tag then
         local declared = false
