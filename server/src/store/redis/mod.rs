@@ -178,12 +178,8 @@ const DERIVES_KEYS: &[&str] = &[
     "finish_run",
     "forget_instance",
     "mark_started",
-    "report_progress",
     "take_back_unconfirmed",
-    "append_logs",
-    "append_logs_many",
     "finish_runs",
-    "mark_started_many",
     "renew_leases",
     "shorten_leases",
     "grace_leases",
@@ -555,19 +551,26 @@ impl RedisStore {
 
     /// Calls `function` once per partition of the runs at `runs` (position,
     /// schedule_id; one naming no job is in no call), the calls sent together
-    /// (pipelined on the shared connection), each with the partition's prefix and
-    /// then what `args` adds for that partition's positions. Each call must answer
-    /// `per_run` values per run; returns each call's positions with its answer.
+    /// (pipelined on the shared connection), each declaring the keys `keys` names for
+    /// that partition's positions (under the partition's prefix; none: the prefix
+    /// names the slot), with the partition's prefix and then what `args` adds. Each
+    /// call must answer `per_run` values per run; returns each call's positions with
+    /// its answer.
     async fn per_partition<'a, R: FromRedisValue + Send>(
         &self,
         function: &Function,
         runs: impl Iterator<Item = (usize, &'a str)>,
         per_run: usize,
+        keys: impl Fn(&[usize]) -> Vec<String>,
         args: impl Fn(&mut Call<'_>, &[usize]),
     ) -> Result<Vec<(Vec<usize>, Vec<R>)>> {
         let calls = self.partitions_of(runs).into_iter().map(|(p, idx)| {
             let mut inv = function.prepare_invoke();
-            inv.arg(self.pfx(p));
+            let pfx = self.pfx(p);
+            for key in keys(&idx) {
+                inv.key(format!("{pfx}{key}"));
+            }
+            inv.arg(pfx);
             args(&mut inv, &idx);
             async move {
                 let mut c = self.conn().await?;
@@ -584,6 +587,23 @@ impl RedisStore {
             }
         });
         futures::future::try_join_all(calls).await
+    }
+
+    /// The keys (under the partition's prefix) a report about run `sid` may read or
+    /// write: its record, and shard 0's (a broadcast run's shard 0 reports under the
+    /// parent's schedule_id: `load_held` in runlib.lua).
+    fn held_keys(sid: &str) -> [String; 2] {
+        [format!("run:{sid}"), format!("run:{sid}#0")]
+    }
+
+    /// The log keys of run `sid` and of its shard 0 (see `held_keys`).
+    fn log_keys(sid: &str) -> [String; 4] {
+        [
+            format!("logs:{sid}"),
+            format!("logmeta:{sid}"),
+            format!("logs:{sid}#0"),
+            format!("logmeta:{sid}#0"),
+        ]
     }
 
     /// Nodes are not partitioned: all of them share the `{nodes}` slot.

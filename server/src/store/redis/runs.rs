@@ -273,6 +273,13 @@ impl RunStore for RedisStore {
                 &self.inner.scripts.mark_started_many,
                 runs,
                 2,
+                |idx| {
+                    let mut keys = vec!["timers".to_owned()];
+                    for &i in idx {
+                        keys.extend(Self::held_keys(&reports[i].0));
+                    }
+                    keys
+                },
                 |inv, idx| {
                     for &i in idx {
                         let (schedule_id, holder) = &reports[i];
@@ -360,13 +367,19 @@ impl RunStore for RedisStore {
             .collect::<Result<Vec<_>>>()?;
         let runs = encoded.iter().map(|(sid, _)| sid.as_str()).enumerate();
         let answers: Vec<(Vec<usize>, Vec<Vec<Vec<u8>>>)> = self
-            .per_partition(&self.inner.scripts.finish_runs, runs, 1, |inv, idx| {
-                inv.arg(self.run_nodes_arg());
-                for &i in idx {
-                    let (sid, (args, _)) = &encoded[i];
-                    inv.arg(sid).arg(args);
-                }
-            })
+            .per_partition(
+                &self.inner.scripts.finish_runs,
+                runs,
+                1,
+                |_| Vec::new(),
+                |inv, idx| {
+                    inv.arg(self.run_nodes_arg());
+                    for &i in idx {
+                        let (sid, (args, _)) = &encoded[i];
+                        inv.arg(sid).arg(args);
+                    }
+                },
+            )
             .await?;
         for (idx, replies) in answers {
             for (i, reply) in idx.into_iter().zip(replies) {
@@ -416,10 +429,14 @@ impl RunStore for RedisStore {
         };
         let p = self.part(job_id);
         let mut c = self.conn().await?;
+        let [run, shard] = Self::held_keys(schedule_id);
         let refused: String = self
             .inner
             .scripts
             .report_progress
+            .key(self.key(p, "timers"))
+            .key(self.key(p, &run))
+            .key(self.key(p, &shard))
             .arg(self.pfx(p))
             .arg(schedule_id)
             .arg(&holder.node_id)
@@ -447,6 +464,12 @@ impl RunStore for RedisStore {
         }
         let p = self.part(job_id);
         let mut inv = self.inner.scripts.append_logs.prepare_invoke();
+        for key in Self::held_keys(schedule_id)
+            .iter()
+            .chain(&Self::log_keys(schedule_id))
+        {
+            inv.key(self.key(p, key));
+        }
         inv.arg(self.pfx(p))
             .arg(schedule_id)
             .arg(&holder.node_id)
@@ -493,17 +516,30 @@ impl RunStore for RedisStore {
             .filter(|(_, b)| !b.lines.is_empty())
             .map(|(i, b)| (i, b.schedule_id.as_str()));
         let answers: Vec<(Vec<usize>, Vec<String>)> = self
-            .per_partition(&self.inner.scripts.append_logs_many, runs, 1, |inv, idx| {
-                inv.arg(max_bytes).arg(LOG_LINE_COST);
-                for &i in idx {
-                    let b = &batches[i];
-                    inv.arg(&b.schedule_id)
-                        .arg(&b.holder.node_id)
-                        .arg(b.holder.token.to_string())
-                        .arg(encoded[i].len())
-                        .arg(&encoded[i]);
-                }
-            })
+            .per_partition(
+                &self.inner.scripts.append_logs_many,
+                runs,
+                1,
+                |idx| {
+                    let mut keys = Vec::new();
+                    for &i in idx {
+                        keys.extend(Self::held_keys(&batches[i].schedule_id));
+                        keys.extend(Self::log_keys(&batches[i].schedule_id));
+                    }
+                    keys
+                },
+                |inv, idx| {
+                    inv.arg(max_bytes).arg(LOG_LINE_COST);
+                    for &i in idx {
+                        let b = &batches[i];
+                        inv.arg(&b.schedule_id)
+                            .arg(&b.holder.node_id)
+                            .arg(b.holder.token.to_string())
+                            .arg(encoded[i].len())
+                            .arg(&encoded[i]);
+                    }
+                },
+            )
             .await?;
         for (idx, refusals) in answers {
             for (i, refused) in idx.into_iter().zip(refusals) {
