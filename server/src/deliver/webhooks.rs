@@ -4,7 +4,8 @@
 //! final (see `store` and ARCHITECTURE.md "The webhook outbox"). Every instance runs one
 //! [`Deliveries`] worker that sweeps every partition's due entries (like the run
 //! sweeper), claims them (`claim_deliveries`: one store call for a sweep's entries,
-//! each gets a delivery token and a lease; their jobs read in one more), POSTs each
+//! each gets a delivery token and a lease; their jobs' bounds and signers from
+//! [`Senders`], which reads only the jobs it does not keep), POSTs each
 //! entry's body to its URL and records the outcome under that token
 //! (`finish_delivery`). A worker whose lease ran out may still finish its request, but
 //! its outcome is refused: the later claim owns the delivery.
@@ -371,8 +372,9 @@ impl Deliveries {
         Some(due)
     }
 
-    /// Claims the sweep's due deliveries in one store call (per partition) and reads
-    /// their jobs in one more; each claimed delivery is then sent by a task of its own,
+    /// Claims the sweep's due deliveries in one store call (per partition) and has
+    /// their senders (the jobs not kept read in one more); each claimed delivery is then
+    /// sent by a task of its own,
     /// holding its claim permit until it is done.
     async fn claim_and_deliver(
         self: Arc<Self>,
