@@ -287,10 +287,16 @@ impl JobStore for RedisStore {
         let p = self.part(&trigger.job_id);
         let sid = trigger.schedule_id();
         let mut c = self.conn().await?;
-        let r: Vec<String> = self
+        let mut inv = self
             .inner
             .scripts
             .enqueue_manual
+            .key(self.key(p, &format!("job:{}", trigger.job_id)));
+        inv.key(self.key(p, "triggers"));
+        if let Some(k) = idempotency_key.filter(|k| !k.is_empty()) {
+            inv.key(self.key(p, &format!("idem:{}:{k}", trigger.job_id)));
+        }
+        let r: Vec<String> = inv
             .arg(self.pfx(p))
             .arg(&trigger.job_id)
             .arg(&sid)

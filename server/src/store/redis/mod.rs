@@ -166,8 +166,6 @@ const DERIVES_KEYS: &[&str] = &[
     "begin_and_assign",
     "begin_run",
     "claim_fires",
-    "enqueue_manual",
-    "read_jobs",
     "record_run",
     "remove_node",
     "assign_run",
@@ -686,6 +684,10 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let mut inv = self.inner.scripts.read_jobs.prepare_invoke();
+        inv.key(self.key(p, "pending"));
+        for id in ids {
+            inv.key(self.key(p, &format!("job:{id}")));
+        }
         inv.arg(self.pfx(p));
         for id in ids {
             inv.arg(id);
