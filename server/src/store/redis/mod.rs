@@ -162,12 +162,10 @@ const QUIET: &[&str] = &[
 const DERIVES_KEYS: &[&str] = &[
     "apply_jobs",
     "due_fires",
-    "upsert_node",
     "begin_and_assign",
     "begin_run",
     "claim_fires",
     "record_run",
-    "remove_node",
     "assign_run",
     "cancel_run",
     "delete_job",

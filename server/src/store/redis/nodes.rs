@@ -28,6 +28,9 @@ impl NodeRegistry for RedisStore {
                 .inner
                 .scripts
                 .remove_node
+                .key(format!("{nodes}node:{}", node.node_id))
+                .key(format!("{nodes}ids"))
+                .key(format!("{nodes}busy:{}", node.node_id))
                 .arg(&nodes)
                 .arg(&node.node_id)
                 .arg(&node.instance)
@@ -243,11 +246,14 @@ impl RedisStore {
     async fn upsert_node(&self, node: NodeRecord, ttl: Duration, mode: &str) -> Result<Registered> {
         let mut c = self.conn().await?;
         let json = serde_json::to_string(&node).map_err(corrupt)?;
+        let nodes = self.nodes_prefix();
         let r: Vec<String> = self
             .inner
             .scripts
             .upsert_node
-            .arg(self.nodes_prefix())
+            .key(format!("{nodes}node:{}", node.node_id))
+            .key(format!("{nodes}ids"))
+            .arg(&nodes)
             .arg(&node.node_id)
             .arg(json)
             .arg(&node.instance)
