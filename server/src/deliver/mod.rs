@@ -12,3 +12,16 @@ pub mod batch;
 pub mod in_flight;
 pub mod senders;
 pub mod webhooks;
+
+/// Tests only: a fresh embedded store of one partition, and the directory that holds it.
+#[cfg(test)]
+fn test_store() -> (std::sync::Arc<dyn crate::store::Store>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = crate::store::StoreOptions {
+        partitions: 1,
+        ..crate::store::StoreOptions::default()
+    };
+    let store = crate::store::embedded::EmbeddedStore::open(&dir.path().join("s.redb"), opts)
+        .expect("open");
+    (std::sync::Arc::new(store), dir)
+}

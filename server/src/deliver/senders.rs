@@ -243,21 +243,10 @@ impl Senders {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deliver::test_store as store;
     use crate::model::{AppRecord, AppSecret};
+    use crate::store::Store;
     use crate::store::conformance::job;
-    use crate::store::embedded::EmbeddedStore;
-    use crate::store::{Store, StoreOptions};
-
-    fn store() -> (Arc<dyn Store>, tempfile::TempDir) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let opts = StoreOptions {
-            partitions: 1,
-            ..StoreOptions::default()
-        };
-        let store: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open(&dir.path().join("s.redb"), opts).expect("open"));
-        (store, dir)
-    }
 
     fn senders(store: &Arc<dyn Store>) -> Senders {
         Senders::new(

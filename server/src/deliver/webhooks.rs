@@ -960,18 +960,11 @@ mod tests {
     }
     use crate::model::{CallbackState, RunRecord, RunState};
     use crate::store::conformance::{job, plan, planned_run};
-    use crate::store::embedded::EmbeddedStore;
-    use crate::store::{Finisher, LeaseTerms, NodeSlot, Outcome, Store, StoreOptions};
+    use crate::store::{Finisher, LeaseTerms, NodeSlot, Outcome, Store};
 
     /// A final run of job "w" whose webhook goes to `url`, in a fresh embedded store.
     async fn finished_run(url: &str) -> (Arc<dyn Store>, String, tempfile::TempDir) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let opts = StoreOptions {
-            partitions: 1,
-            ..StoreOptions::default()
-        };
-        let store: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open(&dir.path().join("s.redb"), opts).expect("open"));
+        let (store, dir) = crate::deliver::test_store();
         store.create_job(job("w", None)).await.expect("create");
         let mut p = plan(crate::model::OverlapPolicy::Allow);
         p.callback_url = Some(url.to_owned());
