@@ -13,15 +13,20 @@ pub mod in_flight;
 pub mod senders;
 pub mod webhooks;
 
-/// Tests only: a fresh embedded store of one partition, and the directory that holds it.
+/// Tests only: what the deliver tests share.
 #[cfg(test)]
-fn test_store() -> (std::sync::Arc<dyn crate::store::Store>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let opts = crate::store::StoreOptions {
-        partitions: 1,
-        ..crate::store::StoreOptions::default()
-    };
-    let store = crate::store::embedded::EmbeddedStore::open(&dir.path().join("s.redb"), opts)
-        .expect("open");
-    (std::sync::Arc::new(store), dir)
+mod test_support {
+    /// A fresh embedded store of one partition, and the directory that holds it.
+    pub(crate) fn test_store() -> (std::sync::Arc<dyn crate::store::Store>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = crate::store::StoreOptions {
+            partitions: 1,
+            ..crate::store::StoreOptions::default()
+        };
+        let store = crate::store::embedded::EmbeddedStore::open(&dir.path().join("s.redb"), opts)
+            .expect("open");
+        (std::sync::Arc::new(store), dir)
+    }
 }
+#[cfg(test)]
+use test_support::test_store;
