@@ -28,5 +28,3 @@ mod test_support {
         (std::sync::Arc::new(store), dir)
     }
 }
-#[cfg(test)]
-use test_support::test_store;

@@ -243,7 +243,7 @@ impl Senders {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deliver::test_store as store;
+    use crate::deliver::test_support::test_store as store;
     use crate::model::{AppRecord, AppSecret};
     use crate::store::Store;
     use crate::store::conformance::job;

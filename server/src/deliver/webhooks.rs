@@ -964,7 +964,7 @@ mod tests {
 
     /// A final run of job "w" whose webhook goes to `url`, in a fresh embedded store.
     async fn finished_run(url: &str) -> (Arc<dyn Store>, String, tempfile::TempDir) {
-        let (store, dir) = crate::deliver::test_store();
+        let (store, dir) = crate::deliver::test_support::test_store();
         store.create_job(job("w", None)).await.expect("create");
         let mut p = plan(crate::model::OverlapPolicy::Allow);
         p.callback_url = Some(url.to_owned());
