@@ -210,6 +210,8 @@ impl JobStore for RedisStore {
             .inner
             .scripts
             .due_fires
+            .key(self.key(partition, "pending"))
+            .key(self.key(partition, "claimer"))
             .arg(self.pfx(partition))
             .arg(limit)
             .arg(&self.inner.opts.instance_id)
@@ -240,6 +242,11 @@ impl JobStore for RedisStore {
 
     async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
         let mut inv = self.inner.scripts.claim_fires.prepare_invoke();
+        inv.key(self.key(partition, "pending"))
+            .key(self.key(partition, "triggers"));
+        for claim in &claims {
+            inv.key(self.key(partition, &format!("job:{}", claim.job_id)));
+        }
         inv.arg(self.pfx(partition))
             .arg(self.channel())
             .arg(claims.len());

@@ -161,10 +161,8 @@ const QUIET: &[&str] = &[
 #[cfg(test)]
 const DERIVES_KEYS: &[&str] = &[
     "apply_jobs",
-    "due_fires",
     "begin_and_assign",
     "begin_run",
-    "claim_fires",
     "record_run",
     "assign_run",
     "cancel_run",
@@ -176,8 +174,6 @@ const DERIVES_KEYS: &[&str] = &[
     "mark_started",
     "take_back_unconfirmed",
     "finish_runs",
-    "renew_leases",
-    "shorten_leases",
     "grace_leases",
 ];
 

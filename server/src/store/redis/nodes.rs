@@ -94,6 +94,10 @@ impl NodeRegistry for RedisStore {
         }
         for (p, sids) in by_part {
             let mut inv = self.inner.scripts.shorten_leases.prepare_invoke();
+            inv.key(self.key(p, "timers"));
+            for sid in &sids {
+                inv.key(self.key(p, &format!("run:{sid}")));
+            }
             inv.arg(self.pfx(p))
                 .arg(&run_nodes)
                 .arg(&node.node_id)

@@ -333,6 +333,12 @@ impl RunStore for RedisStore {
         let mut c = self.conn().await?;
         for (p, idx) in by_part {
             let mut inv = self.inner.scripts.renew_leases.prepare_invoke();
+            inv.key(self.key(p, "timers"));
+            for &i in &idx {
+                for key in Self::held_keys(&held[i].schedule_id) {
+                    inv.key(self.key(p, &key));
+                }
+            }
             inv.arg(self.pfx(p)).arg(node_id).arg(ms(ttl));
             for &i in &idx {
                 inv.arg(&held[i].schedule_id).arg(held[i].token.to_string());
