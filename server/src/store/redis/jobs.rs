@@ -40,6 +40,12 @@ impl JobStore for RedisStore {
             return Ok(Vec::new());
         }
         let mut invocation = self.inner.scripts.apply_jobs.prepare_invoke();
+        invocation
+            .key(self.key(partition, "pending"))
+            .key(self.key(partition, "jobs"));
+        for w in &writes {
+            invocation.key(self.key(partition, &format!("job:{}", w.job_id())));
+        }
         invocation.arg(self.pfx(partition)).arg(self.channel());
         // The records as they will be written, to answer with once the script says ok.
         let mut written = Vec::with_capacity(writes.len());
@@ -103,6 +109,9 @@ impl JobStore for RedisStore {
             .inner
             .scripts
             .delete_job
+            .key(self.key(p, &format!("job:{job_id}")))
+            .key(self.key(p, "pending"))
+            .key(self.key(p, "jobs"))
             .arg(self.pfx(p))
             .arg(job_id)
             .arg(self.channel())

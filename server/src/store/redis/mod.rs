@@ -114,6 +114,8 @@ use conn::{Blocking, BlockingConn, Shared, Subscribers};
 use functions::{Activity, Call, Function, Library};
 
 const GROUP: &str = "dispatch";
+/// Runs per `grace_leases` call (each one a declared key).
+const GRACE_BATCH: usize = 500;
 
 /// The helpers every function of the library sees, defined once when it is loaded:
 /// the prelude, the run machine's helpers, those of the decisions that begin or lease
@@ -160,21 +162,17 @@ const QUIET: &[&str] = &[
 /// only declared keys of its slot (`functions::KEY_CHECK`).
 #[cfg(test)]
 const DERIVES_KEYS: &[&str] = &[
-    "apply_jobs",
     "begin_and_assign",
     "begin_run",
     "record_run",
     "assign_run",
     "cancel_run",
-    "delete_job",
     "expire_run",
     "fan_out",
     "finish_run",
-    "forget_instance",
     "mark_started",
     "take_back_unconfirmed",
     "finish_runs",
-    "grace_leases",
 ];
 
 /// The library's functions, one per script of `lua/` (named by its file), each a field
@@ -396,17 +394,29 @@ impl RedisStore {
         }
         let grace = ms(self.inner.opts.reopen_lease_grace);
         let mut extended: u64 = 0;
+        // A held run's timer is at or before its lease end, so every lease to extend
+        // has a timer up to the grace's end: those runs are read first, so each call
+        // declares the records it may extend (a minute's slack for the time between
+        // this read and the calls; the script compares with the store's clock).
+        let cutoff = now_ms.saturating_add(i64::try_from(grace).unwrap_or(i64::MAX) + 60_000);
         for p in 0..self.inner.partitions {
-            let n: u64 = self
-                .inner
-                .scripts
-                .grace_leases
-                .arg(self.pfx(p))
-                .arg(grace)
-                .invoke_async(&mut c)
+            let sids: Vec<String> = c
+                .zrangebyscore(self.key(p, "timers"), "-inf", cutoff)
                 .await
                 .map_err(unavailable)?;
-            extended += n;
+            for chunk in sids.chunks(GRACE_BATCH) {
+                let mut inv = self.inner.scripts.grace_leases.prepare_invoke();
+                inv.key(self.key(p, "timers"));
+                for sid in chunk {
+                    inv.key(self.key(p, &format!("run:{sid}")));
+                }
+                inv.arg(self.pfx(p)).arg(grace);
+                for sid in chunk {
+                    inv.arg(sid);
+                }
+                let n: u64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+                extended += n;
+            }
         }
         if extended > 0 {
             tracing::info!(

@@ -1186,3 +1186,60 @@ async fn a_checked_function_touching_an_undeclared_key_fails() {
         .invoke_async(&mut c)
         .await;
 }
+
+/// A store opened while no instance is alive (every one was down) gives each held run
+/// whose lease lapsed meanwhile a lease ending the grace from now (`grace_leases`, its
+/// keys declared and checked); a run not held is left as it was.
+#[tokio::test]
+async fn a_store_opened_alone_gives_lapsed_leases_a_grace() {
+    use crate::store::conformance::{job, run, slot, terms};
+    let (store, prefix) = store("grace", one_partition()).await;
+    store.create_job(job("held", None)).await.expect("create");
+    store.create_job(job("waits", None)).await.expect("create");
+    let held = run("held", 1_000, 1_000);
+    let waits = run("waits", 1_000, 1_000);
+    for r in [&held, &waits] {
+        store
+            .begin_run(r.clone(), Duration::ZERO)
+            .await
+            .expect("begin");
+    }
+    let granted = store
+        .assign_run(&held.schedule_id, 1, &slot("n", 0), terms(50, 50))
+        .await
+        .expect("assign");
+    assert!(matches!(granted, Assigned::Granted(_)), "{granted:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiting_before = store.get_run(&waits.schedule_id).await.expect("get");
+    let url = shared_redis_url().expect("redis-server");
+    let opened = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let reopened = RedisStore::connect(
+        &url,
+        &prefix,
+        StoreOptions {
+            partitions: 1,
+            reopen_lease_grace: Duration::from_secs(30),
+            ..StoreOptions::default()
+        },
+    )
+    .await
+    .expect("reopen");
+    let lease = reopened
+        .get_run(&held.schedule_id)
+        .await
+        .expect("get")
+        .expect("held run")
+        .deadlines
+        .lease_expires;
+    assert!(
+        lease >= opened + 29_000,
+        "the lapsed lease ends at {lease}, opened at {opened}"
+    );
+    assert_eq!(
+        reopened.get_run(&waits.schedule_id).await.expect("get"),
+        waiting_before
+    );
+}

@@ -154,16 +154,23 @@ impl TriggerQueue for RedisStore {
             out.extend(self.deliveries(p, claimed.ids));
         }
         if !more {
-            let _: i64 = self
-                .inner
-                .scripts
-                .forget_instance
-                .arg(self.instances_key())
-                .arg(self.nodes_prefix())
-                .arg(dead)
-                .invoke_async(&mut c)
+            // The registered nodes are read first, so the script can declare each one's
+            // key (none registers to a dead instance meanwhile).
+            let nodes = self.nodes_prefix();
+            let ids: Vec<String> = c
+                .smembers(format!("{nodes}ids"))
                 .await
                 .map_err(unavailable)?;
+            let mut inv = self.inner.scripts.forget_instance.prepare_invoke();
+            inv.key(self.instances_key()).key(format!("{nodes}ids"));
+            for id in &ids {
+                inv.key(format!("{nodes}node:{id}"));
+            }
+            inv.arg(self.instances_key()).arg(&nodes).arg(dead);
+            for id in &ids {
+                inv.arg(id);
+            }
+            let _: i64 = inv.invoke_async(&mut c).await.map_err(unavailable)?;
         }
         Ok(out)
     }

@@ -1,4 +1,5 @@
--- ARGV: K (the instances zset), N (the {nodes} prefix), instance
+-- ARGV: K (the instances zset), N (the {nodes} prefix), instance, then the ids of the
+-- registered nodes (read by the caller: none registers to a dead instance).
 -- Forgets an instance whose beat has run out and whose triggers were all taken over,
 -- with the nodes still registered to it: their streams died with it, and a dispatch
 -- routed to one would go to an inbox nobody reads. (An executor that reconnected to
@@ -12,7 +13,8 @@ if not at or tonumber(at) >= store_now_ms() then
 end
 redis.call('ZREM', K, dead)
 local removed = 0
-for _, id in ipairs(redis.call('SMEMBERS', N .. 'ids')) do
+for i = 4, #ARGV do
+  local id = ARGV[i]
   local key = N .. 'node:' .. id
   if redis.call('HGET', key, 'inst') == dead then
     redis.call('DEL', key)
