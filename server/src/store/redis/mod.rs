@@ -165,13 +165,9 @@ const DERIVES_KEYS: &[&str] = &[
     "begin_and_assign",
     "begin_run",
     "record_run",
-    "assign_run",
     "cancel_run",
     "expire_run",
-    "fan_out",
     "finish_run",
-    "mark_started",
-    "take_back_unconfirmed",
     "finish_runs",
 ];
 
@@ -625,19 +621,25 @@ impl RedisStore {
     }
 
     /// Calls a run-transition script with (partition prefix, nodes prefix,
-    /// schedule_id, `extra`…) and parses its reply; a malformed schedule_id is an
+    /// schedule_id, `extra`…), declaring `keys` (names in the run's partition: none
+    /// declares the prefix alone), and parses its reply; a malformed schedule_id is an
     /// unknown run.
     async fn run_transition(
         &self,
         script: &Function,
         schedule_id: &str,
+        keys: &[String],
         extra: &[String],
     ) -> Result<Transition> {
         let Some((job_id, _)) = split_schedule_id(schedule_id) else {
             return Ok(unknown_run());
         };
+        let p = self.part(job_id);
         let mut inv = script.prepare_invoke();
-        inv.arg(self.pfx(self.part(job_id)))
+        for key in keys {
+            inv.key(self.key(p, key));
+        }
+        inv.arg(self.pfx(p))
             .arg(self.run_nodes_arg())
             .arg(schedule_id);
         for a in extra {

@@ -186,6 +186,9 @@ impl RunStore for RedisStore {
             .inner
             .scripts
             .assign_run
+            .key(self.key(p, "timers"))
+            .key(self.key(p, "tokens"))
+            .key(self.key(p, &format!("run:{schedule_id}")))
             .arg(self.pfx(p))
             .arg(self.run_nodes_arg())
             .arg(schedule_id)
@@ -227,11 +230,15 @@ impl RunStore for RedisStore {
             return Ok(FannedOut::NotWaiting(None));
         };
         let p = self.part(job_id);
+        let mut inv = self.inner.scripts.fan_out.prepare_invoke();
+        inv.key(self.key(p, "timers"))
+            .key(self.key(p, "tokens"))
+            .key(self.key(p, &format!("run:{schedule_id}")));
+        for i in 0..shards {
+            inv.key(self.key(p, &format!("run:{schedule_id}#{i}")));
+        }
         let mut c = self.conn().await?;
-        let r: Vec<Vec<u8>> = self
-            .inner
-            .scripts
-            .fan_out
+        let r: Vec<Vec<u8>> = inv
             .arg(self.pfx(p))
             .arg(self.run_nodes_arg())
             .arg(schedule_id)
@@ -261,8 +268,10 @@ impl RunStore for RedisStore {
 
     async fn mark_started(&self, schedule_id: &str, holder: &Holder) -> Result<Transition> {
         let script = &self.inner.scripts.mark_started;
+        let [run, shard] = Self::held_keys(schedule_id);
+        let keys = ["timers".to_owned(), run, shard];
         let args = [holder.node_id.clone(), holder.token.to_string()];
-        self.run_transition(script, schedule_id, &args).await
+        self.run_transition(script, schedule_id, &keys, &args).await
     }
 
     async fn mark_started_many(&self, reports: &[(String, Holder)]) -> Result<Vec<Applied>> {
@@ -308,8 +317,10 @@ impl RunStore for RedisStore {
         holder: &Holder,
     ) -> Result<Transition> {
         let script = &self.inner.scripts.take_back_unconfirmed;
+        let [run, shard] = Self::held_keys(schedule_id);
+        let keys = ["timers".to_owned(), "tokens".to_owned(), run, shard];
         let args = [holder.node_id.clone(), holder.token.to_string()];
-        self.run_transition(script, schedule_id, &args).await
+        self.run_transition(script, schedule_id, &keys, &args).await
     }
 
     async fn renew_leases(
@@ -359,7 +370,7 @@ impl RunStore for RedisStore {
     ) -> Result<Transition> {
         let (args, holder) = finish_args(by, outcome)?;
         let script = &self.inner.scripts.finish_run;
-        let t = self.run_transition(script, schedule_id, &args).await?;
+        let t = self.run_transition(script, schedule_id, &[], &args).await?;
         self.release_finished([(holder.as_deref(), schedule_id, &t)])
             .await;
         Ok(t)
@@ -413,13 +424,13 @@ impl RunStore for RedisStore {
 
     async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
         let script = &self.inner.scripts.expire_run;
-        self.run_transition(script, schedule_id, &[ms(route_grace).to_string()])
+        self.run_transition(script, schedule_id, &[], &[ms(route_grace).to_string()])
             .await
     }
 
     async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
         let script = &self.inner.scripts.cancel_run;
-        self.run_transition(script, schedule_id, &[reason.to_owned()])
+        self.run_transition(script, schedule_id, &[], &[reason.to_owned()])
             .await
     }
 
