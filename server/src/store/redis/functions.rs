@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use redis::aio::ConnectionLike;
-use redis::{FromRedisValue, RedisResult, ToRedisArgs};
+use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
@@ -56,7 +56,8 @@ impl Library {
             // `store_time_reply` (common.lua) caches the store's clock for one call.
             source.push_str(&format!(
                 "redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
-                 store_time_reply = nil\n{check}{body}\nend)\n",
+                 store_time_reply = nil\ncall_keys, declared_set, empty_queues = KEYS, nil, {{}}\n\
+                 {check}{body}\nend)\n",
                 check = key_check(function),
                 body = checked(body),
             ));
@@ -137,6 +138,28 @@ impl Call<'_> {
         self
     }
 
+    /// `FCALL`s a function that may answer `{'need', key...}` instead (`want` in
+    /// common.lua: keys of its slot it found in its records and this call did not
+    /// declare; it answers so before it writes anything): calls again declaring those
+    /// too, at most `NEED_ROUNDS` times in all.
+    pub(super) async fn invoke_declaring<T: FromRedisValue>(
+        &mut self,
+        c: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        for _ in 0..NEED_ROUNDS {
+            let reply: Value = self.invoke_async(c).await?;
+            match needed_keys(reply) {
+                Ok(keys) => self.keys.extend(keys),
+                Err(reply) => return Ok(redis::from_redis_value(reply)?),
+            }
+        }
+        Err(RedisError::from((
+            ErrorKind::Client,
+            "a function kept asking for keys to declare",
+            self.function.name.clone(),
+        )))
+    }
+
     /// `FCALL`s the function; loads the library and calls again when Redis has lost it.
     pub(super) async fn invoke_async<T: FromRedisValue>(
         &self,
@@ -181,6 +204,27 @@ impl Call<'_> {
             activity.send_modify(|n| *n = n.wrapping_add(1));
         }
         r
+    }
+}
+
+/// How many times `Call::invoke_declaring` calls a function: the keys a script asks
+/// for can name records that name more (a run's shards), one level a round.
+const NEED_ROUNDS: usize = 4;
+
+/// The keys a `{'need', key...}` reply asks for, or the reply when it is another.
+fn needed_keys(reply: Value) -> std::result::Result<Vec<Vec<u8>>, Value> {
+    match reply {
+        Value::Array(items) if matches!(items.first(), Some(Value::BulkString(b)) if b.as_slice() == b"need") => {
+            Ok(items
+                .into_iter()
+                .skip(1)
+                .filter_map(|k| match k {
+                    Value::BulkString(k) => Some(k),
+                    _ => None,
+                })
+                .collect())
+        }
+        other => Err(other),
     }
 }
 

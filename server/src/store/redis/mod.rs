@@ -161,15 +161,7 @@ const QUIET: &[&str] = &[
 /// instances to stop (README). Every other function is checked in the tests to touch
 /// only declared keys of its slot (`functions::KEY_CHECK`).
 #[cfg(test)]
-const DERIVES_KEYS: &[&str] = &[
-    "begin_and_assign",
-    "begin_run",
-    "record_run",
-    "cancel_run",
-    "expire_run",
-    "finish_run",
-    "finish_runs",
-];
+const DERIVES_KEYS: &[&str] = &["begin_and_assign", "begin_run", "record_run"];
 
 /// The library's functions, one per script of `lua/` (named by its file), each a field
 /// of `Scripts`; all but the `QUIET` ones bump the store's activity counter.
@@ -572,7 +564,7 @@ impl RedisStore {
             args(&mut inv, &idx);
             async move {
                 let mut c = self.conn().await?;
-                let r: Vec<R> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+                let r: Vec<R> = inv.invoke_declaring(&mut c).await.map_err(unavailable)?;
                 if r.len() != idx.len() * per_run {
                     return Err(corrupt(format!(
                         "{} answered {} values for {} runs",
@@ -592,6 +584,28 @@ impl RedisStore {
     /// parent's schedule_id: `load_held` in runlib.lua).
     fn held_keys(sid: &str) -> [String; 2] {
         [format!("run:{sid}"), format!("run:{sid}#0")]
+    }
+
+    /// The keys (under the partition's prefix) a transition of run `sid` may touch
+    /// that its schedule_id names: its record and shard 0's (`held_keys`), its
+    /// parent's when it is a shard (`<parent>#<n>`), their webhook entries, the job's
+    /// active runs and serial queue, the timers, the tokens and the outbox's due set.
+    /// (The runs a serial queue or a broadcast run names are asked for by the script:
+    /// `Call::invoke_declaring`.)
+    fn run_keys(sid: &str) -> Vec<String> {
+        let mut keys = Vec::with_capacity(10);
+        keys.extend(Self::held_keys(sid));
+        keys.push(format!("delivery:{sid}"));
+        if let Some((parent, _)) = sid.rsplit_once('#') {
+            keys.push(format!("run:{parent}"));
+            keys.push(format!("delivery:{parent}"));
+        }
+        if let Some((job_id, _)) = split_schedule_id(sid) {
+            keys.push(format!("active:{job_id}"));
+            keys.push(format!("serial:{job_id}"));
+        }
+        keys.extend(["timers", "tokens", "outbox_due"].map(str::to_owned));
+        keys
     }
 
     /// The log keys of run `sid` and of its shard 0 (see `held_keys`).
@@ -646,7 +660,7 @@ impl RedisStore {
             inv.arg(a);
         }
         let mut c = self.conn().await?;
-        let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let r: Vec<Vec<u8>> = inv.invoke_declaring(&mut c).await.map_err(unavailable)?;
         let t = transition(&r)?;
         self.release_revoked(&t.revoked).await;
         Ok(t)

@@ -370,7 +370,10 @@ impl RunStore for RedisStore {
     ) -> Result<Transition> {
         let (args, holder) = finish_args(by, outcome)?;
         let script = &self.inner.scripts.finish_run;
-        let t = self.run_transition(script, schedule_id, &[], &args).await?;
+        let keys = Self::run_keys(schedule_id);
+        let t = self
+            .run_transition(script, schedule_id, &keys, &args)
+            .await?;
         self.release_finished([(holder.as_deref(), schedule_id, &t)])
             .await;
         Ok(t)
@@ -388,7 +391,14 @@ impl RunStore for RedisStore {
                 &self.inner.scripts.finish_runs,
                 runs,
                 1,
-                |_| Vec::new(),
+                |idx| {
+                    // Each once: the partition's and a job's keys are every run's.
+                    let mut seen = std::collections::HashSet::new();
+                    idx.iter()
+                        .flat_map(|&i| Self::run_keys(&encoded[i].0))
+                        .filter(|k| seen.insert(k.clone()))
+                        .collect()
+                },
                 |inv, idx| {
                     inv.arg(self.run_nodes_arg());
                     for &i in idx {
@@ -424,14 +434,24 @@ impl RunStore for RedisStore {
 
     async fn expire_run(&self, schedule_id: &str, route_grace: Duration) -> Result<Transition> {
         let script = &self.inner.scripts.expire_run;
-        self.run_transition(script, schedule_id, &[], &[ms(route_grace).to_string()])
-            .await
+        self.run_transition(
+            script,
+            schedule_id,
+            &Self::run_keys(schedule_id),
+            &[ms(route_grace).to_string()],
+        )
+        .await
     }
 
     async fn cancel_run(&self, schedule_id: &str, reason: &str) -> Result<Transition> {
         let script = &self.inner.scripts.cancel_run;
-        self.run_transition(script, schedule_id, &[], &[reason.to_owned()])
-            .await
+        self.run_transition(
+            script,
+            schedule_id,
+            &Self::run_keys(schedule_id),
+            &[reason.to_owned()],
+        )
+        .await
     }
 
     async fn report_progress(

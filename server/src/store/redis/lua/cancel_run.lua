@@ -1,4 +1,6 @@
 -- ARGV: P, N, schedule_id, reason
+-- KEYS: RedisStore::run_keys of the run; {'need', key...} when its job's serial queue
+-- or its shards name runs not among them (see `want`), before anything is written.
 local P, N, sid, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local run = load_run(P, sid)
 if not run then
@@ -6,6 +8,16 @@ if not run then
 end
 if FINAL[run.state] then
   return reply('no', 'run is already ' .. run.state, encode_run(run))
+end
+local need = {}
+end_needs(P, run.job_id, need)
+if (run.parent == nil or run.parent == '') then
+  for i = 0, (tonumber(run.shard_total) or 0) - 1 do
+    want(need, P .. 'run:' .. sid .. '#' .. i)
+  end
+end
+if #need > 0 then
+  return needed(need)
 end
 local now = store_now_ms()
 local rvs, nxt = cancel_tree(P, N, run, reason, now, true)

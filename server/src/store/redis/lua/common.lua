@@ -18,6 +18,36 @@ local function store_now_us()
   local t = store_time()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+-- A call declares in KEYS every key it touches (Redis Cluster redirects a call by them
+-- while its slot moves between masters). The keys a script finds in its records (a
+-- job's serial queue and active runs, a broadcast run's shards) its caller cannot
+-- know: the script collects them with `want` before it writes anything and, when one
+-- was not declared, answers `needed` ({'need', key...}) instead; the caller calls again
+-- declaring them too (Call::invoke_declaring). These locals are set for each call by
+-- its wrapper (functions.rs).
+local call_keys, declared_set
+-- The jobs whose serial queue a call found empty (`end_needs` in runlib.lua).
+local empty_queues
+local function want(need, key)
+  if not declared_set then
+    declared_set = {}
+    for _, k in ipairs(call_keys) do
+      declared_set[k] = true
+    end
+  end
+  if not declared_set[key] then
+    declared_set[key] = true
+    need[#need + 1] = key
+  end
+end
+local function needed(need)
+  local out = { 'need' }
+  for _, k in ipairs(need) do
+    out[#out + 1] = k
+  end
+  return out
+end
+
 -- Lua's tostring() prints 14 significant digits; µs tokens need all of theirs.
 local function int(n)
   return string.format('%.0f', n)

@@ -1,5 +1,12 @@
 -- ARGV: P, N, schedule_id, route_grace_ms. Acts on whatever deadline has passed.
+-- KEYS: RedisStore::run_keys of the run; {'need', key...} when its job's serial queue
+-- names runs not among them (see `want`), before anything is written.
 local P, N, sid = ARGV[1], ARGV[2], ARGV[3]
+local need = {}
+end_needs(P, job_of(sid), need)
+if #need > 0 then
+  return needed(need)
+end
 local run = load_run(P, sid)
 if not run then
   redis.call('ZREM', P .. 'timers', sid)

@@ -1,7 +1,16 @@
 -- ARGV: P, N, then 5 fields per result of a run of partition P: schedule_id,
 -- 'holder' | 'waiting', token or attempt, outcome_json, node ('' for 'waiting').
+-- KEYS: RedisStore::run_keys of each run; {'need', key...} when a job's serial queue
+-- names runs not among them (see `want`), before anything is written.
 -- finish_run of each, in order, in one step: finish_run's reply per result.
 local P, N = ARGV[1], ARGV[2]
+local need = {}
+for i = 3, #ARGV, 5 do
+  end_needs(P, job_of(ARGV[i]), need)
+end
+if #need > 0 then
+  return needed(need)
+end
 local out = {}
 for i = 3, #ARGV, 5 do
   out[#out + 1] = finish(P, N, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])

@@ -293,6 +293,31 @@ local function has_unqueued_active(P, job_id)
   return false
 end
 
+-- What the end of a run of `job_id` may read that its caller cannot name (`want`):
+-- while the job has a serial queue, each queued run and each of its active runs (a
+-- pop looks at them). A queue found empty is remembered for the rest of the call.
+local function end_needs(P, job_id, need)
+  if not job_id or empty_queues[job_id] then
+    return
+  end
+  local queue = P .. 'serial:' .. job_id
+  if redis.call('LLEN', queue) == 0 then
+    empty_queues[job_id] = true
+    return
+  end
+  for _, s in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    want(need, P .. 'run:' .. s)
+  end
+  for _, a in ipairs(redis.call('SMEMBERS', P .. 'active:' .. job_id)) do
+    want(need, P .. 'run:' .. a)
+  end
+end
+
+-- The job a schedule_id names ("<job_id>@<schedule no>").
+local function job_of(sid)
+  return string.match(sid, '^([^@]+)@')
+end
+
 -- A webhook's outbox entry is the hash delivery:<sid> (job_id, url, body, created_at,
 -- attempts, token, in_flight '1' | '0', due), so a claim or an outcome reads and writes
 -- the fields it needs and never decodes or re-encodes the body; outbox_due: sid -> when
@@ -485,9 +510,10 @@ local function finalize(P, run, state, reason, now, pop)
   end
   write_outbox(P, run, now)
   redis.call('SREM', P .. 'active:' .. run.job_id, run.schedule_id)
-  -- The job's serial queue, when it has one (most jobs never do: one LLEN).
+  -- The job's serial queue, when it has one (most jobs never do: one LLEN, none when
+  -- `end_needs` found it empty in this call: a queue only grows when a run begins).
   local queue = P .. 'serial:' .. run.job_id
-  if redis.call('LLEN', queue) == 0 then
+  if empty_queues[run.job_id] or redis.call('LLEN', queue) == 0 then
     return nil
   end
   redis.call('LREM', queue, 0, run.schedule_id)
