@@ -14,6 +14,9 @@ impl RunStore for RedisStore {
             .inner
             .scripts
             .record_run
+            .key(self.key(p, &format!("run:{}", run.schedule_id)))
+            .key(self.key(p, &format!("job:{}", run.job_id)))
+            .key(self.key(p, &format!("runs:{}", run.job_id)))
             .arg(self.pfx(p))
             .arg(&run.job_id)
             .arg(&run.schedule_id)
@@ -21,7 +24,7 @@ impl RunStore for RedisStore {
             .arg(run.scheduled_at)
             .arg(ms(self.inner.opts.run_retention))
             .arg(self.inner.opts.max_runs_per_job.max(1))
-            .invoke_async(&mut c)
+            .invoke_declaring(&mut c)
             .await
             .map_err(unavailable)?;
         Ok(Recorded {
@@ -112,9 +115,9 @@ impl RunStore for RedisStore {
     }
 
     async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
-        let inv = self.begin_invocation(&self.inner.scripts.begin_run, &run, route_grace)?;
+        let mut inv = self.begin_invocation(&self.inner.scripts.begin_run, &run, route_grace)?;
         let mut c = self.conn().await?;
-        let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let r: Vec<Vec<u8>> = inv.invoke_declaring(&mut c).await.map_err(unavailable)?;
         let [created, record, rest @ ..] = r.as_slice() else {
             return Err(corrupt(format!("begin_run answered {} fields", r.len())));
         };
@@ -142,7 +145,7 @@ impl RunStore for RedisStore {
             .arg(ms(terms.ttl))
             .arg(ms(terms.confirm_within));
         let mut c = self.conn().await?;
-        let r: Vec<Vec<u8>> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+        let r: Vec<Vec<u8>> = inv.invoke_declaring(&mut c).await.map_err(unavailable)?;
         let [created, record, leased, rest @ ..] = r.as_slice() else {
             return Err(corrupt(format!(
                 "begin_and_assign answered {} fields",
@@ -650,14 +653,36 @@ impl RedisStore {
 
     /// begin_run's arguments (see `lua/begin_run.lua`), which begin_and_assign's start
     /// with.
+    /// The keys (under the partition's prefix) beginning run `sid` of job `job_id` may
+    /// touch that the call can name: the run's record, the job's hash, its active
+    /// runs, serial queue and index, the timers, the tokens and the outbox's due set.
+    /// (The job's active runs a policy other than allow looks at, and the index's
+    /// oldest entries, are asked for by the script: `Call::invoke_declaring`.)
+    fn begin_keys(job_id: &str, sid: &str) -> [String; 8] {
+        [
+            format!("run:{sid}"),
+            format!("job:{job_id}"),
+            format!("active:{job_id}"),
+            format!("serial:{job_id}"),
+            format!("runs:{job_id}"),
+            "timers".to_owned(),
+            "tokens".to_owned(),
+            "outbox_due".to_owned(),
+        ]
+    }
+
     fn begin_invocation<'a>(
         &self,
         script: &'a Function,
         run: &RunRecord,
         route_grace: Duration,
     ) -> Result<Call<'a>> {
+        let p = self.part(&run.job_id);
         let mut inv = script.prepare_invoke();
-        inv.arg(self.pfx(self.part(&run.job_id)))
+        for key in Self::begin_keys(&run.job_id, &run.schedule_id) {
+            inv.key(self.key(p, &key));
+        }
+        inv.arg(self.pfx(p))
             .arg(self.run_nodes_arg())
             .arg(&run.job_id)
             .arg(&run.schedule_id)

@@ -30,11 +30,33 @@ local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   return 'ok'
 end
 
+-- What beginning a run of job `id` under overlap `policy` may touch that its caller
+-- cannot name (`want`): a policy other than allow looks at the job's active runs, and
+-- replace cancels them (their webhook entries and shards); the index's oldest
+-- entries (index_needs, whose reading it returns).
+local function begin_needs(P, id, policy, retention_ms, max_runs, need)
+  if policy ~= 'allow' then
+    for _, a in ipairs(redis.call('SMEMBERS', P .. 'active:' .. id)) do
+      local key = P .. 'run:' .. a
+      want(need, key)
+      if policy == 'replace' then
+        want(need, P .. 'delivery:' .. a)
+        local r = declared(key) and load_run(P, a)
+        for i = 0, (r and tonumber(r.shard_total) or 0) - 1 do
+          want(need, key .. '#' .. i)
+        end
+      end
+    end
+  end
+  return index_needs(P, id, retention_ms, max_runs, need)
+end
+
 -- begin_run's decision for the run `run_record` (MessagePack) of job `id` (see
 -- begin_run.lua). When the run is created WAITING to be routed now and `lease` is
 -- given, `lease(run, now)` is asked before the run is written ('ok' when it leased
 -- it, 'full' when not). Returns the reply {created, run record, then 5 fields per
--- revoked lease} and what `lease` answered (nil when it was not asked).
+-- revoked lease} and what `lease` answered (nil when it was not asked), or, before
+-- anything is written, {'need', key...} and true (`want`).
 local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
   local existing = redis.call('GET', P .. 'run:' .. sid)
   if existing then
@@ -42,6 +64,11 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
   end
   local now = store_now_ms()
   local run = decode_run(run_record)
+  local need = {}
+  local head = begin_needs(P, id, run.plan.overlap, retention_ms, max_runs, need)
+  if #need > 0 then
+    return needed(need), true
+  end
   clear_deadlines(run)
   run.created_at = now
   local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused')
@@ -109,7 +136,7 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
   if lease and run.state == 'WAITING' and run.deadlines.wake_at > 0 then
     leased = lease(run, now)
   end
-  out[2] = index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
+  out[2] = index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head)
   local t = earliest(run.deadlines)
   if t > 0 and not FINAL[run.state] then
     redis.call('ZADD', P .. 'timers', int(t), sid)

@@ -28,15 +28,19 @@ end
 local call_keys, declared_set
 -- The jobs whose serial queue a call found empty (`end_needs` in runlib.lua).
 local empty_queues
-local function want(need, key)
+local function declared(key)
   if not declared_set then
     declared_set = {}
     for _, k in ipairs(call_keys) do
       declared_set[k] = true
     end
   end
-  if not declared_set[key] then
-    declared_set[key] = true
+  return declared_set[key] == true
+end
+-- Adds `key` to the list `need` (once) unless the call declared it.
+local function want(need, key)
+  if not declared(key) and not need[key] then
+    need[key] = true
     need[#need + 1] = key
   end
 end

@@ -1,10 +1,17 @@
 -- ARGV: P, job_id, schedule_id, run_json, scheduled_at, retention_ms, max_runs_per_job
 -- Idempotent: a redelivered trigger finds the run it created and gets it back.
+-- KEYS: the run's record, the job's hash and its index; {'need', key...} when the
+-- index's oldest entries are to be looked at or dropped (see index_needs).
 local P, id, sid = ARGV[1], ARGV[2], ARGV[3]
 local runkey = P .. 'run:' .. sid
 local existing = redis.call('GET', runkey)
 if existing then
   return {0, existing}
+end
+local need = {}
+local head = index_needs(P, id, ARGV[6], ARGV[7], need)
+if #need > 0 then
+  return needed(need)
 end
 local now = store_now_ms()
 local run = decode_run(ARGV[4])
@@ -27,17 +34,25 @@ note_change(run)
 local json = encode_run(run)
 redis.call('SET', runkey, json, 'PX', ARGV[6])
 local index = P .. 'runs:' .. id
-redis.call('ZADD', index, ARGV[5], sid)
+local card = head.card + redis.call('ZADD', index, ARGV[5], sid)
 -- Retention: records expire by themselves (PX), about in index order; the index
 -- forgets them lazily, the oldest entries up to the first that still exists (at most 8
--- per call: one EXISTS in the steady state). Then the count bound.
-for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
-  if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
-    break
-  end
-  redis.call('ZREM', index, o)
+-- per call), only once the oldest was scheduled longer than the retention ago. Then
+-- the count bound.
+local oldest = head.oldest
+if not oldest or tonumber(ARGV[5]) < oldest then
+  oldest = tonumber(ARGV[5])
 end
-local excess = redis.call('ZCARD', index) - tonumber(ARGV[7])
+if oldest + tonumber(ARGV[6]) <= now then
+  for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
+    if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
+      break
+    end
+    redis.call('ZREM', index, o)
+    card = card - 1
+  end
+end
+local excess = card - tonumber(ARGV[7])
 if excess > 0 then
   local old = redis.call('ZRANGE', index, 0, excess - 1)
   for _, o in ipairs(old) do

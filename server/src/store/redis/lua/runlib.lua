@@ -599,33 +599,79 @@ local function reply(applied, reason, json, rv, nxt)
   return out
 end
 
+-- What indexing a new run of job `job_id` (index_new_run) may touch that its caller
+-- cannot name (`want`): the oldest entries' records when the oldest may have expired
+-- (looked at), and at the count bound the records, logs and shards of those that fall
+-- out (deleted; a record declared is read here for its shards). Returns what it read,
+-- for index_new_run: {oldest = score or nil, card = count, loaded = sid -> record or
+-- false}.
+local function index_needs(P, job_id, retention_ms, max_runs, need)
+  local index = P .. 'runs:' .. job_id
+  local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+  local head = { oldest = tonumber(first[2]), card = redis.call('ZCARD', index), loaded = {} }
+  local last = -1
+  if head.oldest and head.oldest + tonumber(retention_ms) <= store_now_ms() then
+    last = 7
+  end
+  -- The new entry may sort before some: one more than the excess.
+  local excess = head.card + 1 - tonumber(max_runs)
+  if excess > 0 and excess > last then
+    last = excess
+  end
+  if last < 0 then
+    return head
+  end
+  for _, o in ipairs(redis.call('ZRANGE', index, 0, last)) do
+    local key = P .. 'run:' .. o
+    want(need, key)
+    want(need, P .. 'logs:' .. o)
+    want(need, P .. 'logmeta:' .. o)
+    if declared(key) then
+      local r = load_run(P, o)
+      head.loaded[o] = r or false
+      for i = 0, (r and tonumber(r.shard_total) or 0) - 1 do
+        want(need, key .. '#' .. i)
+      end
+    end
+  end
+  return head
+end
+
 -- Stores a new run record with its retention and indexes it under its job, keeping
 -- the index bounded (the oldest records fall out first; entries whose record expired
 -- are dropped from the oldest up to the first that still exists, at most 8 a call).
 -- A record lives its retention from when it was begun, which is not before its run
 -- was scheduled (the index's score), so while the oldest entry was scheduled within
--- the retention none can have expired and one ZRANGE is the whole check (an entry
--- that lingers past its record is skipped by listings and dropped by a later call).
-local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs)
+-- the retention none can have expired and no entry is looked at (an entry that
+-- lingers past its record is skipped by listings and dropped by a later call).
+-- `head` is what index_needs read before anything was written.
+local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head)
   local sid = run.schedule_id
   note_change(run)
   local json = encode_run(run)
   redis.call('SET', P .. 'run:' .. sid, json, 'PX', retention_ms)
   local index = P .. 'runs:' .. run.job_id
-  redis.call('ZADD', index, scheduled_at, sid)
-  local oldest = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
-  if oldest[2] and tonumber(oldest[2]) + tonumber(retention_ms) <= store_now_ms() then
+  local card = head.card + redis.call('ZADD', index, scheduled_at, sid)
+  local oldest = head.oldest
+  if not oldest or tonumber(scheduled_at) < oldest then
+    oldest = tonumber(scheduled_at)
+  end
+  if oldest + tonumber(retention_ms) <= store_now_ms() then
     for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
       if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
         break
       end
       redis.call('ZREM', index, o)
+      card = card - 1
     end
   end
-  local excess = redis.call('ZCARD', index) - tonumber(max_runs)
+  local excess = card - tonumber(max_runs)
   if excess > 0 then
     for _, o in ipairs(redis.call('ZRANGE', index, 0, excess - 1)) do
-      local gone = load_run(P, o)
+      local gone = head.loaded[o]
+      if gone == nil then
+        gone = load_run(P, o)
+      end
       if gone then
         leave_node(N, gone)
         for i = 0, (tonumber(gone.shard_total) or 0) - 1 do
