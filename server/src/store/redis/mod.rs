@@ -154,12 +154,12 @@ const QUIET: &[&str] = &[
     "node_slots",
 ];
 
-/// The functions whose scripts still reach keys of their slot they do not declare (keys
-/// built from the partition's prefix and from records: a job's active runs, its serial
-/// queue, a run's shards...). Redis Cluster cannot redirect such a call while its slot
-/// moves between masters, so until this list is empty a resharding waits for the
-/// instances to stop (README). Every other function is checked in the tests to touch
-/// only declared keys of its slot (`functions::KEY_CHECK`).
+/// The functions whose scripts may reach keys of their slot they do not declare: none.
+/// Redis Cluster could not redirect such a call while its slot moves between masters
+/// (README lets a resharding run while instances do), so a new function declares every
+/// key it touches, asking for the ones it finds in records (`want` in common.lua);
+/// every function is checked in the tests to touch only declared keys of its slot
+/// (`functions::KEY_CHECK`), and this list may only stay empty.
 #[cfg(test)]
 const DERIVES_KEYS: &[&str] = &[];
 

@@ -278,12 +278,8 @@ mod cluster {
     }
 
     /// Two partitions' slots moved to another master, key by key, with the store's
-    /// instances stopped and started again after, as README asks for a resharding:
-    /// every record moves with its slot. (Not while runs go on: most scripts reach keys they derive from
-    /// records, which Redis cannot redirect while a slot is half moved. Run during
-    /// such a move, a script whose declared key, the partition prefix, exists on
-    /// neither node is sent to the importing node, writes there keys still on the
-    /// source, and the move fails with `BUSYKEY`.)
+    /// instances stopped and started again after: every record moves with its slot.
+    /// (While runs go on: `slots_moved_while_runs_go_on_keep_every_record`.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn slots_moved_to_another_master_keep_every_record() {
         use crate::testing::{RedisCluster, key_slot};
@@ -332,6 +328,246 @@ mod cluster {
             .await
             .expect("indexes match the records");
         drop(cluster);
+    }
+
+    /// Two partitions' slots moved to another master, key by key, while runs go on in
+    /// every partition (jobs with a serial queue, at their count bound, so runs are
+    /// released from queues and evicted from indexes while the keys move). Every
+    /// script declares every key it touches, so while a slot is half moved Redis
+    /// answers its calls `TRYAGAIN` (some of their keys moved or missing) or `ASK`,
+    /// which the cluster client retries or follows, and never runs one against keys
+    /// that are not all there: no record is lost or torn, no run is started twice,
+    /// none is left held or queued, and the other partitions go on meanwhile. Fires
+    /// queued on every job meanwhile are all read back from the trigger streams.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slots_moved_while_runs_go_on_keep_every_record() {
+        use crate::testing::{RedisCluster, key_slot};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let cluster = RedisCluster::start(3, 0).expect("cluster");
+        let opts = StoreOptions {
+            max_runs_per_job: 3,
+            ..options()
+        };
+        let partitions = opts.partitions;
+        let store = Arc::new(
+            RedisStore::connect(&cluster.url(), &unique_prefix("reshard-live"), opts)
+                .await
+                .expect("connect"),
+        );
+        // Three jobs per partition; partitions 0 and 1 move.
+        let mut jobs = Vec::new();
+        for p in 0..partitions {
+            for id in crate::store::conformance::ids_in_partition(partitions, p, "live", 3) {
+                store.create_job(job(&id, None)).await.expect("create");
+                jobs.push((p, id));
+            }
+        }
+        let moving = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        // One worker per partition, so a partition waiting for its slot holds no other.
+        let workers: Vec<_> = (0..partitions)
+            .map(|p| {
+                let store = store.clone();
+                let jobs: Vec<String> = jobs
+                    .iter()
+                    .filter(|(q, _)| *q == p)
+                    .map(|(_, id)| id.clone())
+                    .collect();
+                let (moving, stop) = (moving.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let node = slot("n1", 100_000);
+                    // Runs finished while the slots moved, rounds over the jobs.
+                    let (mut during, mut round) = (0usize, 0i64);
+                    while !stop.load(Ordering::SeqCst) {
+                        for id in &jobs {
+                            let sids = two_serial_runs(&store, id, round, &node).await;
+                            if moving.load(Ordering::SeqCst) {
+                                during += sids.len();
+                            }
+                        }
+                        round += 1;
+                    }
+                    (during, round)
+                })
+            })
+            .collect();
+        // Fires through the trigger streams meanwhile: one per job a round, read back by
+        // one consumer (the partitions' blocking readers) and acknowledged.
+        let fires = {
+            let (store, jobs, stop) = (store.clone(), jobs.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut sent = std::collections::BTreeSet::new();
+                let mut read = std::collections::BTreeSet::new();
+                let mut n = 0;
+                loop {
+                    let stopping = stop.load(Ordering::SeqCst);
+                    if !stopping {
+                        for (_, id) in &jobs {
+                            let t = crate::store::conformance::manual_trigger(
+                                id,
+                                &format!("fire-{n}"),
+                                0,
+                            );
+                            let q = retried(|| store.enqueue_manual(t.clone(), None)).await;
+                            sent.insert(q.schedule_id);
+                        }
+                        n += 1;
+                    }
+                    let got =
+                        retried(|| store.read_triggers("c", 100, Duration::from_millis(50))).await;
+                    let ids: Vec<String> = got.iter().map(|d| d.entry_id.clone()).collect();
+                    read.extend(got.into_iter().map(|d| d.trigger.schedule_id()));
+                    retried(|| store.ack_triggers(&ids)).await;
+                    if stopping && (read.len() >= sent.len() || ids.is_empty()) {
+                        return (sent, read);
+                    }
+                }
+            })
+        };
+        // Some rounds before the move, so every job is at its bound while it moves.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        moving.store(true, Ordering::SeqCst);
+        let (cluster, moved) = tokio::task::spawn_blocking(move || {
+            let moved: Vec<_> = [0u16, 1]
+                .iter()
+                .map(|p| {
+                    cluster
+                        .move_slot(
+                            key_slot(p.to_string().as_bytes()),
+                            1,
+                            Duration::from_millis(20),
+                        )
+                        .expect("move slot")
+                })
+                .collect();
+            (cluster, moved)
+        })
+        .await
+        .expect("mover");
+        moving.store(false, Ordering::SeqCst);
+        assert!(moved.iter().all(|(from, to)| from != to), "{moved:?}");
+        // A few rounds after, on the slots' new masters.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, Ordering::SeqCst);
+        let mut during = Vec::new();
+        let mut rounds = Vec::new();
+        for w in workers {
+            let (d, r) = w.await.expect("worker");
+            during.push(d);
+            rounds.push(r);
+        }
+        println!(
+            "moved {moved:?}; rounds per partition {rounds:?}; runs finished per partition while the slots moved: {during:?}"
+        );
+        assert!(
+            during[2] + during[3] > 0,
+            "the partitions that stayed went on while the others moved: {during:?}"
+        );
+        let (sent, read) = fires.await.expect("fires");
+        let lost: Vec<_> = sent.difference(&read).collect();
+        assert!(lost.is_empty(), "fires queued but never read: {lost:?}");
+        println!("{} fires queued and read", sent.len());
+        let mut c = store.conn().await.expect("conn");
+        for (p, id) in &jobs {
+            assert!(store.get_job(id).await.expect("get").is_some(), "{id} lost");
+            let runs = store
+                .list_runs(
+                    id,
+                    RunQuery {
+                        from: None,
+                        to: None,
+                        limit: 10,
+                        cursor: None,
+                    },
+                )
+                .await
+                .expect("list")
+                .items;
+            assert_eq!(runs.len(), 3, "{id}: its bound of runs kept: {runs:?}");
+            for run in &runs {
+                assert_eq!(run.state, RunState::Succeeded, "{id}: {run:?}");
+            }
+            for key in [format!("active:{id}"), format!("serial:{id}")] {
+                let n: usize = redis::cmd("EXISTS")
+                    .arg(store.key(*p, &key))
+                    .query_async(&mut c)
+                    .await
+                    .expect("exists");
+                assert_eq!(n, 0, "{id}: {key} left behind");
+            }
+        }
+        for p in 0..partitions {
+            let timers: usize = redis::cmd("ZCARD")
+                .arg(store.key(p, "timers"))
+                .query_async(&mut c)
+                .await
+                .expect("zcard");
+            assert_eq!(timers, 0, "partition {p}: a run left with a deadline");
+        }
+        drop(cluster);
+    }
+
+    /// Two runs of a serial job in round `round`: the second queued behind the first,
+    /// released by its finish, then run in turn; every step retried while the store
+    /// answers an error (a slot moving). Each is started once and succeeds.
+    async fn two_serial_runs(
+        store: &RedisStore,
+        job_id: &str,
+        round: i64,
+        node: &NodeSlot,
+    ) -> Vec<String> {
+        let mut sids = Vec::new();
+        for k in 0..2 {
+            let run = planned_run(
+                job_id,
+                crate::model::now_ms() + round * 2 + k,
+                plan(OverlapPolicy::Serial),
+            );
+            let begun = retried(|| store.begin_run(run.clone(), Duration::ZERO)).await;
+            sids.push(begun.run.schedule_id);
+        }
+        for sid in &sids {
+            let run = match retried(|| store.assign_run(sid, 1, node, TERMS)).await {
+                Assigned::Granted(run) => run,
+                // A grant whose answer was lost, asked again.
+                Assigned::NotWaiting(Some(run)) if run.node_id == node.node_id => run,
+                other => panic!("{sid}: not granted: {other:?}"),
+            };
+            let holder = Holder::of(&run);
+            let started = retried(|| store.mark_started(sid, &holder)).await;
+            assert!(
+                matches!(started.applied, Applied::Yes | Applied::Already),
+                "{sid}: start {started:?}"
+            );
+            let t = retried(|| {
+                store.finish_run(
+                    sid,
+                    Finisher::Holder(holder.clone()),
+                    outcome(RunState::Succeeded),
+                )
+            })
+            .await;
+            assert!(
+                matches!(t.applied, Applied::Yes | Applied::Already),
+                "{sid}: finish {t:?}"
+            );
+        }
+        sids
+    }
+
+    /// `call` until it answers without an error (at most 10 s).
+    async fn retried<T, F: std::future::Future<Output = Result<T>>>(call: impl Fn() -> F) -> T {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match call().await {
+                Ok(v) => return v,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    println!("retrying after: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("still failing after 10 s: {e}"),
+            }
+        }
     }
 
     /// A job and one run of it from begin to a successful finish: (job id, schedule id).
