@@ -10,8 +10,8 @@ use super::{
 };
 
 /// A throwaway Redis Cluster of cluster-enabled `redis-server`s on loopback ports (no
-/// persistence; a 1 s node timeout, so a master's replica is promoted within a few
-/// seconds of its death). Its nodes are shut down on drop, and by a watchdog shell
+/// persistence; with replicas a 1 s node timeout, so a master's replica is promoted
+/// within a few seconds of its death, without them 15 s). Its nodes are shut down on drop, and by a watchdog shell
 /// within a second of the test process exiting.
 pub struct RedisCluster {
     ports: Vec<u16>,
@@ -42,6 +42,12 @@ impl RedisCluster {
         let mut buses = ports.split_off(count);
         // Empty without TLS.
         let tls_ports = buses.split_off(count);
+        // A replica takes over within a second or two of its master's death (the
+        // failover tests). Without replicas nothing can take over, and a node that
+        // answers a ping late on a busy machine (the tests run in parallel on two
+        // cores) would only be flagged failing (`fail?`) by the others, so their views
+        // of the slots part for a while: a long timeout then.
+        let node_timeout = if replicas == 0 { 15_000 } else { 1_000 };
         let mut script = String::new();
         for (i, (&port, bus)) in ports.iter().zip(buses).enumerate() {
             let node_dir = dir.join(port.to_string());
@@ -57,7 +63,7 @@ impl RedisCluster {
             script.push_str(&format!(
                 "redis-server --port {port} --cluster-port {bus} --bind 127.0.0.1 --save '' \
                  --appendonly no --repl-diskless-sync-delay 0 --cluster-enabled yes \
-                 --cluster-node-timeout 1000 {tls} \
+                 --cluster-node-timeout {node_timeout} {tls} \
                  --dir {dir} >/dev/null 2>&1 & pids=\"$pids $!\"; ",
                 dir = node_dir.display()
             ));
