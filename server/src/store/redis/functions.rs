@@ -28,6 +28,9 @@ pub(super) type Activity = Arc<watch::Sender<u64>>;
 pub(super) struct Library {
     name: String,
     source: String,
+    /// Calls answered with keys to declare (`Call::invoke_declaring`), each one more
+    /// round trip.
+    asked: std::sync::atomic::AtomicU64,
 }
 
 impl Library {
@@ -62,7 +65,16 @@ impl Library {
                 body = checked(body),
             ));
         }
-        Arc::new(Self { name, source })
+        Arc::new(Self {
+            name,
+            source,
+            asked: Default::default(),
+        })
+    }
+
+    /// How many calls were answered with keys to declare, and called again.
+    pub(super) fn asked(&self) -> u64 {
+        self.asked.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Loads (or replaces) the library; a Redis older than 7 refuses `FUNCTION`.
@@ -149,7 +161,13 @@ impl Call<'_> {
         for _ in 0..NEED_ROUNDS {
             let reply: Value = self.invoke_async(c).await?;
             match needed_keys(reply) {
-                Ok(keys) => self.keys.extend(keys),
+                Ok(keys) => {
+                    self.function
+                        .library
+                        .asked
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.keys.extend(keys);
+                }
                 Err(reply) => return Ok(redis::from_redis_value(reply)?),
             }
         }

@@ -116,6 +116,8 @@ use functions::{Activity, Call, Function, Library};
 const GROUP: &str = "dispatch";
 /// Runs per `grace_leases` call (each one a declared key).
 const GRACE_BATCH: usize = 500;
+/// Jobs whose index hint a store keeps (`Inner::index_hints`): past it, it forgets all.
+const INDEX_HINTS: usize = 100_000;
 
 /// The helpers every function of the library sees, defined once when it is loaded:
 /// the prelude, the run machine's helpers, those of the decisions that begin or lease
@@ -260,6 +262,9 @@ struct Inner {
     watcher: CancellationToken,
     /// In a cluster, each consumer's partition readers (`triggers`).
     readers: triggers::Readers,
+    /// Per job, the index entries its last begin said the next one will likely look
+    /// at or drop (`index_new_run` in runlib.lua), declared by that next begin.
+    index_hints: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
 }
 
 impl Drop for Inner {
@@ -348,6 +353,7 @@ impl RedisStore {
                 changes: rx,
                 watcher,
                 readers: Default::default(),
+                index_hints: Default::default(),
             }),
         };
         for p in 0..partitions {

@@ -118,9 +118,10 @@ impl RunStore for RedisStore {
         let mut inv = self.begin_invocation(&self.inner.scripts.begin_run, &run, route_grace)?;
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = inv.invoke_declaring(&mut c).await.map_err(unavailable)?;
-        let [created, record, rest @ ..] = r.as_slice() else {
+        let [created, record, hint, rest @ ..] = r.as_slice() else {
             return Err(corrupt(format!("begin_run answered {} fields", r.len())));
         };
+        self.keep_index_hint(&run.job_id, text(hint)?);
         let begun = Begun {
             run: decode_run(record)?,
             created: created.as_slice() == b"1",
@@ -146,12 +147,13 @@ impl RunStore for RedisStore {
             .arg(ms(terms.confirm_within));
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = inv.invoke_declaring(&mut c).await.map_err(unavailable)?;
-        let [created, record, leased, rest @ ..] = r.as_slice() else {
+        let [created, record, leased, hint, rest @ ..] = r.as_slice() else {
             return Err(corrupt(format!(
                 "begin_and_assign answered {} fields",
                 r.len()
             )));
         };
+        self.keep_index_hint(&run.job_id, text(hint)?);
         let run = decode_run(record)?;
         let assigned = match text(leased)? {
             "" => None,
@@ -671,6 +673,43 @@ impl RedisStore {
         ]
     }
 
+    /// The index entries the last begin of `job_id` named for the next one.
+    fn index_hint(&self, job_id: &str) -> Vec<String> {
+        let hints = self
+            .inner
+            .index_hints
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        hints.get(job_id).cloned().unwrap_or_default()
+    }
+
+    /// Keeps what a begin of `job_id` named for the next one (space-separated
+    /// schedule_ids; none: forgets the job's), for at most `INDEX_HINTS` jobs.
+    fn keep_index_hint(&self, job_id: &str, hint: &str) {
+        let mut hints = self
+            .inner
+            .index_hints
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if hint.is_empty() {
+            hints.remove(job_id);
+            return;
+        }
+        if hints.len() >= INDEX_HINTS && !hints.contains_key(job_id) {
+            hints.clear();
+        }
+        hints.insert(
+            job_id.to_owned(),
+            hint.split(' ').map(str::to_owned).collect(),
+        );
+    }
+
+    /// How many calls were answered with keys to declare and made again (a round trip
+    /// each; see `Call::invoke_declaring`) since the store connected.
+    pub fn calls_asking_for_keys(&self) -> u64 {
+        self.inner.scripts.library.asked()
+    }
+
     fn begin_invocation<'a>(
         &self,
         script: &'a Function,
@@ -681,6 +720,15 @@ impl RedisStore {
         let mut inv = script.prepare_invoke();
         for key in Self::begin_keys(&run.job_id, &run.schedule_id) {
             inv.key(self.key(p, &key));
+        }
+        for sid in self.index_hint(&run.job_id) {
+            for key in [
+                format!("run:{sid}"),
+                format!("logs:{sid}"),
+                format!("logmeta:{sid}"),
+            ] {
+                inv.key(self.key(p, &key));
+            }
         }
         inv.arg(self.pfx(p))
             .arg(self.run_nodes_arg())

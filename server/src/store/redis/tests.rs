@@ -1479,3 +1479,67 @@ async fn a_store_opened_alone_gives_lapsed_leases_a_grace() {
         waiting_before
     );
 }
+
+/// A job at its count bound drops its oldest run at every begin: each begin names the
+/// entries the next one will drop (the index hint), so the next declares their keys
+/// and needs no second call; a store that has no hint yet asks once.
+#[tokio::test]
+async fn a_job_at_its_bound_begins_in_one_call() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{job, plan, planned_run};
+    let opts = StoreOptions {
+        partitions: 1,
+        max_runs_per_job: 3,
+        ..StoreOptions::default()
+    };
+    let (store, prefix) = store("hint", opts.clone()).await;
+    store
+        .create_job(job("bounded", None))
+        .await
+        .expect("create");
+    let base = crate::model::now_ms();
+    let begin = |store: &RedisStore, i: i64| {
+        let run = planned_run("bounded", base + i, plan(OverlapPolicy::Allow));
+        let store = store.clone();
+        async move {
+            store
+                .begin_run(run, Duration::from_secs(30))
+                .await
+                .expect("begin")
+        }
+    };
+    for i in 0..8 {
+        assert!(begin(&store, i).await.created);
+    }
+    assert_eq!(
+        store.calls_asking_for_keys(),
+        0,
+        "every begin named the next one's keys"
+    );
+    let url = shared_redis_url().expect("redis-server");
+    let fresh = RedisStore::connect(&url, &prefix, opts)
+        .await
+        .expect("connect");
+    assert!(begin(&fresh, 8).await.created);
+    assert_eq!(
+        fresh.calls_asking_for_keys(),
+        1,
+        "without a hint the begin asks"
+    );
+    assert!(begin(&fresh, 9).await.created);
+    assert_eq!(fresh.calls_asking_for_keys(), 1);
+    let kept = fresh
+        .list_runs(
+            "bounded",
+            RunQuery {
+                from: None,
+                to: None,
+                limit: 10,
+                cursor: None,
+            },
+        )
+        .await
+        .expect("list")
+        .items;
+    assert_eq!(kept.len(), 3, "{kept:?}");
+}

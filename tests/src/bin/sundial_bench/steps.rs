@@ -43,6 +43,10 @@ pub struct StepsArgs {
     /// calls): the three steps' total only.
     #[arg(long)]
     pub whole: bool,
+    /// The store's bound of runs kept per job (`--max-runs-per-job`): below runs/jobs,
+    /// every begin past it drops the job's oldest run.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_runs_per_job: usize,
 }
 
 /// One step's cost per run.
@@ -61,6 +65,10 @@ pub struct StepsReport {
     pub runs: usize,
     pub jobs: usize,
     pub batch: usize,
+    pub max_runs_per_job: usize,
+    /// Script calls answered with keys to declare and made again, per run (each a
+    /// round trip more: keys found in records the call could not name).
+    pub calls_asking_for_keys_per_run: f64,
     /// Each step's cost (none with `--whole`).
     pub steps: Vec<StepCost>,
     /// The three steps' Redis time per run inside their scripts.
@@ -84,7 +92,11 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
     }
     let redis = RedisServer::start()?;
     let url = redis.url();
-    let store = RedisStore::connect(&url, "bench", StoreOptions::default()).await?;
+    let opts = StoreOptions {
+        max_runs_per_job: args.max_runs_per_job,
+        ..StoreOptions::default()
+    };
+    let store = RedisStore::connect(&url, "bench", opts).await?;
     for j in 0..args.jobs {
         store.create_job(job(&format!("step-{j}"), None)).await?;
     }
@@ -178,6 +190,8 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
         runs: args.runs,
         jobs: args.jobs,
         batch: args.batch,
+        max_runs_per_job: args.max_runs_per_job,
+        calls_asking_for_keys_per_run: store.calls_asking_for_keys() as f64 / n,
         redis_us_per_run: whole.usec as f64 / n,
         steps,
         commands_per_run: by_name.values().sum(),
@@ -192,8 +206,8 @@ pub async fn run(args: &StepsArgs) -> Result<StepsReport> {
 impl crate::Report for StepsReport {
     fn print(&self) {
         println!(
-            "steps: {} runs of {} jobs, batches of {}, one Redis, no server",
-            self.runs, self.jobs, self.batch
+            "steps: {} runs of {} jobs (at most {} kept each), batches of {}, one Redis, no server",
+            self.runs, self.jobs, self.max_runs_per_job, self.batch
         );
         for s in &self.steps {
             println!(
@@ -209,6 +223,10 @@ impl crate::Report for StepsReport {
         top.sort_by(|a, b| b.1.total_cmp(a.1));
         let top: Vec<String> = top.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
         println!("    by name: {}", top.join(", "));
+        println!(
+            "  calls answered with keys to declare: {:.3} per run",
+            self.calls_asking_for_keys_per_run
+        );
     }
 
     fn consistency(&self) -> Vec<String> {

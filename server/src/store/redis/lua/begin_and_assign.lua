@@ -3,8 +3,8 @@
 -- confirm_ms (assign_run's).
 -- begin_run, and when it creates the run WAITING to be routed now, assign_run of it to
 -- the node, in one step: the run is written once, leased or not.
--- Returns {created, run record, leased ('ok' | 'full' | '' when not tried), then 5 fields
--- per revoked lease}, or {'need', key...} (see `want`).
+-- Returns {created, run record, leased ('ok' | 'full' | '' when not tried), index hint,
+-- then 5 fields per revoked lease}, or {'need', key...} (see `want`).
 local P, N = ARGV[1], ARGV[2]
 local node, max, ttl, confirm = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local out, leased = begin(P, N, ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9]),

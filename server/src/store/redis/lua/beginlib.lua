@@ -54,13 +54,14 @@ end
 -- begin_run's decision for the run `run_record` (MessagePack) of job `id` (see
 -- begin_run.lua). When the run is created WAITING to be routed now and `lease` is
 -- given, `lease(run, now)` is asked before the run is written ('ok' when it leased
--- it, 'full' when not). Returns the reply {created, run record, then 5 fields per
--- revoked lease} and what `lease` answered (nil when it was not asked), or, before
--- anything is written, {'need', key...} and true (`want`).
+-- it, 'full' when not). Returns the reply {created, run record, index hint (see
+-- index_new_run), then 5 fields per revoked lease} and what `lease` answered (nil
+-- when it was not asked), or, before anything is written, {'need', key...} and true
+-- (`want`).
 local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
   local existing = redis.call('GET', P .. 'run:' .. sid)
   if existing then
-    return { '0', existing }, nil
+    return { '0', existing, '' }, nil
   end
   local now = store_now_ms()
   local run = decode_run(run_record)
@@ -136,7 +137,9 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
   if lease and run.state == 'WAITING' and run.deadlines.wake_at > 0 then
     leased = lease(run, now)
   end
-  out[2] = index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head)
+  local hint
+  out[2], hint = index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head)
+  table.insert(out, 3, hint)
   local t = earliest(run.deadlines)
   if t > 0 and not FINAL[run.state] then
     redis.call('ZADD', P .. 'timers', int(t), sid)

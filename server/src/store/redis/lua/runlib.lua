@@ -644,7 +644,11 @@ end
 -- was scheduled (the index's score), so while the oldest entry was scheduled within
 -- the retention none can have expired and no entry is looked at (an entry that
 -- lingers past its record is skipped by listings and dropped by a later call).
--- `head` is what index_needs read before anything was written.
+-- `head` is what index_needs read before anything was written. Returns the record
+-- as written and a hint: the schedule_ids (space-separated, '' for none) of the two
+-- oldest entries when the index is at its bound or its oldest entry leaves the
+-- retention within a minute, the ones the job's next begin is likely to look at or
+-- drop (its caller declares their keys and saves the round trip of asking).
 local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head)
   local sid = run.schedule_id
   note_change(run)
@@ -688,9 +692,14 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
       redis.call('SREM', P .. 'active:' .. run.job_id, o)
     end
     redis.call('ZREMRANGEBYRANK', index, 0, excess - 1)
+    card = card - excess
   end
   redis.call('PEXPIRE', index, retention_ms)
-  return json
+  local hint = ''
+  if card >= tonumber(max_runs) or oldest + tonumber(retention_ms) <= store_now_ms() + 60000 then
+    hint = table.concat(redis.call('ZRANGE', index, 0, 1), ' ')
+  end
+  return json, hint
 end
 
 -- finish_run's decision (finish_run.lua) for the result of run `sid`: `by` is 'holder'
