@@ -31,6 +31,9 @@ pub(super) struct Library {
     /// Calls answered with keys to declare (`Call::invoke_declaring`), each one more
     /// round trip.
     asked: std::sync::atomic::AtomicU64,
+    /// The functions whose scripts read their `KEYS` (the others build every key name
+    /// from their arguments, and declare keys only for Redis Cluster).
+    reads_keys: std::collections::HashSet<String>,
 }
 
 impl Library {
@@ -60,15 +63,22 @@ impl Library {
             source.push_str(&format!(
                 "redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
                  store_time_reply = nil\ncall_keys, declared_set, empty_queues = KEYS, nil, {{}}\n\
+                 prefix_only = #KEYS == 1 and KEYS[1] == ARGV[1]\n\
                  {check}{body}\nend)\n",
                 check = key_check(function),
                 body = checked(body),
             ));
         }
+        let reads_keys = functions
+            .iter()
+            .filter(|(_, body)| body.contains("KEYS["))
+            .map(|(function, _)| (*function).to_owned())
+            .collect();
         Arc::new(Self {
             name,
             source,
             asked: Default::default(),
+            reads_keys,
         })
     }
 
@@ -89,11 +99,21 @@ impl Library {
     }
 
     /// One function of the library; one given `activity` bumps it after each call.
-    pub(super) fn function(self: &Arc<Self>, name: &str, activity: Option<Activity>) -> Function {
+    /// With `declare` (Redis Cluster, and every test build), its calls declare the
+    /// keys they name; without, only a function whose script reads its `KEYS` does,
+    /// the others name their slot by their first argument alone (on one Redis no slot
+    /// moves: declaring ten keys a call cost Redis ~10 % more per run, `steps`).
+    pub(super) fn function(
+        self: &Arc<Self>,
+        name: &str,
+        activity: Option<Activity>,
+        declare: bool,
+    ) -> Function {
         Function {
             name: format!("{}_{name}", self.name),
             library: self.clone(),
             activity,
+            declares: declare || self.reads_keys.contains(name),
         }
     }
 }
@@ -103,6 +123,8 @@ pub(super) struct Function {
     name: String,
     library: Arc<Library>,
     activity: Option<Activity>,
+    /// Whether its calls send the keys they declare (`Library::function`).
+    declares: bool,
 }
 
 impl Function {
@@ -183,11 +205,11 @@ impl Call<'_> {
         &self,
         c: &mut impl ConnectionLike,
     ) -> RedisResult<T> {
-        // A script that declares no keys names its slot by its first argument (its
-        // partition's prefix, `<prefix>:{p}:`, or a key of its slot): that is
-        // declared as its one key too, so a cluster client sends the call to the
-        // node that serves the slot.
-        let keys: &[Vec<u8>] = if self.keys.is_empty() {
+        // A call that declares no keys (or, on one Redis, need not: see
+        // `Library::function`) names its slot by its first argument (its partition's
+        // prefix, `<prefix>:{p}:`, or a key of its slot): that is declared as its one
+        // key, so a cluster client sends the call to the node that serves the slot.
+        let keys: &[Vec<u8>] = if self.keys.is_empty() || !self.function.declares {
             &self.args[..self.args.len().min(1)]
         } else {
             &self.keys

@@ -179,14 +179,15 @@ macro_rules! scripts {
         const SCRIPT_NAMES: &[&str] = &[$(stringify!($name),)*];
 
         impl Scripts {
-            fn load(activity: &Activity) -> Self {
+            /// `declare`: the calls declare their keys (`Library::function`).
+            fn load(activity: &Activity, declare: bool) -> Self {
                 let library = Library::build(
                     &PRELUDE,
                     &[$((stringify!($name), include_str!(concat!("lua/", stringify!($name), ".lua"))),)*],
                 );
                 let function = |name: &str| {
                     let bumps = !QUIET.contains(&name);
-                    library.function(name, bumps.then(|| activity.clone()))
+                    library.function(name, bumps.then(|| activity.clone()), declare)
                 };
                 Self {
                     $($name: function(stringify!($name)),)*
@@ -325,7 +326,9 @@ impl RedisStore {
         let (tx, rx) = watch::channel(0u64);
         let watcher = CancellationToken::new();
         let (activity, activity_rx) = watch::channel(0u64);
-        let scripts = Scripts::load(&Arc::new(activity));
+        // Only a cluster moves slots; the tests check every call's keys everywhere.
+        let declare = cfg!(test) || shared.is_cluster();
+        let scripts = Scripts::load(&Arc::new(activity), declare);
         scripts
             .library
             .load(&mut shared.clone())

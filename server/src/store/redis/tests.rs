@@ -470,19 +470,7 @@ mod cluster {
         let mut c = store.conn().await.expect("conn");
         for (p, id) in &jobs {
             assert!(store.get_job(id).await.expect("get").is_some(), "{id} lost");
-            let runs = store
-                .list_runs(
-                    id,
-                    RunQuery {
-                        from: None,
-                        to: None,
-                        limit: 10,
-                        cursor: None,
-                    },
-                )
-                .await
-                .expect("list")
-                .items;
+            let runs = first_runs(&store, id).await;
             assert_eq!(runs.len(), 3, "{id}: its bound of runs kept: {runs:?}");
             for run in &runs {
                 assert_eq!(run.state, RunState::Succeeded, "{id}: {run:?}");
@@ -770,6 +758,17 @@ async fn store(name: &str, opts: StoreOptions) -> (RedisStore, String) {
         .await
         .expect("connect");
     (store, prefix)
+}
+
+/// The first page (10) of a job's runs, newest first.
+async fn first_runs(store: &RedisStore, job_id: &str) -> Vec<RunRecord> {
+    let query = RunQuery {
+        from: None,
+        to: None,
+        limit: 10,
+        cursor: None,
+    };
+    store.list_runs(job_id, query).await.expect("list").items
 }
 
 /// A plain connection to the shared test Redis, for looking behind the store.
@@ -1528,18 +1527,6 @@ async fn a_job_at_its_bound_begins_in_one_call() {
     );
     assert!(begin(&fresh, 9).await.created);
     assert_eq!(fresh.calls_asking_for_keys(), 1);
-    let kept = fresh
-        .list_runs(
-            "bounded",
-            RunQuery {
-                from: None,
-                to: None,
-                limit: 10,
-                cursor: None,
-            },
-        )
-        .await
-        .expect("list")
-        .items;
+    let kept = first_runs(&fresh, "bounded").await;
     assert_eq!(kept.len(), 3, "{kept:?}");
 }

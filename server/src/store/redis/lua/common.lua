@@ -26,9 +26,16 @@ end
 -- declaring them too (Call::invoke_declaring). These locals are set for each call by
 -- its wrapper (functions.rs).
 local call_keys, declared_set
+-- The call declared only its first argument, its slot's prefix: on one Redis, where
+-- no slot moves and a call need not declare its keys (Library::function), nothing is
+-- asked for.
+local prefix_only
 -- The jobs whose serial queue a call found empty (`end_needs` in runlib.lua).
 local empty_queues
 local function declared(key)
+  if prefix_only then
+    return true
+  end
   if not declared_set then
     declared_set = {}
     for _, k in ipairs(call_keys) do

@@ -696,7 +696,7 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
   end
   redis.call('PEXPIRE', index, retention_ms)
   local hint = ''
-  if card >= tonumber(max_runs) or oldest + tonumber(retention_ms) <= store_now_ms() + 60000 then
+  if not prefix_only and (card >= tonumber(max_runs) or oldest + tonumber(retention_ms) <= store_now_ms() + 60000) then
     hint = table.concat(redis.call('ZRANGE', index, 0, 1), ' ')
   end
   return json, hint
