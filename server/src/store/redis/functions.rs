@@ -62,7 +62,7 @@ impl Library {
             // `store_time_reply` (common.lua) caches the store's clock for one call.
             source.push_str(&format!(
                 "redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
-                 store_time_reply = nil\ncall_keys, declared_set, empty_queues = KEYS, nil, {{}}\n\
+                 store_time_reply = nil\ncall_keys, declared_set, empty_queues, asked = KEYS, nil, nil, nil\n\
                  prefix_only = #KEYS == 1 and KEYS[1] == ARGV[1]\n\
                  {check}{body}\nend)\n",
                 check = key_check(function),
@@ -169,6 +169,17 @@ impl Call<'_> {
 
     pub(super) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
         self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    /// Each of `keys` (none: nothing).
+    pub(super) fn keys<T: ToRedisArgs>(
+        &mut self,
+        keys: Option<impl IntoIterator<Item = T>>,
+    ) -> &mut Self {
+        for key in keys.into_iter().flatten() {
+            self.key(key);
+        }
         self
     }
 

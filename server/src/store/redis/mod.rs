@@ -266,6 +266,9 @@ struct Inner {
     /// Per job, the index entries its last begin said the next one will likely look
     /// at or drop (`index_new_run` in runlib.lua), declared by that next begin.
     index_hints: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
+    /// The calls declare the keys they touch (a cluster, and every test build; see
+    /// `Library::function`): else the keys are not even built.
+    declares: bool,
 }
 
 impl Drop for Inner {
@@ -357,6 +360,7 @@ impl RedisStore {
                 watcher,
                 readers: Default::default(),
                 index_hints: Default::default(),
+                declares: declare,
             }),
         };
         for p in 0..partitions {
@@ -601,7 +605,10 @@ impl RedisStore {
     /// active runs and serial queue, the timers, the tokens and the outbox's due set.
     /// (The runs a serial queue or a broadcast run names are asked for by the script:
     /// `Call::invoke_declaring`.)
-    fn run_keys(sid: &str) -> Vec<String> {
+    fn run_keys(&self, sid: &str) -> Vec<String> {
+        if !self.inner.declares {
+            return Vec::new();
+        }
         let mut keys = Vec::with_capacity(10);
         keys.extend(Self::held_keys(sid));
         keys.push(format!("delivery:{sid}"));

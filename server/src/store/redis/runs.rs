@@ -191,9 +191,14 @@ impl RunStore for RedisStore {
             .inner
             .scripts
             .assign_run
-            .key(self.key(p, "timers"))
-            .key(self.key(p, "tokens"))
-            .key(self.key(p, &format!("run:{schedule_id}")))
+            .prepare_invoke()
+            .keys(self.inner.declares.then(|| {
+                [
+                    self.key(p, "timers"),
+                    self.key(p, "tokens"),
+                    self.key(p, &format!("run:{schedule_id}")),
+                ]
+            }))
             .arg(self.pfx(p))
             .arg(self.run_nodes_arg())
             .arg(schedule_id)
@@ -288,6 +293,9 @@ impl RunStore for RedisStore {
                 runs,
                 2,
                 |idx| {
+                    if !self.inner.declares {
+                        return Vec::new();
+                    }
                     let mut keys = vec!["timers".to_owned()];
                     for &i in idx {
                         keys.extend(Self::held_keys(&reports[i].0));
@@ -375,7 +383,7 @@ impl RunStore for RedisStore {
     ) -> Result<Transition> {
         let (args, holder) = finish_args(by, outcome)?;
         let script = &self.inner.scripts.finish_run;
-        let keys = Self::run_keys(schedule_id);
+        let keys = self.run_keys(schedule_id);
         let t = self
             .run_transition(script, schedule_id, &keys, &args)
             .await?;
@@ -400,7 +408,7 @@ impl RunStore for RedisStore {
                     // Each once: the partition's and a job's keys are every run's.
                     let mut seen = std::collections::HashSet::new();
                     idx.iter()
-                        .flat_map(|&i| Self::run_keys(&encoded[i].0))
+                        .flat_map(|&i| self.run_keys(&encoded[i].0))
                         .filter(|k| seen.insert(k.clone()))
                         .collect()
                 },
@@ -442,7 +450,7 @@ impl RunStore for RedisStore {
         self.run_transition(
             script,
             schedule_id,
-            &Self::run_keys(schedule_id),
+            &self.run_keys(schedule_id),
             &[ms(route_grace).to_string()],
         )
         .await
@@ -453,7 +461,7 @@ impl RunStore for RedisStore {
         self.run_transition(
             script,
             schedule_id,
-            &Self::run_keys(schedule_id),
+            &self.run_keys(schedule_id),
             &[reason.to_owned()],
         )
         .await
@@ -718,10 +726,20 @@ impl RedisStore {
     ) -> Result<Call<'a>> {
         let p = self.part(&run.job_id);
         let mut inv = script.prepare_invoke();
-        for key in Self::begin_keys(&run.job_id, &run.schedule_id) {
+        let declared = if self.inner.declares {
+            Self::begin_keys(&run.job_id, &run.schedule_id).to_vec()
+        } else {
+            Vec::new()
+        };
+        for key in declared {
             inv.key(self.key(p, &key));
         }
-        for sid in self.index_hint(&run.job_id) {
+        let hint = if self.inner.declares {
+            self.index_hint(&run.job_id)
+        } else {
+            Vec::new()
+        };
+        for sid in hint {
             for key in [
                 format!("run:{sid}"),
                 format!("logs:{sid}"),

@@ -34,21 +34,21 @@ end
 -- cannot name (`want`): a policy other than allow looks at the job's active runs, and
 -- replace cancels them (their webhook entries and shards); the index's oldest
 -- entries (index_needs, whose reading it returns).
-local function begin_needs(P, id, policy, retention_ms, max_runs, need)
+local function begin_needs(P, id, policy, retention_ms, max_runs)
   if policy ~= 'allow' then
     for _, a in ipairs(redis.call('SMEMBERS', P .. 'active:' .. id)) do
       local key = P .. 'run:' .. a
-      want(need, key)
+      want(key)
       if policy == 'replace' then
-        want(need, P .. 'delivery:' .. a)
+        want(P .. 'delivery:' .. a)
         local r = declared(key) and load_run(P, a)
         for i = 0, (r and tonumber(r.shard_total) or 0) - 1 do
-          want(need, key .. '#' .. i)
+          want(key .. '#' .. i)
         end
       end
     end
   end
-  return index_needs(P, id, retention_ms, max_runs, need)
+  return index_needs(P, id, retention_ms, max_runs)
 end
 
 -- begin_run's decision for the run `run_record` (MessagePack) of job `id` (see
@@ -65,10 +65,9 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
   end
   local now = store_now_ms()
   local run = decode_run(run_record)
-  local need = {}
-  local head = begin_needs(P, id, run.plan.overlap, retention_ms, max_runs, need)
-  if #need > 0 then
-    return needed(need), true
+  local head = begin_needs(P, id, run.plan.overlap, retention_ms, max_runs)
+  if asked then
+    return needed(), true
   end
   clear_deadlines(run)
   run.created_at = now

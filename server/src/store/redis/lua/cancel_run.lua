@@ -9,15 +9,14 @@ end
 if FINAL[run.state] then
   return reply('no', 'run is already ' .. run.state, encode_run(run))
 end
-local need = {}
-end_needs(P, run.job_id, need)
+end_needs(P, run.job_id)
 if (run.parent == nil or run.parent == '') then
   for i = 0, (tonumber(run.shard_total) or 0) - 1 do
-    want(need, P .. 'run:' .. sid .. '#' .. i)
+    want(P .. 'run:' .. sid .. '#' .. i)
   end
 end
-if #need > 0 then
-  return needed(need)
+if asked then
+  return needed()
 end
 local now = store_now_ms()
 local rvs, nxt = cancel_tree(P, N, run, reason, now, true)

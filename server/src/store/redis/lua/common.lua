@@ -21,8 +21,8 @@ end
 -- A call declares in KEYS every key it touches (Redis Cluster redirects a call by them
 -- while its slot moves between masters). The keys a script finds in its records (a
 -- job's serial queue and active runs, a broadcast run's shards) its caller cannot
--- know: the script collects them with `want` before it writes anything and, when one
--- was not declared, answers `needed` ({'need', key...}) instead; the caller calls again
+-- know: the script asks for them with `want` before it writes anything and, when one
+-- was not declared, answers `needed()` ({'need', key...}) instead; the caller calls again
 -- declaring them too (Call::invoke_declaring). These locals are set for each call by
 -- its wrapper (functions.rs).
 local call_keys, declared_set
@@ -44,16 +44,24 @@ local function declared(key)
   end
   return declared_set[key] == true
 end
--- Adds `key` to the list `need` (once) unless the call declared it.
-local function want(need, key)
-  if not declared(key) and not need[key] then
-    need[key] = true
-    need[#need + 1] = key
+-- The keys this call asked for (`want`), nil while none: a list, and a set of them.
+local asked
+-- Asks for `key` (once) unless the call declared it.
+local function want(key)
+  if not declared(key) then
+    if not asked then
+      asked = {}
+    end
+    if not asked[key] then
+      asked[key] = true
+      asked[#asked + 1] = key
+    end
   end
 end
-local function needed(need)
+-- The reply asking for them: {'need', key...}.
+local function needed()
   local out = { 'need' }
-  for _, k in ipairs(need) do
+  for _, k in ipairs(asked) do
     out[#out + 1] = k
   end
   return out

@@ -2,10 +2,9 @@
 -- KEYS: RedisStore::run_keys of the run; {'need', key...} when its job's serial queue
 -- names runs not among them (see `want`), before anything is written.
 local P, N, sid = ARGV[1], ARGV[2], ARGV[3]
-local need = {}
-end_needs(P, job_of(sid), need)
-if #need > 0 then
-  return needed(need)
+end_needs(P, job_of(sid))
+if asked then
+  return needed()
 end
 local run = load_run(P, sid)
 if not run then

@@ -4,12 +4,11 @@
 -- names runs not among them (see `want`), before anything is written.
 -- finish_run of each, in order, in one step: finish_run's reply per result.
 local P, N = ARGV[1], ARGV[2]
-local need = {}
 for i = 3, #ARGV, 5 do
-  end_needs(P, job_of(ARGV[i]), need)
+  end_needs(P, job_of(ARGV[i]))
 end
-if #need > 0 then
-  return needed(need)
+if asked then
+  return needed()
 end
 local out = {}
 for i = 3, #ARGV, 5 do

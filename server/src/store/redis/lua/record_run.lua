@@ -8,10 +8,9 @@ local existing = redis.call('GET', runkey)
 if existing then
   return {0, existing}
 end
-local need = {}
-local head = index_needs(P, id, ARGV[6], ARGV[7], need)
-if #need > 0 then
-  return needed(need)
+local head = index_needs(P, id, ARGV[6], ARGV[7])
+if asked then
+  return needed()
 end
 local now = store_now_ms()
 local run = decode_run(ARGV[4])

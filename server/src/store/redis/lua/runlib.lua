@@ -296,26 +296,28 @@ end
 -- What the end of a run of `job_id` may read that its caller cannot name (`want`):
 -- while the job has a serial queue, each queued run and each of its active runs (a
 -- pop looks at them). A queue found empty is remembered for the rest of the call.
-local function end_needs(P, job_id, need)
-  if not job_id or empty_queues[job_id] then
+local function end_needs(P, job_id)
+  if not job_id or (empty_queues and empty_queues[job_id]) then
     return
   end
   local queue = P .. 'serial:' .. job_id
   if redis.call('LLEN', queue) == 0 then
+    empty_queues = empty_queues or {}
     empty_queues[job_id] = true
     return
   end
   for _, s in ipairs(redis.call('LRANGE', queue, 0, -1)) do
-    want(need, P .. 'run:' .. s)
+    want(P .. 'run:' .. s)
   end
   for _, a in ipairs(redis.call('SMEMBERS', P .. 'active:' .. job_id)) do
-    want(need, P .. 'run:' .. a)
+    want(P .. 'run:' .. a)
   end
 end
 
 -- The job a schedule_id names ("<job_id>@<schedule no>").
 local function job_of(sid)
-  return string.match(sid, '^([^@]+)@')
+  local at = string.find(sid, '@', 1, true)
+  return at and at > 1 and string.sub(sid, 1, at - 1) or nil
 end
 
 -- A webhook's outbox entry is the hash delivery:<sid> (job_id, url, body, created_at,
@@ -513,7 +515,7 @@ local function finalize(P, run, state, reason, now, pop)
   -- The job's serial queue, when it has one (most jobs never do: one LLEN, none when
   -- `end_needs` found it empty in this call: a queue only grows when a run begins).
   local queue = P .. 'serial:' .. run.job_id
-  if empty_queues[run.job_id] or redis.call('LLEN', queue) == 0 then
+  if (empty_queues and empty_queues[run.job_id]) or redis.call('LLEN', queue) == 0 then
     return nil
   end
   redis.call('LREM', queue, 0, run.schedule_id)
@@ -603,12 +605,12 @@ end
 -- cannot name (`want`): the oldest entries' records when the oldest may have expired
 -- (looked at), and at the count bound the records, logs and shards of those that fall
 -- out (deleted; a record declared is read here for its shards). Returns what it read,
--- for index_new_run: {oldest = score or nil, card = count, loaded = sid -> record or
--- false}.
-local function index_needs(P, job_id, retention_ms, max_runs, need)
+-- for index_new_run: {oldest = score or nil, card = count, loaded = nil or sid ->
+-- record or false}.
+local function index_needs(P, job_id, retention_ms, max_runs)
   local index = P .. 'runs:' .. job_id
   local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
-  local head = { oldest = tonumber(first[2]), card = redis.call('ZCARD', index), loaded = {} }
+  local head = { oldest = tonumber(first[2]), card = redis.call('ZCARD', index) }
   local last = -1
   if head.oldest and head.oldest + tonumber(retention_ms) <= store_now_ms() then
     last = 7
@@ -623,14 +625,15 @@ local function index_needs(P, job_id, retention_ms, max_runs, need)
   end
   for _, o in ipairs(redis.call('ZRANGE', index, 0, last)) do
     local key = P .. 'run:' .. o
-    want(need, key)
-    want(need, P .. 'logs:' .. o)
-    want(need, P .. 'logmeta:' .. o)
+    want(key)
+    want(P .. 'logs:' .. o)
+    want(P .. 'logmeta:' .. o)
     if declared(key) then
       local r = load_run(P, o)
+      head.loaded = head.loaded or {}
       head.loaded[o] = r or false
       for i = 0, (r and tonumber(r.shard_total) or 0) - 1 do
-        want(need, key .. '#' .. i)
+        want(key .. '#' .. i)
       end
     end
   end
@@ -672,7 +675,7 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
   local excess = card - tonumber(max_runs)
   if excess > 0 then
     for _, o in ipairs(redis.call('ZRANGE', index, 0, excess - 1)) do
-      local gone = head.loaded[o]
+      local gone = head.loaded and head.loaded[o]
       if gone == nil then
         gone = load_run(P, o)
       end
