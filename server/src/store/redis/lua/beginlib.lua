@@ -35,7 +35,7 @@ end
 -- replace cancels them (their webhook entries and shards); the index's oldest
 -- entries (index_needs, whose reading it returns).
 local function begin_needs(P, id, policy, retention_ms, max_runs)
-  if policy ~= 'allow' then
+  if policy ~= 'allow' and not prefix_only then
     for _, a in ipairs(redis.call('SMEMBERS', P .. 'active:' .. id)) do
       local key = P .. 'run:' .. a
       want(key)

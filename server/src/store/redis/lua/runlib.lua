@@ -296,8 +296,9 @@ end
 -- What the end of a run of `job_id` may read that its caller cannot name (`want`):
 -- while the job has a serial queue, each queued run and each of its active runs (a
 -- pop looks at them). A queue found empty is remembered for the rest of the call.
+-- Nothing on one Redis (`prefix_only`: nothing is asked for there).
 local function end_needs(P, job_id)
-  if not job_id or (empty_queues and empty_queues[job_id]) then
+  if prefix_only or not job_id or (empty_queues and empty_queues[job_id]) then
     return
   end
   local queue = P .. 'serial:' .. job_id
@@ -620,7 +621,7 @@ local function index_needs(P, job_id, retention_ms, max_runs)
   if excess > 0 and excess > last then
     last = excess
   end
-  if last < 0 then
+  if last < 0 or prefix_only then
     return head
   end
   for _, o in ipairs(redis.call('ZRANGE', index, 0, last)) do
