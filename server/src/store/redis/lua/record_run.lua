@@ -33,24 +33,10 @@ note_change(run)
 local json = encode_run(run)
 redis.call('SET', runkey, json, 'PX', ARGV[6])
 local index = P .. 'runs:' .. id
-local card = head.card + redis.call('ZADD', index, ARGV[5], sid)
 -- Retention: records expire by themselves (PX), about in index order; the index
--- forgets them lazily, the oldest entries up to the first that still exists (at most 8
--- per call), only once the oldest was scheduled longer than the retention ago. Then
--- the count bound.
-local oldest = head.oldest
-if not oldest or tonumber(ARGV[5]) < oldest then
-  oldest = tonumber(ARGV[5])
-end
-if oldest + tonumber(ARGV[6]) <= now then
-  for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
-    if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
-      break
-    end
-    redis.call('ZREM', index, o)
-    card = card - 1
-  end
-end
+-- forgets them lazily (drop_expired). Then the count bound.
+local _, card = drop_expired(P, index, head, head.card + redis.call('ZADD', index, ARGV[5], sid),
+  ARGV[5], ARGV[6])
 local excess = card - tonumber(ARGV[7])
 if excess > 0 then
   local old = redis.call('ZRANGE', index, 0, excess - 1)

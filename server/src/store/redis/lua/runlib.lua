@@ -641,6 +641,28 @@ local function index_needs(P, job_id, retention_ms, max_runs)
   return head
 end
 
+-- After a new entry scored `scheduled_at` went into the job's `index` (`card` entries
+-- now; `head` as index_needs read it before): drops the entries at its start whose
+-- records expired, the oldest up to the first that still exists (at most 8), once the
+-- oldest entry was scheduled longer than the retention ago. Returns the oldest score
+-- and the count after.
+local function drop_expired(P, index, head, card, scheduled_at, retention_ms)
+  local oldest = head.oldest
+  if not oldest or tonumber(scheduled_at) < oldest then
+    oldest = tonumber(scheduled_at)
+  end
+  if oldest + tonumber(retention_ms) <= store_now_ms() then
+    for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
+      if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
+        break
+      end
+      redis.call('ZREM', index, o)
+      card = card - 1
+    end
+  end
+  return oldest, card
+end
+
 -- Stores a new run record with its retention and indexes it under its job, keeping
 -- the index bounded (the oldest records fall out first; entries whose record expired
 -- are dropped from the oldest up to the first that still exists, at most 8 a call).
@@ -659,20 +681,8 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
   local json = encode_run(run)
   redis.call('SET', P .. 'run:' .. sid, json, 'PX', retention_ms)
   local index = P .. 'runs:' .. run.job_id
-  local card = head.card + redis.call('ZADD', index, scheduled_at, sid)
-  local oldest = head.oldest
-  if not oldest or tonumber(scheduled_at) < oldest then
-    oldest = tonumber(scheduled_at)
-  end
-  if oldest + tonumber(retention_ms) <= store_now_ms() then
-    for _, o in ipairs(redis.call('ZRANGE', index, 0, 7)) do
-      if redis.call('EXISTS', P .. 'run:' .. o) == 1 then
-        break
-      end
-      redis.call('ZREM', index, o)
-      card = card - 1
-    end
-  end
+  local oldest, card = drop_expired(P, index, head,
+    head.card + redis.call('ZADD', index, scheduled_at, sid), scheduled_at, retention_ms)
   local excess = card - tonumber(max_runs)
   if excess > 0 then
     for _, o in ipairs(redis.call('ZRANGE', index, 0, excess - 1)) do
