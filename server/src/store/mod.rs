@@ -73,8 +73,10 @@ pub use triggers::{Delivery, TriggerQueue};
 /// to its own when it connects. 1: the first; 2: run records are MessagePack (a
 /// version-1 store's JSON records are still read, and rewritten at their next step);
 /// 3: run records leave out the fields at their default (see `RunRecord`; a version-2
-/// record, with every field, is read as it is).
-pub const SCHEMA_VERSION: u32 = 3;
+/// record, with every field, is read as it is); 4: the run scripts write a record as
+/// its fields, its plan and its history's events, back to back (`decode_run` in
+/// `redis/mod.rs`; a version-3 record, one map, is read as it is).
+pub const SCHEMA_VERSION: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -91,8 +91,10 @@ use super::{
     partition_of,
 };
 use crate::model::{
-    AppRecord, Arm, JobRecord, Millis, RunRecord, RunState, Trigger, duration_ms, split_schedule_id,
+    AppRecord, Arm, JobRecord, Millis, RunEvent, RunPlan, RunRecord, RunState, Trigger,
+    duration_ms, split_schedule_id,
 };
+use serde::Deserialize;
 
 mod apps;
 mod audit;
@@ -987,15 +989,26 @@ fn unknown_run() -> Transition {
     }
 }
 
-/// A run record as Redis holds it: MessagePack (what the run scripts write with
-/// `cmsgpack`), or JSON (a record written before they did: it starts with `{`, which
-/// no MessagePack map does).
+/// A run record as Redis holds it. The run scripts write three MessagePack values back
+/// to back (schema 4, `decode_run` in `runlib.lua`): the run's fields, its plan, then
+/// its history's events, oldest first, so a step decodes only the part it reads. A
+/// record of one map (schema 3, or as [`encode_run`] writes it) holds plan and history
+/// inside; a record written before schema 2 is JSON (it starts with `{`, which no
+/// MessagePack map does).
 fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
     if bytes.first() == Some(&b'{') {
-        serde_json::from_slice(bytes).map_err(corrupt)
-    } else {
-        rmp_serde::from_slice(bytes).map_err(corrupt)
+        return serde_json::from_slice(bytes).map_err(corrupt);
     }
+    let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(bytes));
+    let mut run = RunRecord::deserialize(&mut de).map_err(corrupt)?;
+    if de.position() < bytes.len() as u64 {
+        run.plan = RunPlan::deserialize(&mut de).map_err(corrupt)?;
+        while de.position() < bytes.len() as u64 {
+            run.history
+                .push(RunEvent::deserialize(&mut de).map_err(corrupt)?);
+        }
+    }
+    Ok(run)
 }
 
 /// A run record for a script (as the scripts write them: MessagePack, fields by name).

@@ -1148,6 +1148,79 @@ async fn a_run_record_written_as_json_is_read_and_rewritten() {
     );
 }
 
+/// The scripts write a run record in parts (schema 4): its fields (a map with neither
+/// plan nor history), its plan, then its history's events. A record of one map (as
+/// schema 3 wrote it, and as the server hands one to `begin_run`) is read as it is,
+/// moves through the run machine and is written back in parts; a plan at every default
+/// (an empty map) stays one.
+#[tokio::test]
+async fn a_run_record_of_one_map_is_read_and_written_back_in_parts() {
+    use crate::model::{OverlapPolicy, RunPlan};
+    use crate::store::conformance::{job, plan, planned_run, slot, terms};
+    let (store, _) = store("parts", one_partition()).await;
+    store.create_job(job("parted", None)).await.expect("create");
+    let mut c = raw_connection().await;
+    let given = RunPlan {
+        callback_url: Some("http://127.0.0.1:9/hook".to_owned()),
+        max_attempts: 3,
+        ..plan(OverlapPolicy::Allow)
+    };
+    for (at, given) in [(1000, given), (2000, RunPlan::default())] {
+        let begun = store
+            .begin_run(
+                planned_run("parted", at, given.clone()),
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("begin")
+            .run;
+        let sid = begun.schedule_id.clone();
+        let key = store.key(0, &format!("run:{sid}"));
+        let stored: Vec<u8> = c.get(&key).await.expect("get");
+        let fields: serde_json::Value = rmp_serde::from_slice(&stored).expect("fields");
+        assert!(
+            fields.get("plan").is_none() && fields.get("history").is_none(),
+            "{fields}"
+        );
+        assert!(
+            fields["pl"].as_u64().expect("the plan's length") > 0,
+            "{fields}"
+        );
+        assert_eq!(fields["hn"], 1, "{fields}");
+        assert_eq!(begun.plan, given);
+        assert_eq!(
+            store.get_run(&sid).await.expect("read"),
+            Some(begun.clone())
+        );
+
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(encode_run(&begun).expect("one map"))
+            .arg("KEEPTTL")
+            .query_async(&mut c)
+            .await
+            .expect("set");
+        assert_eq!(
+            store.get_run(&sid).await.expect("read"),
+            Some(begun.clone())
+        );
+        let Assigned::Granted(leased) = store
+            .assign_run(&sid, begun.attempt, &slot("n", 0), terms(30_000, 30_000))
+            .await
+            .expect("assign")
+        else {
+            panic!("the record of one map was not assigned");
+        };
+        assert_eq!(leased.plan, given);
+        let steps: Vec<&str> = leased.history.iter().map(|e| e.what.as_str()).collect();
+        assert_eq!(steps, ["WAITING", "DISPATCHED"]);
+        let stored: Vec<u8> = c.get(&key).await.expect("get");
+        let fields: serde_json::Value = rmp_serde::from_slice(&stored).expect("fields");
+        assert_eq!(fields["hn"], 2, "written back in parts: {fields}");
+        assert_eq!(store.get_run(&sid).await.expect("read"), Some(leased));
+    }
+}
+
 /// A poll of due runs says when the partition's next timer falls due, and the calls
 /// that may set a sooner timer move the activity counter while the polls do not: what
 /// lets an idle sweeper sleep (`store::Pacer`).

@@ -22,26 +22,83 @@ local PLAN_DEFAULTS = {
   max_attempts = 1, backoff_ms = 1000, backoff_multiplier = 1, max_backoff_ms = 60000,
   timeout_ms = 0, overlap = 'allow', serial_limit = 100, dispatch_wait_ms = 30000,
 }
-local RUN_MT = { __index = RUN_DEFAULTS }
 local PLAN_MT = { __index = PLAN_DEFAULTS }
 local DEADLINES_MT = { __index = function() return 0 end }
+-- An empty plan (every field at its default) as a MessagePack map: cmsgpack writes an
+-- empty table as an array.
+local EMPTY_MAP = '\128'
 
 -- Run records are MessagePack (`cmsgpack`: about half the cost of cjson to decode and
 -- encode, and integers stay exact); a record written before they were is JSON, and
 -- starts with '{', which no MessagePack map does. JSON nulls decode as cjson.null,
 -- which cmsgpack writes as nil (the key then absent, as a MessagePack nil decodes).
 -- Deadlines are numbers (0: not set) once decoded.
+--
+-- The scripts write a record as three parts back to back (schema 4, see
+-- `SCHEMA_VERSION` and `decode_run` in mod.rs): the run's fields (a map, with `pl`, the
+-- plan's length in bytes, and `hn`, how many history events follow), its plan (a map),
+-- then its history's events (arrays, oldest first). A step decodes the fields alone:
+-- the plan when it reads `run.plan`, the history never (a change appends an event's
+-- bytes, the oldest falling out past 32). Decoding a whole record cost cmsgpack about
+-- 6.6 µs (the plan 1.9, three events 2.6: a table each) and encoding it 6 µs, at every
+-- step. A record of one map (schema 3, or written by the server: begin_run, record_run)
+-- holds its plan and history inside, and is read as it is.
+local RUN_MT = {
+  __index = function(run, k)
+    if k ~= 'plan' then
+      return RUN_DEFAULTS[k]
+    end
+    local pb = rawget(run, '_pb')
+    local plan = pb and cmsgpack.unpack(pb)
+    if type(plan) ~= 'table' then
+      plan = {}
+    end
+    setmetatable(plan, PLAN_MT)
+    rawset(run, 'plan', plan)
+    return plan
+  end,
+}
+
+-- A record of one map: its history's events as they are written after the fields.
+local function inline_history(run)
+  local h = run.history
+  run.history = nil
+  local ev, n = {}, 0
+  if type(h) == 'table' then
+    for _, e in ipairs(h) do
+      if type(e) == 'table' and e[1] == nil then
+        -- JSON: an event as a map ({at, what, attempt, node_id, detail}).
+        e = { e.at, e.what, e.attempt, e.node_id or '', e.detail or '' }
+      end
+      n = n + 1
+      ev[n] = cmsgpack.pack(e)
+    end
+  end
+  run._ev, run.hn = table.concat(ev), n
+end
+
 local function decode_run(bytes)
   local run
   if string.byte(bytes, 1) == 123 then
     run = cjson.decode(bytes)
   else
-    run = cmsgpack.unpack(bytes)
+    local off
+    off, run = cmsgpack.unpack_one(bytes, 0)
+    local pl = tonumber(run.pl)
+    if off > 0 and pl then
+      run._pb = string.sub(bytes, off + 1, off + pl)
+      run._ev = string.sub(bytes, off + pl + 1)
+      run.pl = nil
+    end
   end
-  if type(run.plan) ~= 'table' then
-    run.plan = {}
+  if run._ev == nil then
+    inline_history(run)
+    if type(run.plan) == 'table' then
+      setmetatable(run.plan, PLAN_MT)
+    else
+      run.plan = nil
+    end
   end
-  setmetatable(run.plan, PLAN_MT)
   if type(run.deadlines) ~= 'table' then
     run.deadlines = {}
   end
@@ -52,12 +109,21 @@ local function decode_run(bytes)
   setmetatable(d, DEADLINES_MT)
   return setmetatable(run, RUN_MT)
 end
--- `_before` (what the record was when loaded, for its history) is not part of it.
+
+-- The record's bytes (see decode_run); `_before` (what the record was when loaded,
+-- for its history) and the parts kept as bytes are not fields of it.
 local function encode_run(run)
-  local before = run._before
-  run._before = nil
-  local bytes = cmsgpack.pack(run)
-  run._before = before
+  local before, pb, ev, plan = run._before, run._pb, run._ev, rawget(run, 'plan')
+  if plan then
+    pb = next(plan) == nil and EMPTY_MAP or cmsgpack.pack(plan)
+  elseif not pb then
+    pb = EMPTY_MAP
+  end
+  run._before, run._pb, run._ev, run.plan = nil, nil, nil, nil
+  run.pl = #pb
+  local bytes = cmsgpack.pack(run) .. pb .. (ev or '')
+  run.pl = nil
+  run._before, run._pb, run._ev, run.plan = before, pb, ev, plan
   return bytes
 end
 
@@ -96,16 +162,15 @@ local function note_change(run)
       detail = msg == '' and code or (code .. ': ' .. msg)
     end
   end
-  if type(run.history) ~= 'table' then
-    run.history = {}
-  end
-  local h = run.history
   -- An array [at, what, attempt, node_id, detail] (RunEvent's fields in order: half
-  -- the MessagePack of a map, decoded by position).
-  h[#h + 1] = { store_now_ms(), what, m[2], m[3], detail }
-  while #h > 32 do
-    table.remove(h, 1)
+  -- the MessagePack of a map, decoded by position), after the others.
+  local ev = (run._ev or '') .. cmsgpack.pack({ store_now_ms(), what, m[2], m[3], detail })
+  local n = (tonumber(rawget(run, 'hn')) or 0) + 1
+  while n > 32 do
+    ev = string.sub(ev, cmsgpack.unpack_one(ev, 0) + 1)
+    n = n - 1
   end
+  run._ev, run.hn = ev, n
   run._before = m
 end
 
