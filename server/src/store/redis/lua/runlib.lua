@@ -111,13 +111,12 @@ local function decode_run(bytes)
 end
 
 -- The record's bytes (see decode_run); `_before` (what the record was when loaded,
--- for its history) and the parts kept as bytes are not fields of it.
+-- for its history) and the parts kept as bytes are not fields of it. No step changes
+-- a run's plan: the plan's bytes as read are written back, not the plan re-encoded.
 local function encode_run(run)
   local before, pb, ev, plan = run._before, run._pb, run._ev, rawget(run, 'plan')
-  if plan then
-    pb = next(plan) == nil and EMPTY_MAP or cmsgpack.pack(plan)
-  elseif not pb then
-    pb = EMPTY_MAP
+  if not pb then
+    pb = (not plan or next(plan) == nil) and EMPTY_MAP or cmsgpack.pack(plan)
   end
   run._before, run._pb, run._ev, run.plan = nil, nil, nil, nil
   run.pl = #pb
