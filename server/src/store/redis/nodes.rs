@@ -257,6 +257,7 @@ impl RedisStore {
             .upsert_node
             .key(format!("{nodes}node:{}", node.node_id))
             .key(format!("{nodes}ids"))
+            .key(format!("{nodes}busy:{}", node.node_id))
             .arg(&nodes)
             .arg(&node.node_id)
             .arg(json)

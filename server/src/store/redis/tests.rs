@@ -1221,6 +1221,110 @@ async fn a_run_record_of_one_map_is_read_and_written_back_in_parts() {
     }
 }
 
+/// A job's index and active set live twice the retention, their TTL written by the
+/// begin that creates the index and then by one a quarter of the retention after the
+/// last that wrote it (the job's `kept`), not by every begin; a node's busy set gets
+/// its TTL when created and again at each heartbeat of its node, not at every lease.
+#[tokio::test]
+async fn ttls_are_written_when_due_not_at_every_begin() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{job, node, plan, planned_run, slot, terms};
+    let retention = Duration::from_secs(40);
+    let (store, _) = store(
+        "kept",
+        StoreOptions {
+            run_retention: retention,
+            ..one_partition()
+        },
+    )
+    .await;
+    store.create_job(job("kept", None)).await.expect("create");
+    let mut c = raw_connection().await;
+    let reader = c.clone();
+    let (index, active) = (store.key(0, "runs:kept"), store.key(0, "active:kept"));
+    let busy = format!("{}busy:n", store.nodes_prefix());
+    let pttl = |key: String| {
+        let mut c = reader.clone();
+        async move {
+            let ms: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .expect("pttl");
+            ms
+        }
+    };
+    let base = crate::model::now_ms();
+    let begin = |i: i64| {
+        let store = store.clone();
+        async move {
+            let run = store
+                .begin_run(
+                    planned_run("kept", base + i, plan(OverlapPolicy::Allow)),
+                    Duration::from_secs(30),
+                )
+                .await
+                .expect("begin")
+                .run;
+            let granted = store
+                .assign_run(
+                    &run.schedule_id,
+                    run.attempt,
+                    &slot("n", 10),
+                    terms(30_000, 30_000),
+                )
+                .await
+                .expect("assign");
+            assert!(matches!(granted, Assigned::Granted(_)), "{granted:?}");
+        }
+    };
+    let twice = 2 * retention.as_millis() as i64;
+    begin(0).await;
+    for key in [index.clone(), active.clone()] {
+        assert!(
+            pttl(key.clone()).await > twice - 5_000,
+            "{key}: the first begin writes it"
+        );
+    }
+    assert!(
+        pttl(busy.clone()).await > 86_000_000,
+        "a new busy set gets its TTL"
+    );
+
+    for key in [&index, &active, &busy] {
+        let _: bool = c.pexpire(key, 50_000).await.expect("pexpire");
+    }
+    begin(1).await;
+    for key in [index.clone(), active.clone(), busy.clone()] {
+        assert!(
+            pttl(key.clone()).await <= 50_000,
+            "{key}: not written again"
+        );
+    }
+
+    let quarter_ago = crate::model::now_ms() - retention.as_millis() as i64 / 4 - 1_000;
+    let _: () = c
+        .hset(store.key(0, "job:kept"), "kept", quarter_ago)
+        .await
+        .expect("hset");
+    begin(2).await;
+    for key in [index.clone(), active.clone()] {
+        assert!(
+            pttl(key.clone()).await > twice - 5_000,
+            "{key}: written a quarter later"
+        );
+    }
+    assert!(pttl(busy.clone()).await <= 50_000);
+    store
+        .refresh_node(node("n", "g", "i"), Duration::from_secs(30))
+        .await
+        .expect("refresh");
+    assert!(
+        pttl(busy).await > 86_000_000,
+        "the node's heartbeat keeps its busy set"
+    );
+}
+
 /// A poll of due runs says when the partition's next timer falls due, and the calls
 /// that may set a sooner timer move the activity counter while the polls do not: what
 /// lets an idle sweeper sleep (`store::Pacer`).

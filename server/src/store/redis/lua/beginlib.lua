@@ -9,8 +9,15 @@
 -- The caller saves the run.
 local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   local busy = N ~= '' and (N .. 'busy:' .. node)
-  if max < 0 or (busy and max > 0 and redis.call('SCARD', busy) >= max) then
+  if max < 0 then
     return 'full'
+  end
+  local count
+  if busy and max > 0 then
+    count = redis.call('SCARD', busy)
+    if count >= max then
+      return 'full'
+    end
   end
   run.fencing_token = new_token(P, run.job_id)
   run.node_id = node
@@ -25,7 +32,11 @@ local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   end
   if busy then
     redis.call('SADD', busy, run.schedule_id)
-    redis.call('PEXPIRE', busy, 86400000)
+    -- A new set gets its TTL here; one in use is kept by its node's heartbeats
+    -- (upsert_node.lua), so a lease does not write it again.
+    if count == nil or count == 0 then
+      redis.call('PEXPIRE', busy, BUSY_TTL_MS)
+    end
   end
   return 'ok'
 end
@@ -71,7 +82,8 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
   end
   clear_deadlines(run)
   run.created_at = now
-  local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused')
+  local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused', 'kept')
+  local keep = keep_due(P, id, job[1], job[3], head, retention_ms, now)
   if run.state ~= 'SKIPPED' then
     if not job[1] then
       run.state, run.reason = 'SKIPPED', 'deleted'
@@ -126,7 +138,9 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
     end
     if run.state == 'WAITING' then
       redis.call('SADD', akey, sid)
-      redis.call('PEXPIRE', akey, retention_ms)
+      if keep then
+        redis.call('PEXPIRE', akey, 2 * retention_ms)
+      end
     end
   end
   if run.state == 'SKIPPED' then
@@ -137,7 +151,7 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
     leased = lease(run, now)
   end
   local hint
-  out[2], hint = index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head)
+  out[2], hint = index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head, keep)
   table.insert(out, 3, hint)
   local t = earliest(run.deadlines)
   if t > 0 and not FINAL[run.state] then

@@ -45,5 +45,5 @@ if excess > 0 then
   end
   redis.call('ZREMRANGEBYRANK', index, 0, excess - 1)
 end
-redis.call('PEXPIRE', index, ARGV[6])
+redis.call('PEXPIRE', index, 2 * tonumber(ARGV[6]))
 return {1, json}

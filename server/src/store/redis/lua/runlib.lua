@@ -6,6 +6,8 @@
 -- cluster N is '' and node_slots.lua keeps the count beside the scripts).
 local FINAL = { SUCCEEDED = true, FAILED = true, TIMED_OUT = true, CANCELLED = true, SKIPPED = true }
 local HELD = { DISPATCHED = true, RUNNING = true }
+-- A node's busy set expires a day after it was created or its node last beat.
+local BUSY_TTL_MS = 86400000
 
 -- A stored record leaves out every field that holds its default (RunRecord's
 -- `skip_serializing_if` in model.rs, the same fields and values): a new record is about
@@ -727,6 +729,22 @@ local function drop_expired(P, index, head, card, scheduled_at, retention_ms)
   return oldest, card
 end
 
+-- The TTL of a job's index and active set is twice the retention, written again
+-- only by a begin a quarter of the retention after the last one that did (when, the
+-- job hash's `kept`) or that creates the index (`head`, index_needs' reading): a
+-- record lives its retention from its begin, so neither key expires before the last
+-- record it names, and a begin at a steady rate writes no TTL (two commands fewer).
+-- Returns whether this begin writes them (noting when, while the job exists).
+local function keep_due(P, id, version, kept, head, retention_ms, now)
+  if version and head.card > 0 and (tonumber(kept) or 0) + tonumber(retention_ms) / 4 > now then
+    return false
+  end
+  if version then
+    redis.call('HSET', P .. 'job:' .. id, 'kept', int(now))
+  end
+  return true
+end
+
 -- Stores a new run record with its retention and indexes it under its job, keeping
 -- the index bounded (the oldest records fall out first; entries whose record expired
 -- are dropped from the oldest up to the first that still exists, at most 8 a call).
@@ -739,7 +757,7 @@ end
 -- oldest entries when the index is at its bound or its oldest entry leaves the
 -- retention within a minute, the ones the job's next begin is likely to look at or
 -- drop (its caller declares their keys and saves the round trip of asking).
-local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head)
+local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head, keep)
   local sid = run.schedule_id
   note_change(run)
   local json = encode_run(run)
@@ -772,7 +790,9 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
     redis.call('ZREMRANGEBYRANK', index, 0, excess - 1)
     card = card - excess
   end
-  redis.call('PEXPIRE', index, retention_ms)
+  if keep then
+    redis.call('PEXPIRE', index, 2 * retention_ms)
+  end
   local hint = ''
   if not prefix_only and (card >= tonumber(max_runs) or oldest + tonumber(retention_ms) <= store_now_ms() + 60000) then
     hint = table.concat(redis.call('ZRANGE', index, 0, 1), ' ')

@@ -24,4 +24,6 @@ end
 redis.call('HSET', key, 'rec', ARGV[3], 'inst', ARGV[4], 'hb', int(store_now_ms()))
 redis.call('PEXPIRE', key, ARGV[5])
 redis.call('SADD', P .. 'ids', id)
+-- The runs leased to the node (beginlib.lua's lease_to) are kept while it beats.
+redis.call('PEXPIRE', P .. 'busy:' .. id, BUSY_TTL_MS)
 return { 'yes' }
