@@ -283,6 +283,18 @@ fn unavailable(e: impl std::fmt::Display) -> Error {
     Error::Unavailable(e.to_string())
 }
 
+/// Whether calls declare their keys on one Redis: only in the tests (which check every
+/// call's keys), but for a store they open to run as production does.
+#[cfg(test)]
+fn declares_on_one_redis() -> bool {
+    !tests::opening_as_one_redis()
+}
+
+#[cfg(not(test))]
+fn declares_on_one_redis() -> bool {
+    false
+}
+
 fn corrupt(e: impl std::fmt::Display) -> Error {
     Error::Corrupt(e.to_string())
 }
@@ -331,8 +343,9 @@ impl RedisStore {
         let (tx, rx) = watch::channel(0u64);
         let watcher = CancellationToken::new();
         let (activity, activity_rx) = watch::channel(0u64);
-        // Only a cluster moves slots; the tests check every call's keys everywhere.
-        let declare = cfg!(test) || shared.is_cluster();
+        // Only a cluster moves slots; the tests check every call's keys everywhere (but
+        // for a store opened `as_one_redis`, which runs as production does there).
+        let declare = shared.is_cluster() || declares_on_one_redis();
         let scripts = Scripts::load(&Arc::new(activity), declare);
         scripts
             .library

@@ -2,6 +2,25 @@
 //! only this backend has.
 
 use super::*;
+
+tokio::task_local! {
+    static AS_ONE_REDIS: bool;
+}
+
+/// Whether the store this task is opening runs as production does on one Redis (its
+/// calls name their slot by their prefix alone: no keys declared, none checked).
+pub(super) fn opening_as_one_redis() -> bool {
+    AS_ONE_REDIS.try_with(|one| *one).unwrap_or(false)
+}
+
+/// A store on the shared Redis that runs as production does there.
+async fn as_one_redis(name: &str, opts: StoreOptions) -> RedisStore {
+    let url = shared_redis_url().expect("redis-server");
+    AS_ONE_REDIS
+        .scope(true, RedisStore::connect(&url, &unique_prefix(name), opts))
+        .await
+        .expect("connect")
+}
 use crate::testing::{
     shared_redis_cluster_url, shared_redis_sentinel_url, shared_redis_tls, shared_redis_url,
     unique_prefix,
@@ -13,6 +32,16 @@ crate::store::conformance::store_conformance_tests!(|opts| async move {
         .await
         .expect("connect")
 });
+
+/// The conformance suite on one Redis as production runs there: calls name their slot
+/// by their prefix alone, and the scripts skip what only a cluster needs (the asking).
+mod one_redis {
+    use super::*;
+
+    crate::store::conformance::store_conformance_tests!(|opts| async move {
+        as_one_redis("one", opts).await
+    });
+}
 
 /// The conformance suite against the primary three Sentinels watch, reached through
 /// them (a failover is `sentinel_failover` in the tests crate).
@@ -1323,6 +1352,60 @@ async fn ttls_are_written_when_due_not_at_every_begin() {
         pttl(busy).await > 86_000_000,
         "the node's heartbeat keeps its busy set"
     );
+}
+
+/// On one Redis a begin looks at its job's oldest index entry only when the new entry
+/// makes the count a multiple of 8 (or reaches the bound): the entries whose records
+/// expired stay until then, and are dropped then (at most 8 a time).
+#[tokio::test]
+async fn on_one_redis_a_begin_looks_at_the_oldest_entry_one_time_in_eight() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{job, plan, planned_run};
+    let store = as_one_redis("eighth", one_partition()).await;
+    store.create_job(job("eighth", None)).await.expect("create");
+    let begin = |at: i64| {
+        let store = store.clone();
+        async move {
+            store
+                .begin_run(
+                    planned_run("eighth", at, plan(OverlapPolicy::Allow)),
+                    Duration::from_secs(30),
+                )
+                .await
+                .expect("begin")
+                .run
+                .schedule_id
+        }
+    };
+    let mut c = raw_connection().await;
+    // Five runs scheduled long ago, whose records then expire (deleted here).
+    let mut old = Vec::new();
+    for i in 0..5 {
+        old.push(begin(1_000 + i).await);
+    }
+    for sid in old {
+        let _: () = c
+            .del(store.key(0, &format!("run:{sid}")))
+            .await
+            .expect("del");
+    }
+    let index = store.key(0, "runs:eighth");
+    let base = crate::model::now_ms();
+    let counts = {
+        let mut counts = Vec::new();
+        for i in 0..3 {
+            begin(base + i).await;
+            let card: usize = c.zcard(&index).await.expect("zcard");
+            counts.push(card);
+        }
+        counts
+    };
+    assert_eq!(
+        counts,
+        [6, 7, 3],
+        "the third begin (8 entries) dropped the five"
+    );
+    assert_eq!(first_runs(&store, "eighth").await.len(), 3);
 }
 
 /// A poll of due runs says when the partition's next timer falls due, and the calls
