@@ -740,6 +740,9 @@ end
 -- job hash's `kept`) or that creates the index (`head`, index_needs' reading): a
 -- record lives its retention from its begin, so neither key expires before the last
 -- record it names, and a begin at a steady rate writes no TTL (two commands fewer).
+-- An active set created between two such begins has no TTL until the next one; it
+-- needs none to go away (a run leaves it when final, and the empty set is gone): the
+-- TTL only bounds what a lost member would keep.
 -- Returns whether this begin writes them (noting when, while the job exists).
 local function keep_due(P, id, version, kept, head, retention_ms, now)
   if version and head.card > 0 and (tonumber(kept) or 0) + tonumber(retention_ms) / 4 > now then
