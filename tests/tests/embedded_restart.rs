@@ -410,6 +410,7 @@ async fn a_kill_under_a_burst_loses_no_run_and_starts_none_twice() -> Result<()>
     })
     .await?;
     server.kill()?;
+    let killed_at = now_ms();
     let at_kill = starts(&sundial_tests::read_journals(&journals)?);
     ensure!(at_kill < jobs, "the burst was over before the kill");
 
@@ -424,9 +425,37 @@ async fn a_kill_under_a_burst_loses_no_run_and_starts_none_twice() -> Result<()>
         Ok((finished.len() >= jobs).then_some(()))
     })
     .await?;
-    let mut runs_api = server.runs().await?;
+    // A journal's `finish` is written when the handler returns, before its executor
+    // sends the result (one that held it across the kill sends it again after its next
+    // `Welcome`), so each job's run is waited for until the store has it final; one
+    // that never gets there (a result lost) fails with its journal lines.
+    let runs_api = server.runs().await?;
     for id in &ids {
-        let runs = all_runs(&mut runs_api, id).await?;
+        let settled = wait_for(&format!("{id}'s run to be final"), scaled(30), || {
+            let mut api = runs_api.clone();
+            async move {
+                let runs = all_runs(&mut api, id).await?;
+                let open = runs.len() == 1
+                    && !matches!(
+                        pb::RunState::try_from(runs[0].state),
+                        Ok(pb::RunState::Succeeded
+                            | pb::RunState::Failed
+                            | pb::RunState::TimedOut
+                            | pb::RunState::Cancelled
+                            | pb::RunState::Skipped)
+                    );
+                Ok((!open).then_some(runs))
+            }
+        })
+        .await;
+        let runs = settled.with_context(|| {
+            let lines = sundial_tests::read_journals(&journals).unwrap_or_default();
+            let of_run: Vec<_> = lines
+                .iter()
+                .filter(|e| e.schedule_id.starts_with(&format!("{id}@")))
+                .collect();
+            format!("killed at {killed_at}; its journal lines: {of_run:?}")
+        })?;
         ensure!(runs.len() == 1, "{id}: {} runs: {runs:?}", runs.len());
         let r = &runs[0];
         ensure!(
