@@ -299,7 +299,7 @@ fn checked(lua: &str) -> std::borrow::Cow<'_, str> {
 
 /// What a function does first about the key check: in the tests, every function but
 /// those of `DERIVES_KEYS` has its calls checked against its declared keys, unless the
-/// call declared only its prefix (a store opened with `testing::as_one_redis`).
+/// call declared only its prefix (a store the tests open `as_one_redis`).
 #[cfg(test)]
 fn key_check(function: &str) -> &'static str {
     if super::DERIVES_KEYS.contains(&function) {
