@@ -6,7 +6,9 @@
 # scripts of two revisions side by side, interleaved: the working tree's against REV's.
 #
 # Usage: scripts/bench-lua.sh [REV] [ITERATIONS]   (default: HEAD, 20000)
-# Prints, per mode, ns per iteration for REV and for the working tree (three rounds).
+# Prints, per mode, ns per iteration for REV and for the working tree (three rounds);
+# the last line is a sketch of a step on a hash record (the same for both: its script
+# does not use the prelude), for comparison with `record start`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:-HEAD}
@@ -30,7 +32,7 @@ prelude() {
 }
 prelude "$rev" >"$work/base.lua"
 prelude "" >"$work/tree.lua"
-for tail in record begin; do
+for tail in record begin sketch-hash-start; do
   cat "$work/base.lua" "scripts/bench-lua/$tail.lua" >"$work/base-$tail.lua"
   cat "$work/tree.lua" "scripts/bench-lua/$tail.lua" >"$work/tree-$tail.lua"
 done
@@ -41,7 +43,7 @@ run() { # build tail mode [events]
 }
 echo "ns per iteration, $n iterations; $rev's scripts | the working tree's (three rounds)"
 for step in "record get 2" "record load 2" "record save 2" "record plan 2" "record start 2" \
-  "record start 20" "begin record" "begin begin" "begin assign"; do
+  "record start 20" "begin record" "begin begin" "begin assign" "sketch-hash-start -"; do
   set -- $step
   line=$(printf '%-7s %-7s %-3s' "$1" "$2" "${3:-}")
   for _ in 1 2 3; do
