@@ -2,6 +2,10 @@
 //! only this backend has.
 
 use super::*;
+use crate::testing::{
+    shared_redis_cluster_url, shared_redis_sentinel_url, shared_redis_tls, shared_redis_url,
+    unique_prefix,
+};
 
 tokio::task_local! {
     static AS_ONE_REDIS: bool;
@@ -21,10 +25,6 @@ async fn as_one_redis(name: &str, opts: StoreOptions) -> RedisStore {
         .await
         .expect("connect")
 }
-use crate::testing::{
-    shared_redis_cluster_url, shared_redis_sentinel_url, shared_redis_tls, shared_redis_url,
-    unique_prefix,
-};
 
 crate::store::conformance::store_conformance_tests!(|opts| async move {
     let url = shared_redis_url().expect("redis-server");
