@@ -694,6 +694,10 @@ impl RedisStore {
     /// Keeps what a begin of `job_id` named for the next one (space-separated
     /// schedule_ids; none: forgets the job's), for at most `INDEX_HINTS` jobs.
     fn keep_index_hint(&self, job_id: &str, hint: &str) {
+        if !self.inner.declares {
+            // Calls that declare nothing ask for nothing: no script names a hint.
+            return;
+        }
         let mut hints = self
             .inner
             .index_hints
@@ -726,26 +730,18 @@ impl RedisStore {
     ) -> Result<Call<'a>> {
         let p = self.part(&run.job_id);
         let mut inv = script.prepare_invoke();
-        let declared = if self.inner.declares {
-            Self::begin_keys(&run.job_id, &run.schedule_id).to_vec()
-        } else {
-            Vec::new()
-        };
-        for key in declared {
-            inv.key(self.key(p, &key));
-        }
-        let hint = if self.inner.declares {
-            self.index_hint(&run.job_id)
-        } else {
-            Vec::new()
-        };
-        for sid in hint {
-            for key in [
-                format!("run:{sid}"),
-                format!("logs:{sid}"),
-                format!("logmeta:{sid}"),
-            ] {
+        if self.inner.declares {
+            for key in Self::begin_keys(&run.job_id, &run.schedule_id) {
                 inv.key(self.key(p, &key));
+            }
+            for sid in self.index_hint(&run.job_id) {
+                for key in [
+                    format!("run:{sid}"),
+                    format!("logs:{sid}"),
+                    format!("logmeta:{sid}"),
+                ] {
+                    inv.key(self.key(p, &key));
+                }
             }
         }
         inv.arg(self.pfx(p))
