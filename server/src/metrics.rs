@@ -403,6 +403,7 @@ pub(crate) mod tests {
             run: Some(run),
             revoked: Vec::new(),
             next_serial: None,
+            webhook: None,
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Applied, DueEntries, Page, Result, StoreMeta};
+use super::{Applied, DueEntries, Page, Result, StoreMeta, WebhookDelivery};
 use crate::model::{Millis, RunRecord, RunState};
 
 /// What one log line costs against a run's log bound beyond its message's bytes
@@ -196,6 +196,10 @@ pub struct Finish {
     pub schedule_id: String,
     pub by: Finisher,
     pub outcome: Outcome,
+    /// The caller delivers the webhook this result makes due itself: the store claims
+    /// its outbox entry for it in the same step, under this lease, and answers the
+    /// claim in [`Transition::webhook`] (None: the delivery workers' sweep claims it).
+    pub claim_webhook: Option<Duration>,
 }
 
 /// What a run transition did, with the follow-up work it leaves to the caller.
@@ -210,6 +214,13 @@ pub struct Transition {
     /// A serial run this call released from the job's queue: it is WAITING and due to
     /// be routed now.
     pub next_serial: Option<String>,
+    /// The webhook this call made due (the run's, or a broadcast shard's parent's),
+    /// claimed for the caller when its [`Finish::claim_webhook`] asked for it: in
+    /// flight under the claim's token until the lease runs out, as
+    /// [`Outbox::claim_delivery`](super::Outbox::claim_delivery) would have left it.
+    /// The caller delivers it and records the outcome with `finish_delivery`; if it
+    /// does neither, the entry comes due again when the lease ends.
+    pub webhook: Option<WebhookDelivery>,
 }
 
 /// One stored log line of a run.

@@ -112,6 +112,7 @@ pub(super) fn result_of(
             started_at,
             finished_at,
         },
+        claim_webhook: None,
     };
     Ok((run, finish, ended_as, duration))
 }

@@ -133,6 +133,7 @@ macro_rules! store_conformance_tests {
                 outbox_written_when_final: options,
                 delivery_claims_and_outcomes: options,
                 claim_deliveries_batch: options,
+                a_result_claims_its_webhook_for_its_caller: options,
                 outbox_due_per_partition: options,
                 breaker_transitions: options,
                 delivery_slots_pace_a_destination: options,

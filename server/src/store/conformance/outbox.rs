@@ -625,6 +625,114 @@ pub async fn claim_deliveries_batch(store: Arc<dyn Store>) {
     );
 }
 
+/// A result given with `claim_webhook` gets the webhook it makes due claimed for its
+/// caller in the same step: in flight under the claim's token (no sweep sees it due,
+/// no other claim takes it), its outcome recorded as any claim's. One not asked for,
+/// a result that makes nothing due and a result already recorded claim nothing.
+pub async fn a_result_claims_its_webhook_for_its_caller(store: Arc<dyn Store>) {
+    store.create_job(job("rcw", None)).await.expect("create");
+    let hooked_run = |planned| running(&store, "rcw", planned, hooked(plan(OverlapPolicy::Allow)));
+    let (a, b, d) = (
+        hooked_run(1000).await,
+        hooked_run(2000).await,
+        hooked_run(3000).await,
+    );
+    let plain = running(&store, "rcw", 4000, plan(OverlapPolicy::Allow)).await;
+    let lease = Duration::from_secs(60);
+    let fin = |r: &RunRecord, state: RunState, claim: Option<Duration>| Finish {
+        schedule_id: r.schedule_id.clone(),
+        by: Finisher::Holder(Holder::of(r)),
+        outcome: outcome(state),
+        claim_webhook: claim,
+    };
+    let before = now(&store).await;
+    let t = store
+        .finish_runs(vec![
+            fin(&a, RunState::Succeeded, Some(lease)),
+            fin(&b, RunState::Failed, Some(lease)),
+            fin(&d, RunState::Succeeded, None),
+            fin(&plain, RunState::Succeeded, Some(lease)),
+        ])
+        .await
+        .expect("finish runs");
+    assert!(t.iter().all(|t| t.applied == Applied::Yes), "{t:?}");
+    for (t, r) in t[..2].iter().zip([&a, &b]) {
+        let w = t.webhook.as_ref().expect("claimed for the caller");
+        let final_run = get(&store, &r.schedule_id).await;
+        assert_eq!(final_run.callback_state, CallbackState::Pending);
+        assert_eq!(
+            (
+                w.schedule_id.as_str(),
+                w.job_id.as_str(),
+                w.url.as_str(),
+                w.attempts
+            ),
+            (r.schedule_id.as_str(), "rcw", HOOK, 0)
+        );
+        assert_eq!(body_of(w), expected_body(&final_run));
+        assert!(w.created_at >= before && w.now >= before, "{w:?}");
+        assert!(w.token > 0);
+        // In flight under that claim: no other claim takes it.
+        assert_eq!(
+            store
+                .claim_delivery(&r.schedule_id, lease)
+                .await
+                .expect("claim"),
+            None
+        );
+    }
+    assert_eq!(t[2].webhook, None, "not asked for");
+    assert_eq!(t[3].webhook, None, "no callback URL");
+    assert_eq!(
+        due_deliveries(&store, "rcw").await,
+        vec![d.schedule_id.clone()]
+    );
+
+    // The claim's token records the outcome, as any claim's does.
+    let w = t[0].webhook.clone().expect("claimed");
+    assert_eq!(
+        store
+            .finish_delivery(
+                &w.schedule_id,
+                w.token + 1,
+                DeliveryOutcome::Delivered { status: 200 }
+            )
+            .await
+            .expect("finish"),
+        Applied::No("stale delivery token".to_owned())
+    );
+    assert_eq!(
+        store
+            .finish_delivery(
+                &w.schedule_id,
+                w.token,
+                DeliveryOutcome::Delivered { status: 200 }
+            )
+            .await
+            .expect("finish"),
+        Applied::Yes
+    );
+    let delivered = get(&store, &a.schedule_id).await;
+    assert_eq!(
+        (
+            delivered.callback_state,
+            delivered.callback_attempts,
+            delivered.callback_status
+        ),
+        (CallbackState::Done, 1, 200)
+    );
+
+    // The same result again is already recorded: nothing is claimed.
+    let again = store
+        .finish_runs(vec![fin(&b, RunState::Failed, Some(lease))])
+        .await
+        .expect("finish runs");
+    assert_eq!(
+        (&again[0].applied, &again[0].webhook),
+        (&Applied::Already, &None)
+    );
+}
+
 pub async fn outbox_due_per_partition(store: Arc<dyn Store>) {
     let parts = store.partitions();
     let a = ids_in_partition(parts, 0, "oba", 1).remove(0);

@@ -938,6 +938,7 @@ pub async fn finish_runs_applies_each_result(store: Arc<dyn Store>) {
         schedule_id: sid.to_owned(),
         by,
         outcome,
+        claim_webhook: None,
     };
     let rejected = Outcome {
         error_message: "busy".into(),

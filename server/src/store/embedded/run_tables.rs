@@ -46,6 +46,8 @@ pub(super) struct RunTables<'t> {
     /// moves the run's timer and notes its history without decoding the record it
     /// replaces.
     stored: RefCell<HashMap<String, Stored>>,
+    /// The schedule_ids whose outbox entry this batch wrote (`write_outbox`), in order.
+    pub(super) webhooks_written: Vec<String>,
 }
 
 /// What a batch knows of a stored run record.
@@ -95,6 +97,7 @@ impl<'t> RunTables<'t> {
                 .open_table(OUTBOX_DUE)
                 .ctx("open webhook outbox index")?,
             stored: RefCell::new(HashMap::new()),
+            webhooks_written: Vec::new(),
         };
         t.set_clock(now_us());
         Ok(t)
@@ -435,6 +438,7 @@ impl<'t> RunTables<'t> {
             due: self.now,
         };
         self.put_outbox(&run.schedule_id, &entry, None)?;
+        self.webhooks_written.push(run.schedule_id.clone());
         run.callback_state = CallbackState::Pending;
         Ok(())
     }

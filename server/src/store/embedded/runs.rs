@@ -236,15 +236,34 @@ impl RunStore for EmbeddedStore {
             .await
     }
 
+    /// Each webhook a result asked to claim (`Finish::claim_webhook`) is claimed once
+    /// the step is committed, as `claim_deliveries` claims (claims live in memory
+    /// here); one the sweep claimed first is left to it.
     async fn finish_runs(&self, results: Vec<Finish>) -> Result<Vec<Transition>> {
-        self.write(move |_, b| {
-            let t = b.runs()?;
-            results
-                .into_iter()
-                .map(|f| finish(t, &f.schedule_id, f.by, f.outcome))
-                .collect()
-        })
-        .await
+        let (mut out, written) = self
+            .write(move |_, b| {
+                let t = b.runs()?;
+                let mut out = Vec::with_capacity(results.len());
+                let mut written = Vec::new();
+                for f in results {
+                    let before = t.webhooks_written.len();
+                    out.push(finish(t, &f.schedule_id, f.by, f.outcome)?);
+                    if let (Some(lease), Some(sid)) =
+                        (f.claim_webhook, t.webhooks_written.get(before))
+                    {
+                        written.push((out.len() - 1, sid.clone(), lease));
+                    }
+                }
+                Ok((out, written))
+            })
+            .await?;
+        for (i, sid, lease) in written {
+            // Not claimed (the sweep was first, or the read failed): the sweep delivers it.
+            if let Ok(mut claimed) = self.claim_deliveries(&[sid], lease).await {
+                out[i].webhook = claimed.pop();
+            }
+        }
+        Ok(out)
     }
 
     async fn due_runs(&self, partition: u32, limit: usize) -> Result<Vec<String>> {
@@ -695,6 +714,7 @@ fn refused(reason: &str, run: Option<RunRecord>) -> Transition {
         run,
         revoked: Vec::new(),
         next_serial: None,
+        webhook: None,
     }
 }
 
@@ -709,6 +729,7 @@ fn applied(
         run: Some(run),
         revoked: revoked.into_iter().collect(),
         next_serial,
+        webhook: None,
     }
 }
 

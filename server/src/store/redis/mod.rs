@@ -999,6 +999,7 @@ fn unknown_run() -> Transition {
         run: None,
         revoked: Vec::new(),
         next_serial: None,
+        webhook: None,
     }
 }
 
@@ -1061,9 +1062,9 @@ fn revocations(fields: &[Vec<u8>]) -> Result<Vec<Revocation>> {
 }
 
 /// Parses the reply every transition script gives: {applied, reason, run record,
-/// next_serial, then 5 fields per revoked lease}.
+/// next_serial, the webhook claimed for the caller, then 5 fields per revoked lease}.
 fn transition(r: &[Vec<u8>]) -> Result<Transition> {
-    let [applied, reason, run, next, rest @ ..] = r else {
+    let [applied, reason, run, next, webhook, rest @ ..] = r else {
         return Err(corrupt(format!("run script answered {} fields", r.len())));
     };
     Ok(Transition {
@@ -1083,6 +1084,39 @@ fn transition(r: &[Vec<u8>]) -> Result<Transition> {
         } else {
             Some(text(next)?.to_owned())
         },
+        webhook: if webhook.is_empty() {
+            None
+        } else {
+            Some(claimed_webhook(webhook)?)
+        },
+    })
+}
+
+/// A webhook a run script claimed for its caller (`write_outbox` in runlib.lua): the
+/// MessagePack array {schedule_id, job_id, url, body, created_at, token}, the numbers
+/// as decimal text. Its first attempt is yet to be made, and the claim was made at its
+/// creation.
+fn claimed_webhook(bytes: &[u8]) -> Result<WebhookDelivery> {
+    let (schedule_id, job_id, url, body, created_at, token): (
+        String,
+        String,
+        String,
+        String,
+        String,
+        String,
+    ) = rmp_serde::from_slice(bytes).map_err(|e| corrupt(format!("a claimed webhook: {e}")))?;
+    let created_at = parse_i64(&created_at)?;
+    Ok(WebhookDelivery {
+        schedule_id,
+        job_id,
+        url,
+        body,
+        attempts: 0,
+        created_at,
+        token: token
+            .parse()
+            .map_err(|e| corrupt(format!("a claimed webhook's token {token:?}: {e}")))?,
+        now: created_at,
     })
 }
 

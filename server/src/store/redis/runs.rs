@@ -396,7 +396,15 @@ impl RunStore for RedisStore {
         let mut out: Vec<Transition> = results.iter().map(|_| unknown_run()).collect();
         let encoded = results
             .into_iter()
-            .map(|f| Ok((f.schedule_id, finish_args(f.by, f.outcome)?)))
+            .map(|f| {
+                let (mut args, holder) = finish_args(f.by, f.outcome)?;
+                args.push(
+                    f.claim_webhook
+                        .map(|d| ms(d).to_string())
+                        .unwrap_or_default(),
+                );
+                Ok((f.schedule_id, (args, holder)))
+            })
             .collect::<Result<Vec<_>>>()?;
         let runs = encoded.iter().map(|(sid, _)| sid.as_str()).enumerate();
         let answers: Vec<(Vec<usize>, Vec<Vec<Vec<u8>>>)> = self

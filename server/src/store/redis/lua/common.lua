@@ -32,6 +32,10 @@ local call_keys, declared_set
 local prefix_only
 -- The jobs whose serial queue a call found empty (`end_needs` in runlib.lua).
 local empty_queues
+-- While a result is applied for a caller that delivers its webhook itself (finish_runs):
+-- the claim lease in ms the outbox entry is written with (`write_outbox` in
+-- runlib.lua), and the entry so claimed. Nil otherwise (reset for each call too).
+local claim_ms, claimed
 local function declared(key)
   if prefix_only then
     return true

@@ -6,4 +6,4 @@ end_needs(ARGV[1], job_of(ARGV[3]))
 if asked then
   return needed()
 end
-return finish(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+return finish(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], '')

@@ -491,7 +491,10 @@ local function finish_entry(P, sid, token, kind, status, err, at)
 end
 
 -- The run's webhook: when its plan names a callback URL, the step that makes it final
--- writes its outbox entry with the body fixed now, due now.
+-- writes its outbox entry with the body fixed now, due now; or, while a result is
+-- applied for a caller that delivers it (`claim_ms`), claimed at once for that
+-- caller, as claim_entry would (in flight under a new token until now + claim_ms),
+-- the claim kept in `claimed` for the reply (see `reply`).
 local function write_outbox(P, run, now)
   local url = type(run.plan) == 'table' and run.plan.callback_url or nil
   if type(url) ~= 'string' or url == '' then
@@ -530,10 +533,16 @@ local function write_outbox(P, run, now)
     output = str(run.output),
     node_id = str(run.node_id),
   })
+  local dtoken, in_flight, due = '0', '0', int(now)
+  if claim_ms then
+    -- A new entry's last token is 0: max(0 + 1, store time in µs).
+    dtoken, in_flight, due = int(store_now_us()), '1', int(now + claim_ms)
+    claimed = cmsgpack.pack({ run.schedule_id, run.job_id, url, body, int(now), dtoken })
+  end
   redis.call('HSET', P .. 'delivery:' .. run.schedule_id, 'job_id', run.job_id, 'url', url,
-    'body', body, 'created_at', int(now), 'attempts', '0', 'token', '0', 'in_flight', '0',
-    'due', int(now))
-  redis.call('ZADD', P .. 'outbox_due', int(now), run.schedule_id)
+    'body', body, 'created_at', int(now), 'attempts', '0', 'token', dtoken, 'in_flight', in_flight,
+    'due', due)
+  redis.call('ZADD', P .. 'outbox_due', due, run.schedule_id)
   run.callback_state = 'PENDING'
 end
 
@@ -652,11 +661,13 @@ local function retry_or_final(P, run, final_state, reason, now, delay)
   return finalize(P, run, final_state, reason, now, true)
 end
 
--- The reply of every transition: {applied, reason, run record, next_serial, then 5
--- fields (sid, node, token, reason, attempt) per revoked lease}; '' where absent. `rv` is one
--- revocation, a list of them, or nil.
+-- The reply of every transition: {applied, reason, run record, next_serial, the
+-- webhook claimed for the caller, then 5 fields (sid, node, token, reason, attempt) per
+-- revoked lease}; '' where absent. `rv` is one revocation, a list of them, or nil. A
+-- claimed webhook (`write_outbox`) is the MessagePack array {schedule_id, job_id, url,
+-- body, created_at, delivery token}.
 local function reply(applied, reason, json, rv, nxt)
-  local out = { applied, reason or '', json or '', nxt or '' }
+  local out = { applied, reason or '', json or '', nxt or '', claimed or '' }
   if rv and type(rv[1]) ~= 'table' then
     rv = { rv }
   end
@@ -809,10 +820,8 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
   return json, hint
 end
 
--- finish_run's decision (finish_run.lua) for the result of run `sid`: `by` is 'holder'
--- (`value` the token, `node` the holder's node) or 'waiting' (`value` the attempt);
--- `outcome_json` the outcome. Returns the transition's reply.
-local function finish(P, N, sid, by, value, outcome_json, node)
+-- finish's step (below), `claim_ms` set for it.
+local function finish_step(P, N, sid, by, value, outcome_json, node)
   local run
   if by == 'holder' then
     run = load_held(P, sid)
@@ -880,6 +889,18 @@ local function finish(P, N, sid, by, value, outcome_json, node)
     nxt = finalize(P, run, o.state, '', now, true)
   end
   return reply('yes', '', save_run(P, run), nil, nxt)
+end
+
+-- finish_run's decision (finish_run.lua) for the result of run `sid`: `by` is 'holder'
+-- (`value` the token, `node` the holder's node) or 'waiting' (`value` the attempt);
+-- `outcome_json` the outcome; `claim` ('' for none) the lease in ms under which the
+-- webhook the result makes due (the run's, or a shard's parent's) is claimed for the
+-- caller (`write_outbox`). Returns the transition's reply.
+local function finish(P, N, sid, by, value, outcome_json, node, claim)
+  claim_ms, claimed = tonumber(claim), nil
+  local out = finish_step(P, N, sid, by, value, outcome_json, node)
+  claim_ms, claimed = nil, nil
+  return out
 end
 
 -- append_logs's decision (append_logs.lua) for run `sid` reported by `node` with
