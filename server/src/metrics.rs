@@ -25,9 +25,11 @@
 //!   0 on Redis, which commits nothing itself.
 //! - `sundial_alerts_total{kind}`: every alert raised; the alerts module counts them
 //!   through [`Metrics::alert_raised`] (this module knows no alert kinds).
-//! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_circuit_open{destination}`:
+//! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_claims_total{by}`,
+//!   `sundial_webhook_circuit_open{destination}`:
 //!   reserved for the webhook delivery worker, which records them through
-//!   [`Metrics::webhook_attempt`] and [`Metrics::set_circuit`].
+//!   [`Metrics::webhook_attempt`], [`Metrics::webhook_claimed`] and
+//!   [`Metrics::set_circuit`].
 //!
 //! Known gaps: a broadcast run's shards are runs here (each counted when it becomes
 //! final), but the parent, made final in the same step as its last shard, is not
@@ -76,6 +78,7 @@ pub struct Metrics {
     executor_nodes: Family<Label, Gauge>,
     alerts: Family<Label, Counter>,
     webhook_attempts: Family<Label, Counter>,
+    webhook_claims: Family<Label, Counter>,
     webhook_circuit_open: Family<Label, Gauge>,
 }
 
@@ -173,6 +176,14 @@ impl Metrics {
             "Webhook delivery attempts, by outcome",
             webhook_attempts.clone(),
         );
+        let webhook_claims = Family::default();
+        registry.register(
+            "sundial_webhook_claims",
+            "Webhook deliveries this instance's worker took on, by how they were claimed: \
+             `result` (in the step that applied the run's result, on this instance's \
+             executor stream) or `sweep` (found due in the outbox)",
+            webhook_claims.clone(),
+        );
         let webhook_circuit_open = Family::default();
         registry.register(
             "sundial_webhook_circuit_open",
@@ -190,6 +201,9 @@ impl Metrics {
             RunState::Skipped,
         ] {
             let _ = runs_finished.get_or_create(&label("state", &state.to_string()));
+        }
+        for by in ["result", "sweep"] {
+            let _ = webhook_claims.get_or_create(&label("by", by));
         }
         for policy in [
             MisfirePolicy::FireOnce,
@@ -215,6 +229,7 @@ impl Metrics {
             executor_nodes,
             alerts,
             webhook_attempts,
+            webhook_claims,
             webhook_circuit_open,
         }
     }
@@ -323,6 +338,14 @@ impl Metrics {
         self.webhook_attempts
             .get_or_create(&label("outcome", outcome))
             .inc();
+    }
+
+    /// The webhook worker took on `n` claimed deliveries, claimed `by` `result` (in the
+    /// step that applied their results) or `sweep`.
+    pub fn webhook_claimed(&self, by: &str, n: usize) {
+        self.webhook_claims
+            .get_or_create(&label("by", by))
+            .inc_by(n as u64);
     }
 
     /// The circuit breaker of `destination` (a host, never a full URL with secrets)

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use sundial_proto::v1 as pb;
 use sundial_proto::v1::node_service_client::NodeServiceClient;
 use sundial_sdk::webhook::Secret;
@@ -147,6 +147,29 @@ async fn sustained_load_runs_and_delivers_each_once(
         delivered.len(),
         expected.len(),
         delivered.difference(&expected).take(12).collect::<Vec<_>>()
+    );
+    // The results came in on this instance's executor streams, whose steps claim
+    // their webhooks for its worker: those go out without a sweep (a delivery the
+    // sweep found first, while the worker had no room, is counted `sweep`).
+    let metrics = reqwest::get(format!(
+        "http://{}/metrics",
+        server.http.context("no http address")?
+    ))
+    .await?
+    .text()
+    .await?;
+    let claimed = |by: &str| -> f64 {
+        let name = format!("sundial_webhook_claims_total{{by=\"{by}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&name)?.trim().parse().ok())
+            .unwrap_or(-1.0)
+    };
+    let (by_result, by_sweep) = (claimed("result"), claimed("sweep"));
+    ensure!(
+        by_result > 0.0 && by_sweep >= 0.0 && by_result + by_sweep >= expected.len() as f64,
+        "webhooks claimed by their results' steps {by_result}, by the sweep {by_sweep}, for {} runs",
+        expected.len()
     );
     let mut per_node = BTreeMap::<&str, usize>::new();
     for s in starts.values() {

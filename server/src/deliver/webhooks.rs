@@ -10,6 +10,14 @@
 //! (`finish_delivery`). A worker whose lease ran out may still finish its request, but
 //! its outcome is refused: the later claim owns the delivery.
 //!
+//! Most webhooks never wait for a sweep: the executor streams of an instance have the
+//! store claim the webhook a result makes due for their instance's worker in the step
+//! that applies the result (`Finish::claim_webhook`, while the worker has room for
+//! more claims: [`Deliveries::claim_lease_for`]) and hand the claims over
+//! ([`Deliveries::hand_over`]); from there a delivery goes as a swept one does. One
+//! handed over to an instance that stops or dies comes due again when its claim's
+//! lease ends. `sundial_webhook_claims_total{by}` counts both ways.
+//!
 //! Each attempt is signed afresh (`sundial_sdk::webhook::headers`: both header schemes,
 //! a new timestamp and nonce, `webhook-id` = the schedule_id, the same body bytes).
 //! 2xx is delivered; 410 Gone stops at once (CALLBACK_FAILED), and so does an egress
@@ -41,7 +49,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sundial_sdk::webhook::{self, Secret};
@@ -230,6 +238,9 @@ pub struct Deliveries {
     holders: (String, AtomicU64),
     /// How each job's webhooks go out.
     senders: Senders,
+    /// The worker's shutdown, once it runs: deliveries handed over by the executor
+    /// streams ([`Self::hand_over`]) stop with it.
+    running: OnceLock<CancellationToken>,
 }
 
 /// A store slot a delivery sends with (see `Deliveries::store_slot`).
@@ -303,6 +314,7 @@ impl Deliveries {
             client,
             tasks: TaskTracker::new(),
             claiming: Mutex::new(HashSet::new()),
+            running: OnceLock::new(),
         })
     }
 
@@ -314,6 +326,7 @@ impl Deliveries {
             warn!("no --webhook-secret: webhooks are sent unsigned");
         }
         info!(every = ?self.opts.every, schedule = ?self.opts.retry_schedule, "webhook delivery started");
+        let _ = self.running.set(shutdown.clone());
         let pacer = Pacer::new(
             self.store.outbox.partitions(),
             self.opts.every,
@@ -401,12 +414,72 @@ impl Deliveries {
                 return;
             }
         };
-        let senders = self.senders.for_claims(&claimed).await;
         let mut permits: HashMap<String, OwnedSemaphorePermit> = batch.into_iter().collect();
-        for d in claimed {
-            let Some(permit) = permits.remove(&d.schedule_id) else {
-                continue;
-            };
+        let claimed = claimed
+            .into_iter()
+            .filter_map(|d| {
+                let permit = permits.remove(&d.schedule_id)?;
+                Some((d, permit))
+            })
+            .collect::<Vec<_>>();
+        self.alerts
+            .metrics()
+            .webhook_claimed("sweep", claimed.len());
+        self.deliver_claimed(claimed, shutdown).await;
+    }
+
+    /// The claim lease under which an executor stream may have the store claim the
+    /// webhooks of `results` results for this worker (`Finish::claim_webhook`), so that
+    /// they go out at once, with no sweep and no claim call: while the worker runs and
+    /// has room for that many more claims; None otherwise (the sweep claims them).
+    pub fn claim_lease_for(&self, results: usize) -> Option<Duration> {
+        let running = self.running.get().is_some_and(|s| !s.is_cancelled());
+        (running && self.claims.available_permits() >= results).then_some(self.opts.claim_lease)
+    }
+
+    /// Delivers the webhooks the store claimed for this worker as it applied their
+    /// results (see [`Self::claim_lease_for`]), each holding a claim permit as a swept
+    /// one does. Before the worker runs or once it stops, nothing: the claims run out
+    /// and the deliveries come due again.
+    pub fn hand_over(self: &Arc<Self>, claimed: Vec<WebhookDelivery>) {
+        let Some(shutdown) = self.running.get().cloned() else {
+            return;
+        };
+        if claimed.is_empty() || shutdown.is_cancelled() {
+            return;
+        }
+        self.alerts
+            .metrics()
+            .webhook_claimed("result", claimed.len());
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            let mut batch = Vec::with_capacity(claimed.len());
+            for d in claimed {
+                // Room was asked for before the claims were made; a permit is waited
+                // for only when concurrent streams took it meanwhile.
+                let permit = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    p = this.claims.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                };
+                batch.push((d, permit));
+            }
+            this.deliver_claimed(batch, shutdown).await;
+        });
+    }
+
+    /// Has the senders of claimed deliveries (the jobs not kept read in one store
+    /// call) and sends each by a task of its own, holding its claim permit until done.
+    async fn deliver_claimed(
+        self: &Arc<Self>,
+        claimed: Vec<(WebhookDelivery, OwnedSemaphorePermit)>,
+        shutdown: CancellationToken,
+    ) {
+        let deliveries: Vec<WebhookDelivery> = claimed.iter().map(|(d, _)| d.clone()).collect();
+        let senders = self.senders.for_claims(&deliveries).await;
+        for (d, permit) in claimed {
             let sender = self.senders.of(&senders, &d.job_id);
             let span = info_span!(
                 "webhook",

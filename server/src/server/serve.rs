@@ -206,7 +206,8 @@ fn services(
         parts.router.clone(),
         loops_stop.clone(),
         parts.auth.clone(),
-    );
+    )
+    .with_webhooks(parts.deliveries.clone());
     let services = Services {
         jobs: Arc::new(JobApi::new(
             jobs.clone(),

@@ -48,6 +48,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use self::reports::{log_batch_of, result_of};
 use self::stretches::{Stretch, stretches};
 use crate::auth::Authenticator;
+use crate::deliver::webhooks::Deliveries;
 use crate::dispatch::health::{self, Health, HealthPolicy, ResultWindow};
 use crate::dispatch::links::{Links, Outgoing, StreamSender};
 use crate::dispatch::silence::Liveness;
@@ -166,6 +167,9 @@ pub struct Executors {
     shutdown: CancellationToken,
     /// Checks the executor token of each hello.
     auth: Arc<Authenticator>,
+    /// This instance's webhook worker: a stream's results have the store claim their
+    /// webhooks for it while it has room, and hand them over (`finish_many`).
+    webhooks: Option<Arc<Deliveries>>,
 }
 
 impl Executors {
@@ -184,7 +188,15 @@ impl Executors {
             router,
             shutdown,
             auth,
+            webhooks: None,
         }
+    }
+
+    /// The webhooks a stream's results make due are claimed for `deliveries` in the
+    /// step that applies them and handed to it, instead of waiting for its sweep.
+    pub fn with_webhooks(mut self, deliveries: Arc<Deliveries>) -> Self {
+        self.webhooks = Some(deliveries);
+        self
     }
 }
 
@@ -989,15 +1001,28 @@ impl Executors {
         }
         let mut reads = Vec::with_capacity(msgs.len());
         let mut finishes = Vec::with_capacity(msgs.len());
+        let claim = self
+            .webhooks
+            .as_ref()
+            .and_then(|w| w.claim_lease_for(msgs.len()));
         for m in msgs {
             let Some(Msg::Result(r)) = m.msg else {
                 return Err(Status::internal("finish_many: not a Result"));
             };
-            let (run, finish, ended_as, duration) = result_of(state, r)?;
+            let (run, mut finish, ended_as, duration) = result_of(state, r)?;
+            finish.claim_webhook = claim;
             reads.push((run, ended_as, duration));
             finishes.push(finish);
         }
-        let answers = self.store.runs.finish_runs(finishes).await?;
+        let mut answers = self.store.runs.finish_runs(finishes).await?;
+        if let Some(webhooks) = &self.webhooks {
+            webhooks.hand_over(
+                answers
+                    .iter_mut()
+                    .filter_map(|t| t.webhook.take())
+                    .collect(),
+            );
+        }
         let mut out = Vec::with_capacity(reads.len());
         for ((run, state_of_run, duration), t) in reads.into_iter().zip(answers) {
             let r = Reported::Finished {
