@@ -16,15 +16,16 @@
 //! ([`InFlight::busy_delay`]), so a long queue for one receiver comes back about as
 //! fast as it drains, not all at once again and again. The bound is the caller's
 //! (a job's limit), so deliveries under different bounds count apart. A destination
-//! with nothing in flight or waiting has no entry, so the map is as large as the set
-//! of destinations being posted to right now.
+//! with nothing in flight or waiting, and no store slot kept, has no entry, so the
+//! map is as large as the set of destinations being posted to right now.
 //!
 //! It also keeps the store slots of a destination this instance holds between two of
 //! its deliveries ([`Slot::keep`]): one admitted while nothing was counted on the
 //! destination's breaker and answered 2xx need not be settled, so the next delivery to
-//! the destination takes it without asking the store ([`Slot::kept`]); the last user
-//! of a destination gives them back ([`Slot::release`]), and so does a sweep of the
-//! ones left idle ([`InFlight::stale_idle`]). A delivery the store refused a slot (the
+//! the destination takes it without asking the store ([`Slot::kept`]); a sweep gives
+//! back the ones left idle ([`InFlight::stale_idle`]): soon once the destination has no
+//! delivery left here (the caller's linger, so that deliveries coming one at a time
+//! find the slot the last one kept), else after a longer idle time. A delivery the store refused a slot (the
 //! destination's window full across instances) waits for one of those kept slots
 //! ([`Slot::wait_kept`]) ahead of the deliveries that come after it: without that, the
 //! slots kept by finished deliveries went to the next ones to take a place here, and
@@ -103,8 +104,6 @@ pub struct Slot {
     permit: Option<OwnedSemaphorePermit>,
     /// When the delivery went out with it.
     sent: Option<Instant>,
-    /// Its user was counted off already (`release`).
-    released: bool,
 }
 
 impl InFlight {
@@ -155,7 +154,6 @@ impl InFlight {
             key,
             permit: None,
             sent: None,
-            released: false,
         };
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
@@ -202,11 +200,13 @@ impl InFlight {
         (start - now).clamp(min, max)
     }
 
-    /// Takes out the store slots kept idle for longer than `idle_for`, to be given
+    /// Takes out the store slots kept idle for longer than `idle_for`, or for longer
+    /// than `unused_for` where no delivery to their destination is left, to be given
     /// back: (destination, holder).
-    pub fn stale_idle(&self, idle_for: Duration) -> Vec<(String, String)> {
+    pub fn stale_idle(&self, idle_for: Duration, unused_for: Duration) -> Vec<(String, String)> {
         let mut stale = Vec::new();
         self.destinations().retain(|(dest, _), d| {
+            let idle_for = if d.users == 0 { unused_for } else { idle_for };
             d.idle.retain(|k| {
                 let keep = k.idle_since.elapsed() < idle_for;
                 if !keep {
@@ -321,23 +321,6 @@ impl Slot {
         }
     }
 
-    /// Gives this slot back; when it was the destination's last user, the store slots
-    /// kept for it come back to be given back to the store (holders).
-    pub fn release(mut self) -> Vec<String> {
-        self.released = true;
-        let mut destinations = self.owner.destinations();
-        let Some(d) = destinations.get_mut(&self.key) else {
-            return Vec::new();
-        };
-        Self::count_off(d, self.sent);
-        if d.users > 0 {
-            return Vec::new();
-        }
-        let idle = std::mem::take(&mut d.idle);
-        destinations.remove(&self.key);
-        idle.into_iter().map(|k| k.holder).collect()
-    }
-
     /// One user fewer; a sent delivery's hold counts toward the pace.
     fn count_off(d: &mut Destination, sent: Option<Instant>) {
         d.users = d.users.saturating_sub(1);
@@ -361,9 +344,6 @@ impl Drop for Refused<'_> {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if self.released {
-            return;
-        }
         // The permit goes back to its semaphore when the field drops, after this; a
         // semaphore no longer in the map then has no user left to wait on it. A
         // destination with store slots kept idle stays until they are given back
@@ -534,37 +514,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn kept_store_slots_go_to_the_next_delivery_and_back_with_the_last_user() {
+    async fn kept_store_slots_go_to_the_next_delivery_and_back_once_idle() {
         let slots = InFlight::new(4);
         let at = Instant::now();
+        let long = Duration::from_secs(60);
         let first = slots.take(A, 2, Duration::ZERO).await.expect("slot");
         assert_eq!(first.kept(), None, "nothing kept yet");
         let second = slots.take(A, 2, Duration::ZERO).await.expect("slot");
         first.keep(Kept::new("h1".into(), at));
-        assert!(first.release().is_empty(), "another user remains");
+        drop(first);
         let third = slots.take(A, 2, Duration::ZERO).await.expect("slot");
         let kept = third.kept().expect("the kept slot");
         assert_eq!((kept.holder.as_str(), kept.admitted), ("h1", at));
         third.keep(kept);
         drop(third);
-        assert_eq!(
-            second.release(),
-            vec!["h1".to_owned()],
-            "the last user gives them back"
-        );
-        assert!(slots.destinations().is_empty());
-        // Kept by a slot dropped without release: the sweep gives it back once idle.
-        let s = slots.take(A, 2, Duration::ZERO).await.expect("slot");
-        s.keep(Kept::new("h2".into(), at));
-        drop(s);
+        // While a delivery to the destination is under way, the kept slot goes back
+        // once idle for the longer time only.
+        std::thread::sleep(Duration::from_millis(20));
         assert!(
-            slots.stale_idle(Duration::from_secs(60)).is_empty(),
-            "not idle long"
+            slots.stale_idle(long, Duration::from_millis(10)).is_empty(),
+            "in use"
         );
+        drop(second);
+        // With none left, it stays for the next delivery while not idle long...
+        assert!(slots.stale_idle(long, long).is_empty(), "not idle long");
+        let fourth = slots.take(A, 2, Duration::ZERO).await.expect("slot");
+        let kept = fourth.kept().expect("kept across the gap");
+        fourth.keep(kept);
+        drop(fourth);
+        // ...and goes back once idle for the shorter time.
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(
-            slots.stale_idle(Duration::from_millis(10)),
-            vec![(A.to_owned(), "h2".to_owned())]
+            slots.stale_idle(long, Duration::from_millis(10)),
+            vec![(A.to_owned(), "h1".to_owned())]
         );
         assert!(slots.destinations().is_empty());
     }

@@ -42,10 +42,11 @@
 //! on the destination's breaker, whose delivery was answered 2xx, is not settled (that
 //! would only give it back): the instance keeps it for its next delivery to the
 //! destination, which sends without asking the store, for [`KEEP_FRESH`] after the
-//! store last admitted it (then it is asked for again under the same holder); the
-//! instance's last delivery to the destination gives the kept slots back, and so does
-//! a sweep of those idle for [`KEEP_FRESH`] (`InFlight`). So under load a slot turns
-//! over in the time of a POST rather than a POST and two store round trips.
+//! store last admitted it (then it is asked for again under the same holder); a sweep
+//! gives back those idle for [`KEEP_FRESH`], or for [`LINGER`] once the instance has
+//! no delivery left to the destination (`InFlight`). So under load a slot turns over
+//! in the time of a POST rather than a POST and two store round trips, also when the
+//! deliveries come one at a time as their results do.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -257,6 +258,13 @@ struct StoreSlot {
 /// one kept idle stays this instance's before it is given back.
 const KEEP_FRESH: Duration = Duration::from_secs(1);
 
+/// How long a store slot kept for a destination stays this instance's after its last
+/// delivery there ended: deliveries that come one at a time (handed over as their
+/// results come in) take it without asking the store, where giving it back at once made
+/// every other one ask (`admit_delivery`) and give back (`settle_deliveries`) again.
+/// Short beside the pause between two asks of a delivery refused a slot ([`ADMIT_ASK_GAP`]).
+const LINGER: Duration = Duration::from_millis(20);
+
 /// Requests one batched store call carries at most.
 const BATCH_MAX: usize = 256;
 
@@ -338,7 +346,7 @@ impl Deliveries {
         );
         self.tasks.close();
         self.tasks.wait().await;
-        self.give_back(self.in_flight.stale_idle(Duration::ZERO))
+        self.give_back(self.in_flight.stale_idle(Duration::ZERO, Duration::ZERO))
             .await;
         info!("webhook delivery stopped");
     }
@@ -588,7 +596,8 @@ impl Deliveries {
         // 2xx (settling would only give it back); else it is given back with the
         // breaker's count. Only then this instance's own slot goes (so the next of its
         // deliveries waiting for the destination never finds the store's count not yet
-        // lowered), and with the last one the store slots kept for the destination.
+        // lowered); the store slots kept for the destination stay for the next
+        // (`give_back_idle` gives them back when none comes).
         drop(in_flight);
         let answered = match &attempt {
             Attempt::Answered(status) => Some((200..300).contains(status) || *status == 410),
@@ -602,9 +611,7 @@ impl Deliveries {
         } else {
             self.settle(&dest, holder, answered, &terms).await;
         }
-        let idle = local.release();
-        self.give_back(idle.into_iter().map(|h| (dest.clone(), h)).collect())
-            .await;
+        drop(local);
         let outcome = self.outcome(&d, attempt, claimed_at, deadline);
         self.finish(&d, outcome).await;
     }
@@ -807,17 +814,19 @@ impl Deliveries {
         }
     }
 
-    /// Gives back, every [`KEEP_FRESH`] until `shutdown` and then all at once, the
-    /// store slots kept idle for that long.
+    /// Gives back, every half [`LINGER`] until `shutdown` and then all at once, the
+    /// store slots kept idle for [`KEEP_FRESH`], or for [`LINGER`] where this instance
+    /// has no delivery left to their destination.
     async fn give_back_idle(&self, shutdown: &CancellationToken) {
-        let mut tick = tokio::time::interval(KEEP_FRESH);
+        let mut tick = tokio::time::interval(LINGER / 2);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            self.give_back(self.in_flight.stale_idle(KEEP_FRESH)).await;
+            self.give_back(self.in_flight.stale_idle(KEEP_FRESH, LINGER))
+                .await;
         }
     }
 
@@ -1158,11 +1167,11 @@ mod tests {
     }
 
     /// A 2xx to a destination with nothing counted on its breaker keeps the store slot
-    /// while this instance has another delivery for the destination, and gives it back
-    /// with the last one, so the destination's window is whole again for every
-    /// instance.
+    /// while this instance has another delivery for the destination, and the sweep
+    /// gives it back once none is left (after the linger), so the destination's window
+    /// is whole again for every instance.
     #[tokio::test]
-    async fn a_kept_slot_goes_back_with_the_last_delivery_to_its_destination() {
+    async fn a_kept_slot_goes_back_once_its_destination_has_no_delivery_left() {
         let (url, dest) = answering_200().await;
         let (store, sid, _dir) = finished_run(&url).await;
         let w = with_options(
@@ -1183,6 +1192,7 @@ mod tests {
                     .expect("admit")
             }
         };
+        let long = Duration::from_secs(60);
         // Another delivery to the destination is under way on this instance.
         let other = w
             .in_flight
@@ -1194,18 +1204,24 @@ mod tests {
         // The delivered one's store slot is still this instance's: one of two free.
         assert_eq!(admit("x").await, Admission::Go);
         assert_eq!(admit("y").await, Admission::Full { window: 2 }, "one kept");
-        // The last user gives the kept slot back.
-        let kept = other.release();
+        assert!(
+            w.in_flight.stale_idle(long, Duration::ZERO).is_empty(),
+            "kept while a delivery to the destination is under way"
+        );
+        // None left: the sweep gives it back once it lingered.
+        drop(other);
+        assert!(w.in_flight.stale_idle(long, long).is_empty(), "lingering");
+        let kept = w.in_flight.stale_idle(long, Duration::ZERO);
         assert_eq!(kept.len(), 1, "{kept:?}");
-        w.give_back(kept.into_iter().map(|h| (dest.clone(), h)).collect())
-            .await;
+        w.give_back(kept).await;
         assert_eq!(admit("y").await, Admission::Go, "the window is whole again");
     }
 
-    /// With no other delivery to its destination, a delivered one gives its slot back
-    /// at once.
+    /// With no other delivery to its destination, a delivered one keeps its slot for
+    /// the linger only (for a next delivery that comes right after it), then the
+    /// worker's sweep gives it back.
     #[tokio::test]
-    async fn a_lone_delivery_gives_its_slot_back() {
+    async fn a_lone_delivery_keeps_its_slot_for_the_linger_only() {
         let (url, dest) = answering_200().await;
         let (store, sid, _dir) = finished_run(&url).await;
         let w = with_options(
@@ -1218,15 +1234,25 @@ mod tests {
         );
         let r = one_attempt(&store, &w, &sid).await;
         assert_eq!(r.callback_state, CallbackState::Done);
-        assert_eq!(
+        let another = || async {
             store
                 .admit_delivery(&dest, "another-instance", &window(1))
                 .await
-                .expect("admit"),
-            Admission::Go
+                .expect("admit")
+        };
+        assert_eq!(
+            another().await,
+            Admission::Full { window: 1 },
+            "kept for a next delivery"
         );
+        tokio::time::sleep(LINGER).await;
+        w.give_back(w.in_flight.stale_idle(KEEP_FRESH, LINGER))
+            .await;
+        assert_eq!(another().await, Admission::Go);
         assert!(
-            w.in_flight.stale_idle(Duration::ZERO).is_empty(),
+            w.in_flight
+                .stale_idle(Duration::ZERO, Duration::ZERO)
+                .is_empty(),
             "nothing kept"
         );
     }
