@@ -1,7 +1,8 @@
 //! Webhooks end to end: real Redis, real `sundial` processes, and a real HTTP receiver
 //! in this process that records every delivery it gets (headers and exact body bytes)
 //! and answers from a script. Runs finish through HTTP targets (the server calls a
-//! target on this process too), so no executor is needed.
+//! target on this process too), so no executor is needed; one finishes over a raw
+//! executor stream, whose result claims its webhook in the step that applies it.
 //!
 //! Loopback is outside the webhook egress policy, so every server here allow-lists it
 //! (`--webhook-allow 127.0.0.1/32`) and retries on a millisecond schedule.
@@ -19,7 +20,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use serde_json::Value;
 use sundial_proto::v1 as pb;
+use sundial_proto::v1::executor_message::Msg;
 use sundial_sdk::webhook::{MemoryNonceCache, Secret, Verifier};
+use sundial_tests::raw::Exec;
 use sundial_tests::{RedisServer, Sundial, SundialOptions, wait_for};
 use tokio_util::sync::CancellationToken;
 
@@ -494,6 +497,71 @@ async fn a_run_finished_right_before_a_crash_is_delivered_after_the_restart() ->
         "{run:?}"
     );
     ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
+    let hits = receiver.hits_for(&sid);
+    ensure!(
+        !hits.is_empty() && hits.iter().all(|h| h.answered == 200),
+        "{hits:?}"
+    );
+    verifier(&secret).verify(&hits[0].headers, &hits[0].body)?;
+    Ok(())
+}
+
+/// A result from an executor stream claims its webhook for its own instance in the
+/// step that applies it. That instance dies right after the step, before it could
+/// deliver the webhook or record anything: the claim runs out with its lease (1 s
+/// here) and the restarted instance's sweep delivers it, signed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_its_result_claimed_on_an_instance_that_dies_is_delivered_after_the_lease()
+-> Result<()> {
+    let redis = RedisServer::start()?;
+    let receiver = Receiver::start(&[], 200).await?;
+    let secret = Secret::generate();
+    let opts = || options(&redis, std::slice::from_ref(&secret)).arg("webhook-claim-lease", "1s");
+    let mut crashing = Sundial::start(opts().fault("run.after_finish@1"))?;
+    crashing
+        .jobs()
+        .await?
+        .create_job(pb::CreateJobRequest {
+            spec: Some(pb::JobSpec {
+                callback_url: receiver.url(),
+                ..sundial_tests::manual_job("claimed", "work")
+            }),
+        })
+        .await?;
+    let mut e = Exec::connect(crashing.channel().await?, "n1", &["work"]).await?;
+    let sid = crashing.trigger("claimed").await?;
+    let run = e.dispatch().await?.run.context("run ref")?;
+    e.send(Msg::Started(pb::Started {
+        run: Some(run.clone()),
+    }))
+    .await?;
+    wait_for("the run to start", Duration::from_secs(15), || async {
+        let r = crashing.run(&sid).await?;
+        Ok((r.state == pb::RunState::Running as i32).then_some(()))
+    })
+    .await?;
+    e.send(Msg::Result(pb::Result {
+        run: Some(run),
+        status: pb::ResultStatus::Succeeded as i32,
+        ..Default::default()
+    }))
+    .await?;
+    let status = crashing.wait_exit(Duration::from_secs(20)).await?;
+    ensure!(!status.success(), "crash point exit was {status}");
+    ensure!(
+        crashing
+            .stderr()
+            .contains("SUNDIAL_FAULT: crashing at run.after_finish"),
+        "the instance died, but not at its crash point"
+    );
+
+    let restarted = Sundial::start(opts())?;
+    let run = callback_settled(&restarted, &sid, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Done as i32
+            && run.state == pb::RunState::Succeeded as i32,
+        "{run:?}"
+    );
     let hits = receiver.hits_for(&sid);
     ensure!(
         !hits.is_empty() && hits.iter().all(|h| h.answered == 200),
