@@ -469,6 +469,42 @@ async fn a_slow_receiver_and_two_workers_record_one_outcome_per_claim() -> Resul
     Ok(())
 }
 
+/// Waits for an instance armed with `run.after_finish@1` to die at that point.
+async fn died_after_finish(crashing: &mut Sundial) -> Result<()> {
+    let status = crashing.wait_exit(Duration::from_secs(20)).await?;
+    ensure!(!status.success(), "crash point exit was {status}");
+    ensure!(
+        crashing
+            .stderr()
+            .contains("SUNDIAL_FAULT: crashing at run.after_finish"),
+        "the instance died, but not at its crash point"
+    );
+    Ok(())
+}
+
+/// Waits for `sid` to be SUCCEEDED with its webhook DONE on `server`, every delivery of
+/// it answered 200 and signed with `secret`.
+async fn delivered(
+    server: &Sundial,
+    sid: &str,
+    receiver: &Receiver,
+    secret: &Secret,
+) -> Result<()> {
+    let run = callback_settled(server, sid, Duration::from_secs(20)).await?;
+    ensure!(
+        run.callback_state == pb::CallbackState::Done as i32
+            && run.state == pb::RunState::Succeeded as i32,
+        "{run:?}"
+    );
+    let hits = receiver.hits_for(sid);
+    ensure!(
+        !hits.is_empty() && hits.iter().all(|h| h.answered == 200),
+        "{hits:?}"
+    );
+    verifier(secret).verify(&hits[0].headers, &hits[0].body)?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_finished_right_before_a_crash_is_delivered_after_the_restart() -> Result<()> {
     let redis = RedisServer::start()?;
@@ -481,29 +517,10 @@ async fn a_run_finished_right_before_a_crash_is_delivered_after_the_restart() ->
         Sundial::start(options(&redis, std::slice::from_ref(&secret)).fault("run.after_finish@1"))?;
     create_job(&crashing, "crash", &target, &receiver.url()).await?;
     let sid = crashing.trigger("crash").await?;
-    let status = crashing.wait_exit(Duration::from_secs(20)).await?;
-    ensure!(!status.success(), "crash point exit was {status}");
-    ensure!(
-        crashing
-            .stderr()
-            .contains("SUNDIAL_FAULT: crashing at run.after_finish"),
-        "the instance died, but not at its crash point"
-    );
+    died_after_finish(&mut crashing).await?;
 
     let restarted = Sundial::start(options(&redis, std::slice::from_ref(&secret)))?;
-    let run = callback_settled(&restarted, &sid, Duration::from_secs(20)).await?;
-    ensure!(
-        run.callback_state == pb::CallbackState::Done as i32,
-        "{run:?}"
-    );
-    ensure!(run.state == pb::RunState::Succeeded as i32, "{run:?}");
-    let hits = receiver.hits_for(&sid);
-    ensure!(
-        !hits.is_empty() && hits.iter().all(|h| h.answered == 200),
-        "{hits:?}"
-    );
-    verifier(&secret).verify(&hits[0].headers, &hits[0].body)?;
-    Ok(())
+    delivered(&restarted, &sid, &receiver, &secret).await
 }
 
 /// A result from an executor stream claims its webhook for its own instance in the
@@ -546,29 +563,10 @@ async fn a_webhook_its_result_claimed_on_an_instance_that_dies_is_delivered_afte
         ..Default::default()
     }))
     .await?;
-    let status = crashing.wait_exit(Duration::from_secs(20)).await?;
-    ensure!(!status.success(), "crash point exit was {status}");
-    ensure!(
-        crashing
-            .stderr()
-            .contains("SUNDIAL_FAULT: crashing at run.after_finish"),
-        "the instance died, but not at its crash point"
-    );
+    died_after_finish(&mut crashing).await?;
 
     let restarted = Sundial::start(opts())?;
-    let run = callback_settled(&restarted, &sid, Duration::from_secs(20)).await?;
-    ensure!(
-        run.callback_state == pb::CallbackState::Done as i32
-            && run.state == pb::RunState::Succeeded as i32,
-        "{run:?}"
-    );
-    let hits = receiver.hits_for(&sid);
-    ensure!(
-        !hits.is_empty() && hits.iter().all(|h| h.answered == 200),
-        "{hits:?}"
-    );
-    verifier(&secret).verify(&hits[0].headers, &hits[0].body)?;
-    Ok(())
+    delivered(&restarted, &sid, &receiver, &secret).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,14 +23,14 @@
 //! its deliveries ([`Slot::keep`]): one admitted while nothing was counted on the
 //! destination's breaker and answered 2xx need not be settled, so the next delivery to
 //! the destination takes it without asking the store ([`Slot::kept`]); a sweep gives
-//! back the ones left idle ([`InFlight::stale_idle`]): soon once the destination has no
-//! delivery left here (the caller's linger, so that deliveries coming one at a time
-//! find the slot the last one kept), else after a longer idle time. A delivery the store refused a slot (the
-//! destination's window full across instances) waits for one of those kept slots
-//! ([`Slot::wait_kept`]) ahead of the deliveries that come after it: without that, the
-//! slots kept by finished deliveries went to the next ones to take a place here, and
-//! the refused ones, asking the store again and again, found its window full until
-//! their claim ran out.
+//! back the ones left idle ([`InFlight::stale_idle`]): soon once the destination has
+//! no delivery left here (the caller's linger, so that deliveries coming one at a time
+//! find the slot the last one kept), else after a longer idle time. A delivery the
+//! store refused a slot (the destination's window full across instances) waits for one
+//! of those kept slots ([`Slot::wait_kept`]) ahead of the deliveries that come after
+//! it: without that, the slots kept by finished deliveries went to the next ones to
+//! take a place here, and the refused ones, asking the store again and again, found
+//! its window full until their claim ran out.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -29,6 +29,14 @@ async fn claim(store: &Arc<dyn Store>, sid: &str, lease_ms: u64) -> WebhookDeliv
         .unwrap_or_else(|| panic!("{sid}: expected a due delivery"))
 }
 
+/// `finish_delivery` of a 2xx under `token`.
+async fn delivered_200(store: &Arc<dyn Store>, sid: &str, token: u64) -> Applied {
+    store
+        .finish_delivery(sid, token, DeliveryOutcome::Delivered { status: 200 })
+        .await
+        .expect("finish")
+}
+
 fn body_of(d: &WebhookDelivery) -> serde_json::Value {
     serde_json::from_str(&d.body).expect("the body is JSON")
 }
@@ -584,14 +592,7 @@ pub async fn claim_deliveries_batch(store: Arc<dyn Store>) {
             None
         );
         assert_eq!(
-            store
-                .finish_delivery(
-                    &d.schedule_id,
-                    d.token,
-                    DeliveryOutcome::Delivered { status: 200 }
-                )
-                .await
-                .expect("finish"),
+            delivered_200(&store, &d.schedule_id, d.token).await,
             Applied::Yes
         );
     }
@@ -691,25 +692,11 @@ pub async fn a_result_claims_its_webhook_for_its_caller(store: Arc<dyn Store>) {
     // The claim's token records the outcome, as any claim's does.
     let w = t[0].webhook.clone().expect("claimed");
     assert_eq!(
-        store
-            .finish_delivery(
-                &w.schedule_id,
-                w.token + 1,
-                DeliveryOutcome::Delivered { status: 200 }
-            )
-            .await
-            .expect("finish"),
+        delivered_200(&store, &w.schedule_id, w.token + 1).await,
         Applied::No("stale delivery token".to_owned())
     );
     assert_eq!(
-        store
-            .finish_delivery(
-                &w.schedule_id,
-                w.token,
-                DeliveryOutcome::Delivered { status: 200 }
-            )
-            .await
-            .expect("finish"),
+        delivered_200(&store, &w.schedule_id, w.token).await,
         Applied::Yes
     );
     let delivered = get(&store, &a.schedule_id).await;
