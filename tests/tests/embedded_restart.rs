@@ -435,15 +435,7 @@ async fn a_kill_under_a_burst_loses_no_run_and_starts_none_twice() -> Result<()>
             let mut api = runs_api.clone();
             async move {
                 let runs = all_runs(&mut api, id).await?;
-                let open = runs.len() == 1
-                    && !matches!(
-                        pb::RunState::try_from(runs[0].state),
-                        Ok(pb::RunState::Succeeded
-                            | pb::RunState::Failed
-                            | pb::RunState::TimedOut
-                            | pb::RunState::Cancelled
-                            | pb::RunState::Skipped)
-                    );
+                let open = runs.len() == 1 && !sundial_tests::is_final(&runs[0]);
                 Ok((!open).then_some(runs))
             }
         })

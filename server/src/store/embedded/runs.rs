@@ -257,10 +257,24 @@ impl RunStore for EmbeddedStore {
                 Ok((out, written))
             })
             .await?;
+        // One claim call per lease asked for (a stream asks for one): each reads its
+        // entries in one read transaction.
+        let mut by_lease: HashMap<Duration, Vec<(usize, String)>> = HashMap::new();
         for (i, sid, lease) in written {
+            by_lease.entry(lease).or_default().push((i, sid));
+        }
+        for (lease, asked) in by_lease {
+            let sids: Vec<String> = asked.iter().map(|(_, sid)| sid.clone()).collect();
             // Not claimed (the sweep was first, or the read failed): the sweep delivers it.
-            if let Ok(mut claimed) = self.claim_deliveries(&[sid], lease).await {
-                out[i].webhook = claimed.pop();
+            let Ok(claimed) = self.claim_deliveries(&sids, lease).await else {
+                continue;
+            };
+            let mut claimed: HashMap<String, WebhookDelivery> = claimed
+                .into_iter()
+                .map(|d| (d.schedule_id.clone(), d))
+                .collect();
+            for (i, sid) in asked {
+                out[i].webhook = claimed.remove(&sid);
             }
         }
         Ok(out)
