@@ -22,7 +22,11 @@
 //!   instance reports the same node figures; take one instance's, or `max`).
 //! - `sundial_store_commits_total`: the embedded store's write transactions committed
 //!   (each one fsync, shared by the decisions of its batch), read at scrape time;
-//!   0 on Redis, which commits nothing itself.
+//!   0 on Redis, which commits nothing itself. Beside it, read the same way:
+//!   `sundial_store_commit_steps_total` (the writes those commits applied),
+//!   `sundial_store_applying_seconds_total` and `sundial_store_committing_seconds_total`
+//!   (the writer's time applying them, and committing: writing the changed pages and
+//!   the fsync).
 //! - `sundial_alerts_total{kind}`: every alert raised; the alerts module counts them
 //!   through [`Metrics::alert_raised`] (this module knows no alert kinds).
 //! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_claims_total{by}`,
@@ -43,9 +47,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{MisfirePolicy, RunRecord, RunState};
-use crate::store::{Applied, Begun, Transition};
+use crate::store::{Applied, Begun, CommitStats, Transition};
 
 /// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text format.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -72,14 +77,65 @@ pub struct Metrics {
     misfires: Family<Label, Counter>,
     late_fires: Counter,
     executors_connected: Gauge,
-    store_commits: Counter,
-    /// The store's commit count the counter has been brought up to.
-    store_commits_seen: std::sync::atomic::AtomicU64,
+    store_commits: Scraped<Counter>,
+    store_commit_steps: Scraped<Counter>,
+    store_applying: Scraped<Counter<f64, AtomicU64>>,
+    store_committing: Scraped<Counter<f64, AtomicU64>>,
     executor_nodes: Family<Label, Gauge>,
     alerts: Family<Label, Counter>,
     webhook_attempts: Family<Label, Counter>,
     webhook_claims: Family<Label, Counter>,
     webhook_circuit_open: Family<Label, Gauge>,
+}
+
+/// A counter whose total is kept elsewhere (the store) and read at scrape time: it is
+/// brought up to each total read, never counted twice by two scrapes at once.
+struct Scraped<C> {
+    counter: C,
+    /// The total (in the source's units) the counter has been brought up to.
+    seen: AtomicU64,
+}
+
+impl<C: ScrapedCounter + Clone + std::fmt::Debug + Send + Sync + 'static> Scraped<C>
+where
+    C: prometheus_client::encoding::EncodeMetric,
+{
+    fn register(registry: &mut Registry, name: &str, help: &str) -> Self {
+        let counter = C::default();
+        registry.register(name, help, counter.clone());
+        Self {
+            counter,
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    /// Brings the counter up to `total` (in the source's units).
+    fn bring_to(&self, total: u64) {
+        let seen = self.seen.fetch_max(total, Ordering::Relaxed);
+        if total > seen {
+            self.counter.add(total - seen);
+        }
+    }
+}
+
+/// A counter `Scraped` can bring up to a total: whole counts, or seconds from a total
+/// in µs.
+trait ScrapedCounter: Default {
+    fn add(&self, units: u64);
+}
+
+impl ScrapedCounter for Counter {
+    fn add(&self, units: u64) {
+        self.inc_by(units);
+    }
+}
+
+impl ScrapedCounter for Counter<f64, AtomicU64> {
+    fn add(&self, micros: u64) {
+        // Exact below 2^53 µs (285 years of writer time).
+        #[allow(clippy::cast_precision_loss)]
+        self.inc_by(micros as f64 / 1e6);
+    }
 }
 
 impl Default for Metrics {
@@ -146,11 +202,25 @@ impl Metrics {
             "Runs queued for fires later than the misfire threshold (FIRE_ONCE, CATCH_UP)",
             late_fires.clone(),
         );
-        let store_commits = Counter::default();
-        registry.register(
+        let store_commits = Scraped::register(
+            &mut registry,
             "sundial_store_commits",
             "Write transactions the embedded store committed (one fsync each, shared by the writes of its batch)",
-            store_commits.clone(),
+        );
+        let store_commit_steps = Scraped::register(
+            &mut registry,
+            "sundial_store_commit_steps",
+            "Writes the embedded store's commits applied (many per commit under load)",
+        );
+        let store_applying = Scraped::register(
+            &mut registry,
+            "sundial_store_applying_seconds",
+            "Time the embedded store's writer spent applying writes",
+        );
+        let store_committing = Scraped::register(
+            &mut registry,
+            "sundial_store_committing_seconds",
+            "Time the embedded store's writer spent committing (writing the changed pages, the fsync)",
         );
         let executors_connected = Gauge::default();
         registry.register(
@@ -225,7 +295,9 @@ impl Metrics {
             late_fires,
             executors_connected,
             store_commits,
-            store_commits_seen: std::sync::atomic::AtomicU64::new(0),
+            store_commit_steps,
+            store_applying,
+            store_committing,
             executor_nodes,
             alerts,
             webhook_attempts,
@@ -362,15 +434,13 @@ impl Metrics {
             .set(i64::try_from(connected).unwrap_or(i64::MAX));
     }
 
-    /// The store's commits so far (a counter read at scrape time).
-    pub fn set_store_commits(&self, commits: u64) {
-        // Two scrapes at once must not both add the same commits.
-        let seen = self
-            .store_commits_seen
-            .fetch_max(commits, std::sync::atomic::Ordering::Relaxed);
-        if commits > seen {
-            self.store_commits.inc_by(commits - seen);
-        }
+    /// What the store has committed so far (counters read at scrape time).
+    pub fn set_commit_stats(&self, stats: &CommitStats) {
+        let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.store_commits.bring_to(stats.commits);
+        self.store_commit_steps.bring_to(stats.steps);
+        self.store_applying.bring_to(us(stats.applying));
+        self.store_committing.bring_to(us(stats.committing));
     }
 
     /// The registry's nodes by health name (a scrape-time gauge): every name listed
@@ -401,6 +471,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::model::{RunState, TriggerKind};
     use crate::store::Revocation;
+    use std::time::Duration;
 
     pub(crate) fn run(state: RunState, reason: &str) -> RunRecord {
         let trigger = crate::model::Trigger {
@@ -435,6 +506,44 @@ pub(crate) mod tests {
         text.lines()
             .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
             .and_then(|v| v.trim().parse().ok())
+    }
+
+    #[test]
+    fn the_store_commit_totals_follow_the_store_and_never_count_twice() {
+        let m = Metrics::new();
+        let mut stats = CommitStats {
+            commits: 4,
+            steps: 90,
+            applying: Duration::from_micros(2_500),
+            committing: Duration::from_micros(1_500_000),
+        };
+        m.set_commit_stats(&stats);
+        // A second scrape of the same totals (or an older reading) adds nothing.
+        m.set_commit_stats(&stats);
+        m.set_commit_stats(&CommitStats::default());
+        let text = m.render();
+        assert_eq!(sample(&text, "sundial_store_commits_total"), Some(4.0));
+        assert_eq!(
+            sample(&text, "sundial_store_commit_steps_total"),
+            Some(90.0)
+        );
+        assert_eq!(
+            sample(&text, "sundial_store_applying_seconds_total"),
+            Some(0.0025)
+        );
+        assert_eq!(
+            sample(&text, "sundial_store_committing_seconds_total"),
+            Some(1.5)
+        );
+        stats.commits = 6;
+        stats.committing = Duration::from_micros(2_000_000);
+        m.set_commit_stats(&stats);
+        let text = m.render();
+        assert_eq!(sample(&text, "sundial_store_commits_total"), Some(6.0));
+        assert_eq!(
+            sample(&text, "sundial_store_committing_seconds_total"),
+            Some(2.0)
+        );
     }
 
     #[test]

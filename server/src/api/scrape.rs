@@ -23,8 +23,8 @@ impl Scrape {
     /// the node gauges as they were.
     pub async fn render(&self) -> String {
         self.metrics.set_executors_connected(self.links.attached());
-        if let Some(commits) = self.store.commits() {
-            self.metrics.set_store_commits(commits);
+        if let Some(stats) = self.store.commit_stats() {
+            self.metrics.set_commit_stats(&stats);
         }
         match self.store.list_nodes(None).await {
             Ok(nodes) => {

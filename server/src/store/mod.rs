@@ -152,6 +152,19 @@ impl Default for StoreOptions {
     }
 }
 
+/// What a store that commits its own write transactions (the embedded store) has
+/// committed so far: the commits (one fsync each), the steps they applied (one per
+/// write call, many per commit under load), and the time its writer spent applying
+/// them and committing them (the commit is mostly the disk: writing the pages the
+/// steps changed, then the fsync).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommitStats {
+    pub commits: u64,
+    pub steps: u64,
+    pub applying: Duration,
+    pub committing: Duration,
+}
+
 /// A page of results and the cursor for the next one (None when done).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Page<T> {
@@ -189,8 +202,9 @@ pub trait StoreMeta: Send + Sync + 'static {
     async fn now(&self) -> Result<Millis>;
 
     /// Write transactions committed so far, where the backend commits them itself (the
-    /// embedded store: one fsync each); None where it does not (Redis).
-    fn commits(&self) -> Option<u64> {
+    /// embedded store: one fsync each), with the steps they applied and the time spent
+    /// applying and committing; None where it does not (Redis).
+    fn commit_stats(&self) -> Option<CommitStats> {
         None
     }
 

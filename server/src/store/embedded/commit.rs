@@ -28,13 +28,14 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use redb::{Table, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::run_tables::RunTables;
 use super::{Ctx, Inner, JOBS, TRIGGERS, now_us};
-use crate::store::{Error, Result};
+use crate::store::{CommitStats, Error, Result};
 
 /// At most this many steps share one transaction, so a commit never waits on an
 /// endless stream of newcomers.
@@ -111,28 +112,51 @@ struct Job {
     answer: oneshot::Sender<Result<Outcome>>,
 }
 
+/// What the writer has done so far, counted as it goes (see [`CommitStats`]).
+#[derive(Default)]
+struct Counters {
+    commits: AtomicU64,
+    steps: AtomicU64,
+    applying_us: AtomicU64,
+    committing_us: AtomicU64,
+}
+
+impl Counters {
+    /// One batch committed: `steps` applied in `applying`, committed in `committing`.
+    fn committed(&self, steps: usize, applying: Duration, committing: Duration) {
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.steps
+            .fetch_add(u64::try_from(steps).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.applying_us.fetch_add(us(applying), Ordering::Relaxed);
+        self.committing_us
+            .fetch_add(us(committing), Ordering::Relaxed);
+        // Last, so a reader that sees the commit sees its steps and times too.
+        self.commits.fetch_add(1, Ordering::Release);
+    }
+}
+
 /// The writer thread and the channel to it. Dropping it lets the thread finish the
 /// batch in hand and waits for it, so the file is closed when the store is.
 pub struct Writer {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
-    /// Commits made, for the benchmark's commits-per-run figure.
-    commits: Arc<AtomicU64>,
+    /// Commits made, with their steps and times (the metrics' and benchmarks' figures).
+    counters: Arc<Counters>,
 }
 
 impl Writer {
     /// Starts the writer thread over `inner`'s file.
     pub fn start(inner: Arc<Inner>) -> std::io::Result<Writer> {
         let (jobs, queue) = mpsc::channel();
-        let commits = Arc::new(AtomicU64::new(0));
-        let counted = Arc::clone(&commits);
+        let counters = Arc::new(Counters::default());
+        let counted = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("sundial-embedded-writer".into())
             .spawn(move || run(&inner, &queue, &counted))?;
         Ok(Writer {
             jobs: Some(jobs),
             thread: Some(thread),
-            commits,
+            counters,
         })
     }
 
@@ -161,9 +185,16 @@ impl Writer {
             .map_err(|_| Error::Corrupt("the writer answered with another type".into()))
     }
 
-    /// Commits made so far.
-    pub fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+    /// Commits made so far, with the steps they applied and the time spent on each part.
+    pub fn stats(&self) -> CommitStats {
+        let c = &self.counters;
+        let commits = c.commits.load(Ordering::Acquire);
+        CommitStats {
+            commits,
+            steps: c.steps.load(Ordering::Relaxed),
+            applying: Duration::from_micros(c.applying_us.load(Ordering::Relaxed)),
+            committing: Duration::from_micros(c.committing_us.load(Ordering::Relaxed)),
+        }
     }
 }
 
@@ -178,8 +209,9 @@ impl Drop for Writer {
 }
 
 /// The writer's loop: a batch per turn, until the channel closes.
-fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, commits: &AtomicU64) {
+fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, counters: &Counters) {
     while let Ok(first) = queue.recv() {
+        let started = Instant::now();
         let txn = match inner.db.begin_write().ctx("begin write transaction") {
             Ok(txn) => txn,
             Err(e) => {
@@ -218,9 +250,10 @@ fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, commits: &AtomicU64) {
             continue;
         }
         crate::fault::crash_point("embedded.before_commit");
+        let applied_at = Instant::now();
         match txn.commit().ctx("commit") {
             Ok(()) => {
-                commits.fetch_add(1, Ordering::Relaxed);
+                counters.committed(applied.len(), applied_at - started, applied_at.elapsed());
                 crate::fault::crash_point("embedded.after_commit");
                 for (answer, outcome) in applied {
                     let _ = answer.send(Ok(outcome));

@@ -115,12 +115,12 @@ use tokio::sync::{Notify, watch};
 
 use super::{
     Admission, AppStore, Applied, Assigned, AuditEvent, AuditLog, Begun, BreakerState,
-    BreakerUpdate, ClaimOutcome, ClaimResult, CleanAdmission, Delivery, DeliveryOutcome,
-    DeliveryResult, DeliveryTerms, DueBatch, DueFire, Enqueued, Error, FannedOut, Finisher,
-    FireClaim, Held, Holder, Inboxes, JobStore, JobWrite, LOG_LINE_COST, LeaseTerms, LogLine,
-    NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded, Registered,
-    Result, Revocation, RunQuery, RunStore, StoreMeta, StoreOptions, Transition, TriggerQueue,
-    UNKNOWN_RUN, WebhookDelivery, partition_of,
+    BreakerUpdate, ClaimOutcome, ClaimResult, CleanAdmission, CommitStats, Delivery,
+    DeliveryOutcome, DeliveryResult, DeliveryTerms, DueBatch, DueFire, Enqueued, Error, FannedOut,
+    Finisher, FireClaim, Held, Holder, Inboxes, JobStore, JobWrite, LOG_LINE_COST, LeaseTerms,
+    LogLine, NodeRecord, NodeRegistry, NodeRemoved, NodeSlot, Outbox, Outcome, Page, Recorded,
+    Registered, Result, Revocation, RunQuery, RunStore, StoreMeta, StoreOptions, Transition,
+    TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,
@@ -315,8 +315,8 @@ impl StoreMeta for EmbeddedStore {
         Ok(now_ms())
     }
 
-    fn commits(&self) -> Option<u64> {
-        Some(self.writer.commits())
+    fn commit_stats(&self) -> Option<CommitStats> {
+        Some(self.writer.stats())
     }
 
     async fn check_indexes(&self) -> Result<()> {

@@ -513,7 +513,7 @@ async fn writes_waiting_share_one_commit() {
     let store = Arc::new(
         EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open"),
     );
-    let before = store.writer.commits();
+    let before = store.writer.stats();
     const WRITERS: usize = 32;
     let (first_applying, applying) = tokio::sync::oneshot::channel();
     let slow = store.write(move |_, b| {
@@ -543,9 +543,15 @@ async fn writes_waiting_share_one_commit() {
     for r in rest {
         r.expect("write");
     }
-    let commits = store.writer.commits() - before;
+    let after = store.writer.stats();
+    let commits = after.commits - before.commits;
     println!("{WRITERS} writes made {commits} commits");
     assert!(commits <= 3, "{WRITERS} writes made {commits} commits");
+    // The writer's figures count every write it applied and the time it took: the
+    // first write's sleep is applying time.
+    assert_eq!(after.steps - before.steps, WRITERS as u64);
+    assert!(after.applying - before.applying >= Duration::from_millis(300));
+    assert!(after.committing > before.committing);
     let txn = store.inner.db.begin_read().expect("read");
     let meta = txn.open_table(META).expect("meta");
     for i in 0..WRITERS - 1 {
@@ -599,7 +605,7 @@ async fn steps_of_a_batch_share_their_tables() {
     let store = Arc::new(
         EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open"),
     );
-    let before = store.writer.commits();
+    let before = store.writer.stats().commits;
     let (first_applying, applying) = tokio::sync::oneshot::channel();
     let first = store.write(move |_, b| {
         let _ = first_applying.send(());
@@ -638,7 +644,7 @@ async fn steps_of_a_batch_share_their_tables() {
         "each step reads the clock when it begins"
     );
     assert_eq!(
-        store.writer.commits() - before,
+        store.writer.stats().commits - before,
         1,
         "the three steps share one batch"
     );
@@ -669,7 +675,7 @@ async fn a_healthy_destination_costs_its_breaker_no_commit() {
     let admit = |holder: &'static str| store.admit_delivery(dest, holder, &terms);
     let settle =
         |holder: &'static str, ok: bool| store.settle_delivery(dest, holder, Some(ok), &terms);
-    let before = store.writer.commits();
+    let before = store.writer.stats().commits;
     assert_eq!(admit("a").await.expect("admit"), Admission::Go);
     assert_eq!(
         admit("b").await.expect("admit"),
@@ -682,7 +688,7 @@ async fn a_healthy_destination_costs_its_breaker_no_commit() {
         (BreakerState::Closed, false)
     );
     assert_eq!(
-        store.writer.commits(),
+        store.writer.stats().commits,
         before,
         "no commit for a healthy destination"
     );
@@ -694,7 +700,7 @@ async fn a_healthy_destination_costs_its_breaker_no_commit() {
         (failed.state, failed.changed),
         (BreakerState::Closed, false)
     );
-    let after_failure = store.writer.commits();
+    let after_failure = store.writer.stats().commits;
     assert!(after_failure > before, "a failure is written");
     assert_eq!(admit("c").await.expect("admit"), Admission::Go);
     // The second failure opens it; a success closes it and (its ramp over at a limit
@@ -707,9 +713,13 @@ async fn a_healthy_destination_costs_its_breaker_no_commit() {
     ));
     let closed = settle("e", true).await.expect("success").expect("counted");
     assert_eq!((closed.state, closed.changed), (BreakerState::Closed, true));
-    let settled = store.writer.commits();
+    let settled = store.writer.stats().commits;
     assert_eq!(admit("f").await.expect("admit"), Admission::Go);
-    assert_eq!(store.writer.commits(), settled, "closed again: read only");
+    assert_eq!(
+        store.writer.stats().commits,
+        settled,
+        "closed again: read only"
+    );
 }
 
 /// A webhook claim is held in memory: it costs no commit, it is exclusive while its
@@ -740,13 +750,17 @@ async fn a_delivery_claim_is_held_in_memory() {
     let partition = partition_of("cl", store.partitions());
     let lease = Duration::from_secs(60);
 
-    let before = store.commits().expect("commits");
+    let before = store.commit_stats().expect("commit stats").commits;
     let d = store
         .claim_delivery(&sid, lease)
         .await
         .expect("claim")
         .expect("due");
-    assert_eq!(store.commits(), Some(before), "a claim is not committed");
+    assert_eq!(
+        store.commit_stats().map(|s| s.commits),
+        Some(before),
+        "a claim is not committed"
+    );
     assert_eq!(
         store.claim_delivery(&sid, lease).await.expect("claim"),
         None

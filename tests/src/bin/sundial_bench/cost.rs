@@ -97,6 +97,15 @@ pub struct Costs {
     pub all_cpu_us_per_run: f64,
     /// The embedded store's commits (fsyncs) per run, from `sundial_store_commits_total`.
     pub store_commits_per_run: Option<f64>,
+    /// The embedded store's writer: writes applied per commit, µs applying one, ms
+    /// committing one (`sundial_store_commit_steps_total`, `…_applying_seconds_total`,
+    /// `…_committing_seconds_total`).
+    pub store_steps_per_commit: Option<f64>,
+    pub store_applying_us_per_step: Option<f64>,
+    pub store_committing_ms_per_commit: Option<f64>,
+    /// Bytes the servers wrote to disk per run (`write_bytes` of `/proc/<pid>/io`):
+    /// the embedded store's pages; on Redis, the journals only.
+    pub server_bytes_written_per_run: Option<f64>,
     pub redis_ceiling: Option<RedisCeiling>,
 }
 
@@ -147,6 +156,18 @@ impl Costs {
         if let Some(commits) = self.store_commits_per_run {
             println!("  store commits (fsyncs) per run: {commits:.3}");
         }
+        if let (Some(steps), Some(applying), Some(committing)) = (
+            self.store_steps_per_commit,
+            self.store_applying_us_per_step,
+            self.store_committing_ms_per_commit,
+        ) {
+            println!(
+                "  store writer: {steps:.1} writes per commit, {applying:.1} µs applying each, {committing:.2} ms committing each commit"
+            );
+        }
+        if let Some(bytes) = self.server_bytes_written_per_run {
+            println!("  servers wrote {:.1} KiB to disk per run", bytes / 1024.0);
+        }
     }
 }
 
@@ -155,9 +176,11 @@ pub struct CostProbe {
     /// Per Redis server (each master of a cluster): its URL, commands, CPU and script
     /// time at the start.
     redis: Vec<(String, BTreeMap<String, u64>, u64, ScriptTime)>,
-    /// Where to read the store's commits, and how many there were at the start.
-    commits: Option<(Vec<String>, f64)>,
+    /// Where to read the store's commit totals, and what they were at the start.
+    commits: Option<(Vec<String>, StoreTotals)>,
     pids: Vec<u32>,
+    /// The servers' bytes written to disk at the start.
+    written: Option<u64>,
     server_cpu: u64,
     executor_pids: Vec<u32>,
     executor_cpu: u64,
@@ -197,13 +220,15 @@ impl CostProbe {
                     .collect::<Option<Vec<_>>>()
                     .context("http is on")?;
                 // A server without the counter (an older build) reports no figure.
-                store_commits(&urls).await?.map(|before| (urls, before))
+                store_totals(&urls).await?.map(|before| (urls, before))
             }
         };
+        let written = bytes_written(&pids);
         Ok(Self {
             redis,
             commits,
             pids,
+            written,
             server_cpu,
             executor_pids,
             executor_cpu,
@@ -224,10 +249,22 @@ impl CostProbe {
             redis_ceiling: self.ceiling,
             ..Costs::default()
         };
-        if let Some((urls, before)) = &self.commits {
-            costs.store_commits_per_run = store_commits(urls)
-                .await?
-                .map(|after| per_run(after - before));
+        if let Some((urls, before)) = &self.commits
+            && let Some(after) = store_totals(urls).await?
+        {
+            let commits = after.commits - before.commits;
+            let steps = after.steps - before.steps;
+            costs.store_commits_per_run = Some(per_run(commits));
+            if commits > 0.0 && steps > 0.0 {
+                costs.store_steps_per_commit = Some(steps / commits);
+                costs.store_applying_us_per_step =
+                    Some((after.applying_s - before.applying_s) * 1e6 / steps);
+                costs.store_committing_ms_per_commit =
+                    Some((after.committing_s - before.committing_s) * 1e3 / commits);
+            }
+        }
+        if let (Some(before), Some(after)) = (self.written, bytes_written(&self.pids)) {
+            costs.server_bytes_written_per_run = Some(per_run(after.saturating_sub(before) as f64));
         }
         if let Some(monitor) = self.monitor {
             let (trips, inside) = monitor.stop()?;
@@ -424,21 +461,51 @@ pub async fn script_time(url: &str) -> Result<ScriptTime> {
     Ok(total)
 }
 
-/// `sundial_store_commits_total` summed over the instances' `/metrics`; None when no
-/// instance has it.
-async fn store_commits(urls: &[String]) -> Result<Option<f64>> {
-    let mut total = None;
+/// The embedded store's commit totals, summed over the instances.
+#[derive(Debug, Clone, Copy, Default)]
+struct StoreTotals {
+    commits: f64,
+    steps: f64,
+    applying_s: f64,
+    committing_s: f64,
+}
+
+/// The store's commit totals (`sundial_store_commits_total` and the writer's figures
+/// beside it) summed over the instances' `/metrics`; None when no instance reports
+/// commits (Redis, or an older build). A build without the writer's figures reads 0.
+async fn store_totals(urls: &[String]) -> Result<Option<StoreTotals>> {
+    let mut total: Option<StoreTotals> = None;
     for url in urls {
         let text = reqwest::get(url).await?.text().await?;
-        if let Some(n) = text
-            .lines()
-            .find_map(|l| l.strip_prefix("sundial_store_commits_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-        {
-            *total.get_or_insert(0.0) += n;
-        }
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        let Some(commits) = value("sundial_store_commits_total") else {
+            continue;
+        };
+        let t = total.get_or_insert_default();
+        t.commits += commits;
+        t.steps += value("sundial_store_commit_steps_total").unwrap_or(0.0);
+        t.applying_s += value("sundial_store_applying_seconds_total").unwrap_or(0.0);
+        t.committing_s += value("sundial_store_committing_seconds_total").unwrap_or(0.0);
     }
     Ok(total)
+}
+
+/// The bytes these processes caused to be written to disk so far (`write_bytes` of
+/// `/proc/<pid>/io`), or None where that cannot be read.
+fn bytes_written(pids: &[u32]) -> Option<u64> {
+    let mut total = 0;
+    for pid in pids {
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+        total += io
+            .lines()
+            .find_map(|l| l.strip_prefix("write_bytes:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())?;
+    }
+    Some(total)
 }
 
 /// Redis's own CPU so far (`used_cpu_user` + `used_cpu_sys`), µs.
