@@ -41,13 +41,14 @@
 //! broadcast are counted only when they held a lease (those are the ones the store
 //! names).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{MisfirePolicy, RunRecord, RunState};
 use crate::store::{Applied, Begun, CommitStats, Transition};
@@ -96,9 +97,10 @@ struct Scraped<C> {
     seen: AtomicU64,
 }
 
-impl<C: ScrapedCounter + Clone + std::fmt::Debug + Send + Sync + 'static> Scraped<C>
+impl<C> Scraped<C>
 where
-    C: prometheus_client::encoding::EncodeMetric,
+    C: ScrapedCounter + prometheus_client::encoding::EncodeMetric + Clone + 'static,
+    C: std::fmt::Debug + Send + Sync,
 {
     fn register(registry: &mut Registry, name: &str, help: &str) -> Self {
         let counter = C::default();
