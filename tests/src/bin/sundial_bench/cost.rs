@@ -103,8 +103,8 @@ pub struct Costs {
     pub store_steps_per_commit: Option<f64>,
     pub store_applying_us_per_step: Option<f64>,
     pub store_committing_ms_per_commit: Option<f64>,
-    /// Bytes the servers wrote to disk per run (`write_bytes` of `/proc/<pid>/io`):
-    /// the embedded store's pages; on Redis, the journals only.
+    /// Bytes the servers wrote to disk per run (`write_bytes` of `/proc/<pid>/io`, as
+    /// their pages are dirtied): the embedded store's pages; on Redis, about none.
     pub server_bytes_written_per_run: Option<f64>,
     pub redis_ceiling: Option<RedisCeiling>,
 }
