@@ -10,7 +10,7 @@
 //! cargo run --release -p sundial-tests --bin sundial-bench -- burst --jobs 10000 --executors 10
 //! cargo run --release -p sundial-tests --bin sundial-bench -- unary
 //! cargo run --release -p sundial-tests --bin sundial-bench -- failover --runs 100
-//! cargo run -p sundial-tests --bin sundial-bench -- --quick all   # the smoke scripts/test runs
+//! cargo run -p sundial-tests --bin sundial-bench -- --quick all   # the smoke (scripts/test runs the workspace build's target/debug/sundial-bench)
 //! ```
 //!
 //! Scenarios: `burst`, `sustained` (with webhooks), `unary`, `idle`, `registered`,
