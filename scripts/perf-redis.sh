@@ -19,10 +19,17 @@ start=$1 window=$2
 shift 3
 root=$PWD
 sym="$root/target/redis-sym"
+work=$(mktemp -d)
+bench=
+# The source download, the bench's output and the perf data go, and a bench still
+# running (the script stopped early) is stopped, however the script ends.
+cleanup() {
+  if [ -n "$bench" ]; then kill "$bench" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
 if [ ! -x "$sym/src/redis-server" ]; then
   version=$(dpkg-query -W -f '${Version}' redis-server)
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
   mkdir -p "$work/lists/partial" "$work/parts"
   # deb-src entries for every Debian source the machine installs from.
   awk 'function out() { for (i = 1; i <= n; i++) print "deb-src [signed-by=" k "] " u " " s[i] " main"; u = "" }
@@ -39,8 +46,8 @@ if [ ! -x "$sym/src/redis-server" ]; then
   echo "perf-redis: building $(basename "$tarball") with symbols into $sym" >&2
   make -C "$sym" -j2 BUILD_TLS=no >"$sym/build.log" 2>&1
 fi
-out=$(mktemp)
-data=$(mktemp)
+out="$work/bench.out"
+data="$work/perf.data"
 PATH="$sym/src:$PATH" "$@" >"$out" 2>&1 &
 bench=$!
 sleep "$start"
@@ -51,6 +58,7 @@ pid=$(pgrep -n redis-server)
 # perf signals a workload it forked when the recorded process exits first).
 timeout -s INT "$window" perf record -F 499 --call-graph dwarf,8192 -p "$pid" -o "$data" 2>/dev/null || true
 wait "$bench" || true
+bench=
 grep -v '^BENCH' "$out"
 echo "== hottest functions (self)"
 report() { perf report -i "$data" --sort symbol --stdio -g none "$@" 2>/dev/null | grep '%' || true; }
@@ -71,4 +79,3 @@ report --no-children | awk '
     else c = "Redis"
     sum[c] += p }
   END { for (c in sum) printf "%6.2f%% %s\n", sum[c], c }' | sort -rn
-rm -f "$out" "$data"
