@@ -43,7 +43,7 @@ impl AppStore for EmbeddedStore {
             let app_id = app_id.as_str();
             let secret = secret.as_str();
             let mut apps = txn.open_table(APPS).ctx("open apps")?;
-            let Some(mut app) = load::<AppRecord>(&apps, "app", app_id)? else {
+            let Some(mut app) = load::<AppRecord>(&*apps, "app", app_id)? else {
                 return Err(Error::AppNotFound(app_id.to_owned()));
             };
             let now = now_ms();

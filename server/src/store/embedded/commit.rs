@@ -30,9 +30,9 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use redb::{Table, WriteTransaction};
 use tokio::sync::oneshot;
 
+use super::redo::{Logged, Redo, Tx};
 use super::run_tables::RunTables;
 use super::{Ctx, Inner, JOBS, TRIGGERS, now_us};
 use crate::store::{CommitStats, Error, Result};
@@ -48,15 +48,15 @@ type Step = Box<dyn FnOnce(&Inner, &mut Batch<'_>) -> Result<Outcome> + Send>;
 /// path uses held open from the first step that asks for them until the commit (or
 /// until a step takes the bare transaction).
 pub struct Batch<'t> {
-    txn: &'t WriteTransaction,
+    txn: Tx<'t>,
     inner: &'t Inner,
     runs: Option<RunTables<'t>>,
-    jobs: Option<Table<'t, &'static str, &'static str>>,
-    triggers: Option<Table<'t, u64, &'static str>>,
+    jobs: Option<Logged<'t, &'static str, &'static str>>,
+    triggers: Option<Logged<'t, u64, &'static str>>,
 }
 
 impl<'t> Batch<'t> {
-    fn new(txn: &'t WriteTransaction, inner: &'t Inner) -> Self {
+    fn new(txn: Tx<'t>, inner: &'t Inner) -> Self {
         Batch {
             txn,
             inner,
@@ -68,7 +68,7 @@ impl<'t> Batch<'t> {
 
     /// The bare transaction, for a step that opens its own tables: the shared ones are
     /// closed first (their writes stay in the transaction), so it may open any table.
-    pub fn txn(&mut self) -> &'t WriteTransaction {
+    pub fn txn(&mut self) -> Tx<'t> {
         self.runs = None;
         self.jobs = None;
         self.triggers = None;
@@ -88,7 +88,7 @@ impl<'t> Batch<'t> {
     }
 
     /// The jobs table.
-    pub fn jobs(&mut self) -> Result<&mut Table<'t, &'static str, &'static str>> {
+    pub fn jobs(&mut self) -> Result<&mut Logged<'t, &'static str, &'static str>> {
         let table = match self.jobs.take() {
             Some(t) => t,
             None => self.txn.open_table(JOBS).ctx("open jobs")?,
@@ -97,7 +97,7 @@ impl<'t> Batch<'t> {
     }
 
     /// The trigger queue's table.
-    pub fn triggers(&mut self) -> Result<&mut Table<'t, u64, &'static str>> {
+    pub fn triggers(&mut self) -> Result<&mut Logged<'t, u64, &'static str>> {
         let table = match self.triggers.take() {
             Some(t) => t,
             None => self.txn.open_table(TRIGGERS).ctx("open triggers")?,
@@ -222,7 +222,8 @@ fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, counters: &Counters) {
         let mut applied: Vec<(oneshot::Sender<Result<Outcome>>, Outcome)> = Vec::new();
         let mut next = Some(first);
         let mut failed = None;
-        let mut batch = Batch::new(&txn, inner);
+        let redo = Redo::default();
+        let mut batch = Batch::new(Tx::new(&txn, &redo), inner);
         while let Some(job) = next.take() {
             match catch_unwind(AssertUnwindSafe(|| (job.step)(inner, &mut batch))) {
                 Ok(Ok(outcome)) => applied.push((job.answer, outcome)),

@@ -248,7 +248,7 @@ impl JobStore for EmbeddedStore {
             }
             append_triggers(txn, now, appended)?;
             let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
-            let next_due = earliest_due(&index, partition)?;
+            let next_due = earliest_due(&*index, partition)?;
             Ok(ClaimOutcome {
                 now,
                 results,
@@ -330,7 +330,7 @@ impl JobStore for EmbeddedStore {
 
 impl Inner {
     /// Creates `job` inside `txn`: refused before anything is written if it exists.
-    fn create_in(&self, txn: &WriteTransaction, mut job: JobRecord) -> Result<JobRecord> {
+    fn create_in(&self, txn: Tx<'_>, mut job: JobRecord) -> Result<JobRecord> {
         let now = now_ms();
         let jobs = txn.open_table(JOBS).ctx("open jobs")?;
         if jobs.get(job.spec.id.as_str()).ctx("read job")?.is_some() {
@@ -346,13 +346,13 @@ impl Inner {
     /// anything is written otherwise.
     fn update_in(
         &self,
-        txn: &WriteTransaction,
+        txn: Tx<'_>,
         mut job: JobRecord,
         expected_version: u64,
     ) -> Result<JobRecord> {
         let now = now_ms();
         let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-        let Some(stored) = load_job(&jobs, &job.spec.id)? else {
+        let Some(stored) = load_job(&*jobs, &job.spec.id)? else {
             return Err(Error::JobNotFound(job.spec.id.clone()));
         };
         if stored.version != expected_version {
@@ -372,8 +372,8 @@ impl Inner {
     /// whatever `next_fire` says): the last step of a create and of an update.
     fn store_armed(
         &self,
-        txn: &WriteTransaction,
-        mut jobs: Table<&'static str, &'static str>,
+        txn: Tx<'_>,
+        mut jobs: Logged<'_, &'static str, &'static str>,
         mut job: JobRecord,
     ) -> Result<JobRecord> {
         if job.paused {
@@ -391,13 +391,9 @@ impl Inner {
     }
 
     /// One claim's compare-and-set, inside the batch's transaction.
-    pub(super) fn claim_one(
-        &self,
-        txn: &WriteTransaction,
-        claim: &FireClaim,
-    ) -> Result<ClaimResult> {
+    pub(super) fn claim_one(&self, txn: Tx<'_>, claim: &FireClaim) -> Result<ClaimResult> {
         let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
-        let Some(mut job) = load_job(&jobs, &claim.job_id)? else {
+        let Some(mut job) = load_job(&*jobs, &claim.job_id)? else {
             return Ok(ClaimResult::Gone);
         };
         if job.paused {
@@ -433,7 +429,7 @@ impl Inner {
     }
 
     /// Deletes up to `SWEEP_BATCH` idempotency keys past their expiry.
-    pub(super) fn sweep_idempotency(&self, txn: &WriteTransaction, now: Millis) -> Result<()> {
+    pub(super) fn sweep_idempotency(&self, txn: Tx<'_>, now: Millis) -> Result<()> {
         sweep_pair_expiry(txn, IDEMPOTENCY_EXPIRY, IDEMPOTENCY, now, "idempotency")
     }
 }

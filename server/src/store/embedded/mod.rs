@@ -611,7 +611,8 @@ fn breaker_destinations(db: &Database) -> Result<HashSet<String>> {
 fn extend_lapsed_leases(inner: &Inner, grace: Duration) -> Result<usize> {
     let txn = inner.db.begin_write().ctx("begin lease grace")?;
     let extended = {
-        let mut t = run_tables::RunTables::open(&txn, inner)?;
+        let redo = Redo::default();
+        let mut t = run_tables::RunTables::open(Tx::new(&txn, &redo), inner)?;
         let until = t.now.saturating_add(duration_ms(grace));
         let mut held_ids = Vec::new();
         for item in t.node_runs.iter().ctx("scan node runs")? {
@@ -719,7 +720,7 @@ impl<T, E: Into<redb::Error>> Ctx<T> for std::result::Result<T, E> {
 /// Deletes up to `SWEEP_BATCH` entries past their expiry from an expiry index keyed
 /// (expires_at, a, b) and from the table it indexes, keyed (a, b).
 fn sweep_pair_expiry<V: redb::Value + 'static>(
-    txn: &WriteTransaction,
+    txn: Tx<'_>,
     index: TableDefinition<(i64, &str, &str), ()>,
     table: TableDefinition<(&str, &str), V>,
     now: Millis,
@@ -800,7 +801,7 @@ fn load_job(
     load(jobs, "job", job_id)
 }
 
-fn store_job(jobs: &mut Table<&'static str, &'static str>, job: &JobRecord) -> Result<()> {
+fn store_job(jobs: &mut Logged<'_, &'static str, &'static str>, job: &JobRecord) -> Result<()> {
     let json = encode("job", job)?;
     jobs.insert(job.spec.id.as_str(), json.as_str())
         .ctx("write job")?;
@@ -823,12 +824,7 @@ fn load_outbox(
 
 /// Rewrites a job's pending member: removes the old one (and its index key), then arms
 /// `due` if any. Both tables always change together, so they cannot disagree.
-fn set_pending(
-    txn: &WriteTransaction,
-    partitions: u32,
-    job_id: &str,
-    due: Option<Millis>,
-) -> Result<()> {
+fn set_pending(txn: Tx<'_>, partitions: u32, job_id: &str, due: Option<Millis>) -> Result<()> {
     let mut pending = txn.open_table(PENDING).ctx("open pending")?;
     let mut index = txn.open_table(DUE_INDEX).ctx("open due index")?;
     let partition = partition_of(job_id, partitions);
@@ -870,7 +866,7 @@ fn earliest_due(
 
 /// Appends triggers to the queue with `triggered_at = now`, allocating sequence numbers
 /// from the meta record (inside this write transaction, hence in commit order).
-fn append_triggers(txn: &WriteTransaction, now: Millis, triggers: Vec<Trigger>) -> Result<()> {
+fn append_triggers(txn: Tx<'_>, now: Millis, triggers: Vec<Trigger>) -> Result<()> {
     if triggers.is_empty() {
         return Ok(());
     }
@@ -914,6 +910,7 @@ mod commit;
 mod jobs;
 mod nodes;
 mod outbox;
+mod redo;
 mod run_tables;
 mod runs;
 #[cfg(test)]
@@ -921,6 +918,7 @@ mod tests;
 mod triggers;
 
 use commit::{Batch, Writer};
+use redo::{Logged, Redo, Tx};
 
 impl Inner {
     fn expired_run(&self, run: &RunRecord, now: Millis) -> bool {

@@ -215,10 +215,10 @@ impl EmbeddedStore {
 }
 
 /// Deletes up to `SWEEP_BATCH` nodes whose expiry has passed, earliest first.
-fn sweep_nodes(txn: &WriteTransaction, now: Millis) -> Result<()> {
+fn sweep_nodes(txn: Tx<'_>, now: Millis) -> Result<()> {
     let mut nodes = txn.open_table(NODES).ctx("open nodes")?;
     let mut expiry = txn.open_table(NODE_EXPIRY).ctx("open node expiry")?;
-    let expired = due_keys(&expiry, now, "scan node expiry")?;
+    let expired = due_keys(&*expiry, now, "scan node expiry")?;
     for (at, node_id) in expired {
         expiry
             .remove((at, node_id.as_str()))

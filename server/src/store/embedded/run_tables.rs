@@ -21,27 +21,27 @@ pub(super) struct RunTables<'t> {
     pub(super) partitions: u32,
     pub(super) retention_ms: i64,
     pub(super) max_runs_per_job: u64,
-    pub(super) runs: Table<'t, &'static str, &'static str>,
-    pub(super) by_job: Table<'t, (&'static str, i64, &'static str), ()>,
-    pub(super) by_created: Table<'t, (i64, &'static str), ()>,
-    pub(super) counts: Table<'t, &'static str, u64>,
+    pub(super) runs: Logged<'t, &'static str, &'static str>,
+    pub(super) by_job: Logged<'t, (&'static str, i64, &'static str), ()>,
+    pub(super) by_created: Logged<'t, (i64, &'static str), ()>,
+    pub(super) counts: Logged<'t, &'static str, u64>,
     /// (job_id, schedule_id): the job's runs that are not final, queued ones included.
-    pub(super) active: Table<'t, (&'static str, &'static str), ()>,
+    pub(super) active: Logged<'t, (&'static str, &'static str), ()>,
     /// (job_id, position) → schedule_id: the job's serial queue, popped from the front.
-    pub(super) serial: Table<'t, (&'static str, u64), &'static str>,
+    pub(super) serial: Logged<'t, (&'static str, u64), &'static str>,
     /// (partition, due, schedule_id): each run's timer, at the key its stored record
     /// gives it (`timer_key`); the record is how a save finds the entry to move.
-    pub(super) timer_index: Table<'t, (u32, i64, &'static str), ()>,
+    pub(super) timer_index: Logged<'t, (u32, i64, &'static str), ()>,
     /// (node_id, schedule_id): the runs leased to a node, counted for max concurrency.
-    pub(super) node_runs: Table<'t, (&'static str, &'static str), ()>,
-    pub(super) tokens: Table<'t, &'static str, u64>,
-    pub(super) logs: Table<'t, (&'static str, u64), &'static str>,
+    pub(super) node_runs: Logged<'t, (&'static str, &'static str), ()>,
+    pub(super) tokens: Logged<'t, &'static str, u64>,
+    pub(super) logs: Logged<'t, (&'static str, u64), &'static str>,
     /// schedule_id → (last seq, message bytes kept).
-    pub(super) log_meta: Table<'t, &'static str, (u64, u64)>,
+    pub(super) log_meta: Logged<'t, &'static str, (u64, u64)>,
     /// schedule_id → JSON `OutboxEntry`: webhooks written by `finalize`.
-    pub(super) outbox: Table<'t, &'static str, &'static str>,
+    pub(super) outbox: Logged<'t, &'static str, &'static str>,
     /// (partition, due, schedule_id): when each outbox entry is due.
-    pub(super) outbox_due: Table<'t, (u32, i64, &'static str), ()>,
+    pub(super) outbox_due: Logged<'t, (u32, i64, &'static str), ()>,
     /// What this batch knows of each stored record it read or wrote, so that a save
     /// moves the run's timer and notes its history without decoding the record it
     /// replaces.
@@ -72,7 +72,7 @@ pub(super) fn timer_key(run: &RunRecord, partitions: u32) -> Option<TimerKey> {
 }
 
 impl<'t> RunTables<'t> {
-    pub(super) fn open(txn: &'t WriteTransaction, inner: &Inner) -> Result<Self> {
+    pub(super) fn open(txn: Tx<'t>, inner: &Inner) -> Result<Self> {
         let mut t = RunTables {
             now: 0,
             now_us: 0,
@@ -122,7 +122,7 @@ impl<'t> RunTables<'t> {
 
     /// The stored record, past retention or not, its timer key and mark noted.
     fn read(&self, schedule_id: &str) -> Result<Option<RunRecord>> {
-        let run = load_run(&self.runs, schedule_id)?;
+        let run = load_run(&*self.runs, schedule_id)?;
         if let Some(run) = &run {
             self.stored.borrow_mut().insert(
                 schedule_id.to_owned(),
@@ -467,7 +467,7 @@ impl<'t> RunTables<'t> {
     }
 
     pub(super) fn load_outbox(&self, schedule_id: &str) -> Result<Option<OutboxEntry>> {
-        load_outbox(&self.outbox, schedule_id)
+        load_outbox(&*self.outbox, schedule_id)
     }
 
     pub(super) fn remove_outbox(&mut self, schedule_id: &str, entry: &OutboxEntry) -> Result<()> {
@@ -616,7 +616,7 @@ impl<'t> RunTables<'t> {
             out
         };
         for old_sid in oldest {
-            if let Some(old) = load_run(&self.runs, &old_sid)? {
+            if let Some(old) = load_run(&*self.runs, &old_sid)? {
                 self.delete(&old)?;
             }
         }
@@ -630,7 +630,7 @@ impl<'t> RunTables<'t> {
         if run.is_fanned_out() {
             for i in 0..run.shard_total {
                 if let Some(shard) =
-                    load_run(&self.runs, &RunRecord::shard_id(&run.schedule_id, i))?
+                    load_run(&*self.runs, &RunRecord::shard_id(&run.schedule_id, i))?
                 {
                     self.delete(&shard)?;
                 }
@@ -692,9 +692,9 @@ impl<'t> RunTables<'t> {
     /// Deletes up to `SWEEP_BATCH` runs whose retention has passed, oldest first.
     pub(super) fn sweep(&mut self) -> Result<()> {
         let cutoff = self.now.saturating_sub(self.retention_ms);
-        let expired = due_keys(&self.by_created, cutoff, "scan runs-by-created")?;
+        let expired = due_keys(&*self.by_created, cutoff, "scan runs-by-created")?;
         for (created_at, sid) in expired {
-            match load_run(&self.runs, &sid)? {
+            match load_run(&*self.runs, &sid)? {
                 Some(run) => self.delete(&run)?,
                 None => {
                     // A retention key without a record: drop it so the sweep moves on.

@@ -12,7 +12,7 @@ use crate::store::{Finish, LogBatch, assigned_after, routable_now};
 impl RunStore for EmbeddedStore {
     async fn record_run(&self, mut run: RunRecord) -> Result<Recorded> {
         self.write(move |_, b| {
-            let job = load_job(b.jobs()?, &run.job_id)?;
+            let job = load_job(&**b.jobs()?, &run.job_id)?;
             let t = b.runs()?;
             t.sweep()?;
             if let Some(existing) = t.existing(&run.schedule_id)? {
@@ -122,7 +122,7 @@ impl RunStore for EmbeddedStore {
 
     async fn begin_run(&self, run: RunRecord, route_grace: Duration) -> Result<Begun> {
         self.write(move |_, b| {
-            let job = load_job(b.jobs()?, &run.job_id)?;
+            let job = load_job(&**b.jobs()?, &run.job_id)?;
             begin(b.runs()?, job.as_ref(), run, route_grace)
         })
         .await
@@ -137,7 +137,7 @@ impl RunStore for EmbeddedStore {
     ) -> Result<(Begun, Option<Assigned>)> {
         let node = node.clone();
         self.write(move |_, b| {
-            let job = load_job(b.jobs()?, &run.job_id)?;
+            let job = load_job(&**b.jobs()?, &run.job_id)?;
             let t = b.runs()?;
             let begun = begin(t, job.as_ref(), run, route_grace)?;
             if !routable_now(&begun) {
