@@ -29,6 +29,9 @@ pub const POINTS: &[&str] = &[
     // The embedded store's group commit: a batch of writes applied in its transaction,
     // not committed; no caller answered.
     "embedded.before_commit",
+    // The batch's redo record is in the journal and synced; its transaction is not
+    // committed and no caller was answered (a restart replays it).
+    "embedded.after_journal",
     // The batch committed (every write of it durable); no caller answered yet.
     "embedded.after_commit",
     // A panic point: the run sweeper's loop panics as it sweeps a partition (the

@@ -230,8 +230,11 @@ async fn trigger_with_key(server: &Sundial, job: &str, key: &str) -> Result<Stri
 
 /// The server aborts inside a group commit while triggers and run reports pour in:
 /// just before a batch commits (`embedded.before_commit`: nothing of the batch is in the
-/// file, no caller was answered) or just after (`embedded.after_commit`: all of it is,
-/// no caller was answered). After a restart on the same file, every trigger the server
+/// journal or the file, no caller was answered), once its redo record is synced to the
+/// journal but its transaction not committed (`embedded.after_journal`: the restart
+/// replays it), or just after (`embedded.after_commit`: committed without a sync of the
+/// store file, so the restart replays it from the journal too; no caller was
+/// answered). After a restart on the same file, every trigger the server
 /// acknowledged has its run, a trigger sent again with its key finds the run its first
 /// try made (or makes it, if that try was lost), and every run is started once and
 /// succeeds once: no acknowledged run lost, none started twice.
@@ -312,6 +315,13 @@ async fn a_crash_inside_a_group_commit_loses_and_doubles_nothing(fault: &str) ->
         }
     })
     .await?;
+    // The batches committed since the last checkpoint were never synced to the store
+    // file (and at `after_journal` nor was the last one committed): the restart must
+    // have replayed them from the journal.
+    ensure!(
+        server.stderr().contains("replayed the journal"),
+        "at {point} the restart did not replay the journal"
+    );
     let runs = all_runs(&mut runs_api, "crash").await?;
     let recorded: BTreeSet<String> = runs.iter().map(|r| r.schedule_id.clone()).collect();
     ensure!(
@@ -346,6 +356,11 @@ async fn a_crash_inside_a_group_commit_loses_and_doubles_nothing(fault: &str) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_a_group_commit_loses_and_doubles_nothing() -> Result<()> {
     a_crash_inside_a_group_commit_loses_and_doubles_nothing("embedded.before_commit@150").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_journal_and_commit_loses_and_doubles_nothing() -> Result<()> {
+    a_crash_inside_a_group_commit_loses_and_doubles_nothing("embedded.after_journal@150").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -524,8 +539,8 @@ async fn a_run_waiting_across_a_restart_waits_for_the_executors_to_reconnect() -
     Ok(())
 }
 
-/// The data directory a server creates is its owner's only (0700), and so is the store
-/// file (0600): it holds app secrets and every job's payload.
+/// The data directory a server creates is its owner's only (0700), and so are the store
+/// file and its journal (0600): they hold app secrets and every job's payload.
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_data_directory_and_store_file_are_private() -> Result<()> {
@@ -539,5 +554,7 @@ async fn the_data_directory_and_store_file_are_private() -> Result<()> {
     ensure!(mode(&data)? == 0o700, "data directory {:o}", mode(&data)?);
     let file = data.join("sundial.redb");
     ensure!(mode(&file)? == 0o600, "store file {:o}", mode(&file)?);
+    let journal = data.join("sundial.redb.journal");
+    ensure!(mode(&journal)? == 0o600, "journal {:o}", mode(&journal)?);
     Ok(())
 }

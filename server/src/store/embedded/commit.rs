@@ -1,27 +1,35 @@
-//! Group commit: the embedded store's writes share write transactions, and so fsyncs.
+//! Group commit: the embedded store's writes share write transactions, and so syncs.
 //!
 //! One writer thread owns the write side of the file. Every write is a step sent to it
 //! on a channel; the writer takes the first step waiting, opens a write transaction,
 //! applies it and every further step already waiting (up to [`MAX_BATCH`]), one after
-//! another, then commits once (one fsync for the whole batch) and only then answers
-//! each caller. So a decision is never acknowledged before it is durable, and while a
-//! batch commits the writes that arrive wait in the channel and go into the next one
-//! together: under load, many decisions per fsync; alone, a write commits at once. A
-//! caller waits on its answer as a future: no thread is held per write.
+//! another, then makes the batch durable once and only then answers each caller. So a
+//! decision is never acknowledged (nor visible to a reader) before it is durable, and
+//! while a batch is made durable the writes that arrive wait in the channel and go into
+//! the next one together: under load, many decisions per sync; alone, a write commits
+//! at once. A caller waits on its answer as a future: no thread is held per write.
+//!
+//! Durable means journaled ([`Durable::commit`]): the batch's redo record (every change
+//! its steps made, `redo`) is appended to the journal and synced, a sequential write of
+//! a few pages, and then the transaction commits without syncing the store file. The
+//! file is synced at checkpoints: when the journal has grown past [`CHECKPOINT_BYTES`]
+//! or aged past [`CHECKPOINT_AGE`], or after [`CHECKPOINT_IDLE`] without a write, and
+//! when the store closes; then the journal starts over. Opening the store replays the
+//! records the file's last sync does not hold (`recover`).
 //!
 //! A step refused by the rules (a stale token, a run in the wrong state) is an `Ok`
 //! outcome that wrote nothing, so it never touches its neighbours. A step that fails
 //! (`Err` or a panic: storage trouble, a corrupt record) may have written part of
 //! itself, so the whole transaction is dropped (redb aborts it) and every caller of
-//! that batch gets an error; none of its writes is applied, and each caller may retry.
-//! Reads use read transactions and never wait for the writer.
+//! that batch gets an error; none of its writes is applied or journaled, and each
+//! caller may retry. Reads use read transactions and never wait for the writer.
 //!
 //! A step sees the transaction as a [`Batch`]: the tables the run path uses (the run
 //! tables, jobs, the trigger queue) are opened once per batch and shared by its steps,
 //! since redb opens a table once at a time in a transaction and opening one walks the
 //! table tree (four opens of the run tables per run were a sixth of the server's CPU
 //! under a burst). A step that opens other tables takes the bare transaction, which
-//! closes the shared ones first.
+//! closes the shared ones first. Either way its tables record its changes (`redo`).
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -32,9 +40,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use redb::{Durability, WriteTransaction};
+
+use super::journal::Journal;
 use super::redo::{Logged, Redo, Tx};
 use super::run_tables::RunTables;
-use super::{Ctx, Inner, JOBS, TRIGGERS, now_us};
+use super::{Ctx, Inner, JOBS, META, META_JOURNAL_SEQ, TRIGGERS, now_us};
 use crate::store::{CommitStats, Error, Result};
 
 /// At most this many steps share one transaction, so a commit never waits on an
@@ -146,13 +157,13 @@ pub struct Writer {
 
 impl Writer {
     /// Starts the writer thread over `inner`'s file.
-    pub fn start(inner: Arc<Inner>) -> std::io::Result<Writer> {
+    pub fn start(inner: Arc<Inner>, durable: Durable) -> std::io::Result<Writer> {
         let (jobs, queue) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let counted = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("sundial-embedded-writer".into())
-            .spawn(move || run(&inner, &queue, &counted))?;
+            .spawn(move || run(&inner, &queue, &counted, durable))?;
         Ok(Writer {
             jobs: Some(jobs),
             thread: Some(thread),
@@ -208,59 +219,173 @@ impl Drop for Writer {
     }
 }
 
-/// The writer's loop: a batch per turn, until the channel closes.
-fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, counters: &Counters) {
-    while let Ok(first) = queue.recv() {
-        let started = Instant::now();
-        let txn = match inner.db.begin_write().ctx("begin write transaction") {
-            Ok(txn) => txn,
-            Err(e) => {
-                let _ = first.answer.send(Err(e));
-                continue;
-            }
+/// The writer's loop: a batch per turn, until the channel closes; then a last
+/// checkpoint, so a clean restart has nothing to replay.
+fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, counters: &Counters, mut durable: Durable) {
+    loop {
+        let wait = if durable.journal.len() > 0 {
+            CHECKPOINT_IDLE
+        } else {
+            Duration::from_secs(3600)
         };
-        let mut applied: Vec<(oneshot::Sender<Result<Outcome>>, Outcome)> = Vec::new();
-        let mut next = Some(first);
-        let mut failed = None;
-        let redo = Redo::default();
-        let mut batch = Batch::new(Tx::new(&txn, &redo), inner);
-        while let Some(job) = next.take() {
-            match catch_unwind(AssertUnwindSafe(|| (job.step)(inner, &mut batch))) {
-                Ok(Ok(outcome)) => applied.push((job.answer, outcome)),
-                Ok(Err(e)) => {
-                    failed = Some((job.answer, e));
-                    break;
-                }
-                Err(_) => {
-                    failed = Some((job.answer, Error::Unavailable("a write panicked".into())));
-                    break;
-                }
+        match queue.recv_timeout(wait) {
+            Ok(first) => batch(inner, queue, counters, &mut durable, first),
+            Err(mpsc::RecvTimeoutError::Timeout) => durable.checkpoint_alone(inner),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    durable.checkpoint_alone(inner);
+}
+
+/// One batch: the first write and every further one already waiting, applied in one
+/// transaction, journaled, committed, answered.
+fn batch(
+    inner: &Inner,
+    queue: &mpsc::Receiver<Job>,
+    counters: &Counters,
+    durable: &mut Durable,
+    first: Job,
+) {
+    let started = Instant::now();
+    let txn = match inner.db.begin_write().ctx("begin write transaction") {
+        Ok(txn) => txn,
+        Err(e) => {
+            let _ = first.answer.send(Err(e));
+            return;
+        }
+    };
+    let redo = Redo::default();
+    let mut applied: Vec<(oneshot::Sender<Result<Outcome>>, Outcome)> = Vec::new();
+    let mut next = Some(first);
+    let mut failed = None;
+    let mut batch = Batch::new(Tx::new(&txn, &redo), inner);
+    while let Some(job) = next.take() {
+        match catch_unwind(AssertUnwindSafe(|| (job.step)(inner, &mut batch))) {
+            Ok(Ok(outcome)) => applied.push((job.answer, outcome)),
+            Ok(Err(e)) => {
+                failed = Some((job.answer, e));
+                break;
             }
-            if applied.len() < MAX_BATCH {
-                next = queue.try_recv().ok();
+            Err(_) => {
+                failed = Some((job.answer, Error::Unavailable("a write panicked".into())));
+                break;
             }
         }
-        // The shared tables close before the transaction commits or is dropped.
-        drop(batch);
-        if let Some((answer, e)) = failed {
-            // Part of the failed step may be written: nothing of this batch may stay.
-            drop(txn);
-            let why = e.to_string();
-            let _ = answer.send(Err(e));
-            not_committed(applied, &why);
-            continue;
+        if applied.len() < MAX_BATCH {
+            next = queue.try_recv().ok();
         }
-        crate::fault::crash_point("embedded.before_commit");
-        let applied_at = Instant::now();
-        match txn.commit().ctx("commit") {
-            Ok(()) => {
-                counters.committed(applied.len(), applied_at - started, applied_at.elapsed());
-                crate::fault::crash_point("embedded.after_commit");
-                for (answer, outcome) in applied {
-                    let _ = answer.send(Ok(outcome));
-                }
+    }
+    // The shared tables close before the transaction commits or is dropped.
+    drop(batch);
+    if let Some((answer, e)) = failed {
+        // Part of the failed step may be written: nothing of this batch may stay.
+        drop(txn);
+        let why = e.to_string();
+        let _ = answer.send(Err(e));
+        not_committed(applied, &why);
+        return;
+    }
+    crate::fault::crash_point("embedded.before_commit");
+    let applied_at = Instant::now();
+    match durable.commit(txn, &redo.take()) {
+        Ok(()) => {
+            counters.committed(applied.len(), applied_at - started, applied_at.elapsed());
+            crate::fault::crash_point("embedded.after_commit");
+            for (answer, outcome) in applied {
+                let _ = answer.send(Ok(outcome));
             }
-            Err(e) => not_committed(applied, &e.to_string()),
+        }
+        Err(e) => not_committed(applied, &e.to_string()),
+    }
+}
+
+/// A checkpoint is made once the journal holds this much...
+const CHECKPOINT_BYTES: u64 = 64 << 20;
+/// ...or its oldest record is this old...
+const CHECKPOINT_AGE: Duration = Duration::from_secs(60);
+/// ...or no write came for this long (an idle writer syncs at no one's expense).
+const CHECKPOINT_IDLE: Duration = Duration::from_secs(1);
+
+/// What makes a batch durable: the journal, and the sequence of the batches in it.
+pub struct Durable {
+    pub journal: Journal,
+    /// The last batch's sequence number (the store file keeps the last one it holds
+    /// under [`META_JOURNAL_SEQ`]).
+    pub seq: u64,
+    /// When the journal took its first record since the last checkpoint.
+    since: Option<Instant>,
+}
+
+impl Durable {
+    pub fn new(journal: Journal, seq: u64) -> Self {
+        Durable {
+            journal,
+            seq,
+            since: None,
+        }
+    }
+
+    /// Commits a batch's transaction: its redo record appended to the journal and
+    /// synced first, then the transaction committed without syncing the store file,
+    /// unless a checkpoint is due (then it is synced, and the journal starts over).
+    fn commit(&mut self, mut txn: WriteTransaction, redo: &[u8]) -> Result<()> {
+        let seq = self.seq + 1;
+        txn.open_table(META)
+            .ctx("open meta")?
+            .insert(META_JOURNAL_SEQ, seq)
+            .ctx("write journal sequence")?;
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let checkpoint =
+            self.journal.len() >= CHECKPOINT_BYTES || since.elapsed() >= CHECKPOINT_AGE;
+        if !checkpoint {
+            txn.set_durability(Durability::None)
+                .map_err(|e| Error::Unavailable(format!("a non-durable commit: {e}")))?;
+        }
+        self.journal
+            .append(seq, redo)
+            .map_err(|e| Error::Unavailable(format!("append to the journal: {e}")))?;
+        crate::fault::crash_point("embedded.after_journal");
+        if let Err(e) = txn.commit().ctx("commit") {
+            // Nobody will be told this batch committed: the journal must not say so.
+            if let Err(undo) = self.journal.undo_last() {
+                tracing::error!(error = %undo, "a batch failed to commit and its journal record could not be taken back: stopping the store");
+                std::process::abort();
+            }
+            return Err(e);
+        }
+        self.seq = seq;
+        if checkpoint {
+            self.cleared();
+        }
+        Ok(())
+    }
+
+    /// A checkpoint with no batch: an empty transaction committed durably syncs every
+    /// non-durable commit before it, and the journal starts over.
+    fn checkpoint_alone(&mut self, inner: &Inner) {
+        if self.journal.len() == 0 {
+            return;
+        }
+        let synced = inner
+            .db
+            .begin_write()
+            .ctx("begin checkpoint")
+            .and_then(|txn| txn.commit().ctx("commit checkpoint"));
+        match synced {
+            Ok(()) => self.cleared(),
+            Err(e) => {
+                tracing::warn!(error = %e, "checkpoint of the embedded store failed; the journal keeps every record")
+            }
+        }
+    }
+
+    /// The store file holds every journaled batch durably: the journal starts over.
+    fn cleared(&mut self) {
+        match self.journal.clear() {
+            Ok(()) => self.since = None,
+            // The records stay and are skipped on replay (their sequence is in the
+            // file); the next checkpoint tries again.
+            Err(e) => tracing::warn!(error = %e, "emptying the embedded store's journal failed"),
         }
     }
 }

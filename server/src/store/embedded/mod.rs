@@ -7,8 +7,9 @@
 //! blocking pool, or a step of the shared write transaction that the writer thread
 //! applies (`commit`, group commit), so the atomicity the trait promises is redb's: the
 //! steps of a write transaction apply one after another, and it commits durably (one
-//! fsync for every step in it) or not at all; a caller is answered only once its step
-//! has committed.
+//! sync of the journal, `journal`, for every step in it) or not at all; a caller is
+//! answered only once its step has committed. Opening the file first replays what the
+//! journal holds and the file does not (`recover`).
 //! A heartbeat's writes (lease renewals, the node's registry entry) ride the next
 //! commit like every other write: a burst of run writes shares commits with them
 //! instead of queueing ahead of them.
@@ -26,7 +27,7 @@
 //!
 //! | table | key → value | why |
 //! |---|---|---|
-//! | `meta` | name → u64 | schema version, partitions, next trigger sequence |
+//! | `meta` | name → u64 | schema version, partitions, next trigger sequence, last journaled batch held |
 //! | `jobs` | job_id → JSON `JobRecord` | the jobs |
 //! | `pending` | job_id → due | the pending member of a job (at most one) |
 //! | `due_index` | (partition, due, job_id) → () | range scans of due fires per partition |
@@ -156,8 +157,11 @@ const SERIAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("serial_
 /// `SCHEMA_VERSION`). 1: the first; 2: a run's timer is found from its record, and
 /// `run_timers` is gone (a version-1 file is migrated when opened); 3: run records leave
 /// out the fields at their default (see `RunRecord`; older records, with every field,
-/// are read as they are), so a build before it must not open the file.
-pub const FILE_VERSION: u32 = 3;
+/// are read as they are), so a build before it must not open the file; 4: the file is
+/// synced only at checkpoints, the batches since then held by the journal beside it
+/// (`journal`), which a build before it would not replay (a version-3 file opens as
+/// version 4 unchanged).
+pub const FILE_VERSION: u32 = 4;
 
 /// Version 1's index from a run to its timer, deleted by the migration to version 2.
 const TIMERS: TableDefinition<&str, (u32, i64)> = TableDefinition::new("run_timers");
@@ -181,6 +185,8 @@ const META_PARTITIONS: &str = "partitions";
 /// The sequence number the next appended trigger gets. Persisted so entry ids never
 /// repeat, even after every entry was acked and removed.
 const META_TRIGGER_SEQ: &str = "trigger_seq";
+/// The sequence number of the last journaled batch the file holds (see `journal`).
+const META_JOURNAL_SEQ: &str = "journal_seq";
 
 /// A queue entry as stored: the trigger and when it was appended (store clock).
 #[derive(Debug, Serialize, Deserialize)]
@@ -368,6 +374,7 @@ impl EmbeddedStore {
         let db = Database::create(path)
             .map_err(|e| map_redb(&format!("open embedded store {}", path.display()), e.into()))?;
         let partitions = init_meta(&db, opts.partitions)?;
+        let durable = recover(&db, path)?;
         // The remaining tables are created up front so that read transactions can always
         // open them (a read transaction cannot create a table).
         let txn = db.begin_write().ctx("begin schema transaction")?;
@@ -397,7 +404,7 @@ impl EmbeddedStore {
                 );
             }
         }
-        let writer = Writer::start(Arc::clone(&inner))
+        let writer = Writer::start(Arc::clone(&inner), durable)
             .map_err(|e| Error::Unavailable(format!("start the embedded store's writer: {e}")))?;
         Ok(EmbeddedStore {
             inner,
@@ -561,6 +568,45 @@ fn init_meta(db: &Database, wanted_partitions: u32) -> Result<u32> {
     }
     txn.commit().ctx("commit meta transaction")?;
     Ok(partitions)
+}
+
+/// Brings the file up to the journal: the records of batches its durable state lacks
+/// (a crash came before their checkpoint) are replayed in order and committed durably,
+/// and the journal starts over. Returns the journal and the last batch's sequence.
+fn recover(db: &Database, path: &Path) -> Result<Durable> {
+    let journal_path = journal::Journal::path_for(path);
+    let io = |e: std::io::Error| {
+        Error::Unavailable(format!("open the journal {}: {e}", journal_path.display()))
+    };
+    let (mut journal, records) = journal::Journal::open(&journal_path).map_err(io)?;
+    let txn = db.begin_write().ctx("begin journal replay")?;
+    let mut seq = {
+        let meta = txn.open_table(META).ctx("open meta")?;
+        meta.get(META_JOURNAL_SEQ)
+            .ctx("read journal sequence")?
+            .map_or(0, |g| g.value())
+    };
+    let held = seq;
+    let mut replayed = 0;
+    for record in records.iter().filter(|r| r.seq > held) {
+        redo::replay(&txn, &record.redo)?;
+        seq = record.seq;
+        replayed += 1;
+    }
+    if replayed > 0 {
+        txn.open_table(META)
+            .ctx("open meta")?
+            .insert(META_JOURNAL_SEQ, seq)
+            .ctx("write journal sequence")?;
+        txn.commit().ctx("commit journal replay")?;
+        tracing::info!(
+            batches = replayed,
+            journal = %journal_path.display(),
+            "replayed the journal's batches the store file did not hold yet"
+        );
+    }
+    journal.clear().map_err(io)?;
+    Ok(Durable::new(journal, seq))
 }
 
 /// Version 1 → 2: version 1 kept each run's timer key in `run_timers` beside the
@@ -908,6 +954,7 @@ mod apps;
 mod audit;
 mod commit;
 mod jobs;
+mod journal;
 mod nodes;
 mod outbox;
 mod redo;
@@ -917,7 +964,7 @@ mod runs;
 mod tests;
 mod triggers;
 
-use commit::{Batch, Writer};
+use commit::{Batch, Durable, Writer};
 use redo::{Logged, Redo, Tx};
 
 impl Inner {

@@ -32,7 +32,6 @@ pub(super) struct Redo {
 
 impl Redo {
     /// The record so far, leaving it empty.
-    #[cfg_attr(not(test), allow(dead_code))] // the journal's, in the next step
     pub(super) fn take(&self) -> Vec<u8> {
         std::mem::take(&mut *self.bytes.borrow_mut())
     }
@@ -130,7 +129,6 @@ impl<K: Key + 'static, V: Value + 'static> Logged<'_, K, V> {
 }
 
 /// Applies a redo record to `txn`: every change, in order, to the table it names.
-#[cfg_attr(not(test), allow(dead_code))] // the journal's, in the next step
 pub(super) fn replay(txn: &WriteTransaction, mut record: &[u8]) -> Result<()> {
     let corrupt = |why: &str| Error::Corrupt(format!("redo record: {why}"));
     while let Some((&len, rest)) = record.split_first() {

@@ -910,3 +910,59 @@ async fn an_outbox_entry_of_the_old_shape_is_delivered() {
             .is_empty()
     );
 }
+
+/// Opening the store replays the journal's records whose sequence is past the one the
+/// file holds (their batches committed without a sync, then the process died), and only
+/// those: a record the file already holds is not applied twice. Then the journal is
+/// empty and the file holds the last sequence.
+#[tokio::test]
+async fn the_journal_replays_what_the_file_lacks_and_nothing_it_holds() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    let store = EmbeddedStore::open(&path, conformance::options()).expect("open");
+    store.create_job(job("held", None)).await.expect("create");
+    drop(store);
+    let journal_path = journal::Journal::path_for(&path);
+    assert_eq!(std::fs::metadata(&journal_path).expect("journal").len(), 0);
+    let seq_in = |db: &Database, key: &str| {
+        let txn = db.begin_read().expect("read");
+        let meta = txn.open_table(META).expect("meta");
+        meta.get(key).expect("get").map(|g| g.value())
+    };
+    let held = {
+        let db = Database::create(&path).expect("raw open");
+        let held = seq_in(&db, META_JOURNAL_SEQ).expect("a journaled store has a sequence");
+        // Two batches' records, neither committed to the file: the first says it is
+        // already held (its sequence is the file's), the second that it is not.
+        let record = |key: &str| {
+            let redo = Redo::default();
+            let txn = db.begin_write().expect("begin");
+            Tx::new(&txn, &redo)
+                .open_table(META)
+                .expect("meta")
+                .insert(key, 7)
+                .expect("insert");
+            redo.take()
+        };
+        let (mut journal, _) = journal::Journal::open(&journal_path).expect("journal");
+        journal
+            .append(held, &record("marker_held"))
+            .expect("append");
+        journal
+            .append(held + 1, &record("marker_lost"))
+            .expect("append");
+        held
+    };
+    let store = EmbeddedStore::open(&path, conformance::options()).expect("reopen");
+    assert!(store.get_job("held").await.expect("get").is_some());
+    drop(store);
+    assert_eq!(std::fs::metadata(&journal_path).expect("journal").len(), 0);
+    let db = Database::create(&path).expect("raw open");
+    assert_eq!(seq_in(&db, "marker_lost"), Some(7), "replayed");
+    assert_eq!(
+        seq_in(&db, "marker_held"),
+        None,
+        "held already: not applied"
+    );
+    assert_eq!(seq_in(&db, META_JOURNAL_SEQ), Some(held + 1));
+}
