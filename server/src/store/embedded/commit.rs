@@ -38,9 +38,8 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
-
 use redb::{Durability, WriteTransaction};
+use tokio::sync::oneshot;
 
 use super::journal::Journal;
 use super::redo::{Logged, Redo, Tx};
@@ -308,10 +307,10 @@ const CHECKPOINT_IDLE: Duration = Duration::from_secs(1);
 
 /// What makes a batch durable: the journal, and the sequence of the batches in it.
 pub struct Durable {
-    pub journal: Journal,
+    journal: Journal,
     /// The last batch's sequence number (the store file keeps the last one it holds
     /// under [`META_JOURNAL_SEQ`]).
-    pub seq: u64,
+    seq: u64,
     /// When the journal took its first record since the last checkpoint.
     since: Option<Instant>,
 }
