@@ -21,12 +21,14 @@
 //!   scrape time from this instance's attached streams and from the registry (every
 //!   instance reports the same node figures; take one instance's, or `max`).
 //! - `sundial_store_commits_total`: the embedded store's write transactions committed
-//!   (each one fsync, shared by the decisions of its batch), read at scrape time;
-//!   0 on Redis, which commits nothing itself. Beside it, read the same way:
+//!   (each one journal sync, shared by the decisions of its batch), read at scrape
+//!   time; 0 on Redis, which commits nothing itself. Beside it, read the same way:
 //!   `sundial_store_commit_steps_total` (the writes those commits applied),
 //!   `sundial_store_applying_seconds_total` and `sundial_store_committing_seconds_total`
-//!   (the writer's time applying them, and committing: writing the changed pages and
-//!   the fsync).
+//!   (the writer's time applying them, and committing: the journal's append and sync,
+//!   then the transaction's commit), `sundial_store_checkpoints_total` and
+//!   `sundial_store_checkpointing_seconds_total` (the store file synced and the journal
+//!   emptied, and the time that took the writer).
 //! - `sundial_alerts_total{kind}`: every alert raised; the alerts module counts them
 //!   through [`Metrics::alert_raised`] (this module knows no alert kinds).
 //! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_claims_total{by}`,
@@ -82,6 +84,8 @@ pub struct Metrics {
     store_commit_steps: Scraped<Counter>,
     store_applying: Scraped<Counter<f64, AtomicU64>>,
     store_committing: Scraped<Counter<f64, AtomicU64>>,
+    store_checkpoints: Scraped<Counter>,
+    store_checkpointing: Scraped<Counter<f64, AtomicU64>>,
     executor_nodes: Family<Label, Gauge>,
     alerts: Family<Label, Counter>,
     webhook_attempts: Family<Label, Counter>,
@@ -207,7 +211,7 @@ impl Metrics {
         let store_commits = Scraped::register(
             &mut registry,
             "sundial_store_commits",
-            "Write transactions the embedded store committed (one fsync each, shared by the writes of its batch)",
+            "Write transactions the embedded store committed (one journal sync each, shared by the writes of its batch)",
         );
         let store_commit_steps = Scraped::register(
             &mut registry,
@@ -222,7 +226,17 @@ impl Metrics {
         let store_committing = Scraped::register(
             &mut registry,
             "sundial_store_committing_seconds",
-            "Time the embedded store's writer spent committing (writing the changed pages, the fsync)",
+            "Time the embedded store's writer spent committing (the journal's append and sync, the transaction's commit)",
+        );
+        let store_checkpoints = Scraped::register(
+            &mut registry,
+            "sundial_store_checkpoints",
+            "Checkpoints of the embedded store: its file synced, its journal emptied",
+        );
+        let store_checkpointing = Scraped::register(
+            &mut registry,
+            "sundial_store_checkpointing_seconds",
+            "Time the embedded store's writer spent on checkpoints (also counted in committing when a batch's commit made one)",
         );
         let executors_connected = Gauge::default();
         registry.register(
@@ -300,6 +314,8 @@ impl Metrics {
             store_commit_steps,
             store_applying,
             store_committing,
+            store_checkpoints,
+            store_checkpointing,
             executor_nodes,
             alerts,
             webhook_attempts,
@@ -443,6 +459,8 @@ impl Metrics {
         self.store_commit_steps.bring_to(stats.steps);
         self.store_applying.bring_to(us(stats.applying));
         self.store_committing.bring_to(us(stats.committing));
+        self.store_checkpoints.bring_to(stats.checkpoints);
+        self.store_checkpointing.bring_to(us(stats.checkpointing));
     }
 
     /// The registry's nodes by health name (a scrape-time gauge): every name listed
@@ -518,6 +536,8 @@ pub(crate) mod tests {
             steps: 90,
             applying: Duration::from_micros(2_500),
             committing: Duration::from_micros(1_500_000),
+            checkpoints: 2,
+            checkpointing: Duration::from_micros(250_000),
         };
         m.set_commit_stats(&stats);
         // A second scrape of the same totals (or an older reading) adds nothing.
@@ -537,7 +557,13 @@ pub(crate) mod tests {
             sample(&text, "sundial_store_committing_seconds_total"),
             Some(1.5)
         );
+        assert_eq!(sample(&text, "sundial_store_checkpoints_total"), Some(2.0));
+        assert_eq!(
+            sample(&text, "sundial_store_checkpointing_seconds_total"),
+            Some(0.25)
+        );
         stats.commits = 6;
+        stats.checkpoints = 3;
         stats.committing = Duration::from_micros(2_000_000);
         m.set_commit_stats(&stats);
         let text = m.render();
@@ -546,6 +572,7 @@ pub(crate) mod tests {
             sample(&text, "sundial_store_committing_seconds_total"),
             Some(2.0)
         );
+        assert_eq!(sample(&text, "sundial_store_checkpoints_total"), Some(3.0));
     }
 
     #[test]

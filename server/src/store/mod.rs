@@ -153,16 +153,20 @@ impl Default for StoreOptions {
 }
 
 /// What a store that commits its own write transactions (the embedded store) has
-/// committed so far: the commits (one fsync each), the steps they applied (one per
-/// write call, many per commit under load), and the time its writer spent applying
-/// them and committing them (the commit is mostly the disk: writing the pages the
-/// steps changed, then the fsync).
+/// committed so far: the commits (one journal sync each), the steps they applied (one
+/// per write call, many per commit under load), the time its writer spent applying
+/// them and committing them (the journal's append and sync, then the transaction's
+/// commit), and its checkpoints (the store file synced, the journal emptied) with the
+/// time they took (a checkpoint made by a batch's commit counts in that commit's time
+/// too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CommitStats {
     pub commits: u64,
     pub steps: u64,
     pub applying: Duration,
     pub committing: Duration,
+    pub checkpoints: u64,
+    pub checkpointing: Duration,
 }
 
 /// A page of results and the cursor for the next one (None when done).

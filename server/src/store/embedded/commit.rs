@@ -129,12 +129,25 @@ struct Counters {
     steps: AtomicU64,
     applying_us: AtomicU64,
     committing_us: AtomicU64,
+    checkpoints: AtomicU64,
+    checkpointing_us: AtomicU64,
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Counters {
+    /// One checkpoint made, in `took`.
+    fn checkpointed(&self, took: Duration) {
+        self.checkpointing_us
+            .fetch_add(micros(took), Ordering::Relaxed);
+        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// One batch committed: `steps` applied in `applying`, committed in `committing`.
     fn committed(&self, steps: usize, applying: Duration, committing: Duration) {
-        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let us = micros;
         self.steps
             .fetch_add(u64::try_from(steps).unwrap_or(u64::MAX), Ordering::Relaxed);
         self.applying_us.fetch_add(us(applying), Ordering::Relaxed);
@@ -204,6 +217,8 @@ impl Writer {
             steps: c.steps.load(Ordering::Relaxed),
             applying: Duration::from_micros(c.applying_us.load(Ordering::Relaxed)),
             committing: Duration::from_micros(c.committing_us.load(Ordering::Relaxed)),
+            checkpoints: c.checkpoints.load(Ordering::Relaxed),
+            checkpointing: Duration::from_micros(c.checkpointing_us.load(Ordering::Relaxed)),
         }
     }
 }
@@ -229,11 +244,11 @@ fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, counters: &Counters, mut dura
         };
         match queue.recv_timeout(wait) {
             Ok(first) => batch(inner, queue, counters, &mut durable, first),
-            Err(mpsc::RecvTimeoutError::Timeout) => durable.checkpoint_alone(inner),
+            Err(mpsc::RecvTimeoutError::Timeout) => durable.checkpoint_alone(inner, counters),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
-    durable.checkpoint_alone(inner);
+    durable.checkpoint_alone(inner, counters);
 }
 
 /// One batch: the first write and every further one already waiting, applied in one
@@ -286,7 +301,7 @@ fn batch(
     }
     crate::fault::crash_point("embedded.before_commit");
     let applied_at = Instant::now();
-    match durable.commit(txn, &redo.take()) {
+    match durable.commit(txn, &redo.take(), counters) {
         Ok(()) => {
             counters.committed(applied.len(), applied_at - started, applied_at.elapsed());
             crate::fault::crash_point("embedded.after_commit");
@@ -327,7 +342,12 @@ impl Durable {
     /// Commits a batch's transaction: its redo record appended to the journal and
     /// synced first, then the transaction committed without syncing the store file,
     /// unless a checkpoint is due (then it is synced, and the journal starts over).
-    fn commit(&mut self, mut txn: WriteTransaction, redo: &[u8]) -> Result<()> {
+    fn commit(
+        &mut self,
+        mut txn: WriteTransaction,
+        redo: &[u8],
+        counters: &Counters,
+    ) -> Result<()> {
         let seq = self.seq + 1;
         txn.open_table(META)
             .ctx("open meta")?
@@ -344,6 +364,7 @@ impl Durable {
             .append(seq, redo)
             .map_err(|e| Error::Unavailable(format!("append to the journal: {e}")))?;
         crate::fault::crash_point("embedded.after_journal");
+        let committing = Instant::now();
         if let Err(e) = txn.commit().ctx("commit") {
             // Nobody will be told this batch committed: the journal must not say so.
             if let Err(undo) = self.journal.undo_last() {
@@ -354,24 +375,30 @@ impl Durable {
         }
         self.seq = seq;
         if checkpoint {
+            // Emptied first, so whoever sees the checkpoint counted sees an empty journal.
             self.cleared();
+            counters.checkpointed(committing.elapsed());
         }
         Ok(())
     }
 
     /// A checkpoint with no batch: an empty transaction committed durably syncs every
     /// non-durable commit before it, and the journal starts over.
-    fn checkpoint_alone(&mut self, inner: &Inner) {
+    fn checkpoint_alone(&mut self, inner: &Inner, counters: &Counters) {
         if self.journal.len() == 0 {
             return;
         }
+        let started = Instant::now();
         let synced = inner
             .db
             .begin_write()
             .ctx("begin checkpoint")
             .and_then(|txn| txn.commit().ctx("commit checkpoint"));
         match synced {
-            Ok(()) => self.cleared(),
+            Ok(()) => {
+                self.cleared();
+                counters.checkpointed(started.elapsed());
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "checkpoint of the embedded store failed; the journal keeps every record")
             }

@@ -966,3 +966,33 @@ async fn the_journal_replays_what_the_file_lacks_and_nothing_it_holds() {
     );
     assert_eq!(seq_in(&db, META_JOURNAL_SEQ), Some(held + 1));
 }
+
+/// A write is journaled (the journal grows) and committed without a sync of the store
+/// file; once the writer has had nothing to do for `CHECKPOINT_IDLE` it checkpoints:
+/// the checkpoint is counted and the journal is empty again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_writer_checkpoints_and_empties_the_journal() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    let store = EmbeddedStore::open(&path, conformance::options()).expect("open");
+    let journal_len = || {
+        std::fs::metadata(journal::Journal::path_for(&path))
+            .expect("journal")
+            .len()
+    };
+    let before = store.writer.stats();
+    store
+        .create_job(job("journaled", None))
+        .await
+        .expect("create");
+    assert!(journal_len() > 0, "the write's record is in the journal");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.writer.stats().checkpoints == before.checkpoints {
+        assert!(Instant::now() < deadline, "no checkpoint after 20 s idle");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = store.writer.stats();
+    assert_eq!(after.checkpoints, before.checkpoints + 1);
+    assert!(after.checkpointing > before.checkpointing);
+    assert_eq!(journal_len(), 0, "a checkpoint empties the journal");
+}

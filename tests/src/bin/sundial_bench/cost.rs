@@ -103,6 +103,11 @@ pub struct Costs {
     pub store_steps_per_commit: Option<f64>,
     pub store_applying_us_per_step: Option<f64>,
     pub store_committing_ms_per_commit: Option<f64>,
+    /// The embedded store's checkpoints in the window (its file synced, its journal
+    /// emptied) and ms each (`sundial_store_checkpoints_total`,
+    /// `…_checkpointing_seconds_total`).
+    pub store_checkpoints: Option<f64>,
+    pub store_checkpoint_ms_each: Option<f64>,
     /// Bytes the servers wrote to disk per run (`write_bytes` of `/proc/<pid>/io`, as
     /// their pages are dirtied): the embedded store's pages; on Redis, about none.
     pub server_bytes_written_per_run: Option<f64>,
@@ -164,6 +169,12 @@ impl Costs {
             println!(
                 "  store writer: {steps:.1} writes per commit, {applying:.1} µs applying each, {committing:.2} ms committing each commit"
             );
+        }
+        if let Some(n) = self.store_checkpoints {
+            let each = self
+                .store_checkpoint_ms_each
+                .map_or(String::new(), |ms| format!(", {ms:.1} ms each"));
+            println!("  store checkpoints: {n:.0}{each}");
         }
         if let Some(bytes) = self.server_bytes_written_per_run {
             println!("  servers wrote {:.1} KiB to disk per run", bytes / 1024.0);
@@ -261,6 +272,12 @@ impl CostProbe {
                     Some((after.applying_s - before.applying_s) * 1e6 / steps);
                 costs.store_committing_ms_per_commit =
                     Some((after.committing_s - before.committing_s) * 1e3 / commits);
+            }
+            let checkpoints = after.checkpoints - before.checkpoints;
+            costs.store_checkpoints = Some(checkpoints);
+            if checkpoints > 0.0 {
+                costs.store_checkpoint_ms_each =
+                    Some((after.checkpointing_s - before.checkpointing_s) * 1e3 / checkpoints);
             }
         }
         if let (Some(before), Some(after)) = (self.written, bytes_written(&self.pids)) {
@@ -468,6 +485,8 @@ struct StoreTotals {
     steps: f64,
     applying_s: f64,
     committing_s: f64,
+    checkpoints: f64,
+    checkpointing_s: f64,
 }
 
 /// The store's commit totals (`sundial_store_commits_total` and the writer's figures
@@ -490,6 +509,8 @@ async fn store_totals(urls: &[String]) -> Result<Option<StoreTotals>> {
         t.steps += value("sundial_store_commit_steps_total").unwrap_or(0.0);
         t.applying_s += value("sundial_store_applying_seconds_total").unwrap_or(0.0);
         t.committing_s += value("sundial_store_committing_seconds_total").unwrap_or(0.0);
+        t.checkpoints += value("sundial_store_checkpoints_total").unwrap_or(0.0);
+        t.checkpointing_s += value("sundial_store_checkpointing_seconds_total").unwrap_or(0.0);
     }
     Ok(total)
 }
