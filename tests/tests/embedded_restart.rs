@@ -479,6 +479,13 @@ async fn a_kill_under_a_burst_loses_no_run_and_starts_none_twice() -> Result<()>
     ensure!(twice.is_empty(), "started twice: {twice:?}");
     ensure!(started.len() == jobs, "{} of {jobs} started", started.len());
     println!("killed with {at_kill} of {jobs} runs started");
+    if let Some(replay) = server
+        .stderr()
+        .lines()
+        .find(|l| l.contains("replayed the journal"))
+    {
+        println!("{replay}");
+    }
     Ok(())
 }
 

@@ -587,11 +587,13 @@ fn recover(db: &Database, path: &Path) -> Result<Durable> {
             .map_or(0, |g| g.value())
     };
     let held = seq;
-    let mut replayed = 0;
+    let started = Instant::now();
+    let (mut replayed, mut bytes) = (0, 0);
     for record in records.iter().filter(|r| r.seq > held) {
         redo::replay(&txn, &record.redo)?;
         seq = record.seq;
         replayed += 1;
+        bytes += record.redo.len();
     }
     if replayed > 0 {
         txn.open_table(META)
@@ -601,6 +603,8 @@ fn recover(db: &Database, path: &Path) -> Result<Durable> {
         txn.commit().ctx("commit journal replay")?;
         tracing::info!(
             batches = replayed,
+            bytes,
+            took_ms = started.elapsed().as_millis(),
             journal = %journal_path.display(),
             "replayed the journal's batches the store file did not hold yet"
         );
