@@ -206,8 +206,8 @@ pub trait StoreMeta: Send + Sync + 'static {
     async fn now(&self) -> Result<Millis>;
 
     /// Write transactions committed so far, where the backend commits them itself (the
-    /// embedded store: one fsync each), with the steps they applied and the time spent
-    /// applying and committing; None where it does not (Redis).
+    /// embedded store: one journal sync each), with the steps they applied, the time spent
+    /// applying and committing, and its checkpoints; None where it does not (Redis).
     fn commit_stats(&self) -> Option<CommitStats> {
         None
     }

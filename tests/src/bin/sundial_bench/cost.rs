@@ -95,7 +95,7 @@ pub struct Costs {
     /// Redis, the servers and the executors together, per run: what the machine's
     /// cores are shared by (the benchmark's own reading of journals is not counted).
     pub all_cpu_us_per_run: f64,
-    /// The embedded store's commits (fsyncs) per run, from `sundial_store_commits_total`.
+    /// The embedded store's commits (journal syncs) per run, from `sundial_store_commits_total`.
     pub store_commits_per_run: Option<f64>,
     /// The embedded store's writer: writes applied per commit, µs applying one, ms
     /// committing one (`sundial_store_commit_steps_total`, `…_applying_seconds_total`,
@@ -159,7 +159,7 @@ impl Costs {
             self.server_cpu_us_per_run, self.executor_cpu_us_per_run, self.all_cpu_us_per_run
         );
         if let Some(commits) = self.store_commits_per_run {
-            println!("  store commits (fsyncs) per run: {commits:.3}");
+            println!("  store commits (journal syncs) per run: {commits:.3}");
         }
         if let (Some(steps), Some(applying), Some(committing)) = (
             self.store_steps_per_commit,
