@@ -38,8 +38,8 @@ impl Redo {
 
     fn note(&self, table: &str, op: u8, key: &[u8], value: Option<&[u8]>) {
         let mut out = self.bytes.borrow_mut();
-        // Table names are short constants of this module's parent; a longer one would
-        // be a programming error, caught by the replay test of every table.
+        // Table names are short constants of this module's parent (a name past 255
+        // bytes would be cut here and refused by replay as unknown).
         let name = &table.as_bytes()[..table.len().min(usize::from(u8::MAX))];
         out.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
         out.extend_from_slice(name);
