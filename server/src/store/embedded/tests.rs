@@ -995,4 +995,15 @@ async fn an_idle_writer_checkpoints_and_empties_the_journal() {
     assert_eq!(after.checkpoints, before.checkpoints + 1);
     assert!(after.checkpointing > before.checkpointing);
     assert_eq!(journal_len(), 0, "a checkpoint empties the journal");
+
+    // What a crash would leave now (the store still open, nothing closed cleanly): the
+    // store file alone, its journal emptied, holds the write.
+    let copy = dir.path().join("copy.redb");
+    std::fs::copy(&path, &copy).expect("copy the store file");
+    let reopened = EmbeddedStore::open(&copy, conformance::options()).expect("open the copy");
+    assert!(
+        reopened.get_job("journaled").await.expect("get").is_some(),
+        "the checkpoint made the write durable in the store file"
+    );
+    drop(store);
 }
