@@ -52,7 +52,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::model::{MisfirePolicy, RunRecord, RunState};
+use crate::model::{MisfirePolicy, RunRecord, RunState, duration_us};
 use crate::store::{Applied, Begun, CommitStats, Transition};
 
 /// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text format.
@@ -454,13 +454,14 @@ impl Metrics {
 
     /// What the store has committed so far (counters read at scrape time).
     pub fn set_commit_stats(&self, stats: &CommitStats) {
-        let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         self.store_commits.bring_to(stats.commits);
         self.store_commit_steps.bring_to(stats.steps);
-        self.store_applying.bring_to(us(stats.applying));
-        self.store_committing.bring_to(us(stats.committing));
+        self.store_applying.bring_to(duration_us(stats.applying));
+        self.store_committing
+            .bring_to(duration_us(stats.committing));
         self.store_checkpoints.bring_to(stats.checkpoints);
-        self.store_checkpointing.bring_to(us(stats.checkpointing));
+        self.store_checkpointing
+            .bring_to(duration_us(stats.checkpointing));
     }
 
     /// The registry's nodes by health name (a scrape-time gauge): every name listed

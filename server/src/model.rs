@@ -17,6 +17,11 @@ pub fn duration_ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A duration in whole microseconds, saturating.
+pub fn duration_us(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// This machine's wall clock in epoch ms: for times an executor or target reports,
 /// never for decisions (those use the store's clock).
 pub fn now_ms() -> Millis {

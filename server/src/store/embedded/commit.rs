@@ -44,7 +44,8 @@ use tokio::sync::oneshot;
 use super::journal::Journal;
 use super::redo::{Logged, Redo, Tx};
 use super::run_tables::RunTables;
-use super::{Ctx, Inner, JOBS, META, META_JOURNAL_SEQ, TRIGGERS, now_us};
+use super::{Ctx, Inner, JOBS, TRIGGERS, hold_journal_seq, now_us};
+use crate::model::duration_us;
 use crate::store::{CommitStats, Error, Result};
 
 /// At most this many steps share one transaction, so a commit never waits on an
@@ -133,26 +134,23 @@ struct Counters {
     checkpointing_us: AtomicU64,
 }
 
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
 impl Counters {
     /// One checkpoint made, in `took`.
     fn checkpointed(&self, took: Duration) {
         self.checkpointing_us
-            .fetch_add(micros(took), Ordering::Relaxed);
-        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+            .fetch_add(duration_us(took), Ordering::Relaxed);
+        // Last, so a reader that sees the checkpoint sees its time too.
+        self.checkpoints.fetch_add(1, Ordering::Release);
     }
 
     /// One batch committed: `steps` applied in `applying`, committed in `committing`.
     fn committed(&self, steps: usize, applying: Duration, committing: Duration) {
-        let us = micros;
         self.steps
             .fetch_add(u64::try_from(steps).unwrap_or(u64::MAX), Ordering::Relaxed);
-        self.applying_us.fetch_add(us(applying), Ordering::Relaxed);
+        self.applying_us
+            .fetch_add(duration_us(applying), Ordering::Relaxed);
         self.committing_us
-            .fetch_add(us(committing), Ordering::Relaxed);
+            .fetch_add(duration_us(committing), Ordering::Relaxed);
         // Last, so a reader that sees the commit sees its steps and times too.
         self.commits.fetch_add(1, Ordering::Release);
     }
@@ -217,7 +215,7 @@ impl Writer {
             steps: c.steps.load(Ordering::Relaxed),
             applying: Duration::from_micros(c.applying_us.load(Ordering::Relaxed)),
             committing: Duration::from_micros(c.committing_us.load(Ordering::Relaxed)),
-            checkpoints: c.checkpoints.load(Ordering::Relaxed),
+            checkpoints: c.checkpoints.load(Ordering::Acquire),
             checkpointing: Duration::from_micros(c.checkpointing_us.load(Ordering::Relaxed)),
         }
     }
@@ -237,12 +235,13 @@ impl Drop for Writer {
 /// checkpoint, so a clean restart has nothing to replay.
 fn run(inner: &Inner, queue: &mpsc::Receiver<Job>, counters: &Counters, mut durable: Durable) {
     loop {
-        let wait = if durable.journal.len() > 0 {
-            CHECKPOINT_IDLE
+        // With batches in the journal, a quiet spell is the moment to checkpoint.
+        let next = if durable.journal.len() > 0 {
+            queue.recv_timeout(CHECKPOINT_IDLE)
         } else {
-            Duration::from_secs(3600)
+            queue.recv().map_err(mpsc::RecvTimeoutError::from)
         };
-        match queue.recv_timeout(wait) {
+        match next {
             Ok(first) => batch(inner, queue, counters, &mut durable, first),
             Err(mpsc::RecvTimeoutError::Timeout) => durable.checkpoint_alone(inner, counters),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -324,7 +323,7 @@ const CHECKPOINT_IDLE: Duration = Duration::from_secs(1);
 pub struct Durable {
     journal: Journal,
     /// The last batch's sequence number (the store file keeps the last one it holds
-    /// under [`META_JOURNAL_SEQ`]).
+    /// under [`super::META_JOURNAL_SEQ`]).
     seq: u64,
     /// When the journal took its first record since the last checkpoint.
     since: Option<Instant>,
@@ -349,10 +348,7 @@ impl Durable {
         counters: &Counters,
     ) -> Result<()> {
         let seq = self.seq + 1;
-        txn.open_table(META)
-            .ctx("open meta")?
-            .insert(META_JOURNAL_SEQ, seq)
-            .ctx("write journal sequence")?;
+        hold_journal_seq(&txn, seq)?;
         let since = *self.since.get_or_insert_with(Instant::now);
         let checkpoint =
             self.journal.len() >= CHECKPOINT_BYTES || since.elapsed() >= CHECKPOINT_AGE;

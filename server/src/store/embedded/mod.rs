@@ -125,7 +125,7 @@ use super::{
 };
 use crate::model::{
     AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,
-    RunState, Trigger, WebhookBody, duration_ms,
+    RunState, Trigger, WebhookBody, duration_ms, duration_us,
 };
 
 /// How many expired records (runs, idempotency keys, nonces, nodes) one write sweeps, so that a
@@ -596,10 +596,7 @@ fn recover(db: &Database, path: &Path) -> Result<Durable> {
         bytes += record.redo.len();
     }
     if replayed > 0 {
-        txn.open_table(META)
-            .ctx("open meta")?
-            .insert(META_JOURNAL_SEQ, seq)
-            .ctx("write journal sequence")?;
+        hold_journal_seq(&txn, seq)?;
         txn.commit().ctx("commit journal replay")?;
         tracing::info!(
             batches = replayed,
@@ -611,6 +608,15 @@ fn recover(db: &Database, path: &Path) -> Result<Durable> {
     }
     journal.clear().map_err(io)?;
     Ok(Durable::new(journal, seq))
+}
+
+/// Notes in `meta` that the transaction holds the journal's batches up to `seq`.
+fn hold_journal_seq(txn: &WriteTransaction, seq: u64) -> Result<()> {
+    txn.open_table(META)
+        .ctx("open meta")?
+        .insert(META_JOURNAL_SEQ, seq)
+        .ctx("write journal sequence")?;
+    Ok(())
 }
 
 /// Version 1 → 2: version 1 kept each run's timer key in `run_timers` beside the
@@ -811,7 +817,7 @@ fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .map(duration_us)
         .unwrap_or(0)
 }
 
