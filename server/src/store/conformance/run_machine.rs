@@ -588,6 +588,8 @@ pub async fn begin_and_assign_in_one_decision(store: Arc<dyn Store>) {
     );
     assert!(leased.fencing_token > 0 && leased.deadlines.lease_expires > 0);
     assert_eq!(get(&store, &first.schedule_id).await, leased);
+    // Written once, leased: its history notes the lease alone, on every store.
+    assert_eq!(steps(&leased), ["DISPATCHED"], "{leased:?}");
 
     // The node is full: the run exists, WAITING with its timer, for the router.
     let second = planned_run("ba", 2000, plan(OverlapPolicy::Allow));
@@ -601,6 +603,7 @@ pub async fn begin_and_assign_in_one_decision(store: Arc<dyn Store>) {
     assert_eq!(stored, begun.run);
     assert_eq!(stored.state, RunState::Waiting);
     assert!(stored.deadlines.wake_at > 0, "{stored:?}");
+    assert_eq!(steps(&stored), ["WAITING"], "{stored:?}");
 
     // The first trigger again: found, not assigned again.
     let (begun, assigned) = store
@@ -651,6 +654,11 @@ pub async fn begin_and_assign_in_one_decision(store: Arc<dyn Store>) {
         (begun.run.state, begun.run.reason.as_str(), assigned),
         (RunState::Waiting, "queued", None)
     );
+}
+
+/// What a run's history says it went through, oldest first.
+fn steps(run: &RunRecord) -> Vec<&str> {
+    run.history.iter().map(|e| e.what.as_str()).collect()
 }
 
 pub async fn assign_run_race(store: Arc<dyn Store>) {

@@ -6,7 +6,7 @@
 
 use super::run_tables::RunTables;
 use super::*;
-use crate::store::{Finish, LogBatch, assigned_after, routable_now};
+use crate::store::{Finish, LogBatch, routable_now};
 
 #[async_trait]
 impl RunStore for EmbeddedStore {
@@ -138,13 +138,7 @@ impl RunStore for EmbeddedStore {
         let node = node.clone();
         self.write(move |_, b| {
             let job = load_job_standing(&**b.jobs()?, &run.job_id)?;
-            let t = b.runs()?;
-            let begun = begin(t, job, run, route_grace)?;
-            if !routable_now(&begun) {
-                return Ok((begun, None));
-            }
-            let assigned = assign(t, &begun.run.schedule_id, begun.run.attempt, &node, terms)?;
-            Ok(assigned_after(begun, assigned))
+            begin_and_assign(b.runs()?, job, run, route_grace, &node, terms)
         })
         .await
     }
@@ -554,6 +548,52 @@ impl RunStore for EmbeddedStore {
 fn begin(
     t: &mut RunTables<'_>,
     job: Option<JobStanding>,
+    run: RunRecord,
+    route_grace: Duration,
+) -> Result<Begun> {
+    let mut begun = decide_begin(t, job, run, route_grace)?;
+    if begun.created {
+        t.insert_new(&mut begun.run)?;
+    }
+    Ok(begun)
+}
+
+/// `begin_and_assign`'s step over the run tables: `begin`, then `assign` when the new
+/// run is routable now, the new record written once, already leased when the node has
+/// room (its history then notes DISPATCHED alone, as the Redis scripts' does). The
+/// node's room is judged before the job's run bound deletes its oldest runs, not after
+/// (a bound that deletes a run still leased is a full job history, not a burst; the
+/// run then waits for the node as any other).
+fn begin_and_assign(
+    t: &mut RunTables<'_>,
+    job: Option<JobStanding>,
+    run: RunRecord,
+    route_grace: Duration,
+    node: &NodeSlot,
+    terms: LeaseTerms,
+) -> Result<(Begun, Option<Assigned>)> {
+    let mut begun = decide_begin(t, job, run, route_grace)?;
+    if !routable_now(&begun) {
+        if begun.created {
+            t.insert_new(&mut begun.run)?;
+        }
+        return Ok((begun, None));
+    }
+    let granted = lease(t, &mut begun.run, node, terms)?;
+    t.insert_new(&mut begun.run)?;
+    let assigned = if granted {
+        Assigned::Granted(begun.run.clone())
+    } else {
+        Assigned::NodeFull
+    };
+    Ok((begun, Some(assigned)))
+}
+
+/// What beginning makes of a run, nothing of it written yet (`created`: the caller
+/// inserts it); an existing run is returned as stored.
+fn decide_begin(
+    t: &mut RunTables<'_>,
+    job: Option<JobStanding>,
     mut run: RunRecord,
     route_grace: Duration,
 ) -> Result<Begun> {
@@ -637,7 +677,6 @@ fn begin(
     if run.state == RunState::Skipped {
         run.finished_at = Some(now);
     }
-    t.insert_new(&mut run)?;
     Ok(Begun {
         run,
         created: true,
@@ -660,8 +699,24 @@ fn assign(
     if run.state != RunState::Waiting || run.attempt != attempt || run.deadlines.wake_at == 0 {
         return Ok(Assigned::NotWaiting(Some(run)));
     }
-    if node.max_concurrency > 0 && t.busy(&node.node_id)? >= u64::from(node.max_concurrency) {
+    if !lease(t, &mut run, node, terms)? {
         return Ok(Assigned::NodeFull);
+    }
+    t.save(&mut run)?;
+    Ok(Assigned::Granted(run))
+}
+
+/// Leases the WAITING run to the node (DISPATCHED under a fresh token, its deadlines
+/// the lease's) and takes a slot of the node, unless the node holds its
+/// `max_concurrency` already (false, nothing changed). The caller saves the run.
+fn lease(
+    t: &mut RunTables<'_>,
+    run: &mut RunRecord,
+    node: &NodeSlot,
+    terms: LeaseTerms,
+) -> Result<bool> {
+    if node.max_concurrency > 0 && t.busy(&node.node_id)? >= u64::from(node.max_concurrency) {
+        return Ok(false);
     }
     let now = t.now;
     run.fencing_token = t.new_token(&run.job_id)?;
@@ -679,10 +734,9 @@ fn assign(
         ..Deadlines::default()
     };
     t.node_runs
-        .insert((node.node_id.as_str(), schedule_id), ())
+        .insert((node.node_id.as_str(), run.schedule_id.as_str()), ())
         .ctx("write node run")?;
-    t.save(&mut run)?;
-    Ok(Assigned::Granted(run))
+    Ok(true)
 }
 
 /// Why a run of this job must be recorded SKIPPED rather than started, if it must.
