@@ -497,6 +497,75 @@ pub async fn claim_outcomes(store: Arc<dyn Store>) {
     assert_eq!(ids.len(), got.len(), "entry ids are distinct");
 }
 
+/// A job whose fires are due later than planned (jitter): each claim's armed fire is
+/// what the job then reads (one, a list, a page) with its planned time and its due
+/// time, and what `due_fires` offers once due; none armed reads as none. (The offset
+/// is the definition's: a fire at another one is not a claim the scheduler makes.)
+pub async fn claimed_fires_keep_their_planned_time(store: Arc<dyn Store>) {
+    let parts = store.partitions();
+    let id = &ids_in_partition(parts, 1, "jitter", 1)[0];
+    let t0 = now(&store).await;
+    let jittered = |planned: Millis, offset: i64| Arm {
+        planned,
+        due: planned + offset,
+    };
+    let first = jittered(t0 - 60_000, 250);
+    store
+        .create_job(job(id, Some(first)))
+        .await
+        .expect("create");
+    let claim = |expected: Arm, next: Option<Arm>| FireClaim {
+        job_id: id.clone(),
+        expected_due: expected.due,
+        expected_version: 1,
+        next,
+        triggers: vec![cron_trigger(id, expected.planned, 1)],
+    };
+    let reads = |want: Option<Arm>| {
+        let store = store.clone();
+        async move {
+            let one = store.get_job(id).await.expect("get").expect("job");
+            let many = store
+                .get_jobs(std::slice::from_ref(id))
+                .await
+                .expect("get jobs");
+            let page = store.list_jobs(None, "jitter", 10).await.expect("list");
+            assert_eq!(one.next_fire, want, "get_job");
+            assert_eq!(many[0].next_fire, want, "get_jobs");
+            assert_eq!(page.items[0].next_fire, want, "list_jobs");
+        }
+    };
+    // Claimed twice at the job's offset: still due in the past, offered as planned.
+    let mut expected = first;
+    for i in 1..=2 {
+        let next = jittered(t0 - 60_000 + i * 10_000, 250);
+        let outcome = store
+            .claim_fires(1, vec![claim(expected, Some(next))])
+            .await
+            .expect("claim");
+        assert_eq!(outcome.results, vec![ClaimResult::Claimed]);
+        reads(Some(next)).await;
+        let fires = store.due_fires(1, 10).await.expect("due").fires;
+        assert_eq!(
+            fires,
+            vec![DueFire {
+                job_id: id.clone(),
+                due: next.due,
+                planned: next.planned,
+                version: 1,
+            }]
+        );
+        expected = next;
+    }
+    // The schedule ends.
+    let outcome = store
+        .claim_fires(1, vec![claim(expected, None)])
+        .await
+        .expect("last claim");
+    assert_eq!(outcome.results, vec![ClaimResult::Claimed]);
+    reads(None).await;
+}
+
 /// 200 due jobs, 8 concurrent claimers: every fire is claimed exactly once.
 pub async fn claim_race(store: Arc<dyn Store>) {
     const JOBS: usize = 200;

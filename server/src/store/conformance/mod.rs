@@ -78,6 +78,7 @@ macro_rules! store_conformance_tests {
                 paused_job_is_never_due: options,
                 due_fires_order_limit_partition: options,
                 claim_outcomes: options,
+                claimed_fires_keep_their_planned_time: options,
                 claim_race: options,
                 apply_jobs_batches_and_refusals: options,
                 manual_idempotency: options,

@@ -99,7 +99,8 @@ impl JobStore for EmbeddedStore {
         self.point_read(|inner| {
             let txn = read(&inner.db)?;
             let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-            load_job(&jobs, job_id)
+            let pending = txn.open_table(PENDING).ctx("open pending")?;
+            load_armed_job(&jobs, &pending, job_id)
         })
     }
 
@@ -110,9 +111,10 @@ impl JobStore for EmbeddedStore {
             let job_ids = job_ids.as_slice();
             let txn = read(&inner.db)?;
             let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            let pending = txn.open_table(PENDING).ctx("open pending")?;
             let mut out = Vec::with_capacity(job_ids.len());
             for id in job_ids {
-                if let Some(job) = load_job(&jobs, id)? {
+                if let Some(job) = load_armed_job(&jobs, &pending, id)? {
                     out.push(job);
                 }
             }
@@ -137,6 +139,7 @@ impl JobStore for EmbeddedStore {
             let limit = page_limit(limit);
             let txn = read(&inner.db)?;
             let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+            let pending = txn.open_table(PENDING).ctx("open pending")?;
             // The table is ordered by id: the prefix's jobs are one range, from the
             // prefix itself (or after the cursor, when that is further on).
             let start = match cursor.as_deref() {
@@ -158,7 +161,13 @@ impl JobStore for EmbeddedStore {
                     more = true;
                     break;
                 }
-                items.push(decode::<JobRecord>("job", k.value(), v.value())?);
+                let mut job = decode::<JobRecord>("job", k.value(), v.value())?;
+                let due = pending
+                    .get(k.value())
+                    .ctx("read pending member")?
+                    .map(|g| g.value());
+                job.next_fire = armed(job.next_fire, due);
+                items.push(job);
             }
             let next_cursor = if more {
                 items.last().map(|j| j.spec.id.clone())
@@ -199,13 +208,11 @@ impl JobStore for EmbeddedStore {
             }
             let mut fires = Vec::with_capacity(due_members.len());
             for (job_id, due) in due_members {
-                match load_job(&jobs, &job_id)? {
+                match load::<FireView>(&jobs, "job", &job_id)? {
                     Some(job) => fires.push(DueFire {
                         job_id,
                         due,
-                        // The pending member is always written from `next_fire`, so the armed
-                        // fire carries the planned time of this due.
-                        planned: job.next_fire.map_or(due, |a| a.planned),
+                        planned: armed(job.next_fire, Some(due)).map_or(due, |a| a.planned),
                         version: job.version,
                     }),
                     // Job and pending member change in one transaction, so this cannot happen
@@ -229,6 +236,7 @@ impl JobStore for EmbeddedStore {
             let now = now_ms();
             let mut results = Vec::with_capacity(claims.len());
             let mut appended = Vec::new();
+            let mut fires = FireTables::open(txn)?;
             for claim in claims {
                 let home = partition_of(&claim.job_id, inner.partitions);
                 if home != partition {
@@ -240,15 +248,14 @@ impl JobStore for EmbeddedStore {
                         claim.job_id
                     )));
                 }
-                let result = inner.claim_one(txn, &claim)?;
+                let result = inner.claim_one(&mut fires, &claim)?;
                 if result == ClaimResult::Claimed {
                     appended.extend(claim.triggers);
                 }
                 results.push(result);
             }
             append_triggers(txn, now, appended)?;
-            let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
-            let next_due = earliest_due(&*index, partition)?;
+            let next_due = earliest_due(&*fires.due_index, partition)?;
             Ok(ClaimOutcome {
                 now,
                 results,
@@ -391,21 +398,18 @@ impl Inner {
     }
 
     /// One claim's compare-and-set, inside the batch's transaction.
-    pub(super) fn claim_one(&self, txn: Tx<'_>, claim: &FireClaim) -> Result<ClaimResult> {
-        let mut jobs = txn.open_table(JOBS).ctx("open jobs")?;
-        let Some(mut job) = load_job(&*jobs, &claim.job_id)? else {
+    fn claim_one(&self, t: &mut FireTables<'_>, claim: &FireClaim) -> Result<ClaimResult> {
+        let Some(job) = load::<FireView>(&*t.jobs, "job", &claim.job_id)? else {
             return Ok(ClaimResult::Gone);
         };
         if job.paused {
             return Ok(ClaimResult::Gone);
         }
-        let pending_due = {
-            let pending = txn.open_table(PENDING).ctx("open pending")?;
-            pending
-                .get(claim.job_id.as_str())
-                .ctx("read pending member")?
-                .map(|g| g.value())
-        };
+        let pending_due = t
+            .pending
+            .get(claim.job_id.as_str())
+            .ctx("read pending member")?
+            .map(|g| g.value());
         // No member while enabled means the schedule ended or another claim consumed the
         // last fire: either way the claimer's view moved.
         if pending_due != Some(claim.expected_due) {
@@ -415,12 +419,21 @@ impl Inner {
             return Ok(ClaimResult::VersionChanged);
         }
         // A claim advances the schedule but is not a job change: the version stays, so
-        // claims computed from the same definition keep matching.
-        job.next_fire = claim.next;
-        store_job(&mut jobs, &job)?;
-        drop(jobs);
-        set_pending(
-            txn,
+        // claims computed from the same definition keep matching. It moves the pending
+        // member; the record is rewritten only for a fire whose offset from its planned
+        // time is not the one it holds (`armed`), which a claim computed from the
+        // record's definition never arms.
+        if let Some(next) = claim.next
+            && job.next_fire.map(jitter_of) != Some(jitter_of(next))
+        {
+            let mut record = load_job(&*t.jobs, &claim.job_id)?
+                .ok_or_else(|| Error::JobNotFound(claim.job_id.clone()))?;
+            record.next_fire = Some(next);
+            store_job(&mut t.jobs, &record)?;
+        }
+        write_pending(
+            &mut t.pending,
+            &mut t.due_index,
             self.partitions,
             &claim.job_id,
             claim.next.map(|a| a.due),
@@ -431,5 +444,32 @@ impl Inner {
     /// Deletes up to `SWEEP_BATCH` idempotency keys past their expiry.
     pub(super) fn sweep_idempotency(&self, txn: Tx<'_>, now: Millis) -> Result<()> {
         sweep_pair_expiry(txn, IDEMPOTENCY_EXPIRY, IDEMPOTENCY, now, "idempotency")
+    }
+}
+
+/// What a fire's claim (and `due_fires`) needs of its job's record: decoding only this
+/// skips building its spec.
+#[derive(Deserialize)]
+struct FireView {
+    #[serde(default)]
+    paused: bool,
+    version: u64,
+    next_fire: Option<Arm>,
+}
+
+/// The tables a batch of fire claims reads and writes, open once for all of them.
+struct FireTables<'t> {
+    jobs: Logged<'t, &'static str, &'static str>,
+    pending: Logged<'t, &'static str, i64>,
+    due_index: Logged<'t, (u32, i64, &'static str), ()>,
+}
+
+impl<'t> FireTables<'t> {
+    fn open(txn: Tx<'t>) -> Result<Self> {
+        Ok(FireTables {
+            jobs: txn.open_table(JOBS).ctx("open jobs")?,
+            pending: txn.open_table(PENDING).ctx("open pending")?,
+            due_index: txn.open_table(DUE_INDEX).ctx("open due index")?,
+        })
     }
 }

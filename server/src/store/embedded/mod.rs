@@ -29,7 +29,7 @@
 //! |---|---|---|
 //! | `meta` | name → u64 | schema version, partitions, next trigger sequence, last journaled batch held |
 //! | `jobs` | job_id → JSON `JobRecord` | the jobs |
-//! | `pending` | job_id → due | the pending member of a job (at most one) |
+//! | `pending` | job_id → due | the pending member of a job (at most one): its armed fire's due time (`armed`) |
 //! | `due_index` | (partition, due, job_id) → () | range scans of due fires per partition |
 //! | `triggers` | seq → JSON (trigger, enqueued_at) | the durable trigger queue |
 //! | `idempotency` | (job_id, key) → (schedule_id, expires_at) | manual trigger keys |
@@ -124,8 +124,8 @@ use super::{
     TriggerQueue, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
-    AppRecord, AppSecret, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy, RunRecord,
-    RunState, Trigger, WebhookBody, duration_ms, duration_us,
+    AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, Millis, OverlapPolicy,
+    RunRecord, RunState, Trigger, WebhookBody, duration_ms, duration_us,
 };
 
 /// How many expired records (runs, idempotency keys, nonces, nodes) one write sweeps, so that a
@@ -160,8 +160,11 @@ const SERIAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("serial_
 /// are read as they are), so a build before it must not open the file; 4: the file is
 /// synced only at checkpoints, the batches since then held by the journal beside it
 /// (`journal`), which a build before it would not replay (a version-3 file opens as
-/// version 4 unchanged).
-pub const FILE_VERSION: u32 = 4;
+/// version 4 unchanged); 5: a fire claim moves only the job's pending member, its
+/// record's `next_fire` giving the fire's offset from its planned time (`armed`), which
+/// a build before it would read as the armed fire itself (a version-4 file opens as
+/// version 5 unchanged: its records and members agree).
+pub const FILE_VERSION: u32 = 5;
 
 /// Version 1's index from a run to its timer, deleted by the migration to version 2.
 const TIMERS: TableDefinition<&str, (u32, i64)> = TableDefinition::new("run_timers");
@@ -857,6 +860,42 @@ fn load_job(
     load(jobs, "job", job_id)
 }
 
+/// The job with its armed fire as it stands (`armed`).
+fn load_armed_job(
+    jobs: &impl ReadableTable<&'static str, &'static str>,
+    pending: &impl ReadableTable<&'static str, i64>,
+    job_id: &str,
+) -> Result<Option<JobRecord>> {
+    let Some(mut job) = load_job(jobs, job_id)? else {
+        return Ok(None);
+    };
+    let due = pending
+        .get(job_id)
+        .ctx("read pending member")?
+        .map(|g| g.value());
+    job.next_fire = armed(job.next_fire, due);
+    Ok(Some(job))
+}
+
+/// A job's armed fire, from its record's `next_fire` (`recorded`) and its pending
+/// member's due time. The record holds the fire written when the job was last created,
+/// updated or re-armed; a fire claim moves only the member when the fire it arms keeps
+/// the recorded offset from its planned time (the job's jitter, the same for every
+/// fire of a definition; `claim_one`). So the member gives the due time and the record
+/// the offset. None without a member (paused, or the schedule ended).
+fn armed(recorded: Option<Arm>, pending_due: Option<Millis>) -> Option<Arm> {
+    let (arm, due) = (recorded?, pending_due?);
+    Some(Arm {
+        planned: due.saturating_sub(jitter_of(arm)),
+        due,
+    })
+}
+
+/// How much later than planned an armed fire is due.
+fn jitter_of(arm: Arm) -> i64 {
+    arm.due.saturating_sub(arm.planned)
+}
+
 fn store_job(jobs: &mut Logged<'_, &'static str, &'static str>, job: &JobRecord) -> Result<()> {
     let json = encode("job", job)?;
     jobs.insert(job.spec.id.as_str(), json.as_str())
@@ -883,6 +922,17 @@ fn load_outbox(
 fn set_pending(txn: Tx<'_>, partitions: u32, job_id: &str, due: Option<Millis>) -> Result<()> {
     let mut pending = txn.open_table(PENDING).ctx("open pending")?;
     let mut index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+    write_pending(&mut pending, &mut index, partitions, job_id, due)
+}
+
+/// `set_pending` over tables its caller holds open.
+fn write_pending(
+    pending: &mut Logged<'_, &'static str, i64>,
+    index: &mut Logged<'_, (u32, i64, &'static str), ()>,
+    partitions: u32,
+    job_id: &str,
+    due: Option<Millis>,
+) -> Result<()> {
     let partition = partition_of(job_id, partitions);
     let old = pending
         .remove(job_id)

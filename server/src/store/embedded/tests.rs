@@ -503,6 +503,69 @@ async fn expired_runs_are_swept() {
     );
 }
 
+/// A fire claim moves the job's pending member and leaves its record as it was (the
+/// record's fire gives the jitter, `armed`), unless the fire it arms is at another
+/// offset from its planned time: then the record holds that fire. Either way the job
+/// reads with the fire claimed, also after a reopen.
+#[tokio::test]
+async fn a_claim_rewrites_the_job_record_only_for_another_offset() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.redb");
+    let store = EmbeddedStore::open(&path, StoreOptions::default()).expect("open");
+    let id = "offset";
+    let p = partition_of(id, store.inner.partitions);
+    let at = |planned: Millis, offset: i64| Arm {
+        planned,
+        due: planned + offset,
+    };
+    store
+        .create_job(job(id, Some(at(1_000, 250))))
+        .await
+        .expect("create");
+    let record = |store: &EmbeddedStore| -> String {
+        let txn = store.inner.db.begin_read().expect("read");
+        let jobs = txn.open_table(JOBS).expect("jobs");
+        jobs.get(id).expect("get").expect("job").value().to_owned()
+    };
+    let claim = |expected: Arm, next: Arm| FireClaim {
+        job_id: id.to_owned(),
+        expected_due: expected.due,
+        expected_version: 1,
+        next: Some(next),
+        triggers: Vec::new(),
+    };
+    let created = record(&store);
+    let outcome = store
+        .claim_fires(p, vec![claim(at(1_000, 250), at(2_000, 250))])
+        .await
+        .expect("claim");
+    assert_eq!(outcome.results, vec![ClaimResult::Claimed]);
+    assert_eq!(record(&store), created, "same offset: the record stays");
+    let got = store.get_job(id).await.expect("get").expect("job");
+    assert_eq!(got.next_fire, Some(at(2_000, 250)));
+
+    let outcome = store
+        .claim_fires(p, vec![claim(at(2_000, 250), at(3_000, 40))])
+        .await
+        .expect("claim at another offset");
+    assert_eq!(outcome.results, vec![ClaimResult::Claimed]);
+    assert_ne!(
+        record(&store),
+        created,
+        "another offset: the record holds it"
+    );
+    let got = store.get_job(id).await.expect("get").expect("job");
+    assert_eq!(got.next_fire, Some(at(3_000, 40)));
+    store
+        .claim_fires(p, vec![claim(at(3_000, 40), at(4_000, 40))])
+        .await
+        .expect("claim");
+    drop(store);
+    let store = open(&path, StoreOptions::default());
+    let got = store.get_job(id).await.expect("get").expect("job");
+    assert_eq!(got.next_fire, Some(at(4_000, 40)), "after a reopen");
+}
+
 /// Writes that arrive while a batch is being applied share the next commit: 32 writes
 /// sent together while the first one is still applying make two commits (the first,
 /// then everyone queued behind it), not 32. Each is answered only after its commit, and
