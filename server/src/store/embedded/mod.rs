@@ -673,13 +673,8 @@ fn extend_lapsed_leases(inner: &Inner, grace: Duration) -> Result<usize> {
         let redo = Redo::default();
         let mut t = run_tables::RunTables::open(Tx::new(&txn, &redo), inner)?;
         let until = t.now.saturating_add(duration_ms(grace));
-        let mut held_ids = Vec::new();
-        for item in t.node_runs.iter().ctx("scan node runs")? {
-            let (k, _) = item.ctx("scan node runs")?;
-            held_ids.push(k.value().1.to_owned());
-        }
         let mut extended = 0;
-        for sid in held_ids {
+        for sid in t.leased_ids()? {
             let Some(mut run) = t.load(&sid)? else {
                 continue;
             };

@@ -33,7 +33,10 @@ pub(super) struct RunTables<'t> {
     /// gives it (`timer_key`); the record is how a save finds the entry to move.
     pub(super) timer_index: Logged<'t, (u32, i64, &'static str), ()>,
     /// (node_id, schedule_id): the runs leased to a node, counted for max concurrency.
-    pub(super) node_runs: Logged<'t, (&'static str, &'static str), ()>,
+    /// Changed only through `take_slot` and `leave_node`, which keep `busy_counts`.
+    node_runs: Logged<'t, (&'static str, &'static str), ()>,
+    /// The nodes' lease counts this batch has counted (`busy`).
+    busy_counts: HashMap<String, u64>,
     pub(super) tokens: Logged<'t, &'static str, u64>,
     pub(super) logs: Logged<'t, (&'static str, u64), &'static str>,
     /// schedule_id → (last seq, message bytes kept).
@@ -89,6 +92,7 @@ impl<'t> RunTables<'t> {
             serial: txn.open_table(SERIAL).ctx("open serial queue")?,
             timer_index: txn.open_table(TIMER_INDEX).ctx("open run timer index")?,
             node_runs: txn.open_table(NODE_RUNS).ctx("open node runs")?,
+            busy_counts: HashMap::new(),
             tokens: txn.open_table(TOKENS).ctx("open token counters")?,
             logs: txn.open_table(LOGS).ctx("open run logs")?,
             log_meta: txn.open_table(LOG_META).ctx("open run log meta")?,
@@ -252,11 +256,38 @@ impl<'t> RunTables<'t> {
         Ok(())
     }
 
-    /// How many runs are leased to the node.
-    pub(super) fn busy(&self, node_id: &str) -> Result<u64> {
+    /// How many runs are leased to the node: counted once per batch, then kept by
+    /// `take_slot` and `leave_node` (a batch leases many runs to each node).
+    pub(super) fn busy(&mut self, node_id: &str) -> Result<u64> {
+        if let Some(&n) = self.busy_counts.get(node_id) {
+            return Ok(n);
+        }
         let mut n = 0;
         self.each_node_run(node_id, |_| n += 1)?;
+        self.busy_counts.insert(node_id.to_owned(), n);
         Ok(n)
+    }
+
+    /// The run takes a slot of its node (it is leased to it).
+    pub(super) fn take_slot(&mut self, node_id: &str, schedule_id: &str) -> Result<()> {
+        let had = self
+            .node_runs
+            .insert((node_id, schedule_id), ())
+            .ctx("write node run")?
+            .is_some();
+        if !had && let Some(n) = self.busy_counts.get_mut(node_id) {
+            *n += 1;
+        }
+        Ok(())
+    }
+
+    /// The runs leased to any node, by schedule_id.
+    pub(super) fn leased_ids(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for item in self.node_runs.iter().ctx("scan node runs")? {
+            out.push(item.ctx("scan node runs")?.0.value().1.to_owned());
+        }
+        Ok(out)
     }
 
     /// The runs leased to the node, by schedule_id.
@@ -270,9 +301,14 @@ impl<'t> RunTables<'t> {
     /// lease count drops.
     pub(super) fn leave_node(&mut self, run: &RunRecord) -> Result<()> {
         if held(run.state) && !run.node_id.is_empty() {
-            self.node_runs
+            let had = self
+                .node_runs
                 .remove((run.node_id.as_str(), run.schedule_id.as_str()))
-                .ctx("delete node run")?;
+                .ctx("delete node run")?
+                .is_some();
+            if had && let Some(n) = self.busy_counts.get_mut(run.node_id.as_str()) {
+                *n = n.saturating_sub(1);
+            }
         }
         Ok(())
     }

@@ -733,9 +733,7 @@ fn lease(
         },
         ..Deadlines::default()
     };
-    t.node_runs
-        .insert((node.node_id.as_str(), run.schedule_id.as_str()), ())
-        .ctx("write node run")?;
+    t.take_slot(&node.node_id, &run.schedule_id)?;
     Ok(true)
 }
 

@@ -658,6 +658,45 @@ async fn a_failed_write_leaves_nothing_of_its_batch() {
     assert_eq!(meta.get("next").expect("get").map(|g| g.value()), Some(2));
 }
 
+/// A batch counts a node's leases once and keeps the count as its steps lease and
+/// release runs of it (a slot taken twice or released twice counts once), and the
+/// next batch counts what the last one committed.
+#[tokio::test]
+async fn a_batch_keeps_its_nodes_lease_counts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), conformance::options()).expect("open");
+    let held_on = |sid: &str| RunRecord {
+        schedule_id: sid.to_owned(),
+        node_id: "n".to_owned(),
+        state: RunState::Dispatched,
+        ..run("count", 1, 0)
+    };
+    let counts = store
+        .write(move |_, b| {
+            let t = b.runs()?;
+            let mut seen = vec![t.busy("n")?];
+            t.take_slot("n", "a")?;
+            t.take_slot("n", "b")?;
+            t.take_slot("n", "a")?;
+            t.take_slot("m", "c")?;
+            seen.push(t.busy("n")?);
+            t.leave_node(&held_on("a"))?;
+            t.leave_node(&held_on("a"))?;
+            seen.push(t.busy("n")?);
+            seen.push(t.node_run_ids("n")?.len() as u64);
+            Ok(seen)
+        })
+        .await
+        .expect("first batch");
+    assert_eq!(counts, vec![0, 2, 1, 1]);
+    let next = store
+        .write(|_, b| b.runs()?.busy("n"))
+        .await
+        .expect("next batch");
+    assert_eq!(next, 1);
+}
+
 /// Steps of one batch share the run tables the first of them opened: a step sees what
 /// an earlier step wrote through them, also after a step in between took the bare
 /// transaction (which closes them, its own writes staying in the transaction), and the
