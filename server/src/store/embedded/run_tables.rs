@@ -609,7 +609,8 @@ impl<'t> RunTables<'t> {
 
     /// Writes a new run record with its indexes and timer, then keeps the job's index
     /// bounded: the oldest (by scheduled time) fall out first, with everything of theirs.
-    pub(super) fn insert_new(&mut self, run: &mut RunRecord) -> Result<()> {
+    /// False when the new run was among them (older than every run the job keeps).
+    pub(super) fn insert_new(&mut self, run: &mut RunRecord) -> Result<bool> {
         self.save(run)?;
         let run = &*run;
         let sid = run.schedule_id.as_str();
@@ -630,7 +631,7 @@ impl<'t> RunTables<'t> {
         self.counts.insert(job_id, count).ctx("write run count")?;
         let excess = count.saturating_sub(self.max_runs_per_job);
         if excess == 0 {
-            return Ok(());
+            return Ok(true);
         }
         let oldest: Vec<String> = {
             let mut out = Vec::new();
@@ -651,12 +652,13 @@ impl<'t> RunTables<'t> {
             }
             out
         };
+        let kept = !oldest.iter().any(|old| old == sid);
         for old_sid in oldest {
             if let Some(old) = load_run(&*self.runs, &old_sid)? {
                 self.delete(&old)?;
             }
         }
-        Ok(())
+        Ok(kept)
     }
 
     /// Deletes a run record and everything that points at it or hangs off it: its

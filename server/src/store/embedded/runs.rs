@@ -563,7 +563,8 @@ fn begin(
 /// room (its history then notes DISPATCHED alone, as the Redis scripts' does). The
 /// node's room is judged before the job's run bound deletes its oldest runs, not after
 /// (a bound that deletes a run still leased is a full job history, not a burst; the
-/// run then waits for the node as any other).
+/// run then waits for the node as any other); a new run the bound deletes at once is
+/// not assigned.
 fn begin_and_assign(
     t: &mut RunTables<'_>,
     job: Option<JobStanding>,
@@ -580,11 +581,13 @@ fn begin_and_assign(
         return Ok((begun, None));
     }
     let granted = lease(t, &mut begun.run, node, terms)?;
-    t.insert_new(&mut begun.run)?;
-    let assigned = if granted {
-        Assigned::Granted(begun.run.clone())
-    } else {
-        Assigned::NodeFull
+    let kept = t.insert_new(&mut begun.run)?;
+    let assigned = match (kept, granted) {
+        // The job's run bound deleted it at once, its slot with it: as `assign` finds
+        // a run deleted before it.
+        (false, _) => Assigned::NotWaiting(None),
+        (true, true) => Assigned::Granted(begun.run.clone()),
+        (true, false) => Assigned::NodeFull,
     };
     Ok((begun, Some(assigned)))
 }

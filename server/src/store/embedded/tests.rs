@@ -697,6 +697,47 @@ async fn a_batch_keeps_its_nodes_lease_counts() {
     assert_eq!(next, 1);
 }
 
+/// A run that `begin_and_assign` begins older than every run its job keeps at the
+/// bound is deleted at once by the bound: it is not assigned, and its node keeps no
+/// slot for it.
+#[tokio::test]
+async fn a_new_run_the_bound_deletes_at_once_is_not_assigned() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let opts = conformance::bounded_runs_options();
+    let bound = opts.max_runs_per_job as i64;
+    let store = EmbeddedStore::open(&dir.path().join("store.redb"), opts).expect("open");
+    store.create_job(job("bound", None)).await.expect("create");
+    let plan = conformance::plan(OverlapPolicy::Allow);
+    let node = conformance::slot("bound-n", 1);
+    let terms = LeaseTerms {
+        ttl: Duration::from_secs(30),
+        confirm_within: Duration::from_secs(30),
+    };
+    let grace = Duration::ZERO;
+    for i in 0..bound {
+        let run = conformance::planned_run("bound", 10_000 + i * 1000, plan.clone());
+        store.begin_run(run, grace).await.expect("begin");
+    }
+    let oldest = conformance::planned_run("bound", 1_000, plan.clone());
+    let (begun, assigned) = store
+        .begin_and_assign(oldest.clone(), grace, &node, terms)
+        .await
+        .expect("begin and assign");
+    assert!(begun.created);
+    assert_eq!(assigned, Some(Assigned::NotWaiting(None)));
+    assert_eq!(store.get_run(&oldest.schedule_id).await.expect("get"), None);
+    // The node's one slot is free: the next run takes it.
+    let next = conformance::planned_run("bound", 99_000, plan);
+    let (_, assigned) = store
+        .begin_and_assign(next, grace, &node, terms)
+        .await
+        .expect("begin and assign");
+    assert!(
+        matches!(assigned, Some(Assigned::Granted(_))),
+        "{assigned:?}"
+    );
+}
+
 /// Steps of one batch share the run tables the first of them opened: a step sees what
 /// an earlier step wrote through them, also after a step in between took the bare
 /// transaction (which closes them, its own writes staying in the transaction), and the
