@@ -161,13 +161,8 @@ impl JobStore for EmbeddedStore {
                     more = true;
                     break;
                 }
-                let mut job = decode::<JobRecord>("job", k.value(), v.value())?;
-                let due = pending
-                    .get(k.value())
-                    .ctx("read pending member")?
-                    .map(|g| g.value());
-                job.next_fire = armed(job.next_fire, due);
-                items.push(job);
+                let job = decode::<JobRecord>("job", k.value(), v.value())?;
+                items.push(with_armed(&pending, job)?);
             }
             let next_cursor = if more {
                 items.last().map(|j| j.spec.id.clone())
@@ -208,7 +203,7 @@ impl JobStore for EmbeddedStore {
             }
             let mut fires = Vec::with_capacity(due_members.len());
             for (job_id, due) in due_members {
-                match load::<FireView>(&jobs, "job", &job_id)? {
+                match load_job_standing(&jobs, &job_id)? {
                     Some(job) => fires.push(DueFire {
                         job_id,
                         due,
@@ -399,7 +394,7 @@ impl Inner {
 
     /// One claim's compare-and-set, inside the batch's transaction.
     fn claim_one(&self, t: &mut FireTables<'_>, claim: &FireClaim) -> Result<ClaimResult> {
-        let Some(job) = load::<FireView>(&*t.jobs, "job", &claim.job_id)? else {
+        let Some(job) = load_job_standing(&*t.jobs, &claim.job_id)? else {
             return Ok(ClaimResult::Gone);
         };
         if job.paused {
@@ -445,16 +440,6 @@ impl Inner {
     pub(super) fn sweep_idempotency(&self, txn: Tx<'_>, now: Millis) -> Result<()> {
         sweep_pair_expiry(txn, IDEMPOTENCY_EXPIRY, IDEMPOTENCY, now, "idempotency")
     }
-}
-
-/// What a fire's claim (and `due_fires`) needs of its job's record: decoding only this
-/// skips building its spec.
-#[derive(Deserialize)]
-struct FireView {
-    #[serde(default)]
-    paused: bool,
-    version: u64,
-    next_fire: Option<Arm>,
 }
 
 /// The tables a batch of fire claims reads and writes, open once for all of them.

@@ -749,23 +749,6 @@ fn job_skip_reason(job: Option<JobStanding>) -> Option<&'static str> {
     }
 }
 
-/// What beginning a run needs of its job's record: whether it is paused. Decoding
-/// only this skips building the rest of the record (its spec, payload and all), which
-/// was a twelfth of the writer's time under a burst.
-#[derive(Clone, Copy, Deserialize)]
-struct JobStanding {
-    #[serde(default)]
-    paused: bool,
-}
-
-/// The standing of the job as stored; None if it is not (deleted).
-fn load_job_standing(
-    jobs: &impl ReadableTable<&'static str, &'static str>,
-    job_id: &str,
-) -> Result<Option<JobStanding>> {
-    load(jobs, "job", job_id)
-}
-
 /// What `begin_run`'s overlap policy makes of a new run.
 enum Start {
     /// WAITING, due to be routed now.
