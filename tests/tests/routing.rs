@@ -817,7 +817,9 @@ async fn a_dropped_node_is_probed_back_after_it_recovers() -> Result<()> {
     let server = Sundial::start(
         opts(&redis, "a")
             .arg("health-min-results", "3")
-            .arg("health-probe-every", "1s"),
+            .arg("health-probe-every", "1s")
+            // Probe decisions are logged at debug: printed if the node is not back.
+            .env("RUST_LOG", "info,sundial_server::dispatch::router=debug"),
     )?;
     let dir = tempfile::tempdir()?;
     let endpoints = vec![server.grpc_url()];
@@ -898,7 +900,10 @@ async fn a_dropped_node_is_probed_back_after_it_recovers() -> Result<()> {
     let recovered = std::time::Instant::now();
     let mut runs = 0;
     while health("a-sick").await?.0 != pb::NodeHealth::Healthy as i32 {
-        ensure!(runs < 200, "not back after {runs} runs");
+        if runs >= 200 {
+            print_probe_log(&server);
+            anyhow::bail!("not back after {runs} runs: {:?}", health("a-sick").await?);
+        }
         run_one().await?;
         runs += 1;
     }
@@ -917,6 +922,24 @@ async fn a_dropped_node_is_probed_back_after_it_recovers() -> Result<()> {
     }
     ensure!(on_sick >= 2, "the recovered node ran {on_sick} of 9");
     Ok(())
+}
+
+/// The server's log lines about probes and forgiven failures (this test failed once in
+/// a full run, not reproduced since: they say whether probes were sent and how they
+/// ended).
+fn print_probe_log(server: &Sundial) {
+    let log = server.stderr();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("a-sick") || l.contains("prob") || l.contains("forgiven"))
+        .collect();
+    eprintln!(
+        "the server's last {} lines about the probes:",
+        lines.len().min(200)
+    );
+    for l in &lines[lines.len().saturating_sub(200)..] {
+        eprintln!("{l}");
+    }
 }
 
 /// The largest weights an executor may announce still take turns: two nodes of weight
