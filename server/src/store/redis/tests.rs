@@ -1469,6 +1469,96 @@ async fn polls_say_when_the_next_timer_falls_due() {
     );
 }
 
+/// A `Started` that only moves a run's earliest deadline later (confirm_by cleared, the
+/// lease's end next) leaves its timer at the earlier time: the sweep then finds nothing
+/// due and re-scores it at the lease's end, where a lease nobody renewed is found lost.
+#[tokio::test]
+async fn a_started_run_keeps_its_earlier_timer_until_the_sweep_rescores_it() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{job, plan, planned_run, slot, terms};
+    let (store, _) = store("start-timer", one_partition()).await;
+    let mut c = raw_connection().await;
+    store.create_job(job("timed", None)).await.expect("create");
+    let run = planned_run("timed", 1000, plan(OverlapPolicy::Allow));
+    let sid = store
+        .begin_run(run, Duration::from_secs(30))
+        .await
+        .expect("begin")
+        .run
+        .schedule_id;
+    let Assigned::Granted(leased) = store
+        .assign_run(&sid, 1, &slot("n", 0), terms(1_500, 300))
+        .await
+        .expect("assign")
+    else {
+        panic!("not granted");
+    };
+    let timer = |c: &mut redis::aio::MultiplexedConnection| {
+        let key = store.key(0, "timers");
+        let sid = sid.clone();
+        let mut c = c.clone();
+        async move {
+            let score: Option<i64> = c.zscore(key, sid).await.expect("zscore");
+            score
+        }
+    };
+    let confirm_by = leased.deadlines.confirm_by;
+    assert_eq!(timer(&mut c).await, Some(confirm_by));
+    let holder = Holder::of(&leased);
+    let started = store.mark_started(&sid, &holder).await.expect("start");
+    assert_eq!(started.applied, Applied::Yes);
+    let lease_end = leased.deadlines.lease_expires;
+    assert!(lease_end > confirm_by);
+    assert_eq!(timer(&mut c).await, Some(confirm_by), "left where it was");
+
+    // Due at confirm_by: nothing is, and the timer moves to the lease's end.
+    let due = async {
+        loop {
+            let polled = store.poll_due_runs(0, 10).await.expect("poll");
+            if !polled.ids.is_empty() {
+                return polled.ids;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let ids = tokio::time::timeout(Duration::from_secs(5), due)
+        .await
+        .expect("the timer came due");
+    assert_eq!(ids, std::slice::from_ref(&sid));
+    let t = store
+        .expire_run(&sid, Duration::from_secs(30))
+        .await
+        .expect("sweep");
+    assert_eq!(t.applied, Applied::No("nothing due".to_owned()));
+    let run = t.run.expect("the run");
+    assert_eq!(run.state, RunState::Running);
+    assert_eq!(timer(&mut c).await, Some(lease_end), "re-scored");
+
+    // Nobody renewed the lease: at its end the run is lost.
+    let due = async {
+        while store
+            .poll_due_runs(0, 10)
+            .await
+            .expect("poll")
+            .ids
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), due)
+        .await
+        .expect("the lease's end came due");
+    let t = store
+        .expire_run(&sid, Duration::from_secs(30))
+        .await
+        .expect("sweep");
+    assert_eq!(t.applied, Applied::Yes);
+    let run = t.run.expect("the run");
+    assert_eq!((run.state, run.reason.as_str()), (RunState::Failed, "lost"));
+    assert_eq!(timer(&mut c).await, None, "a final run has no timer");
+}
+
 /// A stored job record (MessagePack) leaves out what is at its default and its id, and
 /// gets them back when read;
 /// a job that sets everything keeps everything; a record written whole (before records

@@ -249,14 +249,21 @@ end
 -- changed, and re-scores its timer. A run that was final when loaded has no timer
 -- (the step that made it final took it out, and a final run is never given one), so
 -- a later change of it (its webhook's outcome) leaves the timers alone.
-local function save_run(P, run)
+-- A run's timer is never later than its earliest deadline, and may be earlier (the
+-- sweeper then finds nothing due and re-scores it: expire_run.lua). With `timer_by`,
+-- the earliest deadline when the run was loaded, a step whose change only moves that
+-- deadline later (a `Started` clearing confirm_by) leaves the timer where it is: one
+-- ZADD fewer per run, and a sweep of it only if it outlasts the earlier deadline.
+local function save_run(P, run, timer_by)
   local was_final = run._before and FINAL[run._before[1]]
   note_change(run)
   local json = encode_run(run)
   redis.call('SET', P .. 'run:' .. run.schedule_id, json, 'KEEPTTL')
   local t = earliest(run.deadlines)
   if t > 0 and not FINAL[run.state] then
-    redis.call('ZADD', P .. 'timers', int(t), run.schedule_id)
+    if not (timer_by and timer_by > 0 and t >= timer_by) then
+      redis.call('ZADD', P .. 'timers', int(t), run.schedule_id)
+    end
   elseif not was_final then
     redis.call('ZREM', P .. 'timers', run.schedule_id)
   end
@@ -278,10 +285,11 @@ local function start_run(P, sid, node, token)
   if run.state ~= 'DISPATCHED' then
     return 'no', 'run is ' .. run.state, run
   end
+  local timer_by = earliest(run.deadlines)
   run.state = 'RUNNING'
   run.started_at = store_now_ms()
   run.deadlines.confirm_by = 0
-  return 'yes', '', run, save_run(P, run)
+  return 'yes', '', run, save_run(P, run, timer_by)
 end
 
 -- Every deadline unset (0; left out of the record until one is set).
