@@ -23,9 +23,12 @@
 //! <prefix>:{p}:leases                   zset schedule_id -> lease expiry
 //! <prefix>:{p}:tokens                   hash job_id -> last fencing token
 //! <prefix>:{p}:delivery:<schedule_id>   webhook outbox entry (hash: job_id, url, body,
-//!                                       created_at, attempts, token, in_flight, due); gone once
-//!                                       delivered or given up (`outbox:<schedule_id>`, one JSON
-//!                                       document, before: moved into the hash when first read)
+//!                                       created_at, attempts, token, in_flight, due, ra, rn),
+//!                                       and the outcomes so far (status, error, ev, hn), read
+//!                                       over the run's record; once delivered or given up
+//!                                       (done) only those, as long as the record lives
+//!                                       (`outbox:<schedule_id>`, one JSON document, before:
+//!                                       moved into the hash when first read)
 //! <prefix>:{p}:outbox_due               zset schedule_id -> due (next attempt, or the end of
 //!                                       an in-flight claim's lease)
 //! <prefix>:{webhooks}:breaker:<dest>    hash: state, until, failures (a day's TTL)
@@ -91,8 +94,8 @@ use super::{
     partition_of,
 };
 use crate::model::{
-    AppRecord, Arm, JobRecord, Millis, RunEvent, RunPlan, RunRecord, RunState, Trigger,
-    duration_ms, split_schedule_id,
+    AppRecord, Arm, CallbackState, JobRecord, Millis, RunEvent, RunPlan, RunRecord, RunState,
+    Trigger, duration_ms, split_schedule_id,
 };
 use serde::Deserialize;
 
@@ -1023,6 +1026,46 @@ fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
         }
     }
     Ok(run)
+}
+
+/// The fields of a webhook's outbox entry that keep its outcomes (`finish_entry` in
+/// `runlib.lua`): the last status (absent until an outcome was kept there), attempts,
+/// the last error, `DONE` | `FAILED` once final, the events noted.
+const OUTCOME_FIELDS: [&str; 5] = ["status", "attempts", "error", "done", "ev"];
+
+/// Lays a webhook's outcomes, as its outbox entry keeps them (`fields`, the values of
+/// [`OUTCOME_FIELDS`]), over the run's record: the run is final and its record no longer
+/// changes, so the outcomes are written on the entry instead (its events after the
+/// record's, the last [`RunEvent::KEPT`] kept, as a record's own would be).
+fn overlay_outcome(run: &mut RunRecord, fields: &[Option<Vec<u8>>]) -> Result<()> {
+    let [Some(status), attempts, error, done, ev] = fields else {
+        return Ok(());
+    };
+    let number = |f: Option<&[u8]>| -> Result<u64> {
+        f.map_or(Ok(0), |b| text(b)?.parse().map_err(corrupt))
+    };
+    run.callback_status = u16::try_from(number(Some(status))?).map_err(corrupt)?;
+    run.callback_attempts = u32::try_from(number(attempts.as_deref())?).map_err(corrupt)?;
+    run.callback_error = match error {
+        Some(e) => text(e)?.to_owned(),
+        None => String::new(),
+    };
+    run.callback_state = match done.as_deref() {
+        None => CallbackState::Pending,
+        Some(b"DONE") => CallbackState::Done,
+        Some(b"FAILED") => CallbackState::Failed,
+        Some(other) => return Err(corrupt(format!("a delivery done as {other:?}"))),
+    };
+    if let Some(ev) = ev {
+        let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(ev.as_slice()));
+        while de.position() < ev.len() as u64 {
+            run.history
+                .push(RunEvent::deserialize(&mut de).map_err(corrupt)?);
+        }
+        let excess = run.history.len().saturating_sub(RunEvent::KEPT);
+        run.history.drain(..excess);
+    }
+    Ok(())
 }
 
 /// A run record for a script (as the scripts write them: MessagePack, fields by name).

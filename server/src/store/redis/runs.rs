@@ -43,7 +43,12 @@ impl RunStore for RedisStore {
             .get(self.key(p, &format!("run:{schedule_id}")))
             .await
             .map_err(unavailable)?;
-        record.as_deref().map(decode_run).transpose()
+        let Some(mut run) = record.as_deref().map(decode_run).transpose()? else {
+            return Ok(None);
+        };
+        self.read_outcomes(p, std::slice::from_mut(&mut run))
+            .await?;
+        Ok(Some(run))
     }
 
     async fn list_runs(&self, job_id: &str, query: RunQuery) -> Result<Page<RunRecord>> {
@@ -106,11 +111,12 @@ impl RunStore for RedisStore {
             .map_err(unavailable)?;
         // Records past their retention are gone while their index entry lingers
         // until record_run sweeps it: skip them.
-        let items = records
+        let mut items = records
             .iter()
             .flatten()
             .map(|r| decode_run(r))
             .collect::<Result<Vec<RunRecord>>>()?;
+        self.read_outcomes(p, &mut items).await?;
         Ok(Page { items, next_cursor })
     }
 
@@ -775,4 +781,31 @@ fn finish_args(by: Finisher, outcome: Outcome) -> Result<(Vec<String>, Option<St
     };
     let args = vec![by.to_owned(), value, json, node.clone().unwrap_or_default()];
     Ok((args, node))
+}
+
+impl RedisStore {
+    /// Lays the webhook outcomes their outbox entries keep over the runs of partition `p`
+    /// whose record says their webhook is pending (`overlay_outcome`): one pipelined
+    /// read, none when no run waits on its webhook.
+    async fn read_outcomes(&self, p: u32, runs: &mut [RunRecord]) -> Result<()> {
+        let pending: Vec<usize> = (0..runs.len())
+            .filter(|&i| runs[i].callback_state == CallbackState::Pending)
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for &i in &pending {
+            pipe.cmd("HMGET")
+                .arg(self.key(p, &format!("delivery:{}", runs[i].schedule_id)))
+                .arg(&OUTCOME_FIELDS[..]);
+        }
+        let mut c = self.conn().await?;
+        let outcomes: Vec<Vec<Option<Vec<u8>>>> =
+            pipe.query_async(&mut c).await.map_err(unavailable)?;
+        for (i, fields) in pending.into_iter().zip(outcomes) {
+            overlay_outcome(&mut runs[i], &fields)?;
+        }
+        Ok(())
+    }
 }

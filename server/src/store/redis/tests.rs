@@ -1717,6 +1717,146 @@ async fn an_outbox_entry_written_as_json_is_claimed_and_delivered() {
     );
 }
 
+/// A webhook's outcomes are kept on its outbox entry, not written into the run's record
+/// (final, it never changes again): the record as stored still says PENDING with the
+/// history it had, while get_run and list_runs read the outcomes over it; once the
+/// webhook is done the entry keeps only them (no url or body), as long as the record,
+/// and is no delivery any more.
+#[tokio::test]
+async fn a_webhooks_outcomes_are_kept_on_its_entry_not_in_the_run_record() {
+    use crate::model::{CallbackState, OverlapPolicy};
+    use crate::store::conformance::{hooked, job, outcome, plan, running};
+    let (redis, _) = store("kept-outcomes", one_partition()).await;
+    let store: Arc<dyn crate::store::Store> = Arc::new(redis.clone());
+    store.create_job(job("hooked", None)).await.expect("create");
+    let g = running(&store, "hooked", 1000, hooked(plan(OverlapPolicy::Allow))).await;
+    let sid = g.schedule_id.clone();
+    store
+        .finish_run(
+            &sid,
+            Finisher::Holder(Holder::of(&g)),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let mut c = raw_connection().await;
+    let run_key = redis.key(0, &format!("run:{sid}"));
+    let stored: Vec<u8> = c.get(&run_key).await.expect("get");
+    let final_run = store.get_run(&sid).await.expect("get").expect("run");
+    assert_eq!(final_run.callback_state, CallbackState::Pending);
+
+    let claim = |store: Arc<dyn crate::store::Store>, sid: String| async move {
+        store
+            .claim_delivery(&sid, Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .expect("due")
+    };
+    let d = claim(store.clone(), sid.clone()).await;
+    let retry = DeliveryOutcome::Retry {
+        after: Duration::from_millis(0),
+        status: 500,
+        error: "http_500".to_owned(),
+    };
+    assert_eq!(
+        store
+            .finish_delivery(&sid, d.token, retry)
+            .await
+            .expect("retry"),
+        Applied::Yes
+    );
+    let run = store.get_run(&sid).await.expect("get").expect("run");
+    assert_eq!(
+        (
+            run.callback_state,
+            run.callback_attempts,
+            run.callback_status,
+            run.callback_error.as_str()
+        ),
+        (CallbackState::Pending, 1, 500, "http_500")
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let d = claim(store.clone(), sid.clone()).await;
+    let delivered = DeliveryOutcome::Delivered { status: 200 };
+    assert_eq!(
+        store
+            .finish_delivery(&sid, d.token, delivered.clone())
+            .await
+            .expect("deliver"),
+        Applied::Yes
+    );
+
+    let after: Vec<u8> = c.get(&run_key).await.expect("get");
+    assert_eq!(after, stored, "the run's record was not rewritten");
+    let run = store.get_run(&sid).await.expect("get").expect("run");
+    assert_eq!(
+        (
+            run.callback_state,
+            run.callback_attempts,
+            run.callback_status,
+            run.callback_error.as_str()
+        ),
+        (CallbackState::Done, 2, 200, "")
+    );
+    let webhooks: Vec<(&str, u32, &str, &str)> = run
+        .history
+        .iter()
+        .skip(final_run.history.len())
+        .map(|e| {
+            (
+                e.what.as_str(),
+                e.attempt,
+                e.node_id.as_str(),
+                e.detail.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        webhooks,
+        [
+            ("WEBHOOK", 1, g.node_id.as_str(), "HTTP 500: http_500"),
+            ("WEBHOOK", 1, g.node_id.as_str(), "HTTP 200"),
+        ]
+    );
+    assert_eq!(run.history[..final_run.history.len()], final_run.history);
+    assert_eq!(first_runs(&redis, "hooked").await, std::slice::from_ref(&run));
+
+    let entry = redis.key(0, &format!("delivery:{sid}"));
+    let fields: std::collections::HashMap<String, Vec<u8>> =
+        c.hgetall(&entry).await.expect("hgetall");
+    assert_eq!(fields.get("done").map(Vec::as_slice), Some(&b"DONE"[..]));
+    assert!(
+        !fields.contains_key("url") && !fields.contains_key("body"),
+        "{:?}",
+        fields.keys()
+    );
+    let (entry_ttl, run_ttl): (i64, i64) = redis::pipe()
+        .pttl(&entry)
+        .pttl(&run_key)
+        .query_async(&mut c)
+        .await
+        .expect("pttl");
+    assert!(
+        entry_ttl > 0 && entry_ttl <= run_ttl,
+        "{entry_ttl} ms against the record's {run_ttl} ms"
+    );
+    assert_eq!(
+        store
+            .finish_delivery(&sid, d.token, delivered)
+            .await
+            .expect("again"),
+        Applied::No("unknown delivery".to_owned())
+    );
+    assert!(
+        store
+            .claim_delivery(&sid, Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .is_none(),
+        "done: nothing to claim"
+    );
+}
+
 /// Every name in `QUIET` names a function: a misspelt one would leave the function it
 /// meant bumping the activity counter, waking the idle pollers, unnoticed.
 #[test]

@@ -396,10 +396,11 @@ local function job_of(sid)
 end
 
 -- A webhook's outbox entry is the hash delivery:<sid> (job_id, url, body, created_at,
--- attempts, token, in_flight '1' | '0', due), so a claim or an outcome reads and writes
--- the fields it needs and never decodes or re-encodes the body; outbox_due: sid -> when
--- it is due, or while in flight when its claim lease ends. An entry written before
--- (outbox:<sid>, one JSON document) is moved into the hash when it is first read.
+-- attempts, token, in_flight '1' | '0', due, ra, rn; and its outcomes: see
+-- finish_entry), so a claim or an outcome reads and writes the fields it needs and never
+-- decodes or re-encodes the body; outbox_due: sid -> when it is due, or while in flight
+-- when its claim lease ends. An entry written before (outbox:<sid>, one JSON document)
+-- is moved into the hash when it is first read.
 local function move_legacy_delivery(P, sid, key)
   local legacy = P .. 'outbox:' .. sid
   local j = redis.call('GET', legacy)
@@ -451,14 +452,37 @@ local function claim_entry(P, sid, lease)
   return { f[3], f[4], f[5], f[6], f[7], token }
 end
 
+-- An entry written before outcomes were kept on it (no `ra`): the outcome is written
+-- into the run's record, as it was then.
+local function outcome_on_run(P, sid, kind, status, err, attempts)
+  local run = load_run(P, sid)
+  if run then
+    run.callback_attempts = attempts
+    run.callback_status = status
+    run.callback_error = err
+    if kind ~= 'retry' then
+      run.callback_state = kind == 'delivered' and 'DONE' or 'FAILED'
+    end
+    save_run(P, run)
+  end
+end
+
 -- Records a delivery attempt's outcome if `token` is the entry's current token and it
 -- is in flight: `kind` delivered | retry | failed | gone | abandon | defer, `status`,
 -- `err`, `at` (retry: the delay in ms; defer: when it is due again). Every kind but
--- defer and abandon counts an attempt; all but defer note it on the run, and the four
--- final ones remove the entry. Returns {'yes', ''} or {'no', reason}.
+-- defer and abandon counts an attempt, and notes it (a WEBHOOK event, as
+-- note_change would write it on the run); the four final ones take the entry out of
+-- outbox_due. Returns {'yes', ''} or {'no', reason}.
+-- The outcomes are kept on the entry, not in the run's record (its final state never
+-- changes again, so rewriting it for its webhook cost a decode, an encode and two
+-- commands per outcome): `attempts`, `status`, `error`, `ev` and `hn` (the events, as a
+-- record's), and `done` ('DONE' | 'FAILED') once final, when the entry drops its url
+-- and body and lives as long as the run's record. Readers lay them over the record
+-- (`overlay_outcome` in mod.rs); a done entry is no delivery ('unknown delivery').
 local function finish_entry(P, sid, token, kind, status, err, at)
-  local key, f = read_delivery(P, sid, { 'token', 'in_flight', 'attempts' })
-  if not f then
+  local key, f = read_delivery(P, sid,
+    { 'token', 'in_flight', 'attempts', 'ra', 'rn', 'ev', 'hn', 'done' })
+  if not f or f[8] then
     return { 'no', 'unknown delivery' }
   end
   if f[1] ~= token or f[2] ~= '1' then
@@ -475,25 +499,43 @@ local function finish_entry(P, sid, token, kind, status, err, at)
   if kind ~= 'abandon' then
     attempts = attempts + 1
   end
-  local run = load_run(P, sid)
-  if run then
-    run.callback_attempts = attempts
-    run.callback_status = status
-    run.callback_error = err
+  -- (HMGET gives false for a field the entry does not have.)
+  local kept = f[4] and true or false
+  if not kept then
+    outcome_on_run(P, sid, kind, status, err, attempts)
+  end
+  local fields = { 'attempts', int(attempts) }
+  if kept then
+    fields[3], fields[4], fields[5], fields[6] = 'status', int(status), 'error', err
+    if kind ~= 'abandon' then
+      local detail = status == 0 and 'no answer' or ('HTTP ' .. string.format('%d', status))
+      if err ~= '' then
+        detail = detail .. ': ' .. err
+      end
+      local ev = (f[6] or '') .. cmsgpack.pack({ now, 'WEBHOOK', tonumber(f[4]) or 0, f[5] or '', detail })
+      local n = (tonumber(f[7]) or 0) + 1
+      while n > 32 do
+        ev = string.sub(ev, cmsgpack.unpack_one(ev, 0) + 1)
+        n = n - 1
+      end
+      fields[7], fields[8], fields[9], fields[10] = 'ev', ev, 'hn', int(n)
+    end
   end
   if kind == 'retry' then
     local due = int(now + at)
-    redis.call('HSET', key, 'in_flight', '0', 'due', due, 'attempts', int(attempts))
+    redis.call('HSET', key, 'in_flight', '0', 'due', due, unpack(fields))
     redis.call('ZADD', P .. 'outbox_due', due, sid)
+    return { 'yes', '' }
+  end
+  redis.call('ZREM', P .. 'outbox_due', sid)
+  local ttl = kept and redis.call('PTTL', P .. 'run:' .. sid) or -2
+  if ttl > 0 then
+    redis.call('HSET', key, 'done', kind == 'delivered' and 'DONE' or 'FAILED', 'in_flight', '0',
+      unpack(fields))
+    redis.call('HDEL', key, 'url', 'body')
+    redis.call('PEXPIRE', key, ttl)
   else
     redis.call('DEL', key)
-    redis.call('ZREM', P .. 'outbox_due', sid)
-    if run then
-      run.callback_state = kind == 'delivered' and 'DONE' or 'FAILED'
-    end
-  end
-  if run then
-    save_run(P, run)
   end
   return { 'yes', '' }
 end
@@ -547,9 +589,11 @@ local function write_outbox(P, run, now)
     dtoken, in_flight, due = int(store_now_us()), '1', int(now + claim_ms)
     claimed = cmsgpack.pack({ run.schedule_id, run.job_id, url, body, int(now), dtoken })
   end
+  -- `ra` and `rn` (the run's attempt and node, which never change once it is final)
+  -- for the events its outcomes note (finish_entry).
   redis.call('HSET', P .. 'delivery:' .. run.schedule_id, 'job_id', run.job_id, 'url', url,
     'body', body, 'created_at', int(now), 'attempts', '0', 'token', dtoken, 'in_flight', in_flight,
-    'due', due)
+    'due', due, 'ra', int(tonumber(run.attempt) or 0), 'rn', text(run.node_id))
   redis.call('ZADD', P .. 'outbox_due', due, run.schedule_id)
   run.callback_state = 'PENDING'
 end
