@@ -508,12 +508,16 @@ async fn broadcast_reaches_every_node_with_its_shard() -> Result<()> {
 }
 
 /// Two server instances route one round-robin job: dispatches decided one at a time
-/// follow one cycle over the nodes, whichever instance decides.
+/// follow one cycle over the nodes, whichever instance decides. (An instance alone
+/// keeps its counters in memory; each shares them from its first beat that finds the
+/// other alive, within `instance-ttl` / 3 = 1 s here.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_robin_is_shared_across_instances() -> Result<()> {
     let redis = RedisServer::start()?;
     let a = Sundial::start(opts(&redis, "a"))?;
     let b = Sundial::start(opts(&redis, "b"))?;
+    // Both beat since both are up (every second): `a` beat alone before `b` started.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let dir = tempfile::tempdir()?;
     let endpoints = vec![format!("http://{}", a.grpc), format!("http://{}", b.grpc)];
     let _execs = start_executors(&endpoints, dir.path(), &["r1", "r2", "r3"])?;

@@ -140,7 +140,11 @@ pub trait NodeRegistry: StoreMeta {
 
     /// The next value (from 0) of the job's round-robin counter, shared by every
     /// instance, so the instances routing one job's runs take turns from a single
-    /// sequence instead of each starting on the same node.
+    /// sequence instead of each starting on the same node. While this instance's last
+    /// beat ([`super::TriggerQueue::beat_instance`]) found no other instance alive, a
+    /// store may keep the counter in memory (there is no one to share it with): an
+    /// instance that joins is then counted with from the first beat of each that sees
+    /// the other.
     async fn next_route_counter(&self, job_id: &str) -> Result<u64>;
 }
 

@@ -271,6 +271,8 @@ struct Inner {
     /// Per job, the index entries its last begin said the next one will likely look
     /// at or drop (`index_new_run` in runlib.lua), declared by that next begin.
     index_hints: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
+    /// Round-robin counters kept in memory while no other instance is alive.
+    route_counters: nodes::RouteCounters,
     /// The calls declare the keys they touch (a cluster, and every test build; see
     /// `Library::function`): else the keys are not even built.
     declares: bool,
@@ -378,6 +380,7 @@ impl RedisStore {
                 watcher,
                 readers: Default::default(),
                 index_hints: Default::default(),
+                route_counters: Default::default(),
                 declares: declare,
             }),
         };

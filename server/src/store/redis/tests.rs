@@ -1819,7 +1819,10 @@ async fn a_webhooks_outcomes_are_kept_on_its_entry_not_in_the_run_record() {
         ]
     );
     assert_eq!(run.history[..final_run.history.len()], final_run.history);
-    assert_eq!(first_runs(&redis, "hooked").await, std::slice::from_ref(&run));
+    assert_eq!(
+        first_runs(&redis, "hooked").await,
+        std::slice::from_ref(&run)
+    );
 
     let entry = redis.key(0, &format!("delivery:{sid}"));
     let fields: std::collections::HashMap<String, Vec<u8>> =
@@ -1855,6 +1858,49 @@ async fn a_webhooks_outcomes_are_kept_on_its_entry_not_in_the_run_record() {
             .is_none(),
         "done: nothing to claim"
     );
+}
+
+/// An instance whose beat found no other alive keeps its round-robin counters in
+/// memory (no `rr` hash written); from the first beat that finds another, the shared
+/// counters count again.
+#[tokio::test]
+async fn round_robin_counters_are_kept_in_memory_while_alone() {
+    let (store, _) = store("rr-alone", one_partition()).await;
+    let mut c = raw_connection().await;
+    let rr = store.key(0, "rr");
+    let long = Duration::from_secs(60);
+    let counted = |store: RedisStore, job: &'static str| async move {
+        store.next_route_counter(job).await.expect("counter")
+    };
+    assert_eq!(counted(store.clone(), "j").await, 0, "shared before a beat");
+    assert_eq!(c.hget::<_, _, i64>(&rr, "j").await.expect("hget"), 1);
+
+    assert_eq!(
+        store.beat_instance("me", long).await.expect("beat"),
+        Vec::<String>::new()
+    );
+    let alone: Vec<u64> =
+        futures::future::join_all((0..3).map(|_| counted(store.clone(), "k"))).await;
+    assert_eq!(
+        alone
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        (0..3).collect()
+    );
+    let exists: bool = c.hexists(&rr, "k").await.expect("hexists");
+    assert!(!exists, "alone: nothing written");
+
+    // Another instance beats: the next beat of this one shares the counters again.
+    store.beat_instance("other", long).await.expect("beat");
+    store.beat_instance("me", long).await.expect("beat");
+    assert_eq!(
+        counted(store.clone(), "j").await,
+        1,
+        "the shared counter goes on"
+    );
+    assert_eq!(counted(store.clone(), "k").await, 0);
+    assert_eq!(c.hget::<_, _, i64>(&rr, "k").await.expect("hget"), 1);
 }
 
 /// Every name in `QUIET` names a function: a misspelt one would leave the function it

@@ -98,7 +98,8 @@ impl TriggerQueue for RedisStore {
 
     async fn beat_instance(&self, instance: &str, ttl: Duration) -> Result<Vec<String>> {
         let mut c = self.conn().await?;
-        self.inner
+        let mut r: Vec<String> = self
+            .inner
             .scripts
             .beat_instance
             .arg(self.instances_key())
@@ -106,7 +107,13 @@ impl TriggerQueue for RedisStore {
             .arg(ms(ttl))
             .invoke_async(&mut c)
             .await
-            .map_err(unavailable)
+            .map_err(unavailable)?;
+        if r.is_empty() {
+            return Err(corrupt("beat_instance answered nothing"));
+        }
+        let others: u64 = r.remove(0).parse().map_err(corrupt)?;
+        self.inner.route_counters.beat(others);
+        Ok(r)
     }
 
     /// `XPENDING` of the dead consumer, then `XCLAIM` of those entries, per partition.
