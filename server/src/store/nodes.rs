@@ -40,6 +40,14 @@ pub struct NodeRecord {
     /// answers. A silent node gets no new work (see `dispatch::silence`).
     #[serde(default)]
     pub silent_since: Millis,
+    /// Dropped (routing judged it FAILING) and not yet through its probation: judged
+    /// FAILING, whatever its figures say, until its last `health::PROBATION` results
+    /// all succeeded (set and cleared by the instance holding its stream). Without it
+    /// a dropped node whose few failures were outweighed by its first successful
+    /// probes was judged SLOW, got neither work nor probes, and stayed so until its
+    /// failures left the window (an hour).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_probation: bool,
     /// Runs the executor reports holding (at its last heartbeat).
     pub active: u32,
     /// Runs leased to the node right now, as the store counts them (filled in by

@@ -260,6 +260,7 @@ fn node_from_hello(h: pb::Hello, instance: &str) -> Result<NodeRecord, Status> {
         ready: true,
         draining: false,
         silent_since: 0,
+        on_probation: false,
         active: 0,
         leased: 0,
         load: 0.0,
@@ -1097,7 +1098,7 @@ impl Executors {
             self.count_foreign(state, &reason)?;
         }
         if t.applied == Applied::Yes {
-            let (node_id, recovered) = {
+            let (node_id, on, failures, passed) = {
                 let mut st = lock(state);
                 let handler = st.liveness.finished(&run).map(|h| h.to_string());
                 let kind = if ended_as == RunState::Succeeded {
@@ -1109,11 +1110,16 @@ impl Executors {
                 let node = &st.node;
                 self.router
                     .run_ended_on(&node.node_id, &node.group, &node.handlers);
-                (node.node_id.clone(), st.window.recovered())
+                (
+                    node.node_id.clone(),
+                    node.on_probation,
+                    st.window.has_failures(),
+                    st.window.passed_probation(),
+                )
             };
-            let forgiven = recovered && self.forgive(state, &node_id).await;
-            self.publish_figures(state, forgiven).await?;
-            if forgiven {
+            let changed = self.probation(state, &node_id, on, failures, passed).await;
+            self.publish_figures(state, changed).await?;
+            if changed {
                 self.router.nodes_changed().await;
             }
             self.spawn_follow_up(*t);
@@ -1147,18 +1153,43 @@ impl Executors {
         Ok(())
     }
 
-    /// A FAILING node whose last results (its probes) all succeeded passed its
-    /// probation: its window forgets its failures. Whether it did.
-    async fn forgive(&self, state: &Mutex<NodeState>, node_id: &str) -> bool {
-        if self.router.judged_health(node_id).await != Some(Health::Failing) {
-            return false;
+    /// A node routing judges FAILING goes on probation: judged FAILING (and probed)
+    /// until its last [`health::PROBATION`] results (its probes) all succeeded, when its
+    /// window forgets its failures (`health::probation`). Whether its record changed
+    /// (then published at once). `on`: on probation; `failures`: its window holds
+    /// some (else it cannot be dropped, and routing's judgement is not asked);
+    /// `passed`: its last results all succeeded.
+    async fn probation(
+        &self,
+        state: &Mutex<NodeState>,
+        node_id: &str,
+        on: bool,
+        failures: bool,
+        passed: bool,
+    ) -> bool {
+        let failing =
+            !on && failures && self.router.judged_health(node_id).await == Some(Health::Failing);
+        match health::probation(on, failing, passed) {
+            health::Probation::Stay => false,
+            health::Probation::Begin => {
+                lock(state).node.on_probation = true;
+                info!(
+                    probes = health::PROBATION,
+                    "a failing executor is dropped: on probation until its probes succeed"
+                );
+                true
+            }
+            health::Probation::Pass => {
+                let mut st = lock(state);
+                st.window.forgive();
+                st.node.on_probation = false;
+                info!(
+                    probes = health::PROBATION,
+                    "a failing executor's probes succeeded; its failures are forgiven"
+                );
+                true
+            }
         }
-        lock(state).window.forgive();
-        info!(
-            probes = health::PROBATION,
-            "a failing executor's probes succeeded; its failures are forgiven"
-        );
-        true
     }
 
     /// Counts a report the store refused, if it was refused as foreign.

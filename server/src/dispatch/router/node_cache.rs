@@ -156,6 +156,7 @@ mod tests {
             ready: true,
             draining: false,
             silent_since: 0,
+            on_probation: false,
             // The executor's own figure, seconds old: never counted.
             active: 1_000,
             leased,

@@ -320,6 +320,7 @@ pub fn node(id: &str, group: &str, instance: &str) -> NodeRecord {
         ready: true,
         draining: false,
         silent_since: 0,
+        on_probation: false,
         active: 0,
         leased: 0,
         // Exact in binary, so no backend's number formatting can round it.
