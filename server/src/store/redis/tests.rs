@@ -1633,26 +1633,36 @@ fn job_records_are_stored_without_their_defaults() {
     assert_eq!(read, plain);
 }
 
-/// A webhook's outbox entry is a hash whose body a claim and an outcome never rewrite;
-/// one written before as a JSON document (`outbox:<sid>`) is moved into the hash when
-/// first claimed, and delivered as any other.
-#[tokio::test]
-async fn an_outbox_entry_written_as_json_is_claimed_and_delivered() {
-    use crate::model::{CallbackState, OverlapPolicy};
+/// A store of one partition, as itself and as a `Store`, and a run of job "hooked"
+/// (with a callback URL) that succeeded: its webhook is due.
+async fn a_hooked_run_succeeded(
+    name: &str,
+) -> (RedisStore, Arc<dyn crate::store::Store>, RunRecord) {
+    use crate::model::OverlapPolicy;
     use crate::store::conformance::{hooked, job, outcome, plan, running};
-    let (redis, _) = store("json-outbox", one_partition()).await;
+    let (redis, _) = store(name, one_partition()).await;
     let store: Arc<dyn crate::store::Store> = Arc::new(redis.clone());
     store.create_job(job("hooked", None)).await.expect("create");
     let g = running(&store, "hooked", 1000, hooked(plan(OverlapPolicy::Allow))).await;
-    let sid = g.schedule_id.clone();
     store
         .finish_run(
-            &sid,
+            &g.schedule_id,
             Finisher::Holder(Holder::of(&g)),
             outcome(RunState::Succeeded),
         )
         .await
         .expect("finish");
+    (redis, store, g)
+}
+
+/// A webhook's outbox entry is a hash whose body a claim and an outcome never rewrite;
+/// one written before as a JSON document (`outbox:<sid>`) is moved into the hash when
+/// first claimed, and delivered as any other.
+#[tokio::test]
+async fn an_outbox_entry_written_as_json_is_claimed_and_delivered() {
+    use crate::model::CallbackState;
+    let (redis, store, g) = a_hooked_run_succeeded("json-outbox").await;
+    let sid = g.schedule_id.clone();
     let hash = redis.key(0, &format!("delivery:{sid}"));
     let mut c = raw_connection().await;
     let fields: std::collections::HashMap<String, String> =
@@ -1724,21 +1734,9 @@ async fn an_outbox_entry_written_as_json_is_claimed_and_delivered() {
 /// and is no delivery any more.
 #[tokio::test]
 async fn a_webhooks_outcomes_are_kept_on_its_entry_not_in_the_run_record() {
-    use crate::model::{CallbackState, OverlapPolicy};
-    use crate::store::conformance::{hooked, job, outcome, plan, running};
-    let (redis, _) = store("kept-outcomes", one_partition()).await;
-    let store: Arc<dyn crate::store::Store> = Arc::new(redis.clone());
-    store.create_job(job("hooked", None)).await.expect("create");
-    let g = running(&store, "hooked", 1000, hooked(plan(OverlapPolicy::Allow))).await;
+    use crate::model::CallbackState;
+    let (redis, store, g) = a_hooked_run_succeeded("kept-outcomes").await;
     let sid = g.schedule_id.clone();
-    store
-        .finish_run(
-            &sid,
-            Finisher::Holder(Holder::of(&g)),
-            outcome(RunState::Succeeded),
-        )
-        .await
-        .expect("finish");
     let mut c = raw_connection().await;
     let run_key = redis.key(0, &format!("run:{sid}"));
     let stored: Vec<u8> = c.get(&run_key).await.expect("get");
