@@ -753,6 +753,7 @@ impl RedisStore {
                     format!("run:{sid}"),
                     format!("logs:{sid}"),
                     format!("logmeta:{sid}"),
+                    format!("delivery:{sid}"),
                 ] {
                     inv.key(self.key(p, &key));
                 }

@@ -1858,6 +1858,66 @@ async fn a_webhooks_outcomes_are_kept_on_its_entry_not_in_the_run_record() {
     );
 }
 
+/// A run that falls out of its job's index at the count bound takes its webhook's
+/// entry along once the webhook is done (the entry then only keeps its outcomes); an
+/// entry still to deliver stays.
+#[tokio::test]
+async fn a_run_dropped_at_the_bound_takes_its_done_webhook_entry_along() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{hooked, job, outcome, plan, running};
+    let opts = StoreOptions {
+        max_runs_per_job: 2,
+        ..one_partition()
+    };
+    let (redis, _) = store("bound-delivery", opts).await;
+    let store: Arc<dyn crate::store::Store> = Arc::new(redis.clone());
+    store.create_job(job("hooked", None)).await.expect("create");
+    let mut c = raw_connection().await;
+    let mut sids = Vec::new();
+    for at in [1000, 2000, 3000, 4000] {
+        let g = running(&store, "hooked", at, hooked(plan(OverlapPolicy::Allow))).await;
+        store
+            .finish_run(
+                &g.schedule_id,
+                Finisher::Holder(Holder::of(&g)),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish");
+        sids.push(g.schedule_id);
+        if at == 1000 {
+            let d = store
+                .claim_delivery(&sids[0], Duration::from_secs(60))
+                .await
+                .expect("claim")
+                .expect("due");
+            let delivered = DeliveryOutcome::Delivered { status: 200 };
+            store
+                .finish_delivery(&sids[0], d.token, delivered)
+                .await
+                .expect("deliver");
+        }
+    }
+    let entry = |sid: &str| redis.key(0, &format!("delivery:{sid}"));
+    let gone: bool = c
+        .exists(redis.key(0, &format!("run:{}", sids[0])))
+        .await
+        .expect("exists");
+    assert!(!gone, "the first run fell out of the index");
+    let kept: bool = c.exists(entry(&sids[0])).await.expect("exists");
+    assert!(!kept, "its done entry went with it");
+    let pending: bool = c.exists(entry(&sids[1])).await.expect("exists");
+    assert!(pending, "the second run's webhook is still to deliver");
+    assert!(
+        store
+            .claim_delivery(&sids[1], Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .is_some(),
+        "and is delivered as its entry says"
+    );
+}
+
 /// An instance whose beat found no other alive keeps its round-robin counters in
 /// memory (no `rr` hash written); from the first beat that finds another, the shared
 /// counters count again.

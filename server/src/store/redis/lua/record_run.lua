@@ -42,6 +42,7 @@ if excess > 0 then
   local old = redis.call('ZRANGE', index, 0, excess - 1)
   for _, o in ipairs(old) do
     redis.call('DEL', P .. 'run:' .. o)
+    drop_done_delivery(P, o)
   end
   redis.call('ZREMRANGEBYRANK', index, 0, excess - 1)
 end

@@ -731,6 +731,16 @@ local function reply(applied, reason, json, rv, nxt)
   return out
 end
 
+-- The webhook entry of a run that falls out of its job's index, once done (it only
+-- keeps the outcomes, read over the record: finish_entry) goes with the record; one
+-- still to deliver stays, and is delivered as its entry says.
+local function drop_done_delivery(P, sid)
+  local key = P .. 'delivery:' .. sid
+  if redis.call('HEXISTS', key, 'done') == 1 then
+    redis.call('DEL', key)
+  end
+end
+
 -- What indexing a new run of job `job_id` (index_new_run) may touch that its caller
 -- cannot name (`want`): the oldest entries' records when the oldest may have expired
 -- (looked at), and at the count bound the records, logs and shards of those that fall
@@ -764,6 +774,7 @@ local function index_needs(P, job_id, retention_ms, max_runs)
     want(key)
     want(P .. 'logs:' .. o)
     want(P .. 'logmeta:' .. o)
+    want(P .. 'delivery:' .. o)
     if declared(key) then
       local r = load_run(P, o)
       head.loaded = head.loaded or {}
@@ -856,6 +867,7 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
         end
       end
       redis.call('DEL', P .. 'run:' .. o, P .. 'logs:' .. o, P .. 'logmeta:' .. o)
+      drop_done_delivery(P, o)
       redis.call('ZREM', P .. 'timers', o)
       redis.call('SREM', P .. 'active:' .. run.job_id, o)
     end
