@@ -496,10 +496,13 @@ impl RunRecord {
             node_id: self.node_id.clone(),
             detail,
         });
-        if self.history.len() > RunEvent::KEPT {
-            let excess = self.history.len() - RunEvent::KEPT;
-            self.history.drain(..excess);
-        }
+        self.keep_last_events();
+    }
+
+    /// Drops the oldest events past the last [`RunEvent::KEPT`].
+    pub fn keep_last_events(&mut self) {
+        let excess = self.history.len().saturating_sub(RunEvent::KEPT);
+        self.history.drain(..excess);
     }
 
     /// Whether this record is what a lost lease left: retried ("retry: lost") or, with

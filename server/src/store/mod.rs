@@ -55,6 +55,7 @@ pub use audit::{AuditEvent, AuditLog};
 pub use jobs::{
     ClaimOutcome, ClaimResult, DueBatch, DueFire, Enqueued, FireClaim, JobStore, JobWrite,
 };
+pub(crate) use nodes::LocalCounters;
 pub use nodes::{HandlerFigures, Inboxes, NodeRecord, NodeRegistry, NodeRemoved, Registered};
 pub use outbox::{
     Admission, BreakerState, BreakerUpdate, CleanAdmission, DeliveryOutcome, DeliveryResult,

@@ -156,6 +156,34 @@ pub trait NodeRegistry: StoreMeta {
     async fn next_route_counter(&self, job_id: &str) -> Result<u64>;
 }
 
+/// Round-robin counters kept in this process, by job, each from 0: what
+/// [`NodeRegistry::next_route_counter`] answers where nothing shares them (the embedded
+/// store, or an instance alone on Redis).
+#[derive(Default)]
+pub(crate) struct LocalCounters(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl LocalCounters {
+    /// The job's next value.
+    pub(crate) fn next(&self, job_id: &str) -> u64 {
+        let mut counters = self.counters();
+        let c = counters.entry(job_id.to_owned()).or_insert(0);
+        let n = *c;
+        *c = c.wrapping_add(1);
+        n
+    }
+
+    /// Forgets every job's counter.
+    pub(crate) fn clear(&self) {
+        self.counters().clear();
+    }
+
+    fn counters(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Per-instance inboxes: dispatches for executors attached to another instance.
 #[async_trait]
 pub trait Inboxes: StoreMeta {

@@ -66,7 +66,17 @@ pub async fn running(
 /// schedule_id, whose delivery is due.
 async fn delivery_due(store: &Arc<dyn Store>, id: &str) -> String {
     store.create_job(job(id, None)).await.expect("create");
-    let g = running(store, id, 1000, hooked(plan(OverlapPolicy::Allow))).await;
+    succeeded_with_webhook(store, id, 1000).await.schedule_id
+}
+
+/// A run of `job_id` planned at `planned`, with a callback URL, that SUCCEEDED on its
+/// own node: its delivery is due. The run as it was leased (its node and token).
+pub async fn succeeded_with_webhook(
+    store: &Arc<dyn Store>,
+    job_id: &str,
+    planned: Millis,
+) -> RunRecord {
+    let g = running(store, job_id, planned, hooked(plan(OverlapPolicy::Allow))).await;
     store
         .finish_run(
             &g.schedule_id,
@@ -75,7 +85,22 @@ async fn delivery_due(store: &Arc<dyn Store>, id: &str) -> String {
         )
         .await
         .expect("finish");
-    g.schedule_id
+    g
+}
+
+/// A run's history as (what, attempt, node_id, detail) rows, oldest first.
+pub fn history_rows(events: &[RunEvent]) -> Vec<(&str, u32, &str, &str)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e.what.as_str(),
+                e.attempt,
+                e.node_id.as_str(),
+                e.detail.as_str(),
+            )
+        })
+        .collect()
 }
 
 pub async fn outbox_written_when_final(store: Arc<dyn Store>) {
@@ -1241,20 +1266,8 @@ pub async fn run_history_notes_each_step(store: Arc<dyn Store>) {
         .expect("deliver");
 
     let run = get(&store, sid).await;
-    let steps: Vec<(&str, u32, &str, &str)> = run
-        .history
-        .iter()
-        .map(|e| {
-            (
-                e.what.as_str(),
-                e.attempt,
-                e.node_id.as_str(),
-                e.detail.as_str(),
-            )
-        })
-        .collect();
     assert_eq!(
-        steps,
+        history_rows(&run.history),
         [
             ("WAITING", 1, "", ""),
             ("DISPATCHED", 1, "hist-a", ""),

@@ -263,7 +263,7 @@ pub struct EmbeddedStore {
     /// Woken after every push, so blocked `pop_inbox` callers need not poll.
     inbox_pushed: Notify,
     /// Round-robin counters by job: in memory, as only this process routes.
-    route_counters: Mutex<HashMap<String, u64>>,
+    route_counters: crate::store::LocalCounters,
     /// Webhook delivery claims: in memory, as only this process delivers (see
     /// `outbox`); a claim need not outlive the process that would act on it.
     claims: Mutex<Claims>,
@@ -416,7 +416,7 @@ impl EmbeddedStore {
             appended: Arc::new(Notify::new()),
             inboxes: Mutex::new(HashMap::new()),
             inbox_pushed: Notify::new(),
-            route_counters: Mutex::new(HashMap::new()),
+            route_counters: Default::default(),
             claims: Mutex::new(Claims::default()),
             tripped: Mutex::new(tripped),
             paces: Arc::default(),

@@ -113,14 +113,7 @@ impl NodeRegistry for EmbeddedStore {
     }
 
     async fn next_route_counter(&self, job_id: &str) -> Result<u64> {
-        let mut counters = self
-            .route_counters
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let c = counters.entry(job_id.to_owned()).or_insert(0);
-        let n = *c;
-        *c = c.wrapping_add(1);
-        Ok(n)
+        Ok(self.route_counters.next(job_id))
     }
 }
 

@@ -1023,12 +1023,22 @@ fn decode_run(bytes: &[u8]) -> Result<RunRecord> {
     let mut run = RunRecord::deserialize(&mut de).map_err(corrupt)?;
     if de.position() < bytes.len() as u64 {
         run.plan = RunPlan::deserialize(&mut de).map_err(corrupt)?;
-        while de.position() < bytes.len() as u64 {
-            run.history
-                .push(RunEvent::deserialize(&mut de).map_err(corrupt)?);
-        }
+        read_events(&mut de, bytes.len(), &mut run.history)?;
     }
     Ok(run)
+}
+
+/// Reads the history events (MessagePack, back to back) from `de` to the end of its
+/// `len` bytes onto `history`.
+fn read_events(
+    de: &mut rmp_serde::Deserializer<rmp_serde::decode::ReadReader<std::io::Cursor<&[u8]>>>,
+    len: usize,
+    history: &mut Vec<RunEvent>,
+) -> Result<()> {
+    while de.position() < len as u64 {
+        history.push(RunEvent::deserialize(&mut *de).map_err(corrupt)?);
+    }
+    Ok(())
 }
 
 /// The fields of a webhook's outbox entry that keep its outcomes (`finish_entry` in
@@ -1044,11 +1054,11 @@ fn overlay_outcome(run: &mut RunRecord, fields: &[Option<Vec<u8>>]) -> Result<()
     let [Some(status), attempts, error, done, ev] = fields else {
         return Ok(());
     };
-    let number = |f: Option<&[u8]>| -> Result<u64> {
-        f.map_or(Ok(0), |b| text(b)?.parse().map_err(corrupt))
+    run.callback_status = text(status)?.parse().map_err(corrupt)?;
+    run.callback_attempts = match attempts {
+        Some(a) => text(a)?.parse().map_err(corrupt)?,
+        None => 0,
     };
-    run.callback_status = u16::try_from(number(Some(status))?).map_err(corrupt)?;
-    run.callback_attempts = u32::try_from(number(attempts.as_deref())?).map_err(corrupt)?;
     run.callback_error = match error {
         Some(e) => text(e)?.to_owned(),
         None => String::new(),
@@ -1061,12 +1071,8 @@ fn overlay_outcome(run: &mut RunRecord, fields: &[Option<Vec<u8>>]) -> Result<()
     };
     if let Some(ev) = ev {
         let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(ev.as_slice()));
-        while de.position() < ev.len() as u64 {
-            run.history
-                .push(RunEvent::deserialize(&mut de).map_err(corrupt)?);
-        }
-        let excess = run.history.len().saturating_sub(RunEvent::KEPT);
-        run.history.drain(..excess);
+        read_events(&mut de, ev.len(), &mut run.history)?;
+        run.keep_last_events();
     }
     Ok(())
 }

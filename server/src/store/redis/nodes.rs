@@ -290,7 +290,7 @@ impl RedisStore {
 pub(super) struct RouteCounters {
     /// Whether the last beat found no other instance alive (false until the first).
     alone: std::sync::atomic::AtomicBool,
-    local: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    local: crate::store::LocalCounters,
 }
 
 impl RouteCounters {
@@ -299,25 +299,14 @@ impl RouteCounters {
         let alone = others == 0;
         let was = self.alone.swap(alone, std::sync::atomic::Ordering::Relaxed);
         if was && !alone {
-            self.counters().clear();
+            self.local.clear();
         }
     }
 
     /// The job's next value while this instance is alone; None when it is not.
     fn next_local(&self, job_id: &str) -> Option<u64> {
-        if !self.alone.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
-        let mut counters = self.counters();
-        let c = counters.entry(job_id.to_owned()).or_insert(0);
-        let n = *c;
-        *c = c.wrapping_add(1);
-        Some(n)
-    }
-
-    fn counters(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
-        self.local
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.alone
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| self.local.next(job_id))
     }
 }

@@ -1638,20 +1638,11 @@ fn job_records_are_stored_without_their_defaults() {
 async fn a_hooked_run_succeeded(
     name: &str,
 ) -> (RedisStore, Arc<dyn crate::store::Store>, RunRecord) {
-    use crate::model::OverlapPolicy;
-    use crate::store::conformance::{hooked, job, outcome, plan, running};
+    use crate::store::conformance::{job, succeeded_with_webhook};
     let (redis, _) = store(name, one_partition()).await;
     let store: Arc<dyn crate::store::Store> = Arc::new(redis.clone());
     store.create_job(job("hooked", None)).await.expect("create");
-    let g = running(&store, "hooked", 1000, hooked(plan(OverlapPolicy::Allow))).await;
-    store
-        .finish_run(
-            &g.schedule_id,
-            Finisher::Holder(Holder::of(&g)),
-            outcome(RunState::Succeeded),
-        )
-        .await
-        .expect("finish");
+    let g = succeeded_with_webhook(&store, "hooked", 1000).await;
     (redis, store, g)
 }
 
@@ -1796,21 +1787,8 @@ async fn a_webhooks_outcomes_are_kept_on_its_entry_not_in_the_run_record() {
         ),
         (CallbackState::Done, 2, 200, "")
     );
-    let webhooks: Vec<(&str, u32, &str, &str)> = run
-        .history
-        .iter()
-        .skip(final_run.history.len())
-        .map(|e| {
-            (
-                e.what.as_str(),
-                e.attempt,
-                e.node_id.as_str(),
-                e.detail.as_str(),
-            )
-        })
-        .collect();
     assert_eq!(
-        webhooks,
+        crate::store::conformance::history_rows(&run.history[final_run.history.len()..]),
         [
             ("WEBHOOK", 1, g.node_id.as_str(), "HTTP 500: http_500"),
             ("WEBHOOK", 1, g.node_id.as_str(), "HTTP 200"),
@@ -1863,8 +1841,7 @@ async fn a_webhooks_outcomes_are_kept_on_its_entry_not_in_the_run_record() {
 /// entry still to deliver stays.
 #[tokio::test]
 async fn a_run_dropped_at_the_bound_takes_its_done_webhook_entry_along() {
-    use crate::model::OverlapPolicy;
-    use crate::store::conformance::{hooked, job, outcome, plan, running};
+    use crate::store::conformance::{job, succeeded_with_webhook};
     let opts = StoreOptions {
         max_runs_per_job: 2,
         ..one_partition()
@@ -1875,16 +1852,11 @@ async fn a_run_dropped_at_the_bound_takes_its_done_webhook_entry_along() {
     let mut c = raw_connection().await;
     let mut sids = Vec::new();
     for at in [1000, 2000, 3000, 4000] {
-        let g = running(&store, "hooked", at, hooked(plan(OverlapPolicy::Allow))).await;
-        store
-            .finish_run(
-                &g.schedule_id,
-                Finisher::Holder(Holder::of(&g)),
-                outcome(RunState::Succeeded),
-            )
-            .await
-            .expect("finish");
-        sids.push(g.schedule_id);
+        sids.push(
+            succeeded_with_webhook(&store, "hooked", at)
+                .await
+                .schedule_id,
+        );
         if at == 1000 {
             let d = store
                 .claim_delivery(&sids[0], Duration::from_secs(60))

@@ -141,6 +141,29 @@ local function mark_of(run)
   return { text(run.state), tonumber(run.attempt) or 0, text(run.node_id), tonumber(run.callback_attempts) or 0 }
 end
 
+-- What a history's WEBHOOK event says of a delivery attempt: its HTTP status (0: no
+-- answer) and error.
+local function webhook_detail(status, err)
+  local detail = status == 0 and 'no answer' or ('HTTP ' .. string.format('%d', status))
+  if err ~= '' then
+    detail = detail .. ': ' .. err
+  end
+  return detail
+end
+
+-- Events `ev` (`n` of them, as MessagePack arrays back to back) with `event` (an
+-- array [at, what, attempt, node_id, detail]: RunEvent's fields in order, half the
+-- MessagePack of a map, decoded by position) after them, the last 32 kept; and how
+-- many that is.
+local function append_event(ev, n, event)
+  ev, n = (ev or '') .. cmsgpack.pack(event), (tonumber(n) or 0) + 1
+  while n > 32 do
+    ev = string.sub(ev, cmsgpack.unpack_one(ev, 0) + 1)
+    n = n - 1
+  end
+  return ev, n
+end
+
 -- Notes in run.history what changed since the record was loaded (or that it is new):
 -- a webhook attempt when only the webhook's attempts changed, else the state entered;
 -- the last 32 steps are kept. RunRecord::note_change in Rust is the same rule.
@@ -151,11 +174,7 @@ local function note_change(run)
   end
   local what, detail
   if b and b[4] ~= m[4] and b[1] == m[1] and b[2] == m[2] and b[3] == m[3] then
-    local status = tonumber(run.callback_status) or 0
-    what, detail = 'WEBHOOK', status == 0 and 'no answer' or ('HTTP ' .. string.format('%d', status))
-    if text(run.callback_error) ~= '' then
-      detail = detail .. ': ' .. run.callback_error
-    end
+    what, detail = 'WEBHOOK', webhook_detail(tonumber(run.callback_status) or 0, text(run.callback_error))
   else
     local code, msg = text(run.error_code), text(run.error_message)
     what, detail = m[1], text(run.reason)
@@ -163,15 +182,7 @@ local function note_change(run)
       detail = msg == '' and code or (code .. ': ' .. msg)
     end
   end
-  -- An array [at, what, attempt, node_id, detail] (RunEvent's fields in order: half
-  -- the MessagePack of a map, decoded by position), after the others.
-  local ev = (run._ev or '') .. cmsgpack.pack({ store_now_ms(), what, m[2], m[3], detail })
-  local n = (tonumber(rawget(run, 'hn')) or 0) + 1
-  while n > 32 do
-    ev = string.sub(ev, cmsgpack.unpack_one(ev, 0) + 1)
-    n = n - 1
-  end
-  run._ev, run.hn = ev, n
+  run._ev, run.hn = append_event(run._ev, rawget(run, 'hn'), { store_now_ms(), what, m[2], m[3], detail })
   run._before = m
 end
 
@@ -508,16 +519,8 @@ local function finish_entry(P, sid, token, kind, status, err, at)
   if kept then
     fields[3], fields[4], fields[5], fields[6] = 'status', int(status), 'error', err
     if kind ~= 'abandon' then
-      local detail = status == 0 and 'no answer' or ('HTTP ' .. string.format('%d', status))
-      if err ~= '' then
-        detail = detail .. ': ' .. err
-      end
-      local ev = (f[6] or '') .. cmsgpack.pack({ now, 'WEBHOOK', tonumber(f[4]) or 0, f[5] or '', detail })
-      local n = (tonumber(f[7]) or 0) + 1
-      while n > 32 do
-        ev = string.sub(ev, cmsgpack.unpack_one(ev, 0) + 1)
-        n = n - 1
-      end
+      local ev, n = append_event(f[6] or '', f[7],
+        { now, 'WEBHOOK', tonumber(f[4]) or 0, f[5] or '', webhook_detail(status, err) })
       fields[7], fields[8], fields[9], fields[10] = 'ev', ev, 'hn', int(n)
     end
   end
