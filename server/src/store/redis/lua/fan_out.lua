@@ -19,7 +19,7 @@ for i = 0, n - 1 do
   s.shards_done, s.shards_succeeded = 0, 0
   s.attempt, s.state, s.reason, s.node_id, s.last_node = 1, 'WAITING', '', '', ''
   s.started_at, s.finished_at = cjson.null, cjson.null
-  s._ev, s.hn = '', 0
+  clear_history(s)
   s.created_at = now
   s.fencing_token = new_token(P, run.job_id)
   clear_deadlines(s)

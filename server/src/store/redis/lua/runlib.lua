@@ -25,7 +25,10 @@ local PLAN_DEFAULTS = {
   timeout_ms = 0, overlap = 'allow', serial_limit = 100, dispatch_wait_ms = 30000,
 }
 local PLAN_MT = { __index = PLAN_DEFAULTS }
-local DEADLINES_MT = { __index = function() return 0 end }
+-- A deadline not set reads as 0 (a table, not a function: no call per lookup).
+local DEADLINES_MT = {
+  __index = { lease_expires = 0, confirm_by = 0, timeout_at = 0, wake_at = 0, wait_until = 0 },
+}
 -- An empty plan (every field at its default) as a MessagePack map: cmsgpack writes an
 -- empty table as an array.
 local EMPTY_MAP = '\128'
@@ -39,18 +42,27 @@ local EMPTY_MAP = '\128'
 -- The scripts write a record as three parts back to back (schema 4, see
 -- `SCHEMA_VERSION` and `decode_run` in mod.rs): the run's fields (a map, with `pl`, the
 -- plan's length in bytes, and `hn`, how many history events follow), its plan (a map),
--- then its history's events (arrays, oldest first). A step decodes the fields alone:
--- the plan when it reads `run.plan`, the history never (a change appends an event's
--- bytes, the oldest falling out past 32). Decoding a whole record cost cmsgpack about
--- 6.6 µs (the plan 1.9, three events 2.6: a table each) and encoding it 6 µs, at every
--- step. A record of one map (schema 3, or written by the server: begin_run, record_run)
--- holds its plan and history inside, and is read as it is.
+-- then its history's events (arrays, oldest first). A step decodes the fields alone,
+-- and keeps the bytes it read (`_raw`, the fields ending at `_off`, the plan `_pl`
+-- bytes long): the plan is cut out and decoded when a step reads `run.plan`, the
+-- history never (a change's event is packed into `_add`; saving writes the fields,
+-- then the plan and the events as read, then `_add`, the oldest falling out past 32).
+-- Decoding a whole record cost cmsgpack about 6.6 µs (the plan 1.9, three events 2.6:
+-- a table each) and encoding it 6 µs, at every step. A record of one map (schema 3, or
+-- written by the server: begin_run, record_run) holds its plan and history inside, and
+-- is read as it is (its plan as a table, its events as `_ev`, the bytes they are
+-- written as).
 local RUN_MT = {
   __index = function(run, k)
     if k ~= 'plan' then
       return RUN_DEFAULTS[k]
     end
     local pb = rawget(run, '_pb')
+    local raw = rawget(run, '_raw')
+    if not pb and raw then
+      local off = rawget(run, '_off')
+      pb = string.sub(raw, off + 1, off + rawget(run, '_pl'))
+    end
     local plan = pb and cmsgpack.unpack(pb)
     if type(plan) ~= 'table' then
       plan = {}
@@ -80,7 +92,7 @@ local function inline_history(run)
 end
 
 local function decode_run(bytes)
-  local run
+  local run, raw
   if string.byte(bytes, 1) == 123 then
     run = cjson.decode(bytes)
   else
@@ -88,12 +100,11 @@ local function decode_run(bytes)
     off, run = cmsgpack.unpack_one(bytes, 0)
     local pl = tonumber(run.pl)
     if off > 0 and pl then
-      run._pb = string.sub(bytes, off + 1, off + pl)
-      run._ev = string.sub(bytes, off + pl + 1)
-      run.pl = nil
+      run._raw, run._off, run._pl, run.pl = bytes, off, pl, nil
+      raw = true
     end
   end
-  if run._ev == nil then
+  if not raw then
     inline_history(run)
     if type(run.plan) == 'table' then
       setmetatable(run.plan, PLAN_MT)
@@ -101,30 +112,63 @@ local function decode_run(bytes)
       run.plan = nil
     end
   end
-  if type(run.deadlines) ~= 'table' then
-    run.deadlines = {}
-  end
   local d = run.deadlines
-  for k, v in pairs(d) do
-    d[k] = tonumber(v) or 0
+  if type(d) ~= 'table' then
+    d = {}
+    run.deadlines = d
+  elseif not raw then
+    -- JSON: a deadline may be null or a float.
+    for k, v in pairs(d) do
+      d[k] = tonumber(v) or 0
+    end
   end
   setmetatable(d, DEADLINES_MT)
   return setmetatable(run, RUN_MT)
+end
+
+-- The record's history events as bytes, all of them (read, then appended).
+local function history_bytes(run)
+  local ev, raw = rawget(run, '_ev'), rawget(run, '_raw')
+  if not ev and raw then
+    ev = string.sub(raw, run._off + run._pl + 1)
+  end
+  return (ev or '') .. (rawget(run, '_add') or '')
+end
+
+-- The run's history, emptied (a new record made from another's: fan_out.lua).
+local function clear_history(run)
+  run._ev, run._add, run.hn = '', nil, 0
 end
 
 -- The record's bytes (see decode_run); `_before` (what the record was when loaded,
 -- for its history) and the parts kept as bytes are not fields of it. No step changes
 -- a run's plan: the plan's bytes as read are written back, not the plan re-encoded.
 local function encode_run(run)
-  local before, pb, ev, plan = run._before, run._pb, run._ev, rawget(run, 'plan')
-  if not pb then
-    pb = (not plan or next(plan) == nil) and EMPTY_MAP or cmsgpack.pack(plan)
+  local before, raw, off, pl = run._before, run._raw, run._off, run._pl
+  local pb, ev, add, plan = run._pb, run._ev, run._add, rawget(run, 'plan')
+  run._before, run._raw, run._off, run._pl = nil, nil, nil, nil
+  run._pb, run._ev, run._add, run.plan = nil, nil, nil, nil
+  local tail
+  if raw and not pb and not ev then
+    -- The plan and the events as read.
+    run.pl = pl
+    tail = string.sub(raw, off + 1)
+  else
+    if not pb and raw then
+      pb = string.sub(raw, off + 1, off + pl)
+    elseif not pb then
+      pb = (not plan or next(plan) == nil) and EMPTY_MAP or cmsgpack.pack(plan)
+    end
+    if not ev and raw then
+      ev = string.sub(raw, off + pl + 1)
+    end
+    run.pl = #pb
+    tail = pb .. (ev or '')
   end
-  run._before, run._pb, run._ev, run.plan = nil, nil, nil, nil
-  run.pl = #pb
-  local bytes = cmsgpack.pack(run) .. pb .. (ev or '')
+  local bytes = cmsgpack.pack(run) .. tail .. (add or '')
   run.pl = nil
-  run._before, run._pb, run._ev, run.plan = before, pb, ev, plan
+  run._before, run._raw, run._off, run._pl = before, raw, off, pl
+  run._pb, run._ev, run._add, run.plan = pb, ev, add, plan
   return bytes
 end
 
@@ -168,22 +212,35 @@ end
 -- a webhook attempt when only the webhook's attempts changed, else the state entered;
 -- the last 32 steps are kept. RunRecord::note_change in Rust is the same rule.
 local function note_change(run)
-  local b, m = run._before, mark_of(run)
-  if b and b[1] == m[1] and b[2] == m[2] and b[3] == m[3] and b[4] == m[4] then
+  local b = run._before
+  local state, attempt = text(run.state), tonumber(run.attempt) or 0
+  local node, cbs = text(run.node_id), tonumber(run.callback_attempts) or 0
+  if b and b[1] == state and b[2] == attempt and b[3] == node and b[4] == cbs then
     return
   end
   local what, detail
-  if b and b[4] ~= m[4] and b[1] == m[1] and b[2] == m[2] and b[3] == m[3] then
+  if b and b[4] ~= cbs and b[1] == state and b[2] == attempt and b[3] == node then
     what, detail = 'WEBHOOK', webhook_detail(tonumber(run.callback_status) or 0, text(run.callback_error))
   else
     local code, msg = text(run.error_code), text(run.error_message)
-    what, detail = m[1], text(run.reason)
-    if code ~= '' and FINAL[m[1]] then
+    what, detail = state, text(run.reason)
+    if code ~= '' and FINAL[state] then
       detail = msg == '' and code or (code .. ': ' .. msg)
     end
   end
-  run._ev, run.hn = append_event(run._ev, rawget(run, 'hn'), { store_now_ms(), what, m[2], m[3], detail })
-  run._before = m
+  local event = { store_now_ms(), what, attempt, node, detail }
+  local n = (tonumber(rawget(run, 'hn')) or 0) + 1
+  if n > 32 then
+    run._ev, run.hn = append_event(history_bytes(run), n - 1, event)
+    run._add = nil
+  else
+    run._add, run.hn = (rawget(run, '_add') or '') .. cmsgpack.pack(event), n
+  end
+  if b then
+    b[1], b[2], b[3], b[4] = state, attempt, node, cbs
+  else
+    run._before = { state, attempt, node, cbs }
+  end
 end
 
 local function load_run(P, sid)
@@ -247,11 +304,21 @@ end
 
 local function earliest(d)
   local m = 0
-  for _, k in ipairs({ 'lease_expires', 'confirm_by', 'timeout_at', 'wake_at' }) do
-    local v = d[k]
-    if v > 0 and (m == 0 or v < m) then
-      m = v
-    end
+  local v = d.lease_expires
+  if v > 0 then
+    m = v
+  end
+  v = d.confirm_by
+  if v > 0 and (m == 0 or v < m) then
+    m = v
+  end
+  v = d.timeout_at
+  if v > 0 and (m == 0 or v < m) then
+    m = v
+  end
+  v = d.wake_at
+  if v > 0 and (m == 0 or v < m) then
+    m = v
   end
   return m
 end
