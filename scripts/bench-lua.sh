@@ -23,12 +23,20 @@ cleanup() { kill "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
-# The prelude of a revision ('' for the working tree): common.lua, runlib.lua, beginlib.lua.
+# The prelude of a revision ('' for the working tree): common.lua, runlib.lua, beginlib.lua,
+# then `new_call()`, which resets what a call's wrapper resets besides the clock
+# (functions.rs): the run scripts' `run_info`, where the revision has one.
 prelude() {
   for f in common runlib beginlib; do
     if [ -z "$1" ]; then cat "$lua/$f.lua"; else git show "$1:$lua/$f.lua"; fi
     echo
-  done
+  done >"$work/prelude.tmp"
+  cat "$work/prelude.tmp"
+  if grep -q '^local run_info' "$work/prelude.tmp"; then
+    echo 'local function new_call() run_info = {} end'
+  else
+    echo 'local function new_call() end'
+  fi
 }
 prelude "$rev" >"$work/base.lua"
 prelude "" >"$work/tree.lua"

@@ -16,6 +16,7 @@ local base = tonumber(redis.call('TIME')[1]) * 1000
 local t0 = redis.call('TIME')
 for i = 1, n do
   store_time_reply = nil
+  new_call()
   local job = 'j' .. (i % jobs + 1)
   local sid = job .. '@' .. (base + i)
   local record = cmsgpack.pack({

@@ -27,6 +27,7 @@ local stored = redis.call('GET', P .. 'run:x')
 local t0 = redis.call('TIME')
 for _ = 1, n do
   store_time_reply = nil
+  new_call()
   redis.call('SET', P .. 'run:x', stored)
   if mode == 'get' then
     redis.call('GET', P .. 'run:x')

@@ -62,7 +62,7 @@ impl Library {
             // `store_time_reply` (common.lua) caches the store's clock for one call.
             source.push_str(&format!(
                 "redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
-                 store_time_reply, claim_ms, claimed = nil, nil, nil\n\
+                 store_time_reply, claim_ms, claimed, run_info = nil, nil, nil, {{}}\n\
                  call_keys, declared_set, empty_queues, asked = KEYS, nil, nil, nil\n\
                  prefix_only = #KEYS == 1 and KEYS[1] == ARGV[1]\n\
                  {check}{body}\nend)\n",

@@ -43,26 +43,47 @@ local EMPTY_MAP = '\128'
 -- `SCHEMA_VERSION` and `decode_run` in mod.rs): the run's fields (a map, with `pl`, the
 -- plan's length in bytes, and `hn`, how many history events follow), its plan (a map),
 -- then its history's events (arrays, oldest first). A step decodes the fields alone,
--- and keeps the bytes it read (`_raw`, the fields ending at `_off`, the plan `_pl`
--- bytes long): the plan is cut out and decoded when a step reads `run.plan`, the
--- history never (a change's event is packed into `_add`; saving writes the fields,
--- then the plan and the events as read, then `_add`, the oldest falling out past 32).
--- Decoding a whole record cost cmsgpack about 6.6 µs (the plan 1.9, three events 2.6:
--- a table each) and encoding it 6 µs, at every step. A record of one map (schema 3, or
--- written by the server: begin_run, record_run) holds its plan and history inside, and
--- is read as it is (its plan as a table, its events as `_ev`, the bytes they are
--- written as).
+-- and keeps the bytes it read (see info_of): the plan is cut out and decoded when a step
+-- reads `run.plan`, the history never (a change's event is packed and kept; saving
+-- writes the fields, then the plan and the events as read, then the new events, the
+-- oldest falling out past 32). Decoding a whole record cost cmsgpack about 6.6 µs (the
+-- plan 1.9, three events 2.6: a table each) and encoding it 6 µs, at every step. A
+-- record of one map (schema 3, or written by the server: begin_run, record_run) holds
+-- its plan and history inside, and is read as it is (its plan as a table, its events
+-- as the bytes they are written as).
+--
+-- What a run table holds besides the record's fields is kept beside it, by table (a
+-- key added to the table cmsgpack made would make Lua grow it, and saving would have
+-- to take it out again): `raw` (the bytes read), `off` (where its fields end), `pb` and
+-- `ev` (the plan's bytes once cut out; the events' when they replaced those read, or
+-- for a record of one map),
+-- `add` (events added since), `before` (what the record was when loaded: mark_of).
+-- By run table, in `run_info` (common.lua: a new table for each call).
+local function info_of(run)
+  local i = run_info[run]
+  if not i then
+    i = {}
+    run_info[run] = i
+  end
+  return i
+end
+
+-- The plan's bytes as read (nil for a record of one map).
+local function plan_bytes(run, i)
+  local pb = i.pb
+  if not pb and i.raw then
+    pb = string.sub(i.raw, i.off + 1, i.off + run.pl)
+    i.pb = pb
+  end
+  return pb
+end
+
 local RUN_MT = {
   __index = function(run, k)
     if k ~= 'plan' then
       return RUN_DEFAULTS[k]
     end
-    local pb = rawget(run, '_pb')
-    local raw = rawget(run, '_raw')
-    if not pb and raw then
-      local off = rawget(run, '_off')
-      pb = string.sub(raw, off + 1, off + rawget(run, '_pl'))
-    end
+    local pb = plan_bytes(run, info_of(run))
     local plan = pb and cmsgpack.unpack(pb)
     if type(plan) ~= 'table' then
       plan = {}
@@ -74,7 +95,7 @@ local RUN_MT = {
 }
 
 -- A record of one map: its history's events as they are written after the fields.
-local function inline_history(run)
+local function inline_history(run, i)
   local h = run.history
   run.history = nil
   local ev, n = {}, 0
@@ -88,7 +109,7 @@ local function inline_history(run)
       ev[n] = cmsgpack.pack(e)
     end
   end
-  run._ev, run.hn = table.concat(ev), n
+  i.ev, run.hn = table.concat(ev), n
 end
 
 local function decode_run(bytes)
@@ -98,14 +119,14 @@ local function decode_run(bytes)
   else
     local off
     off, run = cmsgpack.unpack_one(bytes, 0)
-    local pl = tonumber(run.pl)
-    if off > 0 and pl then
-      run._raw, run._off, run._pl, run.pl = bytes, off, pl, nil
+    if off > 0 and tonumber(run.pl) then
+      run_info[run] = { raw = bytes, off = off }
       raw = true
     end
   end
   if not raw then
-    inline_history(run)
+    run.pl = nil
+    inline_history(run, info_of(run))
     if type(run.plan) == 'table' then
       setmetatable(run.plan, PLAN_MT)
     else
@@ -126,49 +147,53 @@ local function decode_run(bytes)
   return setmetatable(run, RUN_MT)
 end
 
--- The record's history events as bytes, all of them (read, then appended).
-local function history_bytes(run)
-  local ev, raw = rawget(run, '_ev'), rawget(run, '_raw')
-  if not ev and raw then
-    ev = string.sub(raw, run._off + run._pl + 1)
+-- The events' bytes as read, or as they replaced those (nil for a new record).
+local function events_read(run, i)
+  local ev = i.ev
+  if not ev and i.raw then
+    ev = string.sub(i.raw, i.off + run.pl + 1)
   end
-  return (ev or '') .. (rawget(run, '_add') or '')
+  return ev
+end
+
+-- The record's history events as bytes, all of them (read, then added).
+local function history_bytes(run)
+  local i = info_of(run)
+  return (events_read(run, i) or '') .. (i.add or '')
 end
 
 -- The run's history, emptied (a new record made from another's: fan_out.lua).
 local function clear_history(run)
-  run._ev, run._add, run.hn = '', nil, 0
+  local i = info_of(run)
+  i.ev, i.add, run.hn = '', nil, 0
 end
 
--- The record's bytes (see decode_run); `_before` (what the record was when loaded,
--- for its history) and the parts kept as bytes are not fields of it. No step changes
--- a run's plan: the plan's bytes as read are written back, not the plan re-encoded.
+-- The record's bytes (see decode_run). No step changes a run's plan: the plan's bytes
+-- as read are written back, not the plan re-encoded.
 local function encode_run(run)
-  local before, raw, off, pl = run._before, run._raw, run._off, run._pl
-  local pb, ev, add, plan = run._pb, run._ev, run._add, rawget(run, 'plan')
-  run._before, run._raw, run._off, run._pl = nil, nil, nil, nil
-  run._pb, run._ev, run._add, run.plan = nil, nil, nil, nil
-  local tail
-  if raw and not pb and not ev then
-    -- The plan and the events as read.
-    run.pl = pl
-    tail = string.sub(raw, off + 1)
-  else
-    if not pb and raw then
-      pb = string.sub(raw, off + 1, off + pl)
-    elseif not pb then
-      pb = (not plan or next(plan) == nil) and EMPTY_MAP or cmsgpack.pack(plan)
-    end
-    if not ev and raw then
-      ev = string.sub(raw, off + pl + 1)
-    end
-    run.pl = #pb
-    tail = pb .. (ev or '')
+  local i = info_of(run)
+  local plan = rawget(run, 'plan')
+  if plan then
+    run.plan = nil
   end
-  local bytes = cmsgpack.pack(run) .. tail .. (add or '')
-  run.pl = nil
-  run._before, run._raw, run._off, run._pl = before, raw, off, pl
-  run._pb, run._ev, run._add, run.plan = pb, ev, add, plan
+  local tail
+  if i.raw and not i.ev then
+    -- The plan and the events as read (`pl` as read).
+    tail = string.sub(i.raw, i.off + 1)
+  else
+    local pb = plan_bytes(run, i)
+    if not pb then
+      pb = (not plan or next(plan) == nil) and EMPTY_MAP or cmsgpack.pack(plan)
+      i.pb = pb
+    end
+    local ev = events_read(run, i) or ''
+    run.pl = #pb
+    tail = pb .. ev
+  end
+  local bytes = cmsgpack.pack(run) .. tail .. (i.add or '')
+  if plan then
+    run.plan = plan
+  end
   return bytes
 end
 
@@ -212,7 +237,8 @@ end
 -- a webhook attempt when only the webhook's attempts changed, else the state entered;
 -- the last 32 steps are kept. RunRecord::note_change in Rust is the same rule.
 local function note_change(run)
-  local b = run._before
+  local i = info_of(run)
+  local b = i.before
   local state, attempt = text(run.state), tonumber(run.attempt) or 0
   local node, cbs = text(run.node_id), tonumber(run.callback_attempts) or 0
   if b and b[1] == state and b[2] == attempt and b[3] == node and b[4] == cbs then
@@ -231,15 +257,15 @@ local function note_change(run)
   local event = { store_now_ms(), what, attempt, node, detail }
   local n = (tonumber(rawget(run, 'hn')) or 0) + 1
   if n > 32 then
-    run._ev, run.hn = append_event(history_bytes(run), n - 1, event)
-    run._add = nil
+    i.ev, run.hn = append_event(history_bytes(run), n - 1, event)
+    i.add = nil
   else
-    run._add, run.hn = (rawget(run, '_add') or '') .. cmsgpack.pack(event), n
+    i.add, run.hn = (i.add or '') .. cmsgpack.pack(event), n
   end
   if b then
     b[1], b[2], b[3], b[4] = state, attempt, node, cbs
   else
-    run._before = { state, attempt, node, cbs }
+    i.before = { state, attempt, node, cbs }
   end
 end
 
@@ -249,7 +275,7 @@ local function load_run(P, sid)
     return nil
   end
   local run = decode_run(j)
-  run._before = mark_of(run)
+  info_of(run).before = mark_of(run)
   return run
 end
 
@@ -333,7 +359,8 @@ end
 -- deadline later (a `Started` clearing confirm_by) leaves the timer where it is: one
 -- ZADD fewer per run, and a sweep of it only if it outlasts the earlier deadline.
 local function save_run(P, run, timer_by)
-  local was_final = run._before and FINAL[run._before[1]]
+  local before = info_of(run).before
+  local was_final = before and FINAL[before[1]]
   note_change(run)
   local json = encode_run(run)
   redis.call('SET', P .. 'run:' .. run.schedule_id, json, 'KEEPTTL')
