@@ -51,7 +51,7 @@ run() { # build tail mode [events]
 }
 echo "ns per iteration, $n iterations; $rev's scripts | the working tree's (three rounds)"
 for step in "record get 2" "record load 2" "record save 2" "record plan 2" "record start 2" \
-  "record start 20" "begin record" "begin begin" "begin assign" "sketch-hash-start -"; do
+  "record start 20" "record finish 2" "begin record" "begin begin" "begin assign" "sketch-hash-start -"; do
   set -- $step
   line=$(printf '%-7s %-7s %-3s' "$1" "$2" "${3:-}")
   for _ in 1 2 3; do

@@ -2,11 +2,15 @@
 -- common.lua and runlib.lua by scripts/bench-lua.sh). ARGV: iterations, mode, events.
 -- Modes: get (the loop's reset SET and a GET alone), load (+ decode), save (load and
 -- save_run), plan (load, read the plan, save: what finish and expire do), start
--- (start_run: a `Started` report's step). Each iteration first writes the record back
+-- (start_run: a `Started` report's step), finish (finish: a `Result` that succeeded,
+-- its webhook's outbox entry written). Each iteration first writes the record back
 -- as the first save left it (a DISPATCHED run with `events` history events). Returns
 -- the record's bytes and the ns per iteration.
 prefix_only = true
-local P = 'bench:{0}:'
+local P, N = 'bench:{0}:', 'bench:{nodes}:'
+-- A `Result`'s outcome as the server sends it (finish mode).
+local outcome = cjson.encode({ state = 'SUCCEEDED', output = 'b2s=', started_at = 1765000000100,
+  finished_at = 1765000000200 })
 local n, mode, events = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local run = {
   schedule_id = 'x', job_id = 'job-000123', schedule_no = '1765000000000', state = 'DISPATCHED',
@@ -41,6 +45,8 @@ for _ = 1, n do
     save_run(P, r)
   elseif mode == 'start' then
     start_run(P, 'x', 'node-7f3a2b1c', '1765000000123456')
+  elseif mode == 'finish' then
+    finish(P, N, 'x', 'holder', '1765000000123456', outcome, 'node-7f3a2b1c', '')
   else
     return redis.error_reply('unknown mode ' .. mode)
   end

@@ -328,21 +328,22 @@ local function held_run(P, sid, node, token)
   return run
 end
 
+-- The earliest deadline set (0: none); a deadline not set reads as 0, or is absent
+-- from a record's deadlines as cmsgpack decodes them (start_run).
 local function earliest(d)
-  local m = 0
-  local v = d.lease_expires
-  if v > 0 then
-    m = v
+  local m = d.lease_expires or 0
+  if m < 0 then
+    m = 0
   end
-  v = d.confirm_by
+  local v = d.confirm_by or 0
   if v > 0 and (m == 0 or v < m) then
     m = v
   end
-  v = d.timeout_at
+  v = d.timeout_at or 0
   if v > 0 and (m == 0 or v < m) then
     m = v
   end
-  v = d.wake_at
+  v = d.wake_at or 0
   if v > 0 and (m == 0 or v < m) then
     m = v
   end
@@ -379,7 +380,7 @@ end
 -- store's now as started_at, confirm_by cleared), saved. Returns the answer ('yes',
 -- 'already' when RUNNING under the same lease, 'no'), the reason of a 'no', and the
 -- run (nil when there is none) with, when 'yes', its record as written.
-local function start_run(P, sid, node, token)
+local function start_held(P, sid, node, token)
   local run, refused = reported_run(P, sid, node, token)
   if not run or refused then
     return 'no', refused, run
@@ -395,6 +396,54 @@ local function start_run(P, sid, node, token)
   run.started_at = store_now_ms()
   run.deadlines.confirm_by = 0
   return 'yes', '', run, save_run(P, run, timer_by)
+end
+
+-- start_held's decision, made on the record's fields as cmsgpack decodes them: no
+-- run table, no side table, no plan (a `Started` is the step every run takes, and the
+-- one that reads least). The record's bytes after its fields are written back as they
+-- were, its event after them; the same answer, record and timer as start_held. A
+-- record that is not of three parts, a broadcast run (its shard 0 answers) or one with
+-- a full history (the oldest event falls out) takes start_held's way. Returns the
+-- answer, the reason of a 'no', nil, and the record as it stands after the step.
+local function start_run(P, sid, node, token)
+  local key = P .. 'run:' .. sid
+  local bytes = redis.call('GET', key)
+  if not bytes then
+    return 'no', 'unknown run'
+  end
+  local off, f = 0, nil
+  if string.byte(bytes, 1) ~= 123 then
+    off, f = cmsgpack.unpack_one(bytes, 0)
+  end
+  if type(f) ~= 'table' or off <= 0 or not tonumber(f.pl) or (tonumber(f.hn) or 0) >= 32
+      or ((tonumber(f.shard_total) or 0) > 0 and (f.parent or '') == '') then
+    local answer, reason, run, record = start_held(P, sid, node, token)
+    return answer, reason, nil, record or (run and encode_run(run))
+  end
+  local refused = holder_refusal(f, node, token)
+  if refused then
+    return 'no', refused, nil, bytes
+  end
+  if f.state == 'RUNNING' then
+    return 'already', '', nil, bytes
+  end
+  if f.state ~= 'DISPATCHED' then
+    return 'no', 'run is ' .. f.state, nil, bytes
+  end
+  local d = type(f.deadlines) == 'table' and f.deadlines or {}
+  f.deadlines = d
+  local timer_by = earliest(d)
+  local now = store_now_ms()
+  f.state, f.started_at, d.confirm_by = 'RUNNING', now, nil
+  f.hn = (tonumber(f.hn) or 0) + 1
+  local event = cmsgpack.pack({ now, 'RUNNING', tonumber(f.attempt) or 0, text(f.node_id), text(f.reason) })
+  local record = cmsgpack.pack(f) .. string.sub(bytes, off + 1) .. event
+  redis.call('SET', key, record, 'KEEPTTL')
+  local t = earliest(d)
+  if t > 0 and not (timer_by > 0 and t >= timer_by) then
+    redis.call('ZADD', P .. 'timers', int(t), sid)
+  end
+  return 'yes', '', nil, record
 end
 
 -- Every deadline unset (0; left out of the record until one is set).
