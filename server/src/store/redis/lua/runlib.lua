@@ -686,48 +686,38 @@ local function finish_entry(P, sid, token, kind, status, err, at)
   return { 'yes', '' }
 end
 
--- The run's webhook: when its plan names a callback URL, the step that makes it final
--- writes its outbox entry with the body fixed now, due now; or, while a result is
+-- The run's webhook: when its plan names a callback URL (`url`), the step that makes it
+-- final writes its outbox entry with the body fixed now, due now; or, while a result is
 -- applied for a caller that delivers it (`claim_ms`), claimed at once for that
 -- caller, as claim_entry would (in flight under a new token until now + claim_ms),
 -- the claim kept in `claimed` for the reply (see `reply`).
-local function write_outbox(P, run, now)
-  local url = type(run.plan) == 'table' and run.plan.callback_url or nil
+local function write_outbox(P, run, now, url)
   if type(url) ~= 'string' or url == '' then
     return
   end
-  local function num(v)
-    return tonumber(v) or 0
-  end
-  local function str(v)
-    if type(v) == 'string' then
-      return v
-    end
-    return ''
-  end
-  local started, finished = num(run.started_at), num(run.finished_at)
+  local started, finished = tonumber(run.started_at) or 0, tonumber(run.finished_at) or 0
   local duration = 0
   if started > 0 and finished >= started then
     duration = finished - started
   end
   local token = run.fencing_token
   if type(token) ~= 'string' then
-    token = int(num(token))
+    token = int(tonumber(token) or 0)
   end
   local body = cjson.encode({
     schedule_id = run.schedule_id,
     job_id = run.job_id,
-    attempt = num(run.attempt),
+    attempt = tonumber(run.attempt) or 0,
     fencing_token = token,
     status = run.state,
-    scheduled_at_ms = num(run.scheduled_at),
+    scheduled_at_ms = tonumber(run.scheduled_at) or 0,
     started_at_ms = started,
     finished_at_ms = finished,
     duration_ms = duration,
-    error_code = str(run.error_code),
-    error_message = str(run.error_message),
-    output = str(run.output),
-    node_id = str(run.node_id),
+    error_code = text(run.error_code),
+    error_message = text(run.error_message),
+    output = text(run.output),
+    node_id = text(run.node_id),
   })
   local dtoken, in_flight, due = '0', '0', int(now)
   if claim_ms then
@@ -784,7 +774,7 @@ local function finalize(P, run, state, reason, now, pop)
     save_run(P, parent)
     return nxt
   end
-  write_outbox(P, run, now)
+  write_outbox(P, run, now, type(run.plan) == 'table' and run.plan.callback_url or nil)
   redis.call('SREM', P .. 'active:' .. run.job_id, run.schedule_id)
   -- The job's serial queue, when it has one (most jobs never do: one LLEN, none when
   -- `end_needs` found it empty in this call: a queue only grows when a run begins).
@@ -1101,6 +1091,82 @@ local function finish_step(P, N, sid, by, value, outcome_json, node)
   return reply('yes', '', save_run(P, run), nil, nxt)
 end
 
+-- finish_step's decision for the common result, made on the record's fields as
+-- cmsgpack decodes them (as start_run does a Started): a lease holder's report of a
+-- run that succeeded, not a broadcast run or a shard, whose job has no serial queue
+-- and whose history is not full. The same transition as finish_step's (the record's
+-- plan is decoded only when it names a callback URL). nil, before anything is
+-- written, for every other case.
+local function finish_succeeded(P, N, sid, token, outcome_json, node)
+  local key = P .. 'run:' .. sid
+  local bytes = redis.call('GET', key)
+  if not bytes or string.byte(bytes, 1) == 123 then
+    return nil
+  end
+  local off, f = cmsgpack.unpack_one(bytes, 0)
+  local pl = type(f) == 'table' and tonumber(f.pl)
+  if off <= 0 or not pl or (tonumber(f.hn) or 0) >= 32 or (tonumber(f.shard_total) or 0) > 0
+      or (f.parent or '') ~= '' then
+    return nil
+  end
+  local refused = holder_refusal(f, node, token)
+  if refused then
+    return reply('no', refused, bytes)
+  end
+  if FINAL[f.state] then
+    return reply('already', '', bytes)
+  end
+  if not HELD[f.state] then
+    return reply('no', 'run is ' .. f.state, bytes)
+  end
+  local o = cjson.decode(outcome_json)
+  if o.state ~= 'SUCCEEDED' then
+    return nil
+  end
+  local job = f.job_id
+  if not (empty_queues and empty_queues[job]) and redis.call('LLEN', P .. 'serial:' .. job) > 0 then
+    return nil
+  end
+  local now = store_now_ms()
+  if N ~= '' and (f.node_id or '') ~= '' then
+    redis.call('SREM', N .. 'busy:' .. f.node_id, sid)
+  end
+  if o.output ~= nil and o.output ~= cjson.null then
+    f.output = o.output
+  end
+  local code, msg = text(o.error_code), text(o.error_message)
+  f.error_code = code ~= '' and code or nil
+  f.error_message = msg ~= '' and msg or nil
+  if o.started_at ~= nil and o.started_at ~= cjson.null then
+    f.started_at = o.started_at
+  end
+  if o.finished_at ~= nil and o.finished_at ~= cjson.null then
+    f.finished_at = o.finished_at
+  end
+  -- finalize's changes.
+  f.deadlines, f.state, f.reason = nil, 'SUCCEEDED', nil
+  if f.finished_at == nil or f.finished_at == 0 then
+    f.finished_at = now
+  end
+  local pb = string.sub(bytes, off + 1, off + pl)
+  if string.find(pb, 'callback_url', 1, true) then
+    local plan = cmsgpack.unpack(pb)
+    write_outbox(P, f, now, type(plan) == 'table' and plan.callback_url or nil)
+  end
+  redis.call('SREM', P .. 'active:' .. job, sid)
+  -- note_change's event for a state entered.
+  local detail = ''
+  if code ~= '' then
+    detail = msg == '' and code or (code .. ': ' .. msg)
+  end
+  f.hn = (tonumber(f.hn) or 0) + 1
+  local event = cmsgpack.pack({ now, 'SUCCEEDED', tonumber(f.attempt) or 0, text(f.node_id), detail })
+  local record = cmsgpack.pack(f) .. string.sub(bytes, off + 1) .. event
+  redis.call('SET', key, record, 'KEEPTTL')
+  redis.call('ZREM', P .. 'timers', sid)
+  return reply('yes', '', record)
+end
+
 -- finish_run's decision (finish_run.lua) for the result of run `sid`: `by` is 'holder'
 -- (`value` the token, `node` the holder's node) or 'waiting' (`value` the attempt);
 -- `outcome_json` the outcome; `claim` ('' for none) the lease in ms under which the
@@ -1108,7 +1174,8 @@ end
 -- caller (`write_outbox`). Returns the transition's reply.
 local function finish(P, N, sid, by, value, outcome_json, node, claim)
   claim_ms, claimed = tonumber(claim), nil
-  local out = finish_step(P, N, sid, by, value, outcome_json, node)
+  local out = by == 'holder' and finish_succeeded(P, N, sid, value, outcome_json, node)
+    or finish_step(P, N, sid, by, value, outcome_json, node)
   claim_ms, claimed = nil, nil
   return out
 end
