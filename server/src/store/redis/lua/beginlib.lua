@@ -62,6 +62,64 @@ local function begin_needs(P, id, policy, retention_ms, max_runs)
   return index_needs(P, id, retention_ms, max_runs)
 end
 
+-- begin's decision for the common run, made on the record as cmsgpack decodes it (as
+-- start_run does a Started): a run of an allow job, existing and not paused, as the
+-- server sends it (one map, no history), created WAITING to be routed (and leased
+-- when `lease` says so). The same record, index, timer and reply as begin's; nil,
+-- before anything is written, for every other case (begin decides those).
+local function begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
+  local f = cmsgpack.unpack(run_record)
+  if type(f) ~= 'table' or f.pl ~= nil or f.state == 'SKIPPED' or f.history ~= nil then
+    return nil
+  end
+  local plan = f.plan
+  if plan == nil then
+    plan = {}
+  elseif type(plan) ~= 'table' then
+    return nil
+  end
+  setmetatable(plan, PLAN_MT)
+  if plan.overlap ~= 'allow' then
+    return nil
+  end
+  local head = index_needs(P, id, retention_ms, max_runs)
+  if asked then
+    return needed(), true
+  end
+  local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused', 'kept')
+  if not job[1] or job[2] == '1' then
+    return nil
+  end
+  local now = store_now_ms()
+  local keep = keep_due(P, id, job[1], job[3], head, retention_ms, now)
+  f.created_at, f.state, f.reason = now, 'WAITING', nil
+  f.deadlines = setmetatable({ wake_at = now + grace_ms,
+    wait_until = now + (tonumber(plan.dispatch_wait_ms) or 0) }, DEADLINES_MT)
+  local akey = P .. 'active:' .. id
+  redis.call('SADD', akey, sid)
+  if keep then
+    redis.call('PEXPIRE', akey, 2 * retention_ms)
+  end
+  local leased = nil
+  if lease and f.deadlines.wake_at > 0 then
+    leased = lease(f, now)
+  end
+  -- The record as encode_run writes it (its plan's bytes after its fields, then its
+  -- history: note_change's event for a new record).
+  f.plan = nil
+  local pb = next(plan) == nil and EMPTY_MAP or cmsgpack.pack(plan)
+  f.pl, f.hn = #pb, 1
+  local event = cmsgpack.pack({ now, f.state, tonumber(f.attempt) or 0, text(f.node_id), text(f.reason) })
+  local record = cmsgpack.pack(f) .. pb .. event
+  redis.call('SET', P .. 'run:' .. sid, record, 'PX', retention_ms)
+  local hint = index_run(P, N, id, sid, scheduled_at, retention_ms, max_runs, head, keep)
+  local t = earliest(f.deadlines)
+  if t > 0 then
+    redis.call('ZADD', P .. 'timers', int(t), sid)
+  end
+  return { '1', record, hint }, leased
+end
+
 -- begin_run's decision for the run `run_record` (MessagePack) of job `id` (see
 -- begin_run.lua). When the run is created WAITING to be routed now and `lease` is
 -- given, `lease(run, now)` is asked before the run is written ('ok' when it leased
@@ -73,6 +131,10 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
   local existing = redis.call('GET', P .. 'run:' .. sid)
   if existing then
     return { '0', existing, '' }, nil
+  end
+  local out, leased = begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
+  if out then
+    return out, leased
   end
   local now = store_now_ms()
   local run = decode_run(run_record)

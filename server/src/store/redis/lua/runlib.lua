@@ -964,24 +964,20 @@ local function keep_due(P, id, version, kept, head, retention_ms, now)
   return true
 end
 
--- Stores a new run record with its retention and indexes it under its job, keeping
+-- Indexes a new run record (written with its retention) under its job, keeping
 -- the index bounded (the oldest records fall out first; entries whose record expired
 -- are dropped from the oldest up to the first that still exists, at most 8 a call).
 -- A record lives its retention from when it was begun, which is not before its run
 -- was scheduled (the index's score), so while the oldest entry was scheduled within
 -- the retention none can have expired and no entry is looked at (an entry that
 -- lingers past its record is skipped by listings and dropped by a later call).
--- `head` is what index_needs read before anything was written. Returns the record
--- as written and a hint: the schedule_ids (space-separated, '' for none) of the two
+-- `head` is what index_needs read before anything was written. Returns a hint: the
+-- schedule_ids (space-separated, '' for none) of the two
 -- oldest entries when the index is at its bound or its oldest entry leaves the
 -- retention within a minute, the ones the job's next begin is likely to look at or
 -- drop (its caller declares their keys and saves the round trip of asking).
-local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head, keep)
-  local sid = run.schedule_id
-  note_change(run)
-  local json = encode_run(run)
-  redis.call('SET', P .. 'run:' .. sid, json, 'PX', retention_ms)
-  local index = P .. 'runs:' .. run.job_id
+local function index_run(P, N, job_id, sid, scheduled_at, retention_ms, max_runs, head, keep)
+  local index = P .. 'runs:' .. job_id
   local oldest, card = drop_expired(P, index, head,
     head.card + redis.call('ZADD', index, scheduled_at, sid), scheduled_at, retention_ms)
   local excess = card - tonumber(max_runs)
@@ -1005,7 +1001,7 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
       redis.call('DEL', P .. 'run:' .. o, P .. 'logs:' .. o, P .. 'logmeta:' .. o)
       drop_done_delivery(P, o)
       redis.call('ZREM', P .. 'timers', o)
-      redis.call('SREM', P .. 'active:' .. run.job_id, o)
+      redis.call('SREM', P .. 'active:' .. job_id, o)
     end
     redis.call('ZREMRANGEBYRANK', index, 0, excess - 1)
     card = card - excess
@@ -1017,7 +1013,17 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
   if not prefix_only and (card >= tonumber(max_runs) or oldest + tonumber(retention_ms) <= store_now_ms() + 60000) then
     hint = table.concat(redis.call('ZRANGE', index, 0, 1), ' ')
   end
-  return json, hint
+  return hint
+end
+
+-- index_run of the run table `run`, after its record is written (its history noting
+-- that it is new).
+local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head, keep)
+  local sid = run.schedule_id
+  note_change(run)
+  local json = encode_run(run)
+  redis.call('SET', P .. 'run:' .. sid, json, 'PX', retention_ms)
+  return json, index_run(P, N, run.job_id, sid, scheduled_at, retention_ms, max_runs, head, keep)
 end
 
 -- finish's step (below), `claim_ms` set for it.
