@@ -107,6 +107,7 @@ macro_rules! store_conformance_tests {
                 reports_only_from_the_lease_holder: options,
                 renew_leases_extend_and_confirm: options,
                 finish_run_outcomes: options,
+                a_common_run_is_recorded_whole_at_each_step: options,
                 finish_run_retries: options,
                 finish_run_rejected: options,
                 expire_run_timeout: options,

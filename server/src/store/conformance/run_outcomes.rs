@@ -5,6 +5,78 @@
 
 use super::*;
 
+/// A run's common way (begun and leased in one step, started, succeeded with a code,
+/// message and output of its own): every store writes the same fields and steps at
+/// each call, and the record a call returns is the one stored. The success's event
+/// names the code and message; its deadlines are all cleared.
+pub async fn a_common_run_is_recorded_whole_at_each_step(store: Arc<dyn Store>) {
+    store.create_job(job("whole", None)).await.expect("create");
+    let run = planned_run("whole", 1000, plan(OverlapPolicy::Allow));
+    let sid = run.schedule_id.clone();
+    let (_, assigned) = store
+        .begin_and_assign(run, GRACE, &slot("whole-n", 4), LONG)
+        .await
+        .expect("begin and assign");
+    let Some(Assigned::Granted(leased)) = assigned else {
+        panic!("expected a grant: {assigned:?}");
+    };
+    let holder = Holder::of(&leased);
+    let t = store.mark_started(&sid, &holder).await.expect("start");
+    assert_eq!(t.applied, Applied::Yes);
+    let running = t.run.expect("run");
+    assert_eq!(get(&store, &sid).await, running);
+    assert_eq!(
+        (running.state, running.deadlines.confirm_by),
+        (RunState::Running, 0)
+    );
+    assert!(running.started_at.is_some() && running.deadlines.lease_expires > 0);
+    assert_eq!(running.fencing_token, leased.fencing_token);
+
+    let result = Outcome {
+        output: Some(b"done".to_vec()),
+        error_code: "W1".to_owned(),
+        error_message: "slow disk".to_owned(),
+        finished_at: Some(9_999),
+        ..outcome(RunState::Succeeded)
+    };
+    let t = store
+        .finish_run(&sid, Finisher::Holder(holder), result)
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Yes);
+    let done = t.run.expect("run");
+    assert_eq!(get(&store, &sid).await, done);
+    assert_eq!(
+        (
+            done.state,
+            done.error_code.as_str(),
+            done.error_message.as_str(),
+            done.output.as_deref(),
+            done.finished_at,
+            done.started_at,
+            done.reason.as_str(),
+        ),
+        (
+            RunState::Succeeded,
+            "W1",
+            "slow disk",
+            Some(&b"done"[..]),
+            Some(9_999),
+            running.started_at,
+            "",
+        )
+    );
+    assert_eq!(done.deadlines, Deadlines::default());
+    assert_eq!(
+        history_rows(&done.history),
+        [
+            ("DISPATCHED", 1, "whole-n", ""),
+            ("RUNNING", 1, "whole-n", ""),
+            ("SUCCEEDED", 1, "whole-n", "W1: slow disk"),
+        ]
+    );
+}
+
 pub async fn finish_run_outcomes(store: Arc<dyn Store>) {
     store.create_job(job("fin", None)).await.expect("create");
     let sid = |planned: i64| schedule_id("fin", &planned.to_string());
