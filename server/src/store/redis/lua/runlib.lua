@@ -52,13 +52,13 @@ local EMPTY_MAP = '\128'
 -- its plan and history inside, and is read as it is (its plan as a table, its events
 -- as the bytes they are written as).
 --
--- What a run table holds besides the record's fields is kept beside it, by table (a
--- key added to the table cmsgpack made would make Lua grow it, and saving would have
--- to take it out again): `raw` (the bytes read), `off` (where its fields end), `pb` and
--- `ev` (the plan's bytes once cut out; the events' when they replaced those read, or
--- for a record of one map),
--- `add` (events added since), `before` (what the record was when loaded: mark_of).
--- By run table, in `run_info` (common.lua: a new table for each call).
+-- What a run table holds besides the record's fields is kept beside it, by table, in
+-- `run_info` (common.lua: a new table for each call), since a key added to the table
+-- cmsgpack made would make Lua grow it, and saving would have to take it out again:
+-- `raw` (the bytes read), `off` (where its fields end), `pb` (the plan's bytes once
+-- cut out), `ev` (the events' bytes when they replaced those read, or for a record of
+-- one map), `add` (events added since), `before` (what the record was when loaded:
+-- mark_of).
 local function info_of(run)
   local i = run_info[run]
   if not i then
