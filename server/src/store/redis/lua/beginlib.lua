@@ -108,8 +108,8 @@ local function begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms
   -- history: note_change's event for a new record).
   f.plan = nil
   local pb = next(plan) == nil and EMPTY_MAP or cmsgpack.pack(plan)
-  f.pl, f.hn = #pb, 1
-  local event = cmsgpack.pack({ now, f.state, tonumber(f.attempt) or 0, text(f.node_id), text(f.reason) })
+  f.pl, f.hn = #pb, 0
+  local event = entered_event(f, now)
   local record = cmsgpack.pack(f) .. pb .. event
   redis.call('SET', P .. 'run:' .. sid, record, 'PX', retention_ms)
   local hint = index_run(P, N, id, sid, scheduled_at, retention_ms, max_runs, head, keep)

@@ -233,6 +233,25 @@ local function append_event(ev, n, event)
   return ev, n
 end
 
+-- The detail of the event noting that run `r` (a run table or a record's decoded
+-- fields) entered `state`: its error when it ended with one, else its reason.
+local function entered_detail(r, state)
+  local code = FINAL[state] and text(r.error_code) or ''
+  if code ~= '' then
+    local msg = text(r.error_message)
+    return msg == '' and code or (code .. ': ' .. msg)
+  end
+  return text(r.reason)
+end
+
+-- The event (packed) noting that a record's decoded fields `f` entered their state
+-- (note_change's for a state entered), counted in `hn`: what a step decided on
+-- decoded fields writes after the record's other bytes.
+local function entered_event(f, now)
+  f.hn = (tonumber(f.hn) or 0) + 1
+  return cmsgpack.pack({ now, f.state, tonumber(f.attempt) or 0, text(f.node_id), entered_detail(f, f.state) })
+end
+
 -- Notes in run.history what changed since the record was loaded (or that it is new):
 -- a webhook attempt when only the webhook's attempts changed, else the state entered;
 -- the last 32 steps are kept. RunRecord::note_change in Rust is the same rule.
@@ -248,11 +267,7 @@ local function note_change(run)
   if b and b[4] ~= cbs and b[1] == state and b[2] == attempt and b[3] == node then
     what, detail = 'WEBHOOK', webhook_detail(tonumber(run.callback_status) or 0, text(run.callback_error))
   else
-    local code, msg = text(run.error_code), text(run.error_message)
-    what, detail = state, text(run.reason)
-    if code ~= '' and FINAL[state] then
-      detail = msg == '' and code or (code .. ': ' .. msg)
-    end
+    what, detail = state, entered_detail(run, state)
   end
   local event = { store_now_ms(), what, attempt, node, detail }
   local n = (tonumber(rawget(run, 'hn')) or 0) + 1
@@ -398,6 +413,33 @@ local function start_held(P, sid, node, token)
   return 'yes', '', run, save_run(P, run, timer_by)
 end
 
+-- The record of run `sid` for a step decided on its decoded fields: its key, its
+-- bytes, where its fields end and the fields; only the key and the bytes (nil when
+-- there is no record) when it is not of three parts or its history is full (the
+-- oldest event would fall out), which the general way takes.
+local function read_fields(P, sid)
+  local key = P .. 'run:' .. sid
+  local bytes = redis.call('GET', key)
+  if not bytes or string.byte(bytes, 1) == 123 then
+    return key, bytes
+  end
+  local off, f = cmsgpack.unpack_one(bytes, 0)
+  if type(f) ~= 'table' or off <= 0 or not tonumber(f.pl) or (tonumber(f.hn) or 0) >= 32 then
+    return key, bytes
+  end
+  return key, bytes, off, f
+end
+
+-- Writes back a record read_fields read, its fields `f` as the step left them, the
+-- plan and events as read, then the event of the state entered (keeping its TTL).
+-- Returns the record as written.
+local function write_fields(key, f, bytes, off, now)
+  local event = entered_event(f, now)
+  local record = cmsgpack.pack(f) .. string.sub(bytes, off + 1) .. event
+  redis.call('SET', key, record, 'KEEPTTL')
+  return record
+end
+
 -- start_held's decision, made on the record's fields as cmsgpack decodes them: no
 -- run table, no side table, no plan (a `Started` is the step every run takes, and the
 -- one that reads least). The record's bytes after its fields are written back as they
@@ -406,17 +448,11 @@ end
 -- a full history (the oldest event falls out) takes start_held's way. Returns the
 -- answer, the reason of a 'no', nil, and the record as it stands after the step.
 local function start_run(P, sid, node, token)
-  local key = P .. 'run:' .. sid
-  local bytes = redis.call('GET', key)
+  local key, bytes, off, f = read_fields(P, sid)
   if not bytes then
     return 'no', 'unknown run'
   end
-  local off, f = 0, nil
-  if string.byte(bytes, 1) ~= 123 then
-    off, f = cmsgpack.unpack_one(bytes, 0)
-  end
-  if type(f) ~= 'table' or off <= 0 or not tonumber(f.pl) or (tonumber(f.hn) or 0) >= 32
-      or ((tonumber(f.shard_total) or 0) > 0 and (f.parent or '') == '') then
+  if not f or ((tonumber(f.shard_total) or 0) > 0 and (f.parent or '') == '') then
     local answer, reason, run, record = start_held(P, sid, node, token)
     return answer, reason, nil, record or (run and encode_run(run))
   end
@@ -435,10 +471,7 @@ local function start_run(P, sid, node, token)
   local timer_by = earliest(d)
   local now = store_now_ms()
   f.state, f.started_at, d.confirm_by = 'RUNNING', now, nil
-  f.hn = (tonumber(f.hn) or 0) + 1
-  local event = cmsgpack.pack({ now, 'RUNNING', tonumber(f.attempt) or 0, text(f.node_id), text(f.reason) })
-  local record = cmsgpack.pack(f) .. string.sub(bytes, off + 1) .. event
-  redis.call('SET', key, record, 'KEEPTTL')
+  local record = write_fields(key, f, bytes, off, now)
   local t = earliest(d)
   if t > 0 and not (timer_by > 0 and t >= timer_by) then
     redis.call('ZADD', P .. 'timers', int(t), sid)
@@ -1026,6 +1059,25 @@ local function index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, he
   return json, index_run(P, N, run.job_id, sid, scheduled_at, retention_ms, max_runs, head, keep)
 end
 
+-- A result's outcome `o` written into the run's fields (an error code or message that
+-- is empty left out, as at its default): output, error, the executor's times.
+-- finished_at is set before the run may become final, so the webhook body written then
+-- has it (a retry clears it again).
+local function take_outcome(run, o)
+  if o.output ~= nil and o.output ~= cjson.null then
+    run.output = o.output
+  end
+  local code, msg = text(o.error_code), text(o.error_message)
+  run.error_code = code ~= '' and code or nil
+  run.error_message = msg ~= '' and msg or nil
+  if o.started_at ~= nil and o.started_at ~= cjson.null then
+    run.started_at = o.started_at
+  end
+  if o.finished_at ~= nil and o.finished_at ~= cjson.null then
+    run.finished_at = o.finished_at
+  end
+end
+
 -- finish's step (below), `claim_ms` set for it.
 local function finish_step(P, N, sid, by, value, outcome_json, node)
   local run
@@ -1071,19 +1123,7 @@ local function finish_step(P, N, sid, by, value, outcome_json, node)
     return reply('yes', '', save_run(P, run))
   end
   leave_node(N, run)
-  if o.output ~= nil and o.output ~= cjson.null then
-    run.output = o.output
-  end
-  run.error_code = o.error_code or ''
-  run.error_message = o.error_message or ''
-  if o.started_at ~= nil and o.started_at ~= cjson.null then
-    run.started_at = o.started_at
-  end
-  -- Set before the run may become final, so the webhook body written then has it (a
-  -- retry clears it again).
-  if o.finished_at ~= nil and o.finished_at ~= cjson.null then
-    run.finished_at = o.finished_at
-  end
+  take_outcome(run, o)
   local nxt
   if o.state == 'FAILED' then
     local reason = run.error_code ~= '' and run.error_code or 'failed'
@@ -1104,15 +1144,8 @@ end
 -- plan is decoded only when it names a callback URL). nil, before anything is
 -- written, for every other case.
 local function finish_succeeded(P, N, sid, token, outcome_json, node)
-  local key = P .. 'run:' .. sid
-  local bytes = redis.call('GET', key)
-  if not bytes or string.byte(bytes, 1) == 123 then
-    return nil
-  end
-  local off, f = cmsgpack.unpack_one(bytes, 0)
-  local pl = type(f) == 'table' and tonumber(f.pl)
-  if off <= 0 or not pl or (tonumber(f.hn) or 0) >= 32 or (tonumber(f.shard_total) or 0) > 0
-      or (f.parent or '') ~= '' then
+  local key, bytes, off, f = read_fields(P, sid)
+  if not f or (tonumber(f.shard_total) or 0) > 0 or (f.parent or '') ~= '' then
     return nil
   end
   local refused = holder_refusal(f, node, token)
@@ -1137,38 +1170,19 @@ local function finish_succeeded(P, N, sid, token, outcome_json, node)
   if N ~= '' and (f.node_id or '') ~= '' then
     redis.call('SREM', N .. 'busy:' .. f.node_id, sid)
   end
-  if o.output ~= nil and o.output ~= cjson.null then
-    f.output = o.output
-  end
-  local code, msg = text(o.error_code), text(o.error_message)
-  f.error_code = code ~= '' and code or nil
-  f.error_message = msg ~= '' and msg or nil
-  if o.started_at ~= nil and o.started_at ~= cjson.null then
-    f.started_at = o.started_at
-  end
-  if o.finished_at ~= nil and o.finished_at ~= cjson.null then
-    f.finished_at = o.finished_at
-  end
+  take_outcome(f, o)
   -- finalize's changes.
   f.deadlines, f.state, f.reason = nil, 'SUCCEEDED', nil
   if f.finished_at == nil or f.finished_at == 0 then
     f.finished_at = now
   end
-  local pb = string.sub(bytes, off + 1, off + pl)
+  local pb = string.sub(bytes, off + 1, off + f.pl)
   if string.find(pb, 'callback_url', 1, true) then
     local plan = cmsgpack.unpack(pb)
     write_outbox(P, f, now, type(plan) == 'table' and plan.callback_url or nil)
   end
   redis.call('SREM', P .. 'active:' .. job, sid)
-  -- note_change's event for a state entered.
-  local detail = ''
-  if code ~= '' then
-    detail = msg == '' and code or (code .. ': ' .. msg)
-  end
-  f.hn = (tonumber(f.hn) or 0) + 1
-  local event = cmsgpack.pack({ now, 'SUCCEEDED', tonumber(f.attempt) or 0, text(f.node_id), detail })
-  local record = cmsgpack.pack(f) .. string.sub(bytes, off + 1) .. event
-  redis.call('SET', key, record, 'KEEPTTL')
+  local record = write_fields(key, f, bytes, off, now)
   redis.call('ZREM', P .. 'timers', sid)
   return reply('yes', '', record)
 end
