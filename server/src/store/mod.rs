@@ -63,9 +63,9 @@ pub use outbox::{
 };
 pub use pacing::Pacer;
 pub use runs::{
-    Assigned, Begun, FannedOut, Finish, Finisher, Held, Holder, LOG_LINE_COST, LeaseTerms,
+    Assigned, BeginOn, Begun, FannedOut, Finish, Finisher, Held, Holder, LOG_LINE_COST, LeaseTerms,
     LogBatch, LogLine, NOT_THE_HOLDER, NodeSlot, Outcome, Recorded, Revocation, RunQuery, RunStore,
-    STALE_TOKEN, Transition, UNKNOWN_RUN, assigned_after, routable_now,
+    STALE_TOKEN, Transition, UNKNOWN_RUN, assigned_after, rounds_by_job, routable_now,
 };
 pub use triggers::{Delivery, TriggerQueue};
 

@@ -125,6 +125,33 @@ pub fn routable_now(begun: &Begun) -> bool {
     begun.created && begun.run.state == RunState::Waiting && begun.run.deadlines.wake_at > 0
 }
 
+/// One run of a batch given to [`RunStore::begin_and_assign_many`]: begun with its
+/// timer `route_grace` away, and leased to `node` when it is routable now.
+#[derive(Debug, Clone)]
+pub struct BeginOn {
+    pub run: RunRecord,
+    pub route_grace: Duration,
+    pub node: NodeSlot,
+}
+
+/// The positions of `items` in rounds that each hold at most one run of a job: round
+/// k holds the k-th run of every job with more than k, in the order given. A batch's
+/// begins of different jobs are independent; one job's keep their order (the serial
+/// policy and the job's index see them one after the other).
+pub fn rounds_by_job(items: &[BeginOn]) -> Vec<Vec<usize>> {
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut rounds: Vec<Vec<usize>> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let k = seen.entry(item.run.job_id.as_str()).or_insert(0);
+        if rounds.len() <= *k {
+            rounds.push(Vec::new());
+        }
+        rounds[*k].push(i);
+        *k += 1;
+    }
+    rounds
+}
+
 /// `begin_and_assign`'s outcome once the assignment was tried: after a grant the begun
 /// run is the granted record, as the call left it.
 pub fn assigned_after(mut begun: Begun, assigned: Assigned) -> (Begun, Option<Assigned>) {
@@ -324,6 +351,33 @@ pub trait RunStore: StoreMeta {
             .assign_run(&begun.run.schedule_id, begun.run.attempt, node, terms)
             .await?;
         Ok(assigned_after(begun, assigned))
+    }
+
+    /// [`begin_and_assign`](Self::begin_and_assign) of each run of a batch (the
+    /// triggers a dispatcher read together), all leased under `terms`, the outcomes in
+    /// the order given. Runs of different jobs are independent; runs of one job are
+    /// begun in the order given ([`rounds_by_job`]). Redis makes one script call per
+    /// partition and round; this default makes the calls of a round concurrently (the
+    /// embedded store commits them together). An error fails the whole batch: a run
+    /// begun by it anyway is found by its trigger's next delivery, as after a lost
+    /// reply.
+    async fn begin_and_assign_many(
+        &self,
+        items: Vec<BeginOn>,
+        terms: LeaseTerms,
+    ) -> Result<Vec<(Begun, Option<Assigned>)>> {
+        let mut out: Vec<Option<(Begun, Option<Assigned>)>> = vec![None; items.len()];
+        for round in rounds_by_job(&items) {
+            let calls = round.iter().map(|&i| {
+                let item = &items[i];
+                self.begin_and_assign(item.run.clone(), item.route_grace, &item.node, terms)
+            });
+            let done = futures::future::try_join_all(calls).await?;
+            for (&i, d) in round.iter().zip(done) {
+                out[i] = Some(d);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// The executor confirmed the dispatch: DISPATCHED → RUNNING with `started_at` (the

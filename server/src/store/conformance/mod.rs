@@ -29,12 +29,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    Admission, Applied, Assigned, AuditEvent, Begun, BreakerState, BreakerUpdate, ClaimResult,
-    Delivery, DeliveryOutcome, DeliveryResult, DeliveryTerms, DueFire, Enqueued, Error, FannedOut,
-    Finish, Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite, LOG_LINE_COST, LeaseTerms,
-    LogBatch, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved, NodeSlot, Outcome, Registered,
-    Revocation, RunQuery, STALE_TOKEN, SettleRequest, Store, StoreOptions, Transition, UNKNOWN_RUN,
-    WebhookDelivery, partition_of,
+    Admission, Applied, Assigned, AuditEvent, BeginOn, Begun, BreakerState, BreakerUpdate,
+    ClaimResult, Delivery, DeliveryOutcome, DeliveryResult, DeliveryTerms, DueFire, Enqueued,
+    Error, FannedOut, Finish, Finisher, FireClaim, GONE_ERROR, Held, Holder, JobWrite,
+    LOG_LINE_COST, LeaseTerms, LogBatch, LogLine, NOT_THE_HOLDER, NodeRecord, NodeRemoved,
+    NodeSlot, Outcome, Registered, Revocation, RunQuery, STALE_TOKEN, SettleRequest, Store,
+    StoreOptions, Transition, UNKNOWN_RUN, WebhookDelivery, partition_of,
 };
 use crate::model::{
     AppRecord, AppSecret, Arm, CallbackState, Deadlines, JobRecord, JobSpec, Millis, OverlapPolicy,
@@ -100,6 +100,7 @@ macro_rules! store_conformance_tests {
                 assign_run_tokens_and_capacity: options,
                 assign_run_race: options,
                 begin_and_assign_in_one_decision: options,
+                begin_and_assign_many_begins_each_run: options,
                 mark_started_transitions: options,
                 mark_started_many_applies_each_report: options,
                 finish_runs_applies_each_result: options,

@@ -656,6 +656,89 @@ pub async fn begin_and_assign_in_one_decision(store: Arc<dyn Store>) {
     );
 }
 
+/// `begin_and_assign_many`: each run of a batch gets what `begin_and_assign` would
+/// give it alone, in the order given: two runs of one job leased one after the other
+/// (the second under a newer token), a third past the node's limit left WAITING, a
+/// forbid run behind an active one skipped, a deleted job's run skipped, a trigger
+/// seen again in the same batch found; the others are applied all the same.
+pub async fn begin_and_assign_many_begins_each_run(store: Arc<dyn Store>) {
+    for id in ["bm-a", "bm-f"] {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    begin(
+        &store,
+        planned_run("bm-f", 1000, plan(OverlapPolicy::Forbid)),
+    )
+    .await;
+    let n = slot("bm-n", 2);
+    let on = |job_id: &str, planned: Millis, overlap: OverlapPolicy| BeginOn {
+        run: planned_run(job_id, planned, plan(overlap)),
+        route_grace: GRACE,
+        node: n.clone(),
+    };
+    let items = vec![
+        on("bm-a", 1000, OverlapPolicy::Allow),
+        on("bm-f", 2000, OverlapPolicy::Forbid),
+        on("bm-a", 2000, OverlapPolicy::Allow),
+        on("bm-gone", 1000, OverlapPolicy::Allow),
+        on("bm-a", 3000, OverlapPolicy::Allow),
+        on("bm-a", 1000, OverlapPolicy::Allow),
+    ];
+    let sids: Vec<String> = items.iter().map(|i| i.run.schedule_id.clone()).collect();
+    let out = store
+        .begin_and_assign_many(items, LONG)
+        .await
+        .expect("begin and assign many");
+    assert_eq!(out.len(), 6, "one outcome per run");
+    let mut tokens = Vec::new();
+    for i in [0, 2] {
+        let (begun, assigned) = &out[i];
+        let Some(Assigned::Granted(leased)) = assigned else {
+            panic!("run {i}: expected a grant: {assigned:?}");
+        };
+        assert!(begun.created, "run {i}: {begun:?}");
+        assert_eq!(&begun.run, leased, "run {i}: the run as the call left it");
+        assert_eq!(
+            (leased.state, leased.node_id.as_str()),
+            (RunState::Dispatched, "bm-n")
+        );
+        assert_eq!(get(&store, &sids[i]).await, *leased, "run {i} as stored");
+        tokens.push(leased.fencing_token);
+    }
+    assert!(
+        tokens[0] < tokens[1],
+        "begun in the order given: {tokens:?}"
+    );
+    let (begun, assigned) = &out[1];
+    assert_eq!(
+        (begun.run.state, begun.run.reason.as_str(), assigned),
+        (RunState::Skipped, "overlap", &None)
+    );
+    let (begun, assigned) = &out[3];
+    assert_eq!(
+        (begun.run.state, begun.run.reason.as_str(), assigned),
+        (RunState::Skipped, "deleted", &None)
+    );
+    let (begun, assigned) = &out[4];
+    assert_eq!(assigned, &Some(Assigned::NodeFull), "past the node's limit");
+    assert!(
+        begun.created && begun.run.state == RunState::Waiting,
+        "{begun:?}"
+    );
+    assert!(begun.run.deadlines.wake_at > 0, "routable: {begun:?}");
+    assert_eq!(get(&store, &sids[4]).await, begun.run);
+    let (begun, assigned) = &out[5];
+    assert_eq!((begun.created, assigned), (false, &None), "found again");
+    assert_eq!(begun.run.state, RunState::Dispatched, "{begun:?}");
+    assert!(
+        store
+            .begin_and_assign_many(Vec::new(), LONG)
+            .await
+            .expect("an empty batch")
+            .is_empty()
+    );
+}
+
 /// What a run's history says it went through, oldest first.
 fn steps(run: &RunRecord) -> Vec<&str> {
     run.history.iter().map(|e| e.what.as_str()).collect()

@@ -219,6 +219,7 @@ scripts!(
     begin_run,
     assign_run,
     begin_and_assign,
+    begin_and_assign_many,
     mark_started,
     mark_started_many,
     take_back_unconfirmed,

@@ -3,7 +3,7 @@
 
 use super::node_slots::{Reserved, reservation_hold};
 use super::*;
-use crate::store::{Finish, LogBatch};
+use crate::store::{BeginOn, Finish, LogBatch, rounds_by_job};
 
 #[async_trait]
 impl RunStore for RedisStore {
@@ -153,31 +153,88 @@ impl RunStore for RedisStore {
             .arg(ms(terms.confirm_within));
         let mut c = self.conn().await?;
         let r: Vec<Vec<u8>> = inv.invoke_declaring(&mut c).await.map_err(unavailable)?;
-        let [created, record, leased, hint, rest @ ..] = r.as_slice() else {
-            return Err(corrupt(format!(
-                "begin_and_assign answered {} fields",
-                r.len()
-            )));
-        };
-        self.keep_index_hint(&run.job_id, text(hint)?);
-        let run = decode_run(record)?;
-        let assigned = match text(leased)? {
-            "" => None,
-            "ok" => Some(Assigned::Granted(run.clone())),
-            "full" => Some(Assigned::NodeFull),
-            other => return Err(corrupt(format!("begin_and_assign leased {other:?}"))),
-        };
-        let begun = Begun {
-            run,
-            created: created.as_slice() == b"1",
-            revoked: revocations(rest)?,
-        };
-        self.release_revoked(&begun.revoked).await;
-        if reserved == Some(Reserved::Ok) && !matches!(assigned, Some(Assigned::Granted(_))) {
-            self.release_slots([(node.node_id.as_str(), begun.run.schedule_id.as_str())])
-                .await;
+        self.begun_and_assigned(&run.job_id, node, reserved, &r)
+            .await
+    }
+
+    async fn begin_and_assign_many(
+        &self,
+        items: Vec<BeginOn>,
+        terms: LeaseTerms,
+    ) -> Result<Vec<(Begun, Option<Assigned>)>> {
+        let mut out: Vec<Option<(Begun, Option<Assigned>)>> = vec![None; items.len()];
+        let records = items
+            .iter()
+            .map(|i| encode_run(&i.run))
+            .collect::<Result<Vec<_>>>()?;
+        for round in rounds_by_job(&items) {
+            let mut reserved = std::collections::HashMap::new();
+            for &i in &round {
+                let item = &items[i];
+                let r = self
+                    .reserve_for(&item.node, &item.run.schedule_id, &terms)
+                    .await?;
+                reserved.insert(i, r);
+            }
+            let runs = round
+                .iter()
+                .map(|&i| (i, items[i].run.schedule_id.as_str()));
+            let answers: Vec<(Vec<usize>, Vec<Vec<Vec<u8>>>)> = self
+                .per_partition(
+                    &self.inner.scripts.begin_and_assign_many,
+                    runs,
+                    1,
+                    |idx| {
+                        if !self.inner.declares {
+                            return Vec::new();
+                        }
+                        let mut keys = Vec::new();
+                        for &i in idx {
+                            let run = &items[i].run;
+                            keys.extend(Self::begin_keys(&run.job_id, &run.schedule_id));
+                            keys.extend(self.index_hint_keys(&run.job_id));
+                        }
+                        keys.sort();
+                        keys.dedup();
+                        keys
+                    },
+                    |inv, idx| {
+                        inv.arg(self.run_nodes_arg())
+                            .arg(ms(terms.ttl))
+                            .arg(ms(terms.confirm_within));
+                        for &i in idx {
+                            let BeginOn {
+                                run,
+                                route_grace,
+                                node,
+                            } = &items[i];
+                            inv.arg(&run.job_id)
+                                .arg(&run.schedule_id)
+                                .arg(&records[i])
+                                .arg(run.scheduled_at)
+                                .arg(ms(self.inner.opts.run_retention))
+                                .arg(self.inner.opts.max_runs_per_job)
+                                .arg(ms(*route_grace))
+                                .arg(&node.node_id)
+                                .arg(lease_max(node, reserved.get(&i).copied().flatten()));
+                        }
+                    },
+                )
+                .await?;
+            for (idx, replies) in answers {
+                for (i, reply) in idx.into_iter().zip(replies) {
+                    let item = &items[i];
+                    let r = reserved.get(&i).copied().flatten();
+                    out[i] = Some(
+                        self.begun_and_assigned(&item.run.job_id, &item.node, r, &reply)
+                            .await?,
+                    );
+                }
+            }
         }
-        Ok((begun, assigned))
+        out.into_iter()
+            .map(|o| o.ok_or_else(|| corrupt("begin_and_assign_many: a run named no job")))
+            .collect()
     }
 
     async fn assign_run(
@@ -675,6 +732,44 @@ impl RedisStore {
         Ok(Some(self.reserve_slot(node, schedule_id, hold).await?))
     }
 
+    /// What a `begin_and_assign` reply `r` (of either script) says for a run of
+    /// `job_id` asked of `node`: the begun run and the assignment tried; the leases its
+    /// begin revoked and, in a cluster, the node's slot reserved for a lease not
+    /// granted are given back.
+    async fn begun_and_assigned(
+        &self,
+        job_id: &str,
+        node: &NodeSlot,
+        reserved: Option<Reserved>,
+        r: &[Vec<u8>],
+    ) -> Result<(Begun, Option<Assigned>)> {
+        let [created, record, leased, hint, rest @ ..] = r else {
+            return Err(corrupt(format!(
+                "begin_and_assign answered {} fields",
+                r.len()
+            )));
+        };
+        self.keep_index_hint(job_id, text(hint)?);
+        let run = decode_run(record)?;
+        let assigned = match text(leased)? {
+            "" => None,
+            "ok" => Some(Assigned::Granted(run.clone())),
+            "full" => Some(Assigned::NodeFull),
+            other => return Err(corrupt(format!("begin_and_assign leased {other:?}"))),
+        };
+        let begun = Begun {
+            run,
+            created: created.as_slice() == b"1",
+            revoked: revocations(rest)?,
+        };
+        self.release_revoked(&begun.revoked).await;
+        if reserved == Some(Reserved::Ok) && !matches!(assigned, Some(Assigned::Granted(_))) {
+            self.release_slots([(node.node_id.as_str(), begun.run.schedule_id.as_str())])
+                .await;
+        }
+        Ok((begun, assigned))
+    }
+
     /// begin_run's arguments (see `lua/begin_run.lua`), which begin_and_assign's start
     /// with.
     /// The keys (under the partition's prefix) beginning run `sid` of job `job_id` may
@@ -703,6 +798,22 @@ impl RedisStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         hints.get(job_id).cloned().unwrap_or_default()
+    }
+
+    /// The keys (under the partition's prefix) of the index entries the last begin of
+    /// `job_id` named for the next one (`index_hint`): their records, logs and
+    /// webhook entries.
+    fn index_hint_keys(&self, job_id: &str) -> Vec<String> {
+        let mut keys = Vec::new();
+        for sid in self.index_hint(job_id) {
+            keys.extend([
+                format!("run:{sid}"),
+                format!("logs:{sid}"),
+                format!("logmeta:{sid}"),
+                format!("delivery:{sid}"),
+            ]);
+        }
+        keys
     }
 
     /// Keeps what a begin of `job_id` named for the next one (space-separated
@@ -748,15 +859,8 @@ impl RedisStore {
             for key in Self::begin_keys(&run.job_id, &run.schedule_id) {
                 inv.key(self.key(p, &key));
             }
-            for sid in self.index_hint(&run.job_id) {
-                for key in [
-                    format!("run:{sid}"),
-                    format!("logs:{sid}"),
-                    format!("logmeta:{sid}"),
-                    format!("delivery:{sid}"),
-                ] {
-                    inv.key(self.key(p, &key));
-                }
+            for key in self.index_hint_keys(&run.job_id) {
+                inv.key(self.key(p, &key));
             }
         }
         inv.arg(self.pfx(p))
