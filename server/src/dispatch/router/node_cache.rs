@@ -26,8 +26,17 @@ pub(super) struct NodeCache {
     /// When it was read, the registry, and each node's health judged against its
     /// peers in it (once per read, not per routing decision).
     snapshot: tokio::sync::Mutex<(Option<Instant>, Judged)>,
-    since_read: Mutex<HashMap<String, i64>>,
+    since_read: Mutex<HashMap<String, Seen>>,
     policy: HealthPolicy,
+}
+
+/// What an instance saw happen on a node since the registry was read.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    /// Leases granted here, less the runs whose end a stream attached here reported.
+    since: i64,
+    /// Leases asked of the store here and not answered yet (kept across reads).
+    asking: i64,
 }
 
 impl NodeCache {
@@ -55,7 +64,7 @@ impl NodeCache {
                         .map(|n| health::classify(n, &nodes, &self.policy))
                         .collect();
                     *s = (Some(Instant::now()), (Arc::new(nodes), Arc::new(health)));
-                    lock(&self.since_read).clear();
+                    self.read_again();
                 }
                 Err(e) => {
                     warn!(error = %e, "reading the node registry failed; using the last snapshot")
@@ -73,9 +82,22 @@ impl NodeCache {
     /// One more (`delta` 1: a lease granted here) or one fewer (-1: a run's end
     /// reported here) active run on `node_id` than the snapshot says.
     pub(super) fn moved(&self, node_id: &str, delta: i64) {
-        *lock(&self.since_read)
+        lock(&self.since_read)
             .entry(node_id.to_owned())
-            .or_default() += delta;
+            .or_default()
+            .since += delta;
+    }
+
+    /// The registry was read again: what happened since the last read is in its
+    /// counts now, but not the asks still unanswered (a lease they win is granted
+    /// after the read; forgetting them let a burst's begins, hundreds asked at once,
+    /// ask for slots the nodes no longer had).
+    fn read_again(&self) {
+        let mut seen = lock(&self.since_read);
+        seen.retain(|_, s| s.asking > 0);
+        for s in seen.values_mut() {
+            s.since = 0;
+        }
     }
 
     /// The node's active runs as routing should count them: the store's lease count
@@ -85,15 +107,19 @@ impl NodeCache {
     /// (the go-ahead), so it never exceeds the lease count, and it comes with
     /// heartbeats, so it may be seconds old (an old high figure starved a node).
     pub(super) fn busy(&self, node: &NodeRecord) -> u32 {
-        let since = self.since(&node.node_id);
-        u32::try_from((i64::from(node.leased) + since).max(0)).unwrap_or(u32::MAX)
+        let seen = self.seen(&node.node_id);
+        let busy = (i64::from(node.leased) + seen.since).max(0) + seen.asking;
+        u32::try_from(busy.max(0)).unwrap_or(u32::MAX)
     }
 
     /// A lease about to be asked of the store on `node`: counted from now, not from the
     /// grant, so the decisions made side by side (the begins of a burst, the refills of
     /// the room) see it and do not all ask for the same free slot. The slot to ask for.
     pub(super) fn asking(&self, node: &NodeRecord) -> NodeSlot {
-        self.moved(&node.node_id, 1);
+        lock(&self.since_read)
+            .entry(node.node_id.clone())
+            .or_default()
+            .asking += 1;
         NodeSlot {
             node_id: node.node_id.clone(),
             max_concurrency: node.max_concurrency,
@@ -104,13 +130,16 @@ impl NodeCache {
     /// assignment): anything but a grant gives the count back, and `NodeFull` counts
     /// the node full (`saw_full`).
     pub(super) fn answered(&self, node: &NodeRecord, assigned: Option<&Assigned>) {
-        match assigned {
-            Some(Assigned::Granted(_)) => {}
-            Some(Assigned::NodeFull) => {
-                self.moved(&node.node_id, -1);
-                self.saw_full(node);
+        {
+            let mut seen = lock(&self.since_read);
+            let s = seen.entry(node.node_id.clone()).or_default();
+            s.asking -= 1;
+            if matches!(assigned, Some(Assigned::Granted(_))) {
+                s.since += 1;
             }
-            _ => self.moved(&node.node_id, -1),
+        }
+        if matches!(assigned, Some(Assigned::NodeFull)) {
+            self.saw_full(node);
         }
     }
 
@@ -119,9 +148,9 @@ impl NodeCache {
     /// stops asking the store about it (each ask is a store call answered the same).
     fn saw_full(&self, node: &NodeRecord) {
         let full = i64::from(node.max_concurrency) - i64::from(node.leased);
-        let mut since = lock(&self.since_read);
-        let s = since.entry(node.node_id.clone()).or_default();
-        *s = (*s).max(full);
+        let mut seen = lock(&self.since_read);
+        let s = seen.entry(node.node_id.clone()).or_default();
+        s.since = s.since.max(full);
     }
 
     /// The node holds its whole window as far as this instance knows (`busy`).
@@ -129,9 +158,12 @@ impl NodeCache {
         node.max_concurrency > 0 && self.busy(node) >= node.max_concurrency
     }
 
-    /// Leases granted on the node here since the snapshot, less the runs that ended.
-    pub(super) fn since(&self, node_id: &str) -> i64 {
-        lock(&self.since_read).get(node_id).copied().unwrap_or(0)
+    /// What this instance saw on the node since the snapshot was read.
+    fn seen(&self, node_id: &str) -> Seen {
+        lock(&self.since_read)
+            .get(node_id)
+            .copied()
+            .unwrap_or_default()
     }
 }
 
@@ -200,6 +232,27 @@ mod tests {
         assert!(c.at_window(&n));
         c.moved("a", -1);
         assert!(!c.at_window(&n));
+        // Asks still unanswered when the registry is read again stay counted: the
+        // read's counts cannot hold the leases they are about to win.
+        let d = node("d", 4, 1);
+        c.asking(&d);
+        c.asking(&d);
+        c.read_again();
+        assert_eq!(c.busy(&d), 3, "two asks in flight across the read");
+        let run = crate::model::RunRecord::from_trigger(&crate::model::Trigger {
+            job_id: "j".into(),
+            schedule_no: "1".into(),
+            kind: crate::model::TriggerKind::Manual,
+            scheduled_at: 1,
+            triggered_at: 1,
+            job_version: 1,
+            skip_reason: None,
+            payload_override: None,
+            route_key_override: None,
+        });
+        c.answered(&d, Some(&Assigned::Granted(run)));
+        c.answered(&d, None);
+        assert_eq!(c.busy(&d), 2, "one granted after the read, one given back");
         // A node with window 0 (the HTTP target's unlimited one) is never full.
         let unlimited = node("h", 0, 10_000);
         assert!(!c.at_window(&unlimited));
