@@ -13,13 +13,28 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::dispatch::router::First;
-use crate::dispatch::{DispatchOptions, Router, lock, run_plan};
+use crate::dispatch::{DispatchOptions, Router, run_plan};
 use crate::fault::crash_point;
-use crate::model::{RunRecord, duration_ms};
-use crate::store::{Assigned, Begun, Delivery, RunStore, TriggerQueue};
+use crate::model::{JobRecord, RunRecord, duration_ms};
+use crate::store::{Assigned, BeginOn, Begun, Delivery, NodeSlot, RunStore, TriggerQueue};
 
-/// Jobs whose triggers one consumer begins at once.
+/// Runs one consumer begins (those not leased in the wave's one call) or sends on at
+/// once.
 const BEGIN_CONCURRENCY: usize = 64;
+
+/// Runs of a wave routed and begun together. Each part's routing sees the slots the
+/// part before it took and the runs that ended meanwhile: a whole batch routed at
+/// once would find the nodes' windows spent by its first few hundred runs and send
+/// the rest through the room (a begin, then a lease: two store calls instead of one).
+const WAVE_PART: usize = 64;
+
+/// The longest an instance whose last batch sent runs to its room waits before it reads
+/// again while other instances are alive. Each instance's room is refilled at once when
+/// a run ends on an executor attached to it, and from the others' rooms only at their
+/// routing ticks: an instance that read the whole of a burst (a batch begins in a few
+/// store calls) fed its own executors and left the others' idle. Pausing for about as
+/// long as its batch took lets the others read their share first.
+const MAX_YIELD: Duration = Duration::from_millis(200);
 
 /// This instance's consumer of the trigger queue.
 pub struct TriggerConsumer {
@@ -78,43 +93,224 @@ impl TriggerConsumer {
                 last_reclaim = tokio::time::Instant::now();
                 batch.extend(self.reclaim().await);
             }
-            self.begin_all(batch).await;
+            let started = tokio::time::Instant::now();
+            if self.begin_all(batch).await > 0 && self.triggers.others_alive() {
+                // Its runs wait in this instance's room: let the others read the next
+                // triggers (see `MAX_YIELD`).
+                let pause = started.elapsed().min(MAX_YIELD);
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
         }
         info!("trigger consumer stopped");
     }
 
-    /// Runs of different jobs begin concurrently; one job's triggers keep their queue
-    /// order (it matters to the serial policy). The triggers whose runs are durable are
-    /// acknowledged together once the batch is done (one store call, not one per run;
-    /// a trigger redelivered meanwhile finds its run).
-    async fn begin_all(&self, batch: Vec<Delivery>) {
+    /// The batch begins in waves: wave k holds each job's k-th trigger (one job's
+    /// triggers keep their queue order, which the serial policy needs), each wave in
+    /// parts of [`WAVE_PART`] runs begun together. What follows a run's begin (its
+    /// dispatch, or routing, which may take store calls of its own) goes on while the
+    /// next parts begin, at most [`BEGIN_CONCURRENCY`] runs at a time: one run slow to
+    /// route holds no part back. The triggers whose runs are durable are acknowledged
+    /// together once the batch is done (one store call, not one per run; a trigger
+    /// redelivered meanwhile finds its run).
+    async fn begin_all(&self, batch: Vec<Delivery>) -> usize {
         let wanted = batch
             .iter()
             .map(|d| (d.trigger.job_id.as_str(), d.trigger.job_version));
         self.router.prefetch_jobs(wanted).await;
-        let mut by_job: HashMap<String, Vec<Delivery>> = HashMap::new();
-        for d in batch {
-            by_job.entry(d.trigger.job_id.clone()).or_default().push(d);
-        }
-        let durable = std::sync::Mutex::new(Vec::new());
-        futures::stream::iter(by_job.into_values())
-            .for_each_concurrent(BEGIN_CONCURRENCY, |group| async {
-                for d in group {
-                    if let Some(entry_id) = self.begin(d).await {
-                        lock(&durable).push(entry_id);
+        let mut going = futures::stream::FuturesUnordered::new();
+        let mut durable = Vec::new();
+        let mut roomed = 0;
+        for wave in waves_by_job(batch) {
+            let mut wave = wave.into_iter().peekable();
+            while wave.peek().is_some() {
+                let part: Vec<Delivery> = wave.by_ref().take(WAVE_PART).collect();
+                let begun = self.begin_part(part);
+                for (p, b) in drive(&mut going, &mut durable, begun).await {
+                    roomed += usize::from(matches!(p.first, First::NoRoom));
+                    going.push(self.go_on(p, b));
+                }
+                while going.len() > BEGIN_CONCURRENCY {
+                    if let Some(Some(entry_id)) = going.next().await {
+                        durable.push(entry_id);
                     }
                 }
-            })
-            .await;
-        let durable = durable.into_inner().unwrap_or_else(|e| e.into_inner());
-        if durable.is_empty() {
-            return;
+            }
         }
-        if let Err(e) = self.triggers.ack_triggers(&durable).await {
+        while let Some(done) = going.next().await {
+            durable.extend(done);
+        }
+        if !durable.is_empty()
+            && let Err(e) = self.triggers.ack_triggers(&durable).await
+        {
             warn!(error = %e, count = durable.len(), "acknowledging triggers failed; they will be redelivered");
         }
+        roomed
     }
 
+    /// Begins a part of a wave (runs of distinct jobs): those whose node routing can
+    /// name now begun and leased to it in one store call for them all
+    /// (`begin_and_assign_many`: on Redis one script call per partition), the others
+    /// begun one by one. Each run with its begin's outcome.
+    async fn begin_part(&self, part: Vec<Delivery>) -> Vec<(Prepared, Begin)> {
+        let mut to_lease = Vec::new();
+        let mut alone = Vec::new();
+        for d in part {
+            let (p, run) = self.prepare(d).await;
+            match p.first.node().map(|n| self.router.asking(n)) {
+                Some(slot) => to_lease.push((p, run, slot)),
+                None => alone.push((p, run)),
+            }
+        }
+        let alone = futures::stream::iter(alone)
+            .map(|(p, run)| async move {
+                let begun = self.runs.begin_run(run, p.grace).await;
+                (p, begun.map(|b| (b, None)))
+            })
+            .buffer_unordered(BEGIN_CONCURRENCY)
+            .collect::<Vec<_>>();
+        let (mut leased, alone) = futures::join!(self.begin_and_lease(to_lease), alone);
+        leased.extend(alone);
+        leased
+    }
+
+    /// A trigger's run as it will be begun (its plan from its job), with the node
+    /// routing would try first and how long its timer waits.
+    async fn prepare(&self, d: Delivery) -> (Prepared, RunRecord) {
+        let span = info_span!("dispatch", job_id = %d.trigger.job_id, schedule_id = %d.trigger.schedule_id());
+        async {
+            crash_point("dispatch.before_record");
+            let mut run = RunRecord::from_trigger(&d.trigger);
+            let job = self
+                .router
+                .job(&d.trigger.job_id, d.trigger.job_version)
+                .await;
+            if let Some(job) = &job {
+                run.plan = run_plan(job, &self.opts);
+            }
+            let first = match &job {
+                Some(job) => self.router.first_node(&run, job).await,
+                None => First::Other,
+            };
+            let grace = self.router.begin_grace(&first, &run);
+            let p = Prepared {
+                entry_id: d.entry_id,
+                job,
+                first,
+                grace,
+                span: tracing::Span::current(),
+            };
+            (p, run)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Begins the runs routing named a node for and leases each to the slot asked
+    /// of it, in one store call (`begin_and_assign_many`); each run's outcome, or
+    /// the batch's error.
+    async fn begin_and_lease(
+        &self,
+        runs: Vec<(Prepared, RunRecord, NodeSlot)>,
+    ) -> Vec<(Prepared, Begin)> {
+        if runs.is_empty() {
+            return Vec::new();
+        }
+        let mut prepared = Vec::with_capacity(runs.len());
+        let mut items = Vec::with_capacity(runs.len());
+        for (p, run, node) in runs {
+            items.push(BeginOn {
+                run,
+                route_grace: p.grace,
+                node,
+            });
+            prepared.push(p);
+        }
+        let outcomes = self
+            .runs
+            .begin_and_assign_many(items, self.opts.lease)
+            .await;
+        let outcomes: Vec<Begin> = match outcomes {
+            Ok(o) => o.into_iter().map(Ok).collect(),
+            Err(e) => {
+                let e = e.to_string();
+                prepared
+                    .iter()
+                    .map(|_| Err(crate::store::Error::Unavailable(e.clone())))
+                    .collect()
+            }
+        };
+        prepared
+            .into_iter()
+            .zip(outcomes)
+            .map(|(p, outcome)| {
+                if let Some(node) = p.first.node() {
+                    let assigned = outcome.as_ref().ok().and_then(|(_, a)| a.as_ref());
+                    self.router.answered(node, assigned);
+                }
+                (p, outcome)
+            })
+            .collect()
+    }
+
+    /// What follows a run's begin: the metrics, then its dispatch or routing (the
+    /// router's `begun`). Answers the trigger's entry once its run is durable (to be
+    /// acknowledged), None when beginning failed (the trigger will be delivered
+    /// again).
+    async fn go_on(&self, p: Prepared, begun: Begin) -> Option<String> {
+        async {
+            let (begun, assigned) = match begun {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(error = %e, "beginning the run failed; the trigger will be retried");
+                    return None;
+                }
+            };
+            debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
+            self.router.count_begun(&begun);
+            crash_point("dispatch.before_ack");
+            self.router
+                .begun(begun, assigned, &p.first, p.job.as_deref())
+                .await;
+            Some(p.entry_id)
+        }
+        .instrument(p.span.clone())
+        .await
+    }
+}
+
+/// A run's begin as the store answered it (with the assignment tried, if any).
+type Begin = crate::store::Result<(Begun, Option<Assigned>)>;
+
+/// A trigger's run about to begin (`TriggerConsumer::prepare`).
+struct Prepared {
+    entry_id: String,
+    job: Option<Arc<JobRecord>>,
+    first: First,
+    grace: Duration,
+    /// The run's `dispatch` span (job_id, schedule_id).
+    span: tracing::Span,
+}
+
+/// A batch in waves: wave k holds the k-th trigger of every job with more than k,
+/// in queue order.
+fn waves_by_job(batch: Vec<Delivery>) -> Vec<Vec<Delivery>> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut waves: Vec<Vec<Delivery>> = Vec::new();
+    for d in batch {
+        let k = seen.entry(d.trigger.job_id.clone()).or_insert(0);
+        if waves.len() <= *k {
+            waves.push(Vec::new());
+        }
+        waves[*k].push(d);
+        *k += 1;
+    }
+    waves
+}
+
+impl TriggerConsumer {
     /// Beats for this instance every third of `instance_ttl` until `shutdown`, and
     /// begins at once the triggers an instance whose beat ran out (killed) had read
     /// and not acknowledged: their runs begin about `instance_ttl` after its death
@@ -187,65 +383,20 @@ impl TriggerConsumer {
         }
         reclaimed
     }
+}
 
-    /// A run of an executor job whose node routing can name now is begun and leased
-    /// to it in one store decision (`begin_and_assign`); if that node is full, or the
-    /// run is queued or skipped, it goes on as any begun run. Answers the trigger's
-    /// entry once its run is durable (to be acknowledged), None when beginning failed
-    /// (the trigger will be delivered again).
-    async fn begin(&self, d: Delivery) -> Option<String> {
-        let schedule_id = d.trigger.schedule_id();
-        let span = info_span!("dispatch", job_id = %d.trigger.job_id, %schedule_id);
-        async {
-            crash_point("dispatch.before_record");
-            let mut run = RunRecord::from_trigger(&d.trigger);
-            let job = self.router.job(&d.trigger.job_id, d.trigger.job_version).await;
-            if let Some(job) = &job {
-                run.plan = run_plan(job, &self.opts);
-            }
-            let first = match &job {
-                Some(job) => self.router.first_node(&run, job).await,
-                None => First::Other,
-            };
-            let grace = self.router.begin_grace(&first, &run);
-            let (begun, assigned) = match self.begin_on(run, &first, grace).await {
-                Ok(b) => b,
-                Err(e) => {
-                    warn!(error = %e, "beginning the run failed; the trigger will be retried");
-                    return None;
-                }
-            };
-            debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
-            self.router.count_begun(&begun);
-            crash_point("dispatch.before_ack");
-            self.router
-                .begun(begun, assigned, &first, job.as_deref())
-                .await;
-            Some(d.entry_id)
+/// Awaits `fut` while the runs `going` on after their begin make progress too (the
+/// trigger entries of those that end durable are added to `durable`).
+async fn drive<T>(
+    going: &mut futures::stream::FuturesUnordered<impl Future<Output = Option<String>>>,
+    durable: &mut Vec<String>,
+    fut: impl Future<Output = T>,
+) -> T {
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        tokio::select! {
+            out = &mut fut => return out,
+            Some(done) = going.next(), if !going.is_empty() => durable.extend(done),
         }
-        .instrument(span)
-        .await
-    }
-
-    /// Begins the run; when routing named a node for it (`first`), leases it to that
-    /// node in the same store decision (`begin_and_assign`: its outcome is `Some`
-    /// when tried).
-    async fn begin_on(
-        &self,
-        run: RunRecord,
-        first: &First,
-        grace: Duration,
-    ) -> crate::store::Result<(Begun, Option<Assigned>)> {
-        let Some(node) = first.node() else {
-            return self.runs.begin_run(run, grace).await.map(|b| (b, None));
-        };
-        let slot = self.router.asking(node);
-        let begun = self
-            .runs
-            .begin_and_assign(run, grace, &slot, self.opts.lease)
-            .await;
-        let assigned = begun.as_ref().ok().and_then(|(_, a)| a.as_ref());
-        self.router.answered(node, assigned);
-        begun
     }
 }

@@ -51,6 +51,13 @@ pub trait TriggerQueue: StoreMeta {
     /// them to idle. The embedded store serves one process and has none.
     async fn beat_instance(&self, instance: &str, ttl: Duration) -> Result<Vec<String>>;
 
+    /// Whether this instance's last beat found another instance alive, reading the
+    /// same queue (true until its first beat on a store instances share; a store of
+    /// one process: never).
+    fn others_alive(&self) -> bool {
+        false
+    }
+
     /// Hands up to `max` of the triggers `dead` (an instance whose beat ran out) holds
     /// unacknowledged to `consumer`; once it holds none, forgets it and the nodes still
     /// registered to it (their streams died with it), unless it beat again meanwhile.

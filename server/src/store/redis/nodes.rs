@@ -303,6 +303,11 @@ impl RouteCounters {
         }
     }
 
+    /// Whether the last beat found no other instance alive (false until the first).
+    pub(super) fn alone(&self) -> bool {
+        self.alone.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The job's next value while this instance is alone; None when it is not.
     fn next_local(&self, job_id: &str) -> Option<u64> {
         self.alone

@@ -28,12 +28,16 @@ impl TriggerQueue for RedisStore {
         let keys: Vec<String> = (0..self.inner.partitions)
             .map(|p| self.key(p, "triggers"))
             .collect();
+        // COUNT is per stream: a share of `max` each, so that one read takes about
+        // `max` in all (one instance reading a whole burst at once left the others'
+        // executors only what its routing ticks sent them).
+        let per_stream = (max / keys.len().max(1)).max(1);
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(GROUP)
             .arg(consumer)
             .arg("COUNT")
-            .arg(max.max(1))
+            .arg(per_stream)
             .arg("BLOCK")
             .arg(ms(block))
             .arg("STREAMS")
@@ -114,6 +118,10 @@ impl TriggerQueue for RedisStore {
         let others: u64 = r.remove(0).parse().map_err(corrupt)?;
         self.inner.route_counters.beat(others);
         Ok(r)
+    }
+
+    fn others_alive(&self) -> bool {
+        !self.inner.route_counters.alone()
     }
 
     /// `XPENDING` of the dead consumer, then `XCLAIM` of those entries, per partition.
