@@ -25,42 +25,27 @@ impl TriggerQueue for RedisStore {
         if self.inner.shared.is_cluster() {
             return self.read_from_partition_readers(consumer, max, block).await;
         }
-        let keys: Vec<String> = (0..self.inner.partitions)
-            .map(|p| self.key(p, "triggers"))
-            .collect();
-        // COUNT is per stream: a share of `max` each, so that one read takes about
-        // `max` in all (one instance reading a whole burst at once left the others'
-        // executors only what its routing ticks sent them).
-        let per_stream = (max / keys.len().max(1)).max(1);
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(GROUP)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(per_stream)
-            .arg("BLOCK")
-            .arg(ms(block))
-            .arg("STREAMS")
-            .arg(&keys);
-        for _ in &keys {
-            cmd.arg(">");
-        }
-        let mut c = self.blocking_conn().await?;
-        let reply: redis::RedisResult<Option<StreamReadReply>> = cmd.query_async(&mut c).await;
-        let reply = match reply {
-            Ok(r) => r,
-            Err(e) if is_nogroup(&e) => {
-                self.recover_groups().await?;
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(unavailable(e)),
-        };
+        // COUNT is per stream: each is asked for a share of `max`, so that one read
+        // takes about `max` in all (an instance that read a whole burst at once, up to
+        // `max` from every partition, left the other instances' executors only what
+        // its routing ticks sent them); the streams that gave their whole share are
+        // read again, without blocking, while the read is short of `max`.
+        let mut parts: Vec<u32> = (0..self.inner.partitions).collect();
         let mut out = Vec::new();
-        for sk in reply.map(|r| r.keys).unwrap_or_default() {
-            let Some(p) = keys.iter().position(|k| *k == sk.key) else {
-                continue;
+        let mut block = Some(block);
+        while !parts.is_empty() && out.len() < max.max(1) {
+            let share = ((max.max(1) - out.len()) / parts.len()).max(1);
+            let Some(read) = self.read_streams(consumer, &parts, share, block).await? else {
+                break;
             };
-            out.extend(self.deliveries(p as u32, sk.ids));
+            block = None;
+            parts.clear();
+            for (p, ids) in read {
+                if ids.len() >= share {
+                    parts.push(p);
+                }
+                out.extend(self.deliveries(p, ids));
+            }
         }
         Ok(out)
     }
@@ -234,6 +219,51 @@ impl TriggerQueue for RedisStore {
             }
         }
         Ok(())
+    }
+}
+
+impl RedisStore {
+    /// One `XREADGROUP` of the trigger streams of `parts`, up to `count` entries from
+    /// each, blocking up to `block` when given: each stream's entries by partition
+    /// (None when the consumer groups were lost and have been made again).
+    async fn read_streams(
+        &self,
+        consumer: &str,
+        parts: &[u32],
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Option<Vec<(u32, Vec<StreamId>)>>> {
+        let keys: Vec<String> = parts.iter().map(|&p| self.key(p, "triggers")).collect();
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count);
+        if let Some(block) = block {
+            cmd.arg("BLOCK").arg(ms(block));
+        }
+        cmd.arg("STREAMS").arg(&keys);
+        for _ in &keys {
+            cmd.arg(">");
+        }
+        let mut c = self.blocking_conn().await?;
+        let reply: redis::RedisResult<Option<StreamReadReply>> = cmd.query_async(&mut c).await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) if is_nogroup(&e) => {
+                self.recover_groups().await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        let mut out = Vec::new();
+        for sk in reply.map(|r| r.keys).unwrap_or_default() {
+            if let Some(i) = keys.iter().position(|k| *k == sk.key) {
+                out.push((parts[i], sk.ids));
+            }
+        }
+        Ok(Some(out))
     }
 }
 
