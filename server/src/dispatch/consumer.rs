@@ -4,7 +4,6 @@
 //! instances whose beat ran out, and keeps this instance's own beat. Where a run goes
 //! is the [`Router`]'s decision.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +15,9 @@ use crate::dispatch::router::First;
 use crate::dispatch::{DispatchOptions, Router, run_plan};
 use crate::fault::crash_point;
 use crate::model::{JobRecord, RunRecord, duration_ms};
-use crate::store::{Assigned, BeginOn, Begun, Delivery, NodeSlot, RunStore, TriggerQueue};
+use crate::store::{
+    Assigned, BeginOn, Begun, Delivery, NodeSlot, RunStore, TriggerQueue, rounds_by_job,
+};
 
 /// Runs one consumer begins (those not leased in the wave's one call) or sends on at
 /// once.
@@ -123,7 +124,7 @@ impl TriggerConsumer {
         let mut going = futures::stream::FuturesUnordered::new();
         let mut durable = Vec::new();
         let mut roomed = 0;
-        for wave in waves_by_job(batch) {
+        for wave in rounds_by_job(batch, |d| d.trigger.job_id.clone()) {
             let mut wave = wave.into_iter().peekable();
             while wave.peek().is_some() {
                 let part: Vec<Delivery> = wave.by_ref().take(WAVE_PART).collect();
@@ -279,38 +280,7 @@ impl TriggerConsumer {
         .instrument(p.span.clone())
         .await
     }
-}
 
-/// A run's begin as the store answered it (with the assignment tried, if any).
-type Begin = crate::store::Result<(Begun, Option<Assigned>)>;
-
-/// A trigger's run about to begin (`TriggerConsumer::prepare`).
-struct Prepared {
-    entry_id: String,
-    job: Option<Arc<JobRecord>>,
-    first: First,
-    grace: Duration,
-    /// The run's `dispatch` span (job_id, schedule_id).
-    span: tracing::Span,
-}
-
-/// A batch in waves: wave k holds the k-th trigger of every job with more than k,
-/// in queue order.
-fn waves_by_job(batch: Vec<Delivery>) -> Vec<Vec<Delivery>> {
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut waves: Vec<Vec<Delivery>> = Vec::new();
-    for d in batch {
-        let k = seen.entry(d.trigger.job_id.clone()).or_insert(0);
-        if waves.len() <= *k {
-            waves.push(Vec::new());
-        }
-        waves[*k].push(d);
-        *k += 1;
-    }
-    waves
-}
-
-impl TriggerConsumer {
     /// Beats for this instance every third of `instance_ttl` until `shutdown`, and
     /// begins at once the triggers an instance whose beat ran out (killed) had read
     /// and not acknowledged: their runs begin about `instance_ttl` after its death
@@ -399,4 +369,17 @@ async fn drive<T>(
             Some(done) = going.next(), if !going.is_empty() => durable.extend(done),
         }
     }
+}
+
+/// A run's begin as the store answered it (with the assignment tried, if any).
+type Begin = crate::store::Result<(Begun, Option<Assigned>)>;
+
+/// A trigger's run about to begin (`TriggerConsumer::prepare`).
+struct Prepared {
+    entry_id: String,
+    job: Option<Arc<JobRecord>>,
+    first: First,
+    grace: Duration,
+    /// The run's `dispatch` span (job_id, schedule_id).
+    span: tracing::Span,
 }

@@ -65,7 +65,8 @@ pub use pacing::Pacer;
 pub use runs::{
     Assigned, BeginOn, Begun, FannedOut, Finish, Finisher, Held, Holder, LOG_LINE_COST, LeaseTerms,
     LogBatch, LogLine, NOT_THE_HOLDER, NodeSlot, Outcome, Recorded, Revocation, RunQuery, RunStore,
-    STALE_TOKEN, Transition, UNKNOWN_RUN, assigned_after, rounds_by_job, routable_now,
+    STALE_TOKEN, Transition, UNKNOWN_RUN, assigned_after, positions_by_job, rounds_by_job,
+    routable_now,
 };
 pub use triggers::{Delivery, TriggerQueue};
 

@@ -134,22 +134,30 @@ pub struct BeginOn {
     pub node: NodeSlot,
 }
 
-/// The positions of `items` in rounds that each hold at most one run of a job: round
-/// k holds the k-th run of every job with more than k, in the order given. A batch's
+/// `items` in rounds that each hold at most one of a job (`job_id` names an item's):
+/// round k holds the k-th of every job with more than k, in the order given. A batch's
 /// begins of different jobs are independent; one job's keep their order (the serial
 /// policy and the job's index see them one after the other).
-pub fn rounds_by_job(items: &[BeginOn]) -> Vec<Vec<usize>> {
-    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    let mut rounds: Vec<Vec<usize>> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let k = seen.entry(item.run.job_id.as_str()).or_insert(0);
+pub fn rounds_by_job<T>(
+    items: impl IntoIterator<Item = T>,
+    job_id: impl Fn(&T) -> String,
+) -> Vec<Vec<T>> {
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut rounds: Vec<Vec<T>> = Vec::new();
+    for item in items {
+        let k = seen.entry(job_id(&item)).or_insert(0);
         if rounds.len() <= *k {
             rounds.push(Vec::new());
         }
-        rounds[*k].push(i);
+        rounds[*k].push(item);
         *k += 1;
     }
     rounds
+}
+
+/// The positions of a batch's runs in [`rounds_by_job`]'s rounds.
+pub fn positions_by_job(items: &[BeginOn]) -> Vec<Vec<usize>> {
+    rounds_by_job(0..items.len(), |&i| items[i].run.job_id.clone())
 }
 
 /// `begin_and_assign`'s outcome once the assignment was tried: after a grant the begun
@@ -356,7 +364,7 @@ pub trait RunStore: StoreMeta {
     /// [`begin_and_assign`](Self::begin_and_assign) of each run of a batch (the
     /// triggers a dispatcher read together), all leased under `terms`, the outcomes in
     /// the order given. Runs of different jobs are independent; runs of one job are
-    /// begun in the order given ([`rounds_by_job`]). Redis makes one script call per
+    /// begun in the order given ([`positions_by_job`]). Redis makes one script call per
     /// partition and round; this default makes the calls of a round concurrently (the
     /// embedded store commits them together). An error fails the whole batch: a run
     /// begun by it anyway is found by its trigger's next delivery, as after a lost
@@ -367,7 +375,7 @@ pub trait RunStore: StoreMeta {
         terms: LeaseTerms,
     ) -> Result<Vec<(Begun, Option<Assigned>)>> {
         let mut out: Vec<Option<(Begun, Option<Assigned>)>> = vec![None; items.len()];
-        for round in rounds_by_job(&items) {
+        for round in positions_by_job(&items) {
             let calls = round.iter().map(|&i| {
                 let item = &items[i];
                 self.begin_and_assign(item.run.clone(), item.route_grace, &item.node, terms)

@@ -3,7 +3,7 @@
 
 use super::node_slots::{Reserved, reservation_hold};
 use super::*;
-use crate::store::{BeginOn, Finish, LogBatch, rounds_by_job};
+use crate::store::{BeginOn, Finish, LogBatch, positions_by_job};
 
 #[async_trait]
 impl RunStore for RedisStore {
@@ -167,14 +167,14 @@ impl RunStore for RedisStore {
             .iter()
             .map(|i| encode_run(&i.run))
             .collect::<Result<Vec<_>>>()?;
-        for round in rounds_by_job(&items) {
-            let mut reserved = std::collections::HashMap::new();
+        // In a cluster, each run's node slot reserved before its call (None on one Redis).
+        let mut reserved: Vec<Option<Reserved>> = vec![None; items.len()];
+        for round in positions_by_job(&items) {
             for &i in &round {
                 let item = &items[i];
-                let r = self
+                reserved[i] = self
                     .reserve_for(&item.node, &item.run.schedule_id, &terms)
                     .await?;
-                reserved.insert(i, r);
             }
             let runs = round
                 .iter()
@@ -216,7 +216,7 @@ impl RunStore for RedisStore {
                                 .arg(self.inner.opts.max_runs_per_job)
                                 .arg(ms(*route_grace))
                                 .arg(&node.node_id)
-                                .arg(lease_max(node, reserved.get(&i).copied().flatten()));
+                                .arg(lease_max(node, reserved[i]));
                         }
                     },
                 )
@@ -224,9 +224,8 @@ impl RunStore for RedisStore {
             for (idx, replies) in answers {
                 for (i, reply) in idx.into_iter().zip(replies) {
                     let item = &items[i];
-                    let r = reserved.get(&i).copied().flatten();
                     out[i] = Some(
-                        self.begun_and_assigned(&item.run.job_id, &item.node, r, &reply)
+                        self.begun_and_assigned(&item.run.job_id, &item.node, reserved[i], &reply)
                             .await?,
                     );
                 }
