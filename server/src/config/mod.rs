@@ -358,9 +358,13 @@ fn store_options(s: &Settings, instance_id: &str, leases: &Leases) -> Result<Sto
 }
 
 fn scheduler_options(s: &Settings) -> Result<SchedulerOptions, Error> {
+    let max_sleep = SCHEDULER_MAX_SLEEP.get(s.scheduler_max_sleep)?;
     Ok(SchedulerOptions {
         batch_size: SCHEDULER_BATCH.get(s.scheduler_batch)?,
-        max_sleep: SCHEDULER_MAX_SLEEP.get(s.scheduler_max_sleep)?,
+        max_sleep,
+        // Two of the loop's longest sleeps, so one pass at least a sleep ahead of a
+        // fire reads its job.
+        read_ahead: max_sleep * 2,
         misfire_threshold: MISFIRE_THRESHOLD.get(s.misfire_threshold)?,
         default_catch_up_limit: MISFIRE_CATCH_UP_LIMIT.get(s.misfire_catch_up_limit)?,
         parallel_partitions: SCHEDULER_PARALLEL_PARTITIONS.get(s.scheduler_parallel_partitions)?,

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +35,10 @@ pub struct SchedulerOptions {
     /// store's change notification when any instance creates or changes a job, so an
     /// idle server asks each partition once per `max_sleep` (5 s by default).
     pub max_sleep: Duration,
+    /// While the loop sleeps, it reads the jobs of the fires due within this much
+    /// time that it has no plan for yet (`Scheduler::read_ahead`), so their claims
+    /// read nothing when they fall due. Zero: read them when due.
+    pub read_ahead: Duration,
     /// A fire claimed later than this (by the store's clock) is a misfire.
     pub misfire_threshold: Duration,
     /// Catch-up limit for jobs that do not set their own.
@@ -48,6 +52,7 @@ impl Default for SchedulerOptions {
         Self {
             batch_size: 500,
             max_sleep: Duration::from_secs(5),
+            read_ahead: Duration::from_secs(10),
             misfire_threshold: Duration::from_secs(5),
             default_catch_up_limit: 10,
             parallel_partitions: 4,
@@ -143,6 +148,11 @@ struct PartitionState {
     partition: u32,
     /// Parsed plans by job id, valid for the cached version only.
     plans: HashMap<String, (u64, Option<Plan>)>,
+    /// The store's now at the partition's last read, and when that was here.
+    seen: Option<(Millis, Instant)>,
+    /// The fires due up to this time (the store's clock) have had their jobs read
+    /// ahead (`Claimer::read_partition_ahead`).
+    ahead_until: Millis,
 }
 
 impl Scheduler {
@@ -153,6 +163,8 @@ impl Scheduler {
             .map(|i| PartitionState {
                 partition: (start + i) % parts,
                 plans: HashMap::new(),
+                seen: None,
+                ahead_until: Millis::MIN,
             })
             .collect();
         Self {
@@ -200,18 +212,58 @@ impl Scheduler {
             if sleep.is_zero() {
                 continue;
             }
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(sleep) => {}
-                r = changes.changed() => {
-                    if r.is_err() {
-                        // The store's watcher is gone; fall back to the max sleep.
-                        tokio::time::sleep(self.opts.max_sleep).await;
+            let wake = tokio::time::sleep(sleep);
+            tokio::pin!(wake);
+            let max_sleep = self.opts.max_sleep;
+            let mut reading = sleep >= MIN_READ_AHEAD_SLEEP;
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = &mut wake => break,
+                    r = changes.changed() => {
+                        if r.is_err() {
+                            // The store's watcher is gone; fall back to the max sleep.
+                            tokio::time::sleep(max_sleep).await;
+                        }
+                        break;
                     }
+                    // Dropped where it stands when the sleep ends: what it read is kept.
+                    () = self.read_ahead(), if reading => reading = false,
                 }
             }
         }
         info!("scheduler stopped");
+    }
+
+    /// Reads the jobs of the fires due within `read_ahead` that this instance has no
+    /// plan for, partition by partition, `parallel_partitions` at a time, so their
+    /// claims need no job read when they fall due (a job's first fire, or its first
+    /// after a change, would read it then: at the busiest moment of a burst). A
+    /// partition's window is read once as it advances (`ahead_until`), at most once a
+    /// [`READ_AHEAD_STEP`]; a failed read is left for the fire's own.
+    async fn read_ahead(&mut self) {
+        if self.opts.read_ahead.is_zero() {
+            return;
+        }
+        let claimer = Claimer {
+            store: &self.store,
+            job_cache: &self.job_cache,
+            opts: &self.opts,
+            stats: &self.stats,
+            alerts: &self.alerts,
+        };
+        let mut reads = Vec::with_capacity(self.partitions.len());
+        for st in &mut self.partitions {
+            reads.push(claimer.read_partition_ahead(st));
+        }
+        futures::stream::iter(reads)
+            .buffer_unordered(self.opts.parallel_partitions.max(1))
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    debug!(error = %e, "reading jobs ahead of their fires failed; they are read when due");
+                }
+            })
+            .await;
     }
 
     /// One pass over every partition: claims everything due, `parallel_partitions`
@@ -268,6 +320,7 @@ impl Claimer<'_> {
         let p = st.partition;
         loop {
             let batch = self.store.due_fires(p, self.opts.batch_size).await?;
+            st.seen = Some((batch.now, Instant::now()));
             if batch.fires.is_empty() {
                 return Ok(delay_until(batch.next_due, batch.now, self.opts.max_sleep));
             }
@@ -351,6 +404,35 @@ impl Claimer<'_> {
                 m.policy
             ),
         );
+    }
+
+    /// Reads ahead the jobs of the partition's fires due within `read_ahead` of the
+    /// store's now (as last seen, moved on by the time since), in the part of that
+    /// window not read before, [`READ_AHEAD_CHUNK`] jobs a call.
+    async fn read_partition_ahead(self, st: &mut PartitionState) -> Result<(), jobs::Error> {
+        let Some((now, at)) = st.seen else {
+            return Ok(());
+        };
+        let by = now
+            .saturating_add(duration_ms(at.elapsed()))
+            .saturating_add(duration_ms(self.opts.read_ahead));
+        if by < st.ahead_until.saturating_add(duration_ms(READ_AHEAD_STEP)) {
+            return Ok(());
+        }
+        let fires = self
+            .store
+            .upcoming_fires(st.partition, st.ahead_until, by, READ_AHEAD_LIMIT)
+            .await?;
+        for chunk in fires.chunks(READ_AHEAD_CHUNK) {
+            self.refresh_plans(st, chunk).await?;
+        }
+        // A full read goes on from its last due time next time (again from the
+        // fires due then, whose plans are read by now).
+        st.ahead_until = match fires.last() {
+            Some(last) if fires.len() >= READ_AHEAD_LIMIT => last.due - 1,
+            _ => by,
+        };
+        Ok(())
     }
 
     /// Makes sure a plan for the due version of every fire is cached.
@@ -521,6 +603,19 @@ fn trigger(fire: &DueFire, kind: TriggerKind, skip_reason: Option<String>) -> Tr
         payload_override: None,
         route_key_override: None,
     }
+}
+
+/// The loop reads ahead only while it sleeps at least this long.
+const MIN_READ_AHEAD_SLEEP: Duration = Duration::from_millis(50);
+/// A partition's window is read again once it has moved on this far.
+const READ_AHEAD_STEP: Duration = Duration::from_secs(1);
+/// Fires read ahead per partition and pass.
+const READ_AHEAD_LIMIT: usize = 10_000;
+/// Jobs read per store call when reading ahead.
+const READ_AHEAD_CHUNK: usize = 1_000;
+
+fn duration_ms(d: Duration) -> Millis {
+    Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }
 
 fn delay_until(next_due: Option<Millis>, now: Millis, max: Duration) -> Duration {
@@ -781,6 +876,56 @@ mod tests {
                 .expect("get")
                 .expect("job");
             assert_eq!(j.next_fire, None);
+        }
+
+        #[tokio::test]
+        async fn the_jobs_of_fires_due_soon_are_read_ahead_and_not_claimed() {
+            let fx = fixture().await;
+            let soon = fx.now + 4000;
+            let later = fx.now + 60_000;
+            fx.store
+                .create_job(every_second("soon", soon, |_| {}))
+                .await
+                .expect("create");
+            fx.store
+                .create_job(every_second("later", later, |_| {}))
+                .await
+                .expect("create");
+            let cache = Arc::new(JobCache::default());
+            let opts = SchedulerOptions {
+                read_ahead: Duration::from_secs(10),
+                ..SchedulerOptions::default()
+            };
+            let mut s = Scheduler::new(fx.store.clone(), opts, SchedulerStats::default())
+                .with_job_cache(cache.clone());
+            s.read_ahead().await;
+            assert!(
+                cache.get("soon", 1).is_none(),
+                "nothing is read before a pass has seen the store's clock"
+            );
+            let sleep = s.claim_all_due().await.expect("pass");
+            assert!(!sleep.is_zero(), "nothing is due yet");
+            s.read_ahead().await;
+            assert!(
+                cache.get("soon", 1).is_some(),
+                "due within the window: read"
+            );
+            assert!(
+                cache.get("later", 1).is_none(),
+                "due past the window: not read"
+            );
+            let st = s
+                .partitions
+                .iter()
+                .find(|st| st.plans.contains_key("soon"))
+                .expect("planned in its partition");
+            assert!(st.ahead_until >= soon);
+            assert!(
+                drain_triggers(&fx.store, "t").await.is_empty(),
+                "nothing claimed"
+            );
+            let job = fx.store.get_job("soon").await.expect("get").expect("job");
+            assert_eq!(job.next_fire.map(|a| a.planned), Some(soon));
         }
     }
 }

@@ -165,6 +165,18 @@ pub trait JobStore: StoreMeta {
     /// Due pending members of one partition (score ≤ the store's now), earliest first.
     async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch>;
 
+    /// Pending members of one partition due after `after` and at or before `by` (the
+    /// store's clock), earliest first, at most `limit`: a read and nothing more (no
+    /// claim, no partition lease), so the scheduler can read the jobs of fires due
+    /// soon before they are due.
+    async fn upcoming_fires(
+        &self,
+        partition: u32,
+        after: Millis,
+        by: Millis,
+        limit: usize,
+    ) -> Result<Vec<DueFire>>;
+
     /// Applies each claim atomically: advance the job only if its pending score still
     /// equals `expected_due`, its version equals `expected_version` and it is enabled;
     /// in the same step arm `next` and append `triggers`. All claims must belong to

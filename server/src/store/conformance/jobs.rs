@@ -378,6 +378,65 @@ pub async fn due_fires_order_limit_partition(store: Arc<dyn Store>) {
     }
 }
 
+pub async fn upcoming_fires_read_a_window_and_claim_nothing(store: Arc<dyn Store>) {
+    let ids = ids_in_partition(store.partitions(), 0, "soon", 4);
+    let t0 = now(&store).await;
+    let dues = [t0 + 1000, t0 - 500, t0 + 3000, t0 + 2000];
+    for (id, due) in ids.iter().zip(dues) {
+        store
+            .create_job(job(id, Some(arm(due))))
+            .await
+            .expect("create");
+    }
+    let fire = |i: usize| DueFire {
+        job_id: ids[i].clone(),
+        due: dues[i],
+        planned: dues[i],
+        version: 1,
+    };
+
+    let soon = store
+        .upcoming_fires(0, t0 - 500, t0 + 2000, 10)
+        .await
+        .expect("upcoming");
+    assert_eq!(
+        soon,
+        vec![fire(0), fire(3)],
+        "after `after` (not at it), up to and at `by`, earliest first"
+    );
+    let soon = store
+        .upcoming_fires(0, i64::MIN, t0 + 5000, 2)
+        .await
+        .expect("upcoming");
+    assert_eq!(soon, vec![fire(1), fire(0)], "at most `limit`");
+    let none = store
+        .upcoming_fires(1, i64::MIN, t0 + 5000, 10)
+        .await
+        .expect("upcoming");
+    assert_eq!(none, vec![], "one partition only");
+
+    let batch = store.due_fires(0, 10).await.expect("due");
+    assert_eq!(batch.fires, vec![fire(1)], "nothing was claimed by reading");
+    let claims = vec![FireClaim {
+        job_id: ids[1].clone(),
+        expected_due: dues[1],
+        expected_version: 1,
+        next: None,
+        triggers: vec![],
+    }];
+    let outcome = store.claim_fires(0, claims).await.expect("claim");
+    assert_eq!(outcome.results, vec![ClaimResult::Claimed]);
+    let soon = store
+        .upcoming_fires(0, i64::MIN, t0 + 5000, 10)
+        .await
+        .expect("upcoming");
+    assert_eq!(
+        soon,
+        vec![fire(0), fire(3), fire(2)],
+        "a claimed fire that arms nothing is gone from the window"
+    );
+}
+
 pub async fn claim_outcomes(store: Arc<dyn Store>) {
     let parts = store.partitions();
     let ids = ids_in_partition(parts, 1, "claim", 4);

@@ -77,6 +77,7 @@ macro_rules! store_conformance_tests {
                 update_rewrites_pending: options,
                 paused_job_is_never_due: options,
                 due_fires_order_limit_partition: options,
+                upcoming_fires_read_a_window_and_claim_nothing: options,
                 claim_outcomes: options,
                 claimed_fires_keep_their_planned_time: options,
                 claim_race: options,

@@ -180,41 +180,8 @@ impl JobStore for EmbeddedStore {
 
     async fn due_fires(&self, partition: u32, limit: usize) -> Result<DueBatch> {
         self.blocking(move |inner| {
-            let txn = read(&inner.db)?;
             let now = now_ms();
-            let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
-            let jobs = txn.open_table(JOBS).ctx("open jobs")?;
-            let mut due_members = Vec::new();
-            let mut next_due = None;
-            for item in index
-                .range((partition, i64::MIN, "")..)
-                .ctx("scan due index")?
-            {
-                let (k, _) = item.ctx("scan due index")?;
-                let (p, due, job_id) = k.value();
-                if p != partition {
-                    break;
-                }
-                if due > now || due_members.len() >= limit {
-                    next_due = Some(due);
-                    break;
-                }
-                due_members.push((job_id.to_owned(), due));
-            }
-            let mut fires = Vec::with_capacity(due_members.len());
-            for (job_id, due) in due_members {
-                match load_job_standing(&jobs, &job_id)? {
-                    Some(job) => fires.push(DueFire {
-                        job_id,
-                        due,
-                        planned: armed(job.next_fire, Some(due)).map_or(due, |a| a.planned),
-                        version: job.version,
-                    }),
-                    // Job and pending member change in one transaction, so this cannot happen
-                    // short of damage; skipping keeps the rest of the partition firing.
-                    None => tracing::warn!(job_id = %job_id, "pending fire without a job"),
-                }
-            }
+            let (fires, next_due) = pending_between(inner, partition, i64::MIN, now, limit)?;
             Ok(DueBatch {
                 now,
                 fires,
@@ -222,6 +189,18 @@ impl JobStore for EmbeddedStore {
             })
         })
         .await
+    }
+
+    async fn upcoming_fires(
+        &self,
+        partition: u32,
+        after: Millis,
+        by: Millis,
+        limit: usize,
+    ) -> Result<Vec<DueFire>> {
+        let from = after.saturating_add(1);
+        self.blocking(move |inner| Ok(pending_between(inner, partition, from, by, limit)?.0))
+            .await
     }
 
     async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
@@ -457,4 +436,47 @@ impl<'t> FireTables<'t> {
             due_index: txn.open_table(DUE_INDEX).ctx("open due index")?,
         })
     }
+}
+
+/// The pending fires of `partition` due from `from` to `by` (inclusive), earliest first,
+/// at most `limit`, and the due time of the next one past them (None: there is none).
+fn pending_between(
+    inner: &Inner,
+    partition: u32,
+    from: Millis,
+    by: Millis,
+    limit: usize,
+) -> Result<(Vec<DueFire>, Option<Millis>)> {
+    let txn = read(&inner.db)?;
+    let index = txn.open_table(DUE_INDEX).ctx("open due index")?;
+    let jobs = txn.open_table(JOBS).ctx("open jobs")?;
+    let mut due_members = Vec::new();
+    let mut next_due = None;
+    for item in index.range((partition, from, "")..).ctx("scan due index")? {
+        let (k, _) = item.ctx("scan due index")?;
+        let (p, due, job_id) = k.value();
+        if p != partition {
+            break;
+        }
+        if due > by || due_members.len() >= limit {
+            next_due = Some(due);
+            break;
+        }
+        due_members.push((job_id.to_owned(), due));
+    }
+    let mut fires = Vec::with_capacity(due_members.len());
+    for (job_id, due) in due_members {
+        match load_job_standing(&jobs, &job_id)? {
+            Some(job) => fires.push(DueFire {
+                job_id,
+                due,
+                planned: armed(job.next_fire, Some(due)).map_or(due, |a| a.planned),
+                version: job.version,
+            }),
+            // Job and pending member change in one transaction, so this cannot happen
+            // short of damage; skipping keeps the rest of the partition firing.
+            None => tracing::warn!(job_id = %job_id, "pending fire without a job"),
+        }
+    }
+    Ok((fires, next_due))
 }

@@ -249,6 +249,39 @@ impl JobStore for RedisStore {
         })
     }
 
+    async fn upcoming_fires(
+        &self,
+        partition: u32,
+        after: Millis,
+        by: Millis,
+        limit: usize,
+    ) -> Result<Vec<DueFire>> {
+        let mut c = self.conn().await?;
+        let rows: Vec<(String, String)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(self.key(partition, "pending"))
+            .arg(format!("({after}"))
+            .arg(by)
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut c)
+            .await
+            .map_err(unavailable)?;
+        rows.iter()
+            .map(|(member, due)| {
+                let (version, jit, job_id) = split_member(member)?;
+                let due = parse_i64(due)?;
+                Ok(DueFire {
+                    job_id: job_id.to_owned(),
+                    due,
+                    planned: due - jit,
+                    version,
+                })
+            })
+            .collect()
+    }
+
     async fn claim_fires(&self, partition: u32, claims: Vec<FireClaim>) -> Result<ClaimOutcome> {
         let mut inv = self.inner.scripts.claim_fires.prepare_invoke();
         inv.key(self.key(partition, "pending"))
