@@ -154,13 +154,15 @@ impl TriggerConsumer {
     /// Begins a part of a wave (runs of distinct jobs): those whose node routing can
     /// name now begun and leased to it in one store call for them all
     /// (`begin_and_assign_many`: on Redis one script call per partition), the others
-    /// begun one by one. Each run with its begin's outcome.
+    /// begun one by one. Each run with its begin's outcome. The part's runs are
+    /// routed concurrently: a pick that takes a store call (a round-robin turn of a
+    /// counter shared with other instances) waits beside the others, not after them.
     async fn begin_part(&self, part: Vec<Delivery>) -> Vec<(Prepared, Begin)> {
         let mut to_lease = Vec::new();
         let mut alone = Vec::new();
-        for d in part {
-            let (p, run) = self.prepare(d).await;
-            match p.first.node().map(|n| self.router.asking(n)) {
+        let prepared = futures::future::join_all(part.into_iter().map(|d| self.prepare(d))).await;
+        for (p, run, slot) in prepared {
+            match slot {
                 Some(slot) => to_lease.push((p, run, slot)),
                 None => alone.push((p, run)),
             }
@@ -178,8 +180,9 @@ impl TriggerConsumer {
     }
 
     /// A trigger's run as it will be begun (its plan from its job), with the node
-    /// routing would try first and how long its timer waits.
-    async fn prepare(&self, d: Delivery) -> (Prepared, RunRecord) {
+    /// routing would try first, how long its timer waits and the slot to ask of that
+    /// node (counted as asked at once, so the picks after it see it).
+    async fn prepare(&self, d: Delivery) -> (Prepared, RunRecord, Option<NodeSlot>) {
         let span = info_span!("dispatch", job_id = %d.trigger.job_id, schedule_id = %d.trigger.schedule_id());
         async {
             crash_point("dispatch.before_record");
@@ -196,6 +199,7 @@ impl TriggerConsumer {
                 None => First::Other,
             };
             let grace = self.router.begin_grace(&first, &run);
+            let slot = first.node().map(|n| self.router.asking(n));
             let p = Prepared {
                 entry_id: d.entry_id,
                 job,
@@ -203,7 +207,7 @@ impl TriggerConsumer {
                 grace,
                 span: tracing::Span::current(),
             };
-            (p, run)
+            (p, run, slot)
         }
         .instrument(span)
         .await
