@@ -115,7 +115,8 @@ settings! {
     /// Partitions of a new store (an existing store keeps its own number).
     partitions: u32, env "SUNDIAL_PARTITIONS", default "16";
     /// Longest scheduler sleep between asking the store what is due (it is woken sooner by a
-    /// due fire or a job change).
+    /// due fire or a job change). While it sleeps it reads the jobs of the fires due within
+    /// twice this, so their claims read none when due.
     scheduler_max_sleep: HumanDuration, env "SUNDIAL_SCHEDULER_MAX_SLEEP", default "5s";
     /// Fires claimed per store call.
     scheduler_batch: usize, env "SUNDIAL_SCHEDULER_BATCH", default "500";

@@ -150,6 +150,9 @@ struct PartitionState {
     plans: HashMap<String, (u64, Option<Plan>)>,
     /// The store's now at the partition's last read, and when that was here.
     seen: Option<(Millis, Instant)>,
+    /// The earliest fire the partition's last read or claim left pending (None:
+    /// none), so a window with no fire in it is not read ahead.
+    next_due: Option<Millis>,
     /// The fires due up to this time (the store's clock) have had their jobs read
     /// ahead (`Claimer::read_partition_ahead`).
     ahead_until: Millis,
@@ -164,6 +167,7 @@ impl Scheduler {
                 partition: (start + i) % parts,
                 plans: HashMap::new(),
                 seen: None,
+                next_due: None,
                 ahead_until: Millis::MIN,
             })
             .collect();
@@ -321,6 +325,7 @@ impl Claimer<'_> {
         loop {
             let batch = self.store.due_fires(p, self.opts.batch_size).await?;
             st.seen = Some((batch.now, Instant::now()));
+            st.next_due = batch.fires.first().map(|f| f.due).or(batch.next_due);
             if batch.fires.is_empty() {
                 return Ok(delay_until(batch.next_due, batch.now, self.opts.max_sleep));
             }
@@ -372,6 +377,7 @@ impl Claimer<'_> {
                 // after batch for the same fires.
                 return Ok(Duration::ZERO);
             }
+            st.next_due = outcome.next_due;
             if !full {
                 return Ok(delay_until(
                     outcome.next_due,
@@ -416,7 +422,11 @@ impl Claimer<'_> {
         let by = now
             .saturating_add(duration_ms(at.elapsed()))
             .saturating_add(duration_ms(self.opts.read_ahead));
-        if by < st.ahead_until.saturating_add(duration_ms(READ_AHEAD_STEP)) {
+        if by < st.ahead_until.saturating_add(duration_ms(READ_AHEAD_STEP))
+            || st.next_due.is_none_or(|due| due > by)
+        {
+            // Read not long ago, or nothing is due in the window (a job created since
+            // woke the loop, whose pass saw it).
             return Ok(());
         }
         let fires = self
