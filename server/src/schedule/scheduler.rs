@@ -5,7 +5,9 @@
 //! Every instance runs this loop over every partition; the store's compare-and-set
 //! (`claim_fires`) makes sure each fire is claimed exactly once. The loop sleeps until
 //! the earliest due time the store reports (at most `max_sleep`), and wakes early when
-//! any instance creates or changes a job (the store's change notification).
+//! any instance creates or changes a job (the store's change notification). While it
+//! sleeps, it reads the jobs of the fires due within `read_ahead` that it has no plan
+//! for (a read only: what is due is still judged and claimed when due).
 //!
 //! Architecture Invariant: the scheduler never decides "due" by its own clock; it only
 //! uses the store's now and converts the remaining delay into a local sleep.
