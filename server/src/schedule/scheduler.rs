@@ -251,19 +251,14 @@ impl Scheduler {
         if self.opts.read_ahead.is_zero() {
             return;
         }
-        let claimer = Claimer {
-            store: &self.store,
-            job_cache: &self.job_cache,
-            opts: &self.opts,
-            stats: &self.stats,
-            alerts: &self.alerts,
-        };
-        let mut reads = Vec::with_capacity(self.partitions.len());
-        for st in &mut self.partitions {
-            reads.push(claimer.read_partition_ahead(st));
-        }
+        let parallel = self.opts.parallel_partitions.max(1);
+        let (claimer, partitions) = self.claimer();
+        let reads: Vec<_> = partitions
+            .iter_mut()
+            .map(|st| claimer.read_partition_ahead(st))
+            .collect();
         futures::stream::iter(reads)
-            .buffer_unordered(self.opts.parallel_partitions.max(1))
+            .buffer_unordered(parallel)
             .for_each(|r| async move {
                 if let Err(e) = r {
                     debug!(error = %e, "reading jobs ahead of their fires failed; they are read when due");
@@ -276,6 +271,27 @@ impl Scheduler {
     /// partitions at a time so the store's work and ours overlap. Returns how long to
     /// sleep before the next pass (zero when more is due right now).
     pub async fn claim_all_due(&mut self) -> Result<Duration, jobs::Error> {
+        let (parallel, max_sleep) = (self.opts.parallel_partitions.max(1), self.opts.max_sleep);
+        let (claimer, partitions) = self.claimer();
+        // Collected first: a lazy `map` closure inside the stream would make the
+        // spawned future's Send bound unprovable (higher-ranked lifetimes).
+        let passes: Vec<_> = partitions
+            .iter_mut()
+            .map(|st| claimer.claim_partition(st))
+            .collect();
+        let results: Vec<Result<Duration, jobs::Error>> = futures::stream::iter(passes)
+            .buffer_unordered(parallel)
+            .collect()
+            .await;
+        let mut sleep = max_sleep;
+        for r in results {
+            sleep = sleep.min(r?);
+        }
+        Ok(sleep)
+    }
+
+    /// What a pass borrows of the loop, beside its partitions' states.
+    fn claimer(&mut self) -> (Claimer<'_>, &mut [PartitionState]) {
         let claimer = Claimer {
             store: &self.store,
             job_cache: &self.job_cache,
@@ -283,21 +299,7 @@ impl Scheduler {
             stats: &self.stats,
             alerts: &self.alerts,
         };
-        // Collected first: a lazy `map` closure inside the stream would make the
-        // spawned future's Send bound unprovable (higher-ranked lifetimes).
-        let mut passes = Vec::with_capacity(self.partitions.len());
-        for st in &mut self.partitions {
-            passes.push(claimer.claim_partition(st));
-        }
-        let results: Vec<Result<Duration, jobs::Error>> = futures::stream::iter(passes)
-            .buffer_unordered(self.opts.parallel_partitions.max(1))
-            .collect()
-            .await;
-        let mut sleep = self.opts.max_sleep;
-        for r in results {
-            sleep = sleep.min(r?);
-        }
-        Ok(sleep)
+        (claimer, &mut self.partitions)
     }
 }
 
