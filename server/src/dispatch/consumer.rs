@@ -134,8 +134,8 @@ impl TriggerConsumer {
                     going.push(self.go_on(p, b));
                 }
                 while going.len() > BEGIN_CONCURRENCY {
-                    if let Some(Some(entry_id)) = going.next().await {
-                        durable.push(entry_id);
+                    if let Some(done) = going.next().await {
+                        durable.extend(done);
                     }
                 }
             }
