@@ -9,24 +9,19 @@ use crate::store::{BeginOn, Finish, LogBatch, positions_by_job};
 impl RunStore for RedisStore {
     async fn record_run(&self, run: RunRecord) -> Result<Recorded> {
         let p = self.part(&run.job_id);
-        let mut c = self.conn().await?;
-        let (created, record): (i64, Vec<u8>) = self
-            .inner
-            .scripts
-            .record_run
-            .key(self.key(p, &format!("run:{}", run.schedule_id)))
-            .key(self.key(p, &format!("job:{}", run.job_id)))
-            .key(self.key(p, &format!("runs:{}", run.job_id)))
-            .arg(self.pfx(p))
+        let mut inv = self.inner.scripts.record_run.prepare_invoke();
+        self.declare_begin_keys(&mut inv, p, &run);
+        inv.arg(self.pfx(p))
+            .arg(self.run_nodes_arg())
             .arg(&run.job_id)
             .arg(&run.schedule_id)
-            .arg(serde_json::to_string(&run).map_err(corrupt)?)
+            .arg(encode_run(&run)?)
             .arg(run.scheduled_at)
             .arg(ms(self.inner.opts.run_retention))
-            .arg(self.inner.opts.max_runs_per_job.max(1))
-            .invoke_declaring(&mut c)
-            .await
-            .map_err(unavailable)?;
+            .arg(self.inner.opts.max_runs_per_job.max(1));
+        let mut c = self.conn().await?;
+        let (created, record): (i64, Vec<u8>) =
+            inv.invoke_declaring(&mut c).await.map_err(unavailable)?;
         Ok(Recorded {
             run: decode_run(&record)?,
             created: created == 1,
@@ -846,6 +841,20 @@ impl RedisStore {
         self.inner.scripts.library.asked()
     }
 
+    /// Declares what beginning (or recording) `run` may touch that the call can name:
+    /// [`Self::begin_keys`] and the job's index hint (nothing when calls declare nothing).
+    fn declare_begin_keys(&self, inv: &mut Call<'_>, p: u32, run: &RunRecord) {
+        if !self.inner.declares {
+            return;
+        }
+        for key in Self::begin_keys(&run.job_id, &run.schedule_id) {
+            inv.key(self.key(p, &key));
+        }
+        for key in self.index_hint_keys(&run.job_id) {
+            inv.key(self.key(p, &key));
+        }
+    }
+
     fn begin_invocation<'a>(
         &self,
         script: &'a Function,
@@ -854,14 +863,7 @@ impl RedisStore {
     ) -> Result<Call<'a>> {
         let p = self.part(&run.job_id);
         let mut inv = script.prepare_invoke();
-        if self.inner.declares {
-            for key in Self::begin_keys(&run.job_id, &run.schedule_id) {
-                inv.key(self.key(p, &key));
-            }
-            for key in self.index_hint_keys(&run.job_id) {
-                inv.key(self.key(p, &key));
-            }
-        }
+        self.declare_begin_keys(&mut inv, p, run);
         inv.arg(self.pfx(p))
             .arg(self.run_nodes_arg())
             .arg(&run.job_id)

@@ -1890,6 +1890,99 @@ async fn a_run_dropped_at_the_bound_takes_its_done_webhook_entry_along() {
     );
 }
 
+/// `record_run` keeps the job's index bounded as a begin does: a leased run with logs
+/// that falls out at the bound takes its record, logs, timer and node slot along (it
+/// had a count-bound drop of its own that deleted the record alone).
+#[tokio::test]
+async fn a_run_recorded_past_the_bound_drops_the_oldest_as_a_begin_does() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{job, plan, planned_run, slot, terms};
+    let opts = StoreOptions {
+        max_runs_per_job: 2,
+        ..one_partition()
+    };
+    let (redis, _) = store("record-bound", opts).await;
+    let store: Arc<dyn crate::store::Store> = Arc::new(redis.clone());
+    store.create_job(job("rb", None)).await.expect("create");
+    let first = planned_run("rb", 1000, plan(OverlapPolicy::Allow));
+    let sid = first.schedule_id.clone();
+    let (_, assigned) = store
+        .begin_and_assign(
+            first,
+            Duration::from_secs(30),
+            &slot("rb-n", 5),
+            terms(60_000, 60_000),
+        )
+        .await
+        .expect("begin and assign");
+    let Some(Assigned::Granted(leased)) = assigned else {
+        panic!("expected a grant: {assigned:?}");
+    };
+    let holder = Holder {
+        node_id: "rb-n".into(),
+        token: leased.fencing_token,
+    };
+    let line = LogLine {
+        seq: 0,
+        time_ms: 1_000,
+        level: "info".to_owned(),
+        message: "hello".to_owned(),
+        attempt: 1,
+    };
+    assert_eq!(
+        store
+            .append_logs(&sid, &holder, vec![line], 1000)
+            .await
+            .expect("append"),
+        Applied::Yes
+    );
+    let c = raw_connection().await;
+    let keys = [
+        redis.key(0, &format!("run:{sid}")),
+        redis.key(0, &format!("logs:{sid}")),
+        redis.key(0, &format!("logmeta:{sid}")),
+    ];
+    let busy = format!("{}busy:rb-n", redis.nodes_prefix());
+    let timers = redis.key(0, "timers");
+    let left = |c: redis::aio::MultiplexedConnection| {
+        what_is_left(c, keys.clone(), busy.clone(), timers.clone(), sid.clone())
+    };
+    assert_eq!(
+        left(c.clone()).await,
+        [true; 5],
+        "record, logs, slot, timer"
+    );
+
+    for at in [2000, 3000] {
+        let recorded = store
+            .record_run(crate::store::conformance::run("rb", at, 0))
+            .await
+            .expect("record");
+        assert!(recorded.created);
+    }
+    assert_eq!(store.get_run(&sid).await.expect("get"), None);
+    assert_eq!(left(c).await, [false; 5], "all gone with the run");
+}
+
+/// Whether each of `keys` exists, then whether `sid` is in the node's `busy` set and
+/// in the `timers`.
+async fn what_is_left(
+    mut c: redis::aio::MultiplexedConnection,
+    keys: [String; 3],
+    busy: String,
+    timers: String,
+    sid: String,
+) -> Vec<bool> {
+    let mut found = Vec::new();
+    for k in &keys {
+        found.push(c.exists::<_, bool>(k).await.expect("exists"));
+    }
+    found.push(c.sismember(&busy, &sid).await.expect("sismember"));
+    let score: Option<f64> = c.zscore(&timers, &sid).await.expect("zscore");
+    found.push(score.is_some());
+    found
+}
+
 /// An instance whose beat found no other alive keeps its round-robin counters in
 /// memory (no `rr` hash written); from the first beat that finds another, the shared
 /// counters count again.
