@@ -29,11 +29,13 @@ const BEGIN_CONCURRENCY: usize = 64;
 /// the rest through the room (a begin, then a lease: two store calls instead of one).
 const WAVE_PART: usize = 64;
 
-/// Parts of a wave begun side by side. One at a time, a consumer waited for each
-/// part's store call (behind the starts and results queued at the store) before it
-/// routed the next: a 100,000-run burst kept Redis about three quarters busy and began
-/// ~6,500 runs a second. Four keep it busy; eight send more runs through the room
-/// (each part's routing no longer sees the slots the others are about to take).
+/// Parts of a wave begun side by side by an instance alone. One at a time, a consumer
+/// waited for each part's store call (behind the starts and results queued at the
+/// store) before it routed the next: a 100,000-run burst kept Redis about three
+/// quarters busy. Four keep it busy; eight send more runs through the room (a part's
+/// routing sees the slots the others asked for, not the runs they will end), and so
+/// do two on each of two instances (each routes blind to the other's asks), so an
+/// instance that shares the queue begins one part at a time.
 const PARTS_IN_FLIGHT: usize = 4;
 
 /// The longest an instance whose last batch sent runs to its room waits before it reads
@@ -118,10 +120,11 @@ impl TriggerConsumer {
     /// The batch begins in waves: wave k holds each job's k-th trigger (one job's
     /// triggers keep their queue order, which the serial policy needs), each wave in
     /// parts of [`WAVE_PART`] runs begun together, [`PARTS_IN_FLIGHT`] parts side by
-    /// side (a part's runs are of distinct jobs, and so are the wave's). What follows
-    /// a run's begin (its dispatch, or routing, which may take store calls of its own)
-    /// goes on while the next parts begin, at most [`BEGIN_CONCURRENCY`] runs at a
-    /// time: one run slow to route holds no part back. The triggers whose runs are durable are acknowledged
+    /// side while this instance reads the queue alone (a part's runs are of distinct
+    /// jobs, and so are the wave's). What follows a run's begin (its dispatch, or
+    /// routing, which may take store calls of its own) goes on while the next parts
+    /// begin, at most [`BEGIN_CONCURRENCY`] runs at a time: one run slow to route
+    /// holds no part back. The triggers whose runs are durable are acknowledged
     /// together once the batch is done (one store call, not one per run; a trigger
     /// redelivered meanwhile finds its run).
     async fn begin_all(&self, batch: Vec<Delivery>) -> usize {
@@ -133,11 +136,18 @@ impl TriggerConsumer {
         let mut durable = Vec::new();
         let mut roomed = 0;
         for wave in rounds_by_job(batch, |d| d.trigger.job_id.clone()) {
-            // The next wave waits for all of this one's parts (a job's next trigger is in it).
+            // The next wave waits for all of this one's parts (a job's next trigger is
+            // in it). With other instances reading too, their parts ask the same
+            // nodes' windows, which this one's routing does not see: one at a time.
+            let in_flight = if self.triggers.others_alive() {
+                1
+            } else {
+                PARTS_IN_FLIGHT
+            };
             let mut parts = wave.into_iter().peekable();
             let mut begins = futures::stream::FuturesUnordered::new();
             loop {
-                while begins.len() < PARTS_IN_FLIGHT
+                while begins.len() < in_flight
                     && going.len() <= BEGIN_CONCURRENCY
                     && parts.peek().is_some()
                 {
