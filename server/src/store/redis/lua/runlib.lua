@@ -707,12 +707,14 @@ local function finish_entry(P, sid, token, kind, status, err, at)
     return { 'yes', '' }
   end
   redis.call('ZREM', P .. 'outbox_due', sid)
-  local ttl = kept and redis.call('PTTL', P .. 'run:' .. sid) or -2
-  if ttl > 0 then
+  -- (The record's expiry itself, not its PTTL: a PTTL read and a PEXPIRE in one script
+  -- can see clocks a millisecond apart.)
+  local expires = kept and redis.call('PEXPIRETIME', P .. 'run:' .. sid) or -2
+  if expires > 0 then
     redis.call('HSET', key, 'done', kind == 'delivered' and 'DONE' or 'FAILED', 'in_flight', '0',
       unpack(fields))
     redis.call('HDEL', key, 'url', 'body')
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIREAT', key, expires)
   else
     redis.call('DEL', key)
   end
@@ -1229,10 +1231,10 @@ local function append_lines(P, sid, node, token, max, cost, lines)
     bytes = bytes - #cjson.decode(old).message - cost
   end
   redis.call('HSET', mkey, 'bytes', bytes)
-  local ttl = redis.call('PTTL', runkey)
-  if ttl > 0 then
-    redis.call('PEXPIRE', lkey, ttl)
-    redis.call('PEXPIRE', mkey, ttl)
+  local expires = redis.call('PEXPIRETIME', runkey)
+  if expires > 0 then
+    redis.call('PEXPIREAT', lkey, expires)
+    redis.call('PEXPIREAT', mkey, expires)
   end
   return ''
 end
