@@ -506,6 +506,7 @@ impl Claimer<'_> {
                 FireClaim {
                     job_id: fire.job_id.clone(),
                     expected_due: fire.due,
+                    expected_planned: fire.planned,
                     expected_version: fire.version,
                     next: None,
                     triggers: vec![trigger(fire, TriggerKind::Cron, None)],
@@ -520,6 +521,7 @@ impl Claimer<'_> {
                 FireClaim {
                     job_id: fire.job_id.clone(),
                     expected_due: fire.due,
+                    expected_planned: fire.planned,
                     expected_version: fire.version,
                     next: plan.next_arm(fire.planned),
                     triggers: vec![trigger(fire, TriggerKind::Cron, None)],
@@ -571,6 +573,7 @@ impl Claimer<'_> {
             FireClaim {
                 job_id: fire.job_id.clone(),
                 expected_due: fire.due,
+                expected_planned: fire.planned,
                 expected_version: fire.version,
                 // After a misfire the chain continues from now: what was missed is
                 // either in `triggers` or deliberately skipped.

@@ -41,6 +41,8 @@ pub struct FireClaim {
     pub job_id: String,
     /// The pending score the claimer saw; the claim fails if it moved.
     pub expected_due: Millis,
+    /// That fire's planned time (`DueFire::planned`: its due less the job's jitter).
+    pub expected_planned: Millis,
     /// The job version the claimer computed `next` and `triggers` from.
     pub expected_version: u64,
     /// The fire to arm next, or None when the schedule has ended.

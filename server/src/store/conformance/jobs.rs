@@ -420,6 +420,7 @@ pub async fn upcoming_fires_read_a_window_and_claim_nothing(store: Arc<dyn Store
     let claims = vec![FireClaim {
         job_id: ids[1].clone(),
         expected_due: dues[1],
+        expected_planned: dues[1],
         expected_version: 1,
         next: None,
         triggers: vec![],
@@ -464,6 +465,7 @@ pub async fn claim_outcomes(store: Arc<dyn Store>) {
         |id: &String, i: i64, version: u64, next: Option<Arm>, triggers: Vec<Trigger>| FireClaim {
             job_id: id.clone(),
             expected_due: due(i),
+            expected_planned: due(i),
             expected_version: version,
             next,
             triggers,
@@ -576,6 +578,7 @@ pub async fn claimed_fires_keep_their_planned_time(store: Arc<dyn Store>) {
     let claim = |expected: Arm, next: Option<Arm>| FireClaim {
         job_id: id.clone(),
         expected_due: expected.due,
+        expected_planned: expected.planned,
         expected_version: 1,
         next,
         triggers: vec![cron_trigger(id, expected.planned, 1)],
@@ -655,6 +658,7 @@ pub async fn claim_race(store: Arc<dyn Store>) {
                         .map(|f| FireClaim {
                             job_id: f.job_id.clone(),
                             expected_due: f.due,
+                            expected_planned: f.planned,
                             expected_version: f.version,
                             next: None,
                             triggers: vec![cron_trigger(&f.job_id, f.planned, f.version)],

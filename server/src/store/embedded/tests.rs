@@ -323,6 +323,7 @@ async fn caller_mistakes_are_errors() {
     let claim = FireClaim {
         job_id: id.clone(),
         expected_due: t0 - 10,
+        expected_planned: t0 - 10,
         expected_version: 1,
         next: None,
         triggers: vec![cron_trigger(&id, t0 - 10, 1)],
@@ -530,6 +531,7 @@ async fn a_claim_rewrites_the_job_record_only_for_another_offset() {
     let claim = |expected: Arm, next: Arm| FireClaim {
         job_id: id.to_owned(),
         expected_due: expected.due,
+        expected_planned: expected.planned,
         expected_version: 1,
         next: Some(next),
         triggers: Vec::new(),

@@ -294,14 +294,11 @@ impl JobStore for RedisStore {
             .arg(claims.len());
         for claim in &claims {
             debug_assert_eq!(self.part(&claim.job_id), partition);
-            let (next_due, jit) = match claim.next {
-                Some(a) => (a.due.to_string(), (a.due - a.planned).to_string()),
-                None => (String::new(), String::new()),
-            };
+            let next_due = claim.next.map(|a| a.due.to_string()).unwrap_or_default();
             inv.arg(&claim.job_id)
                 .arg(claim.expected_due)
                 .arg(claim.expected_version)
-                .arg(jit)
+                .arg(claim.expected_due - claim.expected_planned)
                 .arg(next_due)
                 .arg(claim.triggers.len());
             for t in &claim.triggers {

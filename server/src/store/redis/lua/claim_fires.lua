@@ -1,5 +1,7 @@
 -- ARGV: P, unused, n, then per claim:
---   job_id, expected_due, expected_version, jitter_offset|'', next_due|'', ntriggers, trigger_json...
+--   job_id, expected_due, expected_version, jitter_offset, next_due|'', ntriggers, trigger_json...
+-- (jitter_offset: the claimed fire's due less its planned time, the same for the next
+-- fire of the version: one member.)
 -- Each claim advances the job only if its pending member (which names the version)
 -- still has the score the claimer saw: the member exists only while the job is armed
 -- and enabled at that version, so one ZSCORE is the whole compare-and-set. The next
@@ -15,10 +17,6 @@ for c = 1, n do
   local id, exp_due, exp_ver = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local jit, ndue, ntrig = ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
   i = i + 6
-  if jit == '' then
-    -- The claimer did not know the offset (its schedule ends with this fire).
-    jit = redis.call('HGET', P .. 'job:' .. id, 'jit') or '0'
-  end
   local member = exp_ver .. ':' .. jit .. ':' .. id
   local score = redis.call('ZSCORE', pending, member)
   local r
