@@ -7,8 +7,9 @@
 #
 # Usage: scripts/bench-lua.sh [REV] [ITERATIONS]   (default: HEAD, 20000)
 # Prints, per mode, ns per iteration for REV and for the working tree (three rounds);
-# the last line is a sketch of a step on a hash record (the same for both: its script
-# does not use the prelude), for comparison with `record start`.
+# the next is a sketch of a step on a hash record (the same for both: its script
+# does not use the prelude), for comparison with `record start`; then what one command
+# or cmsgpack call of a step costs alone (scripts/bench-lua/ops.lua, no prelude).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:-HEAD}
@@ -51,7 +52,7 @@ run() { # build tail mode [events]
 }
 echo "ns per iteration, $n iterations; $rev's scripts | the working tree's (three rounds)"
 for step in "record get 2" "record load 2" "record save 2" "record plan 2" "record start 2" \
-  "record start 20" "record finish 2" "begin record" "begin begin" "begin assign" "sketch-hash-start -"; do
+  "record start 20" "record finish 2" "begin record" "begin begin" "begin assign" "begin first" "sketch-hash-start -"; do
   set -- $step
   line=$(printf '%-7s %-7s %-3s' "$1" "$2" "${3:-}")
   for _ in 1 2 3; do
@@ -59,3 +60,10 @@ for step in "record get 2" "record load 2" "record save 2" "record plan 2" "reco
   done
   echo "$line"
 done
+ops="empty concat get_miss set_px_new zadd_new sadd_new_set hset unpack_new pack_leased time"
+line="ops, ns each:"
+for op in $ops; do
+  redis-cli -p "$port" flushall >/dev/null
+  line="$line $op $(redis-cli -p "$port" --eval scripts/bench-lua/ops.lua , "$n" "$op" | tail -1)"
+done
+echo "$line"

@@ -2,13 +2,15 @@
 -- runlib.lua and beginlib.lua by scripts/bench-lua.sh). ARGV: iterations, mode.
 -- Modes: record (only building each run's record, as the server sends it: one map),
 -- begin (begin_run of an allow job's run), assign (begin_and_assign to one of 10
--- nodes with a window). Runs are spread over 100 jobs, each a new schedule_id, so the
+-- nodes with a window), first (the same, each run its job's first: the begin creates the
+-- job's index and active set and writes their TTLs, as in a burst of new jobs). Runs
+-- are spread over 100 jobs (first: one job each), each a new schedule_id, so the
 -- keyspace grows as in a burst. Returns the ns per iteration.
 prefix_only = true
 local P, N = 'bench:{0}:', 'bench:{nodes}:'
 local n, mode = tonumber(ARGV[1]), ARGV[2]
 local plan = { backoff_ms = 100, dispatch_wait_ms = 5000, serial_limit = 10 }
-local jobs = 100
+local jobs = mode == 'first' and n or 100
 for j = 1, jobs do
   redis.call('HSET', P .. 'job:j' .. j, 'version', '1', 'paused', '0')
 end
@@ -25,7 +27,7 @@ for i = 1, n do
     triggered_at = base + i, created_at = base + i, job_version = 1, plan = plan, deadlines = {},
   })
   local lease = nil
-  if mode == 'assign' then
+  if mode == 'assign' or mode == 'first' then
     lease = function(run, now)
       return lease_to(P, N, run, 'node-' .. (i % 10), 1000000, 30000, 10000, now)
     end
