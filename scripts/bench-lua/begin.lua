@@ -3,7 +3,7 @@
 -- Modes: record (only building each run's record, as the server sends it: one map),
 -- begin (begin_run of an allow job's run), assign (begin_and_assign to one of 10
 -- nodes with a window), first (the same, each run its job's first: the begin creates the
--- job's index and active set and writes their TTLs, as in a burst of new jobs). Runs
+-- job's index, writes its TTL and marks the job `plain`, as in a burst of new jobs). Runs
 -- are spread over 100 jobs (first: one job each), each a new schedule_id, so the
 -- keyspace grows as in a burst. Returns the ns per iteration.
 prefix_only = true

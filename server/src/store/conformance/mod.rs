@@ -98,6 +98,7 @@ macro_rules! store_conformance_tests {
                 overlap_serial_queue: options,
                 serial_queue_one_at_a_time: options,
                 overlap_replace: options,
+                overlap_after_a_policy_change: options,
                 assign_run_tokens_and_capacity: options,
                 assign_run_race: options,
                 begin_and_assign_in_one_decision: options,

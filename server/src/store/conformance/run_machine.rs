@@ -447,6 +447,119 @@ pub async fn overlap_replace(store: Arc<dyn Store>) {
     assert_eq!(get(&store, &b.schedule_id).await.state, RunState::Cancelled);
 }
 
+/// A job's overlap policy changed from allow: the runs its allow plans began that are
+/// still going count for the new policy at its first begin and after (forbid skips,
+/// serial queues behind them, replace cancels them); one that ended does not. A job
+/// created again under a deleted one's id counts that one's runs still going too.
+pub async fn overlap_after_a_policy_change(store: Arc<dyn Store>) {
+    let node = slot("chg-node", 0);
+    let sid = |id: &str, planned: i64| schedule_id(id, &planned.to_string());
+    for policy in [
+        OverlapPolicy::Forbid,
+        OverlapPolicy::Serial,
+        OverlapPolicy::Replace,
+    ] {
+        let id = format!("chg-{policy:?}");
+        store.create_job(job(&id, None)).await.expect("create");
+        let allow = plan(OverlapPolicy::Allow);
+        let ended = begin(&store, planned_run(&id, 1000, allow.clone()))
+            .await
+            .run;
+        let held = grant(&store, &ended.schedule_id, 1, &node, LONG).await;
+        let t = store
+            .finish_run(
+                &ended.schedule_id,
+                Finisher::Holder(Holder::of(&held)),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish");
+        assert_eq!(t.applied, Applied::Yes);
+        let going = begin(&store, planned_run(&id, 2000, allow)).await.run;
+        let going = grant(&store, &going.schedule_id, 1, &node, LONG).await;
+        let mut changed = job(&id, None);
+        changed.spec.overlap_policy = policy;
+        store.update_job(changed, 1).await.expect("update");
+
+        let next = begin(&store, planned_run(&id, 3000, plan(policy))).await;
+        match policy {
+            OverlapPolicy::Forbid => {
+                assert_eq!(
+                    (next.run.state, next.run.reason.as_str()),
+                    (RunState::Skipped, "overlap"),
+                    "{id}"
+                );
+                let again = begin(&store, planned_run(&id, 3500, plan(policy))).await;
+                assert_eq!(again.run.reason, "overlap", "{id}: and at the next begin");
+            }
+            OverlapPolicy::Serial => {
+                assert_eq!(
+                    (next.run.state, next.run.reason.as_str()),
+                    (RunState::Waiting, "queued"),
+                    "{id}"
+                );
+            }
+            _ => {
+                assert_eq!(
+                    next.revoked
+                        .iter()
+                        .map(|r| r.schedule_id.as_str())
+                        .collect::<Vec<_>>(),
+                    [going.schedule_id.as_str()],
+                    "{id}: the allow run still going is replaced"
+                );
+                let old = get(&store, &going.schedule_id).await;
+                assert_eq!(
+                    (old.state, old.reason.as_str()),
+                    (RunState::Cancelled, "replaced")
+                );
+                continue;
+            }
+        }
+        let t = store
+            .finish_run(
+                &going.schedule_id,
+                Finisher::Holder(Holder::of(&going)),
+                outcome(RunState::Succeeded),
+            )
+            .await
+            .expect("finish");
+        assert_eq!(t.applied, Applied::Yes);
+        if policy == OverlapPolicy::Serial {
+            assert_eq!(t.next_serial, Some(sid(&id, 3000)), "{id}: the queue pops");
+        } else {
+            let free = begin(&store, planned_run(&id, 4000, plan(policy))).await;
+            assert_eq!(free.run.state, RunState::Waiting, "{id}: the job is free");
+        }
+    }
+
+    store
+        .create_job(job("chg-del", None))
+        .await
+        .expect("create");
+    let old = begin(
+        &store,
+        planned_run("chg-del", 1000, plan(OverlapPolicy::Allow)),
+    )
+    .await
+    .run;
+    grant(&store, &old.schedule_id, 1, &node, LONG).await;
+    store.delete_job("chg-del").await.expect("delete");
+    let mut again = job("chg-del", None);
+    again.spec.overlap_policy = OverlapPolicy::Forbid;
+    store.create_job(again).await.expect("create again");
+    let next = begin(
+        &store,
+        planned_run("chg-del", 2000, plan(OverlapPolicy::Forbid)),
+    )
+    .await;
+    assert_eq!(
+        (next.run.state, next.run.reason.as_str()),
+        (RunState::Skipped, "overlap"),
+        "the deleted job's run still going counts"
+    );
+}
+
 pub async fn assign_run_tokens_and_capacity(store: Arc<dyn Store>) {
     store.create_job(job("asg", None)).await.expect("create");
     let timed = RunPlan {

@@ -44,7 +44,9 @@ impl JobStore for RedisStore {
             .key(self.key(partition, "pending"))
             .key(self.key(partition, "jobs"));
         for w in &writes {
-            invocation.key(self.key(partition, &format!("job:{}", w.job_id())));
+            invocation
+                .key(self.key(partition, &format!("job:{}", w.job_id())))
+                .key(self.key(partition, &format!("runs:{}", w.job_id())));
         }
         invocation.arg(self.pfx(partition)).arg(self.channel());
         // The records as they will be written, to answer with once the script says ok.

@@ -1254,6 +1254,7 @@ async fn a_run_record_of_one_map_is_read_and_written_back_in_parts() {
 /// begin that creates the index and then by one a quarter of the retention after the
 /// last that wrote it (the job's `kept`), not by every begin; a node's busy set gets
 /// its TTL when created and again at each heartbeat of its node, not at every lease.
+/// A run of an allow plan stays out of the active set: its job is marked `plain`.
 #[tokio::test]
 async fn ttls_are_written_when_due_not_at_every_begin() {
     use crate::model::OverlapPolicy;
@@ -1267,10 +1268,8 @@ async fn ttls_are_written_when_due_not_at_every_begin() {
         },
     )
     .await;
-    store.create_job(job("kept", None)).await.expect("create");
     let mut c = raw_connection().await;
     let reader = c.clone();
-    let (index, active) = (store.key(0, "runs:kept"), store.key(0, "active:kept"));
     let busy = format!("{}busy:n", store.nodes_prefix());
     let pttl = |key: String| {
         let mut c = reader.clone();
@@ -1284,12 +1283,12 @@ async fn ttls_are_written_when_due_not_at_every_begin() {
         }
     };
     let base = crate::model::now_ms();
-    let begin = |i: i64| {
+    let begin = |id: &'static str, policy: OverlapPolicy, i: i64| {
         let store = store.clone();
         async move {
             let run = store
                 .begin_run(
-                    planned_run("kept", base + i, plan(OverlapPolicy::Allow)),
+                    planned_run(id, base + i, plan(policy)),
                     Duration::from_secs(30),
                 )
                 .await
@@ -1308,42 +1307,68 @@ async fn ttls_are_written_when_due_not_at_every_begin() {
         }
     };
     let twice = 2 * retention.as_millis() as i64;
-    begin(0).await;
-    for key in [index.clone(), active.clone()] {
-        assert!(
-            pttl(key.clone()).await > twice - 5_000,
-            "{key}: the first begin writes it"
-        );
-    }
-    assert!(
-        pttl(busy.clone()).await > 86_000_000,
-        "a new busy set gets its TTL"
-    );
+    // Each begin of a replace plan cancels the run before it: one run going at a time.
+    for (id, policy) in [
+        ("kept", OverlapPolicy::Allow),
+        ("kept-r", OverlapPolicy::Replace),
+    ] {
+        store.create_job(job(id, None)).await.expect("create");
+        let index = store.key(0, &format!("runs:{id}"));
+        let active = store.key(0, &format!("active:{id}"));
+        let mut kept = vec![index.clone()];
+        if policy == OverlapPolicy::Allow {
+            begin(id, policy, 0).await;
+            let members: i64 = c.scard(&active).await.expect("scard");
+            let plain: Option<String> = c
+                .hget(store.key(0, &format!("job:{id}")), "plain")
+                .await
+                .expect("hget");
+            assert_eq!(
+                (members, plain.as_deref()),
+                (0, Some("1")),
+                "an allow run stays out of the active set; its job is marked"
+            );
+            assert!(
+                pttl(busy.clone()).await > 86_000_000,
+                "a new busy set gets its TTL"
+            );
+        } else {
+            begin(id, policy, 0).await;
+            kept.push(active.clone());
+        }
+        for key in &kept {
+            assert!(
+                pttl(key.clone()).await > twice - 5_000,
+                "{key}: the first begin writes it"
+            );
+        }
+        kept.push(busy.clone());
+        for key in &kept {
+            let _: bool = c.pexpire(key, 50_000).await.expect("pexpire");
+        }
+        begin(id, policy, 1).await;
+        for key in &kept {
+            assert!(
+                pttl(key.clone()).await <= 50_000,
+                "{key}: not written again"
+            );
+        }
+        kept.pop();
 
-    for key in [&index, &active, &busy] {
-        let _: bool = c.pexpire(key, 50_000).await.expect("pexpire");
+        let quarter_ago = crate::model::now_ms() - retention.as_millis() as i64 / 4 - 1_000;
+        let _: () = c
+            .hset(store.key(0, &format!("job:{id}")), "kept", quarter_ago)
+            .await
+            .expect("hset");
+        begin(id, policy, 2).await;
+        for key in &kept {
+            assert!(
+                pttl(key.clone()).await > twice - 5_000,
+                "{key}: written a quarter later"
+            );
+        }
+        assert!(pttl(busy.clone()).await <= 50_000);
     }
-    begin(1).await;
-    for key in [index.clone(), active.clone(), busy.clone()] {
-        assert!(
-            pttl(key.clone()).await <= 50_000,
-            "{key}: not written again"
-        );
-    }
-
-    let quarter_ago = crate::model::now_ms() - retention.as_millis() as i64 / 4 - 1_000;
-    let _: () = c
-        .hset(store.key(0, "job:kept"), "kept", quarter_ago)
-        .await
-        .expect("hset");
-    begin(2).await;
-    for key in [index.clone(), active.clone()] {
-        assert!(
-            pttl(key.clone()).await > twice - 5_000,
-            "{key}: written a quarter later"
-        );
-    }
-    assert!(pttl(busy.clone()).await <= 50_000);
     store
         .refresh_node(node("n", "g", "i"), Duration::from_secs(30))
         .await

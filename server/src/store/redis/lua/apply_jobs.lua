@@ -8,7 +8,10 @@
 -- definition can never re-arm it. A refused write (exists, notfound, conflict) leaves
 -- the others applied. Returns 2 entries per write: the outcome ('ok', 'exists',
 -- 'notfound', 'conflict') and the version (written, or current on a conflict; ''
--- otherwise). One PUBLISH for the whole batch.
+-- otherwise). One PUBLISH for the whole batch. A create over the run index a deleted
+-- job of the same id left is marked `plain`: its runs still going must count for the
+-- new job's overlap policy (overlap_candidates in beginlib.lua).
+-- KEYS: pending, jobs, then job:<id> and runs:<id> of each write.
 local P, channel = ARGV[1], ARGV[2]
 local out = {}
 local changed = false
@@ -24,6 +27,9 @@ for i = 0, n - 1 do
       out[#out + 1] = ''
     else
       redis.call('HSET', job, 'rec', rec, 'version', '1', 'paused', paused, 'jit', jit)
+      if redis.call('EXISTS', P .. 'runs:' .. id) == 1 then
+        redis.call('HSET', job, 'plain', '1')
+      end
       if due ~= '' then
         local member = '1:' .. jit .. ':' .. id
         redis.call('HSET', job, 'member', member)

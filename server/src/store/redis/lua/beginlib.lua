@@ -41,13 +41,41 @@ local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   return 'ok'
 end
 
+-- The runs of job `id` a begin under a policy other than allow looks at: the members
+-- of its active set, and while the job hash says `plain` every run in its index too.
+-- A run of an allow plan that begin_plain creates stays out of the active set (a set
+-- made and dropped for every run, which only another policy ever reads), and marks the
+-- job `plain` instead (once, while it is not); the first begin under another policy
+-- then finds that job's runs still going in its index, adds them to the set and clears
+-- the mark (`begin`), so the set again holds every run not final. (A policy change
+-- reaches a run's plan, so this is the first begin after one; the index is bounded by
+-- max_runs_per_job.) A job created over the index of a deleted one is marked too
+-- (apply_jobs.lua): the runs of that one may still be going. Returns the schedule_ids,
+-- a set of those that are members, and whether the index was read.
+local function overlap_candidates(P, id)
+  local sids = redis.call('SMEMBERS', P .. 'active:' .. id)
+  local member = {}
+  for _, a in ipairs(sids) do
+    member[a] = true
+  end
+  if redis.call('HEXISTS', P .. 'job:' .. id, 'plain') == 0 then
+    return sids, member, false
+  end
+  for _, a in ipairs(redis.call('ZRANGE', P .. 'runs:' .. id, 0, -1)) do
+    if not member[a] then
+      sids[#sids + 1] = a
+    end
+  end
+  return sids, member, true
+end
+
 -- What beginning a run of job `id` under overlap `policy` may touch that its caller
--- cannot name (`want`): a policy other than allow looks at the job's active runs, and
--- replace cancels them (their webhook entries and shards); the index's oldest
--- entries (index_needs, whose reading it returns).
+-- cannot name (`want`): a policy other than allow looks at the job's runs not final
+-- (overlap_candidates), and replace cancels them (their webhook entries and shards);
+-- the index's oldest entries (index_needs, whose reading it returns).
 local function begin_needs(P, id, policy, retention_ms, max_runs)
   if policy ~= 'allow' and not prefix_only then
-    for _, a in ipairs(redis.call('SMEMBERS', P .. 'active:' .. id)) do
+    for _, a in ipairs((overlap_candidates(P, id))) do
       local key = P .. 'run:' .. a
       want(key)
       if policy == 'replace' then
@@ -65,8 +93,9 @@ end
 -- begin's decision for the common run, made on the record as cmsgpack decodes it (as
 -- start_run does a Started): a run of an allow job, existing and not paused, as the
 -- server sends it (one map, no history), created WAITING to be routed (and leased
--- when `lease` says so). The same record, index, timer and reply as begin's; nil,
--- before anything is written, for every other case (begin decides those).
+-- when `lease` says so). The same record, index, timer and reply as begin's, but the
+-- run stays out of the job's active set (overlap_candidates); nil, before anything is
+-- written, for every other case (begin decides those).
 local function begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
   local f = cmsgpack.unpack(run_record)
   if type(f) ~= 'table' or f.pl ~= nil or f.state == 'SKIPPED' or f.history ~= nil then
@@ -86,20 +115,15 @@ local function begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms
   if asked then
     return needed(), true
   end
-  local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused', 'kept')
+  local job = redis.call('HMGET', P .. 'job:' .. id, 'version', 'paused', 'kept', 'plain')
   if not job[1] or job[2] == '1' then
     return nil
   end
   local now = store_now_ms()
-  local keep = keep_due(P, id, job[1], job[3], head, retention_ms, now)
+  local keep = keep_due(P, id, job[1], job[3], head, retention_ms, now, not job[4])
   f.created_at, f.state, f.reason = now, 'WAITING', nil
   f.deadlines = setmetatable({ wake_at = now + grace_ms,
     wait_until = now + (tonumber(plan.dispatch_wait_ms) or 0) }, DEADLINES_MT)
-  local akey = P .. 'active:' .. id
-  redis.call('SADD', akey, sid)
-  if keep then
-    redis.call('PEXPIRE', akey, 2 * retention_ms)
-  end
   local leased = nil
   if lease and f.deadlines.wake_at > 0 then
     leased = lease(f, now)
@@ -159,15 +183,23 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
     local policy = run.plan.overlap
     local live = {}
     -- Only a policy other than allow looks at the job's other runs (each one a
-    -- decode); allow adds this one to the set, which a serial queue consults.
+    -- decode), and leaves every one still going in the set; allow adds this one to
+    -- the set, which a serial queue consults.
     if policy ~= 'allow' then
-      for _, a in ipairs(redis.call('SMEMBERS', akey)) do
+      local sids, member, scanned = overlap_candidates(P, id)
+      for _, a in ipairs(sids) do
         local r = load_run(P, a)
         if r and not FINAL[r.state] then
           live[#live + 1] = r
-        else
+          if not member[a] then
+            redis.call('SADD', akey, a)
+          end
+        elseif member[a] then
           redis.call('SREM', akey, a)
         end
+      end
+      if scanned then
+        redis.call('HDEL', P .. 'job:' .. id, 'plain')
       end
     end
     local wait_ms = tonumber(run.plan.dispatch_wait_ms) or 0

@@ -1,6 +1,7 @@
 -- The run state machine's shared helpers (prepended to the run scripts after
 -- common.lua). Keys of partition P: run:<sid> (the record, MessagePack), active:<job> (set of the
--- job's runs not final), serial:<job> (list: queued serial runs), timers (zset: sid →
+-- job's runs not final, but for the runs of allow plans begin_plain leaves out: see
+-- beginlib.lua), serial:<job> (list: queued serial runs), timers (zset: sid →
 -- earliest deadline), tokens (hash: job → fencing counter), logs:<sid> / logmeta:<sid>.
 -- Node keys (prefix N, the {nodes} slot): busy:<node> (set of runs leased to it; in a
 -- cluster N is '' and node_slots.lua keeps the count beside the scripts).
@@ -989,11 +990,18 @@ end
 -- needs none to go away (a run leaves it when final, and the empty set is gone): the
 -- TTL only bounds what a lost member would keep.
 -- Returns whether this begin writes them (noting when, while the job exists).
-local function keep_due(P, id, version, kept, head, retention_ms, now)
+-- `mark_plain`: the job hash's `plain` is set too (begin_plain), beside `kept` when
+-- that is written (one HSET), alone when not.
+local function keep_due(P, id, version, kept, head, retention_ms, now, mark_plain)
   if version and head.card > 0 and (tonumber(kept) or 0) + tonumber(retention_ms) / 4 > now then
+    if mark_plain then
+      redis.call('HSET', P .. 'job:' .. id, 'plain', '1')
+    end
     return false
   end
-  if version then
+  if version and mark_plain then
+    redis.call('HSET', P .. 'job:' .. id, 'kept', int(now), 'plain', '1')
+  elseif version then
     redis.call('HSET', P .. 'job:' .. id, 'kept', int(now))
   end
   return true
