@@ -1232,13 +1232,22 @@ impl Executors {
         Ok(())
     }
 
-    /// Routes what a finished or rejected attempt left behind, off the stream's task.
+    /// Routes what a finished or rejected attempt left behind, off the stream's task;
+    /// a run's common end, which leaves nothing to wait on, is counted here instead
+    /// (a task per result cost more than the counting).
     fn spawn_follow_up(&self, t: crate::store::Transition) {
+        let route = t
+            .run
+            .as_ref()
+            .filter(|r| {
+                r.state == RunState::Waiting
+                    && (r.reason.starts_with("rejected") || r.reason == "unconfirmed")
+            })
+            .cloned();
+        if route.is_none() && self.router.follow_up_at_once(&t) {
+            return;
+        }
         let router = self.router.clone();
-        let route = t.run.clone().filter(|r| {
-            r.state == RunState::Waiting
-                && (r.reason.starts_with("rejected") || r.reason == "unconfirmed")
-        });
         tokio::spawn(
             async move {
                 router.follow_up(t).await;

@@ -368,6 +368,9 @@ impl Router {
     /// applied transition but `begin_run` and the HTTP executor's results comes here
     /// once.
     pub async fn follow_up(&self, t: Transition) {
+        if self.follow_up_at_once(&t) {
+            return;
+        }
         self.alerts.record_transition(&t);
         for rv in &t.revoked {
             self.send_cancel(rv).await;
@@ -381,6 +384,17 @@ impl Router {
                 }
             }
         }
+    }
+
+    /// [`Router::follow_up`] of a transition that left nothing to wait on (no lease to
+    /// cancel, no serial run released: a run's common end), done here: true then, and
+    /// the caller need not spawn a task for it.
+    pub fn follow_up_at_once(&self, t: &Transition) -> bool {
+        if !t.revoked.is_empty() || t.next_serial.is_some() {
+            return false;
+        }
+        self.alerts.record_transition(t);
+        true
     }
 
     /// Tells the node that held a revoked lease to stop.
