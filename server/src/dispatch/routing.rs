@@ -101,10 +101,13 @@ pub fn fallback_order(
         .filter(|&i| !keeps_affinity(strategy) || nodes[i].node_id == first)
         .filter(|&i| !full.get(i).copied().unwrap_or(false))
         .collect();
-    order.sort_by_key(|&i| {
+    // Compared by reference: a key that owns the id is two String clones per
+    // comparison, on every run's pick.
+    let key = |i: usize| {
         let n = &nodes[i];
-        (n.node_id != first, n.slow, n.active, n.node_id.clone())
-    });
+        (n.node_id != first, n.slow, n.active, n.node_id.as_str())
+    };
+    order.sort_by(|&a, &b| key(a).cmp(&key(b)));
     order
 }
 
