@@ -1379,6 +1379,73 @@ async fn ttls_are_written_when_due_not_at_every_begin() {
     );
 }
 
+/// A run of an allow plan that a forbid begin took into its job's active set (found
+/// going in the index) stays there, final, when it succeeds the common way, under the
+/// set's TTL; the next forbid begin reads its state, drops it and starts.
+#[tokio::test]
+async fn a_final_run_left_in_the_active_set_is_dropped_by_the_next_begin() {
+    use crate::model::OverlapPolicy;
+    use crate::store::conformance::{job, outcome, plan, planned_run, slot, terms};
+    let (store, _) = store("taken-in", one_partition()).await;
+    store.create_job(job("ti", None)).await.expect("create");
+    let mut c = raw_connection().await;
+    let active = store.key(0, "active:ti");
+    let grace = Duration::from_secs(30);
+    let base = crate::model::now_ms();
+    let begin = |planned: i64, policy: OverlapPolicy| {
+        let store = store.clone();
+        async move {
+            store
+                .begin_run(planned_run("ti", base + planned, plan(policy)), grace)
+                .await
+                .expect("begin")
+                .run
+        }
+    };
+    let a = begin(0, OverlapPolicy::Allow).await;
+    let granted = store
+        .assign_run(&a.schedule_id, 1, &slot("n", 0), terms(30_000, 30_000))
+        .await
+        .expect("assign");
+    let Assigned::Granted(held) = granted else {
+        panic!("{granted:?}")
+    };
+    let members: Vec<String> = c.smembers(&active).await.expect("smembers");
+    assert!(members.is_empty(), "an allow run stays out: {members:?}");
+
+    let skipped = begin(1, OverlapPolicy::Forbid).await;
+    assert_eq!(skipped.reason, "overlap");
+    let members: Vec<String> = c.smembers(&active).await.expect("smembers");
+    assert_eq!(members, std::slice::from_ref(&a.schedule_id), "taken in");
+    let ttl: i64 = c.pttl(&active).await.expect("pttl");
+    assert!(ttl > 0, "a set that took a run in has a TTL: {ttl}");
+
+    let t = store
+        .finish_run(
+            &a.schedule_id,
+            Finisher::Holder(Holder::of(&held)),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    assert_eq!(t.applied, Applied::Yes);
+    let members: Vec<String> = c.smembers(&active).await.expect("smembers");
+    assert_eq!(
+        members,
+        std::slice::from_ref(&a.schedule_id),
+        "left there, final"
+    );
+
+    let next = begin(2, OverlapPolicy::Forbid).await;
+    assert_eq!((next.state, next.reason.as_str()), (RunState::Waiting, ""));
+    let members: Vec<String> = c.smembers(&active).await.expect("smembers");
+    assert_eq!(
+        members,
+        std::slice::from_ref(&next.schedule_id),
+        "the final one dropped"
+    );
+}
+
 /// On one Redis a begin looks at its job's oldest index entry only when the new entry
 /// makes the count a multiple of 8 (or reaches the bound): the entries whose records
 /// expired stay until then, and are dropped then (at most 8 a time).

@@ -187,12 +187,14 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
     -- the set, which a serial queue consults.
     if policy ~= 'allow' then
       local sids, member, scanned = overlap_candidates(P, id)
+      local taken_in = false
       for _, a in ipairs(sids) do
         local r = load_run(P, a)
         if r and not FINAL[r.state] then
           live[#live + 1] = r
           if not member[a] then
             redis.call('SADD', akey, a)
+            taken_in = true
           end
         elseif member[a] then
           redis.call('SREM', akey, a)
@@ -200,6 +202,11 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
       end
       if scanned then
         redis.call('HDEL', P .. 'job:' .. id, 'plain')
+      end
+      -- A run of an allow plan taken in leaves the set at its end only through the
+      -- general way (finish_succeeded leaves it there, final): the TTL bounds it.
+      if taken_in then
+        redis.call('PEXPIRE', akey, 2 * retention_ms)
       end
     end
     local wait_ms = tonumber(run.plan.dispatch_wait_ms) or 0

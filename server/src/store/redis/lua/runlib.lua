@@ -1191,7 +1191,13 @@ local function finish_succeeded(P, N, sid, token, outcome_json, node)
     local plan = cmsgpack.unpack(pb)
     write_outbox(P, f, now, type(plan) == 'table' and plan.callback_url or nil)
   end
-  redis.call('SREM', P .. 'active:' .. job, sid)
+  -- A run of an allow plan (its plan names no overlap: allow is the default, left
+  -- out) is in the job's active set only when a begin under another policy took it in
+  -- while it went (overlap_candidates); left there final, it is dropped by the next
+  -- such begin, which reads every member's state, or with the set's TTL.
+  if string.find(pb, 'overlap', 1, true) then
+    redis.call('SREM', P .. 'active:' .. job, sid)
+  end
   local record = write_fields(key, f, bytes, off, now)
   redis.call('ZREM', P .. 'timers', sid)
   return reply('yes', '', record)
