@@ -11,7 +11,10 @@
 //! <prefix>:meta                         schema version, partition count
 //! <prefix>:{p}:job:<job_id>             hash: rec (compact MessagePack: `encode_job`), version,
 //!                                       paused, jit (due − planned),
-//!                                       member (its pending member while armed)
+//!                                       member (its pending member while armed), kept
+//!                                       (when a begin last wrote the index's TTL), plain
+//!                                       (runs of allow plans may be going outside
+//!                                       active:<job_id>: `overlap_candidates`)
 //! <prefix>:{p}:jobs                     zset (score 0) of job ids, for listing
 //! <prefix>:{p}:pending                  zset "<version>:<jit>:<job_id>" -> due time (ms)
 //! <prefix>:{p}:claimer                  instance working the partition (short TTL)
