@@ -1316,8 +1316,8 @@ async fn ttls_are_written_when_due_not_at_every_begin() {
         let index = store.key(0, &format!("runs:{id}"));
         let active = store.key(0, &format!("active:{id}"));
         let mut kept = vec![index.clone()];
+        begin(id, policy, 0).await;
         if policy == OverlapPolicy::Allow {
-            begin(id, policy, 0).await;
             let members: i64 = c.scard(&active).await.expect("scard");
             let plain: Option<String> = c
                 .hget(store.key(0, &format!("job:{id}")), "plain")
@@ -1333,7 +1333,6 @@ async fn ttls_are_written_when_due_not_at_every_begin() {
                 "a new busy set gets its TTL"
             );
         } else {
-            begin(id, policy, 0).await;
             kept.push(active.clone());
         }
         for key in &kept {
