@@ -26,14 +26,19 @@ for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep
 
 # The prelude of a revision ('' for the working tree): common.lua, runlib.lua, beginlib.lua,
 # then `new_call()`, which resets what a call's wrapper resets besides the clock
-# (functions.rs): the run scripts' `run_info`, where the revision has one.
+# (functions.rs): the run scripts' `run_info` and the fencing counter of the call
+# (written first, as the call's wrapper writes it when the call ends), where the
+# revision has them.
 prelude() {
   for f in common runlib beginlib; do
     if [ -z "$1" ]; then cat "$lua/$f.lua"; else git show "$1:$lua/$f.lua"; fi
     echo
   done >"$work/prelude.tmp"
   cat "$work/prelude.tmp"
-  if grep -q '^local run_info' "$work/prelude.tmp"; then
+  if grep -q '^local function save_tokens' "$work/prelude.tmp"; then
+    # The last call's fencing counter written, as its wrapper ends it.
+    echo 'local function new_call() if token_last then save_tokens() end; token_key, token_last, run_info = nil, nil, {} end'
+  elif grep -q '^local run_info' "$work/prelude.tmp"; then
     echo 'local function new_call() run_info = {} end'
   else
     echo 'local function new_call() end'

@@ -58,14 +58,23 @@ impl Library {
             source.push_str(&checked(part));
             source.push('\n');
         }
+        // Each function's body is a function of `BODIES`, called by the function Redis
+        // registers: it resets what the prelude keeps for one call (`store_time_reply`,
+        // common.lua, caches the store's clock for one call), runs the body, then writes
+        // the partition's fencing counter if the call made a token (`save_tokens`,
+        // runlib.lua).
+        source.push_str("local BODIES = {}\n");
         for (function, body) in functions {
-            // `store_time_reply` (common.lua) caches the store's clock for one call.
             source.push_str(&format!(
-                "redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
+                "BODIES['{function}'] = function(KEYS, ARGV)\n{check}{body}\nend\n\
+                 redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
                  store_time_reply, claim_ms, claimed, run_info = nil, nil, nil, {{}}\n\
                  call_keys, declared_set, empty_queues, asked = KEYS, nil, nil, nil\n\
+                 token_key, token_last = nil, nil\n\
                  prefix_only = #KEYS == 1 and KEYS[1] == ARGV[1]\n\
-                 {check}{body}\nend)\n",
+                 local out = BODIES['{function}'](KEYS, ARGV)\n\
+                 if token_last then save_tokens() end\n\
+                 return out\nend)\n",
                 check = key_check(function),
                 body = checked(body),
             ));

@@ -24,7 +24,8 @@
 //! <prefix>:{p}:runs:<job_id>            zset schedule_id -> scheduled_at: bounded per-job index
 //! <prefix>:{p}:lease:<schedule_id>      hash: holder, token, expires
 //! <prefix>:{p}:leases                   zset schedule_id -> lease expiry
-//! <prefix>:{p}:tokens                   hash job_id -> last fencing token
+//! <prefix>:{p}:tokens                   hash: * -> the partition's last fencing token (job_id ->
+//!                                       a job's, before: folded into * at its first use)
 //! <prefix>:{p}:delivery:<schedule_id>   webhook outbox entry (hash: job_id, url, body,
 //!                                       created_at, attempts, token, in_flight, due, ra, rn),
 //!                                       and the outcomes so far (status, error, ev, hn), read

@@ -2284,3 +2284,63 @@ async fn a_job_at_its_bound_begins_in_one_call() {
     let kept = first_runs(&fresh, "bounded").await;
     assert_eq!(kept.len(), 3, "{kept:?}");
 }
+
+/// Fencing tokens come from one counter per partition, read once and written once per
+/// call: a partition whose tokens hash holds the per-job counters of before starts past
+/// the largest of them (another job's too) and keeps only its own; a counter ahead of
+/// the store's clock (a clock that stepped back) is what the next tokens grow from; a
+/// batch's leases get tokens in the order given, the counter left at the last.
+#[tokio::test]
+async fn fencing_tokens_grow_from_the_partitions_counter() {
+    use crate::model::OverlapPolicy;
+    use crate::store::BeginOn;
+    use crate::store::conformance::{job, plan, planned_run, slot, terms};
+    let (store, _) = store("tokens", one_partition()).await;
+    for id in ["tk-a", "tk-b", "tk-c"] {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    let mut c = raw_connection().await;
+    let tokens = store.key(0, "tokens");
+    let ahead = (crate::model::now_ms() as u64 + 3_600_000) * 1000;
+    let _: () = c.hset(&tokens, "tk-a", ahead).await.expect("hset");
+    let base = crate::model::now_ms();
+    let on = |id: &str, at: i64| BeginOn {
+        run: planned_run(id, base + at, plan(OverlapPolicy::Allow)),
+        route_grace: Duration::from_secs(30),
+        node: slot("tk-n", 0),
+    };
+    let granted = |out: &[(Begun, Option<Assigned>)]| -> Vec<u64> {
+        out.iter()
+            .map(|(_, a)| match a {
+                Some(Assigned::Granted(r)) => r.fencing_token,
+                other => panic!("expected a grant: {other:?}"),
+            })
+            .collect()
+    };
+    let lease = terms(30_000, 30_000);
+    let first = granted(
+        &store
+            .begin_and_assign_many(vec![on("tk-b", 0)], lease)
+            .await
+            .expect("begin"),
+    );
+    assert_eq!(first, vec![ahead + 1], "past another job's legacy counter");
+    let kept: std::collections::HashMap<String, u64> = c.hgetall(&tokens).await.expect("hgetall");
+    assert_eq!(
+        kept,
+        [("*".to_owned(), ahead + 1)].into(),
+        "the per-job counters dropped"
+    );
+
+    let counter = ahead + 1_000_000;
+    let _: () = c.hset(&tokens, "*", counter).await.expect("hset");
+    let batch = granted(
+        &store
+            .begin_and_assign_many(vec![on("tk-a", 1), on("tk-b", 1), on("tk-c", 1)], lease)
+            .await
+            .expect("begin"),
+    );
+    assert_eq!(batch, vec![counter + 1, counter + 2, counter + 3]);
+    let last: u64 = c.hget(&tokens, "*").await.expect("hget");
+    assert_eq!(last, counter + 3, "written once, as the call left it");
+}

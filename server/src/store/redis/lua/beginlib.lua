@@ -19,7 +19,7 @@ local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
       return 'full'
     end
   end
-  run.fencing_token = new_token(P, run.job_id)
+  run.fencing_token = new_token(P)
   run.node_id = node
   run.state = 'DISPATCHED'
   run.reason = ''

@@ -44,6 +44,9 @@ local empty_queues
 -- the claim lease in ms the outbox entry is written with (`write_outbox` in
 -- runlib.lua), and the entry so claimed. Nil otherwise (reset for each call too).
 local claim_ms, claimed
+-- The partition's fencing counter as this call's tokens left it, and its key (`new_token`
+-- in runlib.lua): nil until the call makes a token; written when the call ends.
+local token_key, token_last
 -- What the run scripts keep beside each run table they decoded (`info_of` in
 -- runlib.lua), by table: a new one for each call.
 local run_info = {}

@@ -21,7 +21,7 @@ for i = 0, n - 1 do
   s.started_at, s.finished_at = cjson.null, cjson.null
   clear_history(s)
   s.created_at = now
-  s.fencing_token = new_token(P, run.job_id)
+  s.fencing_token = new_token(P)
   clear_deadlines(s)
   s.deadlines.wake_at = now + tonumber(ARGV[6])
   s.deadlines.wait_until = now + wait_ms

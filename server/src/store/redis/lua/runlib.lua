@@ -2,7 +2,7 @@
 -- common.lua). Keys of partition P: run:<sid> (the record, MessagePack), active:<job> (set of the
 -- job's runs not final, but for the runs of allow plans begin_plain leaves out: see
 -- beginlib.lua), serial:<job> (list: queued serial runs), timers (zset: sid →
--- earliest deadline), tokens (hash: job → fencing counter), logs:<sid> / logmeta:<sid>.
+-- earliest deadline), tokens (hash: '*' → the partition's fencing counter), logs:<sid> / logmeta:<sid>.
 -- Node keys (prefix N, the {nodes} slot): busy:<node> (set of runs leased to it; in a
 -- cluster N is '' and node_slots.lua keeps the count beside the scripts).
 local FINAL = { SUCCEEDED = true, FAILED = true, TIMED_OUT = true, CANCELLED = true, SKIPPED = true }
@@ -485,11 +485,36 @@ local function clear_deadlines(run)
   run.deadlines = setmetatable({}, DEADLINES_MT)
 end
 
-local function new_token(P, job_id)
-  local counter = tonumber(redis.call('HGET', P .. 'tokens', job_id) or '0')
-  local token = math.max(counter + 1, store_now_us())
-  redis.call('HSET', P .. 'tokens', job_id, int(token))
-  return int(token)
+-- A new fencing token for a lease of a run of partition P: max(counter + 1, store
+-- time in µs), the counter being the partition's last token (DESIGN's job counter,
+-- shared by the partition's jobs: a token still grows at every lease of a job, and one
+-- read and one write serve a call's every lease). The counter is read at the call's
+-- first token (`token_last`, common.lua) and written once when the call ends
+-- (`save_tokens`, called by its wrapper). A partition whose tokens hash still holds
+-- the per-job counters of before takes their largest, and drops them.
+local function new_token(P)
+  local last = token_last
+  if not last then
+    token_key = P .. 'tokens'
+    last = tonumber(redis.call('HGET', token_key, '*'))
+    if not last then
+      last = 0
+      for _, v in ipairs(redis.call('HVALS', token_key)) do
+        last = math.max(last, tonumber(v) or 0)
+      end
+      if last > 0 then
+        redis.call('DEL', token_key)
+      end
+    end
+  end
+  token_last = math.max(last + 1, store_now_us())
+  return int(token_last)
+end
+
+-- Writes the partition's fencing counter as the call's tokens left it (the wrapper of
+-- every function calls it at the end of a call that made one).
+local function save_tokens()
+  redis.call('HSET', token_key, '*', int(token_last))
 end
 
 -- The run leaves DISPATCHED/RUNNING: its node's lease count drops (in a cluster, N is
@@ -508,7 +533,7 @@ local function revoke(P, N, run, reason)
   end
   local rv = { run.schedule_id, run.node_id, run.fencing_token, reason, tostring(run.attempt) }
   leave_node(N, run)
-  run.fencing_token = new_token(P, run.job_id)
+  run.fencing_token = new_token(P)
   return rv
 end
 
@@ -872,7 +897,7 @@ local function retry_or_final(P, run, final_state, reason, now, delay)
   local max = tonumber(run.plan.max_attempts) or 1
   if run.attempt < max then
     run.last_node = run.node_id
-    run.fencing_token = new_token(P, run.job_id)
+    run.fencing_token = new_token(P)
     run.attempt = run.attempt + 1
     run.state = 'WAITING'
     run.reason = 'retry: ' .. reason
@@ -1124,7 +1149,7 @@ local function finish_step(P, N, sid, by, value, outcome_json, node)
     end
     leave_node(N, run)
     run.last_node = run.node_id
-    run.fencing_token = new_token(P, run.job_id)
+    run.fencing_token = new_token(P)
     run.state = 'WAITING'
     run.reason = 'rejected: ' .. (o.error_message or '')
     clear_deadlines(run)
