@@ -1378,11 +1378,11 @@ async fn ttls_are_written_when_due_not_at_every_begin() {
     );
 }
 
-/// A run of an allow plan that a forbid begin took into its job's active set (found
-/// going in the index) stays there, final, when it succeeds the common way, under the
-/// set's TTL; the next forbid begin reads its state, drops it and starts.
+/// A run of an allow plan stays out of its job's active set, and its record says so
+/// (`np`); a forbid begin that takes it in (found going in the index) clears that, so
+/// when it succeeds the common way it leaves the set, and the next forbid begin starts.
 #[tokio::test]
-async fn a_final_run_left_in_the_active_set_is_dropped_by_the_next_begin() {
+async fn a_run_taken_into_the_active_set_leaves_it_at_its_end() {
     use crate::model::OverlapPolicy;
     use crate::store::conformance::{job, outcome, plan, planned_run, slot, terms};
     let (store, _) = store("taken-in", one_partition()).await;
@@ -1411,6 +1411,21 @@ async fn a_final_run_left_in_the_active_set_is_dropped_by_the_next_begin() {
     };
     let members: Vec<String> = c.smembers(&active).await.expect("smembers");
     assert!(members.is_empty(), "an allow run stays out: {members:?}");
+    let record = store.key(0, &format!("run:{}", a.schedule_id));
+    let looker = c.clone();
+    let not_in = || {
+        let mut c = looker.clone();
+        let record = record.clone();
+        async move {
+            let bytes: Vec<u8> = c.get(&record).await.expect("get");
+            // The record's first part, its fields.
+            let mut de = rmp_serde::Deserializer::new(bytes.as_slice());
+            let fields: std::collections::HashMap<String, serde::de::IgnoredAny> =
+                Deserialize::deserialize(&mut de).expect("fields");
+            fields.contains_key("np")
+        }
+    };
+    assert!(not_in().await, "its record says it is not in the set");
 
     let skipped = begin(1, OverlapPolicy::Forbid).await;
     assert_eq!(skipped.reason, "overlap");
@@ -1418,6 +1433,7 @@ async fn a_final_run_left_in_the_active_set_is_dropped_by_the_next_begin() {
     assert_eq!(members, std::slice::from_ref(&a.schedule_id), "taken in");
     let ttl: i64 = c.pttl(&active).await.expect("pttl");
     assert!(ttl > 0, "a set that took a run in has a TTL: {ttl}");
+    assert!(!not_in().await, "taken in, its record no longer says so");
 
     let t = store
         .finish_run(
@@ -1429,20 +1445,12 @@ async fn a_final_run_left_in_the_active_set_is_dropped_by_the_next_begin() {
         .expect("finish");
     assert_eq!(t.applied, Applied::Yes);
     let members: Vec<String> = c.smembers(&active).await.expect("smembers");
-    assert_eq!(
-        members,
-        std::slice::from_ref(&a.schedule_id),
-        "left there, final"
-    );
+    assert!(members.is_empty(), "left at its end: {members:?}");
 
     let next = begin(2, OverlapPolicy::Forbid).await;
     assert_eq!((next.state, next.reason.as_str()), (RunState::Waiting, ""));
     let members: Vec<String> = c.smembers(&active).await.expect("smembers");
-    assert_eq!(
-        members,
-        std::slice::from_ref(&next.schedule_id),
-        "the final one dropped"
-    );
+    assert_eq!(members, std::slice::from_ref(&next.schedule_id));
 }
 
 /// On one Redis a begin looks at its job's oldest index entry only when the new entry

@@ -121,7 +121,9 @@ local function begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms
   end
   local now = store_now_ms()
   local keep = keep_due(P, id, job[1], job[3], head, retention_ms, now, not job[4])
-  f.created_at, f.state, f.reason = now, 'WAITING', nil
+  -- `np`: not in the job's active set (finish_succeeded then leaves the set and the
+  -- serial queue alone); a begin that takes the run in clears it.
+  f.created_at, f.state, f.reason, f.np = now, 'WAITING', nil, true
   f.deadlines = setmetatable({ wake_at = now + grace_ms,
     wait_until = now + (tonumber(plan.dispatch_wait_ms) or 0) }, DEADLINES_MT)
   local leased = nil
@@ -195,6 +197,11 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
           if not member[a] then
             redis.call('SADD', akey, a)
             taken_in = true
+            if r.np then
+              -- Its end must now leave the set, and release a serial queue behind it.
+              r.np = nil
+              save_run(P, r)
+            end
           end
         elseif member[a] then
           redis.call('SREM', akey, a)
@@ -203,8 +210,7 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
       if scanned then
         redis.call('HDEL', P .. 'job:' .. id, 'plain')
       end
-      -- A run of an allow plan taken in leaves the set at its end only through the
-      -- general way (finish_succeeded leaves it there, final): the TTL bounds it.
+      -- The set's TTL bounds what a lost member would keep.
       if taken_in then
         redis.call('PEXPIRE', akey, 2 * retention_ms)
       end

@@ -1197,8 +1197,10 @@ local function finish_succeeded(P, N, sid, token, outcome_json, node)
   if o.state ~= 'SUCCEEDED' then
     return nil
   end
+  -- A run begin_plain left out of its job's active set (`np`: a run of an allow plan,
+  -- not taken in since) is in no serial queue's way and leaves no set; any other may be.
   local job = f.job_id
-  if not (empty_queues and empty_queues[job]) and redis.call('LLEN', P .. 'serial:' .. job) > 0 then
+  if not f.np and not (empty_queues and empty_queues[job]) and redis.call('LLEN', P .. 'serial:' .. job) > 0 then
     return nil
   end
   local now = store_now_ms()
@@ -1216,11 +1218,7 @@ local function finish_succeeded(P, N, sid, token, outcome_json, node)
     local plan = cmsgpack.unpack(pb)
     write_outbox(P, f, now, type(plan) == 'table' and plan.callback_url or nil)
   end
-  -- A run of an allow plan (its plan names no overlap: allow is the default, left
-  -- out) is in the job's active set only when a begin under another policy took it in
-  -- while it went (overlap_candidates); left there final, it is dropped by the next
-  -- such begin, which reads every member's state, or with the set's TTL.
-  if string.find(pb, 'overlap', 1, true) then
+  if not f.np then
     redis.call('SREM', P .. 'active:' .. job, sid)
   end
   local record = write_fields(key, f, bytes, off, now)
