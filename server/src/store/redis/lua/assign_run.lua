@@ -9,8 +9,10 @@ end
 if run.state ~= 'WAITING' or run.attempt ~= tonumber(ARGV[4]) or run.deadlines.wake_at == 0 then
   return { 'not_waiting', encode_run(run) }
 end
-local leased = lease_to(P, N, run, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), store_now_ms())
+local leased, busy, count = lease_to(P, N, run, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), store_now_ms())
 if leased == 'full' then
   return { 'full' }
 end
-return { 'ok', save_run(P, run) }
+local record = save_run(P, run)
+take_slot(busy, sid, count)
+return { 'ok', record }

@@ -3,10 +3,11 @@
 
 -- Leases the WAITING `run` to `node` at `now`: 'full' when the node already holds
 -- `max` leased runs (0: no limit), else 'ok' with the run DISPATCHED under a new
--- fencing token, its lease and confirmation deadlines set and the node's count taken.
+-- fencing token, its lease and confirmation deadlines set, then the node's busy set
+-- (false in a cluster) and its count as read (nil when not read), which the caller,
+-- once it has written the run, hands to `take_slot`. Nothing is written here.
 -- In a cluster N is '' and the caller reserved the node's slot beforehand
 -- (node_slots.lua): `max` is 0 then, or -1 when there was none.
--- The caller saves the run.
 local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   local busy = N ~= '' and (N .. 'busy:' .. node)
   if max < 0 then
@@ -30,15 +31,20 @@ local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   if timeout > 0 then
     run.deadlines.timeout_at = now + timeout
   end
+  return 'ok', busy, count
+end
+
+-- The node's count taken for run `sid`, which lease_to leased (`busy` and `count` as
+-- it returned them).
+local function take_slot(busy, sid, count)
   if busy then
-    redis.call('SADD', busy, run.schedule_id)
+    redis.call('SADD', busy, sid)
     -- A new set gets its TTL here; one in use is kept by its node's heartbeats
     -- (upsert_node.lua), so a lease does not write it again.
     if count == nil or count == 0 then
       redis.call('PEXPIRE', busy, BUSY_TTL_MS)
     end
   end
-  return 'ok'
 end
 
 -- The runs of job `id` a begin under a policy other than allow looks at: the members
@@ -94,8 +100,10 @@ end
 -- start_run does a Started): a run of an allow job, existing and not paused, as the
 -- server sends it (one map, no history), created WAITING to be routed (and leased
 -- when `lease` says so). The same record, index, timer and reply as begin's, but the
--- run stays out of the job's active set (overlap_candidates); nil, before anything is
--- written, for every other case (begin decides those).
+-- run stays out of the job's active set (overlap_candidates); begin's reply for a run
+-- already recorded (a trigger seen again: its record is written first, only if there
+-- is none); nil, before anything is written, for every other case (begin decides
+-- those, and finds a run already recorded).
 local function begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
   local f = cmsgpack.unpack(run_record)
   if type(f) ~= 'table' or f.pl ~= nil or f.state == 'SKIPPED' or f.history ~= nil then
@@ -120,15 +128,14 @@ local function begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms
     return nil
   end
   local now = store_now_ms()
-  local keep = keep_due(P, id, job[1], job[3], head, retention_ms, now, not job[4])
   -- `np`: not in the job's active set (finish_succeeded then leaves the set and the
   -- serial queue alone); a begin that takes the run in clears it.
   f.created_at, f.state, f.reason, f.np = now, 'WAITING', nil, true
   f.deadlines = setmetatable({ wake_at = now + grace_ms,
     wait_until = now + (tonumber(plan.dispatch_wait_ms) or 0) }, DEADLINES_MT)
-  local leased = nil
+  local leased, busy, count
   if lease and f.deadlines.wake_at > 0 then
-    leased = lease(f, now)
+    leased, busy, count = lease(f, now)
   end
   -- The record as encode_run writes it (its plan's bytes after its fields, then its
   -- history: note_change's event for a new record).
@@ -137,7 +144,16 @@ local function begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms
   f.pl, f.hn = #pb, 0
   local event = entered_event(f, now)
   local record = cmsgpack.pack(f) .. pb .. event
-  redis.call('SET', P .. 'run:' .. sid, record, 'PX', retention_ms)
+  -- Written first, and only when there is no record yet: a trigger seen again finds
+  -- its run here (nothing else was written), so a new run costs no read of its key.
+  local key = P .. 'run:' .. sid
+  if not redis.call('SET', key, record, 'PX', retention_ms, 'NX') then
+    return { '0', redis.call('GET', key), '' }, nil
+  end
+  if leased == 'ok' then
+    take_slot(busy, sid, count)
+  end
+  local keep = keep_due(P, id, job[1], job[3], head, retention_ms, now, not job[4])
   local hint = index_run(P, N, id, sid, scheduled_at, retention_ms, max_runs, head, keep)
   local t = earliest(f.deadlines)
   if t > 0 then
@@ -154,13 +170,13 @@ end
 -- when it was not asked), or, before anything is written, {'need', key...} and true
 -- (`want`).
 local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
-  local existing = redis.call('GET', P .. 'run:' .. sid)
-  if existing then
-    return { '0', existing, '' }, nil
-  end
   local out, leased = begin_plain(P, N, id, sid, run_record, scheduled_at, retention_ms, max_runs, grace_ms, lease)
   if out then
     return out, leased
+  end
+  local existing = redis.call('GET', P .. 'run:' .. sid)
+  if existing then
+    return { '0', existing, '' }, nil
   end
   local now = store_now_ms()
   local run = decode_run(run_record)
@@ -253,12 +269,15 @@ local function begin(P, N, id, sid, run_record, scheduled_at, retention_ms, max_
   if run.state == 'SKIPPED' then
     run.finished_at = now
   end
-  local leased = nil
+  local leased, busy, count
   if lease and run.state == 'WAITING' and run.deadlines.wake_at > 0 then
-    leased = lease(run, now)
+    leased, busy, count = lease(run, now)
   end
   local hint
   out[2], hint = index_new_run(P, N, run, scheduled_at, retention_ms, max_runs, head, keep)
+  if leased == 'ok' then
+    take_slot(busy, sid, count)
+  end
   table.insert(out, 3, hint)
   local t = earliest(run.deadlines)
   if t > 0 and not FINAL[run.state] then
