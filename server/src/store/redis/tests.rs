@@ -2352,3 +2352,76 @@ async fn fencing_tokens_grow_from_the_partitions_counter() {
     let last: u64 = c.hget(&tokens, "*").await.expect("hget");
     assert_eq!(last, counter + 3, "written once, as the call left it");
 }
+
+/// A trigger seen again after its run ended finds the run and changes nothing: the
+/// common begin writes the record first, only when there is none, and nothing before
+/// it (the run's timer, the node's busy set and the job's index are as the run's end
+/// left them; a token counted for the lease it did not make is skipped).
+#[tokio::test]
+async fn a_trigger_seen_again_after_its_run_ended_changes_nothing() {
+    use crate::model::OverlapPolicy;
+    use crate::store::BeginOn;
+    use crate::store::conformance::{job, outcome, plan, planned_run, slot, terms};
+    let (store, _) = store("again", one_partition()).await;
+    store.create_job(job("ag", None)).await.expect("create");
+    let run = planned_run("ag", crate::model::now_ms(), plan(OverlapPolicy::Allow));
+    let on = || BeginOn {
+        run: run.clone(),
+        route_grace: Duration::from_secs(30),
+        node: slot("ag-n", 4),
+    };
+    let lease = terms(30_000, 30_000);
+    let first = store
+        .begin_and_assign_many(vec![on()], lease)
+        .await
+        .expect("begin");
+    let Some(Assigned::Granted(held)) = &first[0].1 else {
+        panic!("{first:?}")
+    };
+    store
+        .finish_run(
+            &run.schedule_id,
+            Finisher::Holder(Holder::of(held)),
+            outcome(RunState::Succeeded),
+        )
+        .await
+        .expect("finish");
+    let mut c = raw_connection().await;
+    let timers = store.key(0, "timers");
+    let busy = format!("{}busy:ag-n", store.nodes_prefix());
+    let index = store.key(0, "runs:ag");
+    let before: (Vec<String>, Vec<String>, i64) = (
+        c.zrange(&timers, 0, -1).await.expect("zrange"),
+        c.smembers(&busy).await.expect("smembers"),
+        c.zcard(&index).await.expect("zcard"),
+    );
+    assert_eq!((&before.0, &before.1, before.2), (&vec![], &vec![], 1));
+    let ended = store
+        .get_run(&run.schedule_id)
+        .await
+        .expect("get")
+        .expect("run");
+
+    let again = store
+        .begin_and_assign_many(vec![on()], lease)
+        .await
+        .expect("begin again");
+    let (begun, assigned) = &again[0];
+    assert!(!begun.created, "found, not made: {begun:?}");
+    assert_eq!(assigned, &None, "not leased again");
+    assert_eq!(begun.run, ended, "the run as its end left it");
+    let after: (Vec<String>, Vec<String>, i64) = (
+        c.zrange(&timers, 0, -1).await.expect("zrange"),
+        c.smembers(&busy).await.expect("smembers"),
+        c.zcard(&index).await.expect("zcard"),
+    );
+    assert_eq!(after.0, before.0, "no timer");
+    assert_eq!(after.1, before.1, "no slot of the node taken");
+    assert_eq!(after.2, before.2, "one index entry");
+    let stored = store
+        .get_run(&run.schedule_id)
+        .await
+        .expect("get")
+        .expect("run");
+    assert_eq!(stored, ended, "the record unchanged");
+}
