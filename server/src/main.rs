@@ -45,9 +45,8 @@ enum Command {
     Client(cli::Command),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    // `serve --help` shows each setting's declared default (config::settings).
+fn main() -> ExitCode {
+    // `serve --help` shows each setting's default (config::settings).
     let parsed = Cli::command()
         .mut_subcommand("serve", Settings::with_defaults_in_help)
         .try_get_matches()
@@ -62,18 +61,30 @@ async fn main() -> ExitCode {
         }
     };
     match command {
-        Command::Serve { config, settings } => match serve(config, *settings).await {
+        Command::Serve { config, settings } => match serve(config, *settings) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("Error: {e:?}");
                 ExitCode::FAILURE
             }
         },
-        Command::Client(command) => ExitCode::from(cli::run(command).await as u8),
+        // A client makes a call or a few, one after another: one thread does.
+        Command::Client(command) => match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => ExitCode::from(runtime.block_on(cli::run(command)) as u8),
+            Err(e) => {
+                eprintln!("Error: starting the runtime: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
-async fn serve(config: Option<std::path::PathBuf>, settings: Settings) -> anyhow::Result<()> {
+/// Reads the settings, then serves on a runtime of `worker_threads` threads until
+/// SIGINT or SIGTERM.
+fn serve(config: Option<std::path::PathBuf>, settings: Settings) -> anyhow::Result<()> {
     let file = match config {
         Some(path) => Settings::from_file(&path)?,
         None => Settings::default(),
@@ -81,6 +92,15 @@ async fn serve(config: Option<std::path::PathBuf>, settings: Settings) -> anyhow
     let settings = settings.over(file);
     telemetry::init(settings.log_format.unwrap_or_default());
     let config = Config::from_settings(settings)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?
+        .block_on(run(config))
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
     sundial_server::server::run(config, shutdown, |bound| {

@@ -20,6 +20,8 @@
 //! - `sundial_executors_connected`, `sundial_executor_nodes{health}` (gauges): read at
 //!   scrape time from this instance's attached streams and from the registry (every
 //!   instance reports the same node figures; take one instance's, or `max`).
+//! - `sundial_worker_threads` (gauge): the threads of the runtime serving this
+//!   instance (`worker_threads`), read at scrape time.
 //! - `sundial_store_commits_total`: the embedded store's write transactions committed
 //!   (each one journal sync, shared by the decisions of its batch), read at scrape
 //!   time; 0 on Redis, which commits nothing itself. Beside it, read the same way:
@@ -80,6 +82,7 @@ pub struct Metrics {
     misfires: Family<Label, Counter>,
     late_fires: Counter,
     executors_connected: Gauge,
+    worker_threads: Gauge,
     store_commits: Scraped<Counter>,
     store_commit_steps: Scraped<Counter>,
     store_applying: Scraped<Counter<f64, AtomicU64>>,
@@ -244,6 +247,12 @@ impl Metrics {
             "Executor streams attached to this instance",
             executors_connected.clone(),
         );
+        let worker_threads = Gauge::default();
+        registry.register(
+            "sundial_worker_threads",
+            "Threads of the runtime serving this instance (worker_threads)",
+            worker_threads.clone(),
+        );
         let executor_nodes = Family::default();
         registry.register(
             "sundial_executor_nodes",
@@ -310,6 +319,7 @@ impl Metrics {
             misfires,
             late_fires,
             executors_connected,
+            worker_threads,
             store_commits,
             store_commit_steps,
             store_applying,
@@ -450,6 +460,12 @@ impl Metrics {
     pub fn set_executors_connected(&self, connected: usize) {
         self.executors_connected
             .set(i64::try_from(connected).unwrap_or(i64::MAX));
+    }
+
+    /// The threads of the runtime serving this instance (a scrape-time gauge).
+    pub fn set_worker_threads(&self, threads: usize) {
+        self.worker_threads
+            .set(i64::try_from(threads).unwrap_or(i64::MAX));
     }
 
     /// What the store has committed so far (counters read at scrape time).

@@ -1,8 +1,8 @@
 //! What `sundial` shows of itself: `--help` naming every subcommand, a text log with
 //! no terminal escape codes when stderr is a pipe (even with colours allowed), and
 //! `--log-format json`, one JSON object per line with the span and event fields
-//! (`job_id`, `schedule_id`) at the top level; and a loop that panics is reported and
-//! stops the server with a non-zero exit.
+//! (`job_id`, `schedule_id`) at the top level; a loop that panics is reported and
+//! stops the server with a non-zero exit; and `worker_threads` sizes its runtime.
 
 use std::time::Duration;
 
@@ -75,6 +75,36 @@ async fn json_log_lines_parse_and_carry_job_and_schedule_ids() -> Result<()> {
         with_ids > 0,
         "no line with job_id and schedule_id {sid}:\n{log}"
     );
+    Ok(())
+}
+
+/// `--worker-threads N` runs the server on N threads (as its `/metrics` reads them
+/// from the runtime); unset, on half the cores, at least one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_sizes_the_runtime() -> Result<()> {
+    let half = std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1));
+    for (given, expected) in [(Some("3"), 3.0), (None, half as f64)] {
+        let data = tempfile::tempdir()?;
+        let mut opts = SundialOptions::embedded(data.path());
+        if let Some(n) = given {
+            opts = opts.arg("worker-threads", n);
+        }
+        let mut server = Sundial::start(opts)?;
+        let http = server.http_url().context("the HTTP listener")?;
+        let text = reqwest::get(format!("{http}/metrics"))
+            .await?
+            .text()
+            .await?;
+        server.stop()?;
+        let seen = text
+            .lines()
+            .find_map(|l| l.strip_prefix("sundial_worker_threads "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        ensure!(
+            seen == Some(expected),
+            "--worker-threads {given:?}: {seen:?}, expected {expected}:\n{text}"
+        );
+    }
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! What `GET /metrics` reads at scrape time: the instance's [`Metrics`], with the
 //! gauges that are not counted as events but looked up when scraped (the executor
-//! streams attached here, and the registry's nodes by health).
+//! streams attached here, the runtime's threads, and the registry's nodes by health).
 
 use std::sync::Arc;
 
@@ -23,6 +23,8 @@ impl Scrape {
     /// the node gauges as they were.
     pub async fn render(&self) -> String {
         self.metrics.set_executors_connected(self.links.attached());
+        self.metrics
+            .set_worker_threads(tokio::runtime::Handle::current().metrics().num_workers());
         if let Some(stats) = self.store.commit_stats() {
             self.metrics.set_commit_stats(&stats);
         }

@@ -114,6 +114,7 @@ count!(MISSED_HEARTBEATS, "missed_heartbeats", 1, 100);
 count!(SERIAL_LIMIT, "serial_limit", 1, 100_000);
 count!(MAX_LOG_BYTES, "max_log_bytes", 1024, 64 << 20);
 count!(HTTP_MAX_CONCURRENCY, "http_max_concurrency", 1, 10_000);
+count!(WORKER_THREADS, "worker_threads", 1, 1024);
 count!(HEALTH_MIN_RESULTS, "health_min_results", 1, 10_000);
 count!(
     WEBHOOK_BREAKER_FAILURES,
@@ -170,6 +171,7 @@ pub(super) const COUNTS: &[&Bound<u64>] = &[
     &SERIAL_LIMIT,
     &MAX_LOG_BYTES,
     &HTTP_MAX_CONCURRENCY,
+    &WORKER_THREADS,
     &HEALTH_MIN_RESULTS,
     &WEBHOOK_BREAKER_FAILURES,
     &WEBHOOK_CONCURRENCY,

@@ -128,6 +128,8 @@ pub struct Config {
     pub executors: ExecutorOptions,
     pub sweep: SweepOptions,
     pub http_max_concurrency: u32,
+    /// Threads of the server's runtime (`worker_threads`).
+    pub worker_threads: usize,
     pub shutdown_grace: Duration,
     /// Allow list of the HTTP-target egress policy.
     pub http_target_allow: Vec<IpNet>,
@@ -198,6 +200,7 @@ impl Config {
             // timers.
             webhooks: webhook_options(&s, sweep_every)?,
             http_max_concurrency: HTTP_MAX_CONCURRENCY.get(s.http_max_concurrency)?,
+            worker_threads: WORKER_THREADS.check(s.worker_threads, default_worker_threads())?,
             listen,
             http_listen,
             console: given("console", s.console)?,
@@ -772,6 +775,11 @@ fn alert_webhook(v: Option<&str>) -> Result<Option<url::Url>, Error> {
     Ok(Some(url))
 }
 
+/// Half the cores this process may use, at least one (`worker_threads` unset).
+fn default_worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
 fn default_instance_id() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
@@ -786,9 +794,11 @@ mod tests {
     use super::*;
 
     /// The settings whose absence means "none" (credentials, files, Redis, allow
-    /// lists) or a value made at start (the instance id): their help says so in words.
+    /// lists) or a value made at start (the instance id, the threads from the cores):
+    /// their help says so in words.
     const WITHOUT_DEFAULT: &[&str] = &[
         "instance_id",
+        "worker_threads",
         "redis_url",
         "redis_tls_ca",
         "redis_tls_cert",

@@ -188,6 +188,13 @@ settings! {
     max_log_bytes: usize, env "SUNDIAL_MAX_LOG_BYTES", default "1048576";
     /// HTTP-target runs one instance calls at once.
     http_max_concurrency: u32, env "SUNDIAL_HTTP_MAX_CONCURRENCY", default "64";
+    /// Threads that run the server's work (gRPC, REST, scheduling, dispatch,
+    /// webhooks): half the machine's cores, at least one, unless set. The server's
+    /// CPU per run is well under its store's (one Redis, or the embedded store's
+    /// commit thread), so more threads add hand-offs between them, not throughput:
+    /// on 2 cores shared with Redis, one thread cut Redis's and the server's CPU per
+    /// run by about a fifth (BENCHMARKS.md).
+    worker_threads: usize, env "SUNDIAL_WORKER_THREADS";
     /// How long graceful shutdown waits for in-flight work.
     shutdown_grace: HumanDuration, env "SUNDIAL_SHUTDOWN_GRACE", default "10s";
     /// A node's results older than this no longer count toward its health.
