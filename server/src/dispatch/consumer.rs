@@ -164,7 +164,10 @@ impl TriggerConsumer {
                     Some(begun) = begins.next(), if !begins.is_empty() => {
                         for (p, b) in begun {
                             roomed += usize::from(matches!(p.first, First::NoRoom));
-                            going.push(self.go_on(p, b));
+                            match self.go_on_now(p, b) {
+                                Ok(entry) => durable.extend(entry),
+                                Err(left) => going.push(self.go_on_later(*left)),
+                            }
                         }
                     }
                     Some(done) = going.next(), if !going.is_empty() => durable.extend(done),
@@ -293,28 +296,45 @@ impl TriggerConsumer {
     }
 
     /// What follows a run's begin: the metrics, then its dispatch or routing (the
-    /// router's `begun`). Answers the trigger's entry once its run is durable (to be
-    /// acknowledged), None when beginning failed (the trigger will be delivered
-    /// again).
-    async fn go_on(&self, p: Prepared, begun: Begin) -> Option<String> {
-        async {
-            let (begun, assigned) = match begun {
-                Ok(b) => b,
-                Err(e) => {
-                    warn!(error = %e, "beginning the run failed; the trigger will be retried");
-                    return None;
-                }
-            };
-            debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
-            self.router.count_begun(&begun);
-            crash_point("dispatch.before_ack");
-            self.router
-                .begun(begun, assigned, &p.first, p.job.as_deref())
-                .await;
-            Some(p.entry_id)
+    /// router's `begun`), as far as it goes without an await: the common run, leased
+    /// to a node attached here, is dispatched now. Ok with the trigger's entry once
+    /// its run is durable (to be acknowledged), or None when beginning failed (the
+    /// trigger will be delivered again); Err with what is left for
+    /// [`go_on_later`](Self::go_on_later).
+    fn go_on_now(&self, p: Prepared, begun: Begin) -> Result<Option<String>, Left> {
+        let span = p.span.clone();
+        let _in = span.enter();
+        let (begun, assigned) = match begun {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(error = %e, "beginning the run failed; the trigger will be retried");
+                return Ok(None);
+            }
+        };
+        debug!(created = begun.created, state = %begun.run.state, reason = %begun.run.reason, "run begun");
+        self.router.count_begun(&begun);
+        crash_point("dispatch.before_ack");
+        match self
+            .router
+            .begun_at_once(begun, assigned, &p.first, p.job.as_deref())
+        {
+            None => Ok(Some(p.entry_id)),
+            Some((begun, assigned)) => Err(Box::new((p, begun, assigned))),
         }
-        .instrument(p.span.clone())
-        .await
+    }
+
+    /// The rest of [`go_on_now`](Self::go_on_now): the router's `begun` (cancels, a
+    /// dispatch through another instance, routing). The trigger's entry, to be
+    /// acknowledged.
+    async fn go_on_later(
+        &self,
+        (p, begun, assigned): (Prepared, Begun, Option<Assigned>),
+    ) -> Option<String> {
+        self.router
+            .begun(begun, assigned, &p.first, p.job.as_deref())
+            .instrument(p.span.clone())
+            .await;
+        Some(p.entry_id)
     }
 
     /// Beats for this instance every third of `instance_ttl` until `shutdown`, and
@@ -393,6 +413,10 @@ impl TriggerConsumer {
 
 /// A run's begin as the store answered it (with the assignment tried, if any).
 type Begin = crate::store::Result<(Begun, Option<Assigned>)>;
+
+/// A begun run whose going on needs an await (`TriggerConsumer::go_on_later`), boxed
+/// (the common run needs none).
+type Left = Box<(Prepared, Begun, Option<Assigned>)>;
 
 /// A trigger's run about to begin (`TriggerConsumer::prepare`).
 struct Prepared {

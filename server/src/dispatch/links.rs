@@ -157,6 +157,27 @@ impl Links {
         self.deliver(&node.node_id, &node.instance, msg).await;
     }
 
+    /// Sends the dispatch of `run`, leased to `node`, when the node's stream is attached
+    /// here: no await, no store call. False, nothing sent, when it is not (then
+    /// [`dispatch`](Links::dispatch) forwards it). A stream that closes in between drops
+    /// it, as a closed stream drops any message.
+    pub fn dispatch_here(
+        &self,
+        node: &NodeRecord,
+        run: &RunRecord,
+        job: &JobRecord,
+        route_key: &str,
+    ) -> bool {
+        if !self.map().contains_key(&node.node_id) {
+            return false;
+        }
+        let msg = messages::dispatch(run, job, route_key);
+        if self.send_local(&node.node_id, msg).is_some() {
+            debug!(node_id = %node.node_id, "node detached meanwhile; dispatch dropped");
+        }
+        true
+    }
+
     /// Tells `rv.node_id`, attached to `instance` as far as the caller knows, to stop
     /// the run of the revoked lease `rv`.
     pub async fn cancel(&self, rv: &Revocation, instance: &str) {

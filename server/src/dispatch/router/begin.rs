@@ -102,6 +102,29 @@ impl Router {
         self.alerts.metrics().record_begun(begun);
     }
 
+    /// What [`begun`](Router::begun) does, done now for the common run: leased to a
+    /// node whose stream is attached here, no lease revoked, its dispatch sent without
+    /// an await (each run's future going on would otherwise hold `begun`'s, some KiB,
+    /// copied wherever it moves). The run back, for `begun`, in every other case.
+    pub fn begun_at_once(
+        &self,
+        begun: Begun,
+        assigned: Option<Assigned>,
+        first: &First,
+        job: Option<&JobRecord>,
+    ) -> Option<(Begun, Option<Assigned>)> {
+        if let (Some(Assigned::Granted(leased)), First::Node(nodes, i, route_key), Some(job)) =
+            (&assigned, first, job)
+        {
+            let node = &nodes[*i];
+            if begun.revoked.is_empty() && self.links.dispatch_here(node, leased, job, route_key) {
+                debug!(node_id = %node.node_id, token = leased.fencing_token, "dispatched");
+                return None;
+            }
+        }
+        Some((begun, assigned))
+    }
+
     /// What is left once a run is begun: cancels for the leases its begin revoked
     /// (the replace policy), then its dispatch when it was leased to the node named
     /// `first`, or routing when it waits to be routed now.
