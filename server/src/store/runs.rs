@@ -375,11 +375,17 @@ pub trait RunStore: StoreMeta {
         terms: LeaseTerms,
     ) -> Result<Vec<(Begun, Option<Assigned>)>> {
         let mut out: Vec<Option<(Begun, Option<Assigned>)>> = vec![None; items.len()];
-        for round in positions_by_job(&items) {
-            let calls = round.iter().map(|&i| {
-                let item = &items[i];
-                self.begin_and_assign(item.run.clone(), item.route_grace, &item.node, terms)
-            });
+        let rounds = positions_by_job(&items);
+        // Each run moved into its call (every position is in one round), not cloned.
+        let mut items: Vec<Option<BeginOn>> = items.into_iter().map(Some).collect();
+        for round in rounds {
+            let calls = round
+                .iter()
+                .filter_map(|&i| items[i].take())
+                .map(|item| async move {
+                    self.begin_and_assign(item.run, item.route_grace, &item.node, terms)
+                        .await
+                });
             let done = futures::future::try_join_all(calls).await?;
             for (&i, d) in round.iter().zip(done) {
                 out[i] = Some(d);
