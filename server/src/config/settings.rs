@@ -192,8 +192,8 @@ settings! {
     /// webhooks): half the machine's cores, at least one, unless set. The server's
     /// CPU per run is well under its store's (one Redis, or the embedded store's
     /// commit thread), so more threads add hand-offs between them, not throughput:
-    /// on 2 cores shared with Redis, one thread cut Redis's and the server's CPU per
-    /// run by about a fifth (BENCHMARKS.md).
+    /// on 2 cores shared with Redis and ten executors, one thread spent less of the
+    /// server's CPU per run than two (BENCHMARKS.md).
     worker_threads: usize, env "SUNDIAL_WORKER_THREADS";
     /// How long graceful shutdown waits for in-flight work.
     shutdown_grace: HumanDuration, env "SUNDIAL_SHUTDOWN_GRACE", default "10s";
