@@ -189,13 +189,23 @@ impl TriggerConsumer {
     /// Begins a part of a wave (runs of distinct jobs): those whose node routing can
     /// name now begun and leased to it in one store call for them all
     /// (`begin_and_assign_many`: on Redis one script call per partition), the others
-    /// begun one by one. Each run with its begin's outcome. The part's runs are
-    /// routed concurrently: a pick that takes a store call (a round-robin turn of a
-    /// counter shared with other instances) waits beside the others, not after them.
+    /// begun one by one. Each run with its begin's outcome. The round-robin turns the
+    /// part's picks take are drawn first, in one store call for the part (counters
+    /// shared with other instances: a round trip each otherwise); the runs are then
+    /// routed concurrently, so a pick that still takes a store call waits beside the
+    /// others, not after them.
     async fn begin_part(&self, part: Vec<Delivery>) -> Vec<(Prepared, Begin)> {
         let mut to_lease = Vec::new();
         let mut alone = Vec::new();
-        let prepared = futures::future::join_all(part.into_iter().map(|d| self.prepare(d))).await;
+        let runs = part
+            .iter()
+            .map(|d| (d.trigger.job_id.as_str(), d.trigger.job_version));
+        let turns = self.router.draw_turns(runs).await;
+        let prepared = futures::future::join_all(part.into_iter().map(|d| {
+            let turn = turns.get(&d.trigger.job_id).copied();
+            self.prepare(d, turn)
+        }))
+        .await;
         for (p, run, slot) in prepared {
             match slot {
                 Some(slot) => to_lease.push((p, run, slot)),
@@ -217,7 +227,11 @@ impl TriggerConsumer {
     /// A trigger's run as it will be begun (its plan from its job), with the node
     /// routing would try first, how long its timer waits and the slot to ask of that
     /// node (counted as asked at once, so the picks after it see it).
-    async fn prepare(&self, d: Delivery) -> (Prepared, RunRecord, Option<NodeSlot>) {
+    async fn prepare(
+        &self,
+        d: Delivery,
+        turn: Option<u64>,
+    ) -> (Prepared, RunRecord, Option<NodeSlot>) {
         let span = info_span!("dispatch", job_id = %d.trigger.job_id, schedule_id = %d.trigger.schedule_id());
         async {
             crash_point("dispatch.before_record");
@@ -230,7 +244,7 @@ impl TriggerConsumer {
                 run.plan = run_plan(job, &self.opts);
             }
             let first = match &job {
-                Some(job) => self.router.first_node(&run, job).await,
+                Some(job) => self.router.first_node(&run, job, turn).await,
                 None => First::Other,
             };
             let grace = self.router.begin_grace(&first, &run);

@@ -154,6 +154,17 @@ pub trait NodeRegistry: StoreMeta {
     /// instance that joins is then counted with from the first beat of each that sees
     /// the other.
     async fn next_route_counter(&self, job_id: &str) -> Result<u64>;
+
+    /// [`next_route_counter`](Self::next_route_counter) of each job, in the order given
+    /// (distinct jobs): on Redis one round trip for them all where the counters are
+    /// shared.
+    async fn next_route_counters(&self, job_ids: &[&str]) -> Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(job_ids.len());
+        for job_id in job_ids {
+            out.push(self.next_route_counter(job_id).await?);
+        }
+        Ok(out)
+    }
 }
 
 /// Round-robin counters kept in this process, by job, each from 0: what

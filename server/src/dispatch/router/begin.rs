@@ -3,6 +3,7 @@
 //! timer waits, the node cache's bookkeeping around a begin-and-lease, and what is
 //! left to do once a run is begun (cancels, the dispatch, or routing it).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use tracing::debug;
 
 use super::{Pick, Router, waits_in_room};
 use crate::dispatch::lock;
-use crate::model::{JobRecord, RunRecord, RunState, Target};
+use crate::model::{JobRecord, RouteStrategy, RunRecord, RunState, Target};
 use crate::store::{Assigned, Begun, NodeRecord, NodeSlot};
 
 /// Where a run about to begin would go first.
@@ -51,9 +52,45 @@ impl Router {
         }
     }
 
+    /// The round-robin turns of runs about to begin (job id, version), for the jobs
+    /// whose strategy takes turns (round robin, weighted, busyover) and whose record
+    /// the cache holds, drawn in one store call (`next_route_counters`: one round trip
+    /// on Redis, where a pick would take one each), by job id. A job left out, or a
+    /// store error, draws its own turn when picked.
+    pub async fn draw_turns<'a>(
+        &self,
+        runs: impl Iterator<Item = (&'a str, u64)>,
+    ) -> HashMap<String, u64> {
+        let ids: Vec<&str> = runs
+            .filter(|&(id, version)| {
+                self.store.job_cache.get(id, version).is_some_and(|job| {
+                    matches!(job.spec.target, Target::Executor { .. })
+                        && matches!(
+                            job.spec.route_strategy,
+                            RouteStrategy::RoundRobin
+                                | RouteStrategy::WeightedRoundRobin
+                                | RouteStrategy::Busyover
+                        )
+                })
+            })
+            .map(|(id, _)| id)
+            .collect();
+        if ids.is_empty() {
+            return HashMap::new();
+        }
+        match self.store.nodes.next_route_counters(&ids).await {
+            Ok(turns) => ids.into_iter().map(str::to_owned).zip(turns).collect(),
+            Err(e) => {
+                debug!(error = %e, "drawing a part's round-robin turns failed; each draws its own");
+                HashMap::new()
+            }
+        }
+    }
+
     /// The node routing would try first for a run of `job` about to begin, when it
-    /// is an executor job routed to one node and some node can take it now.
-    pub async fn first_node(&self, run: &RunRecord, job: &JobRecord) -> First {
+    /// is an executor job routed to one node and some node can take it now; `turn`,
+    /// the job's round-robin turn when [`draw_turns`](Router::draw_turns) drew it.
+    pub async fn first_node(&self, run: &RunRecord, job: &JobRecord, turn: Option<u64>) -> First {
         let Target::Executor { group, handler } = &job.spec.target else {
             return First::Other;
         };
@@ -62,7 +99,7 @@ impl Router {
             // Older runs wait for a slot on these nodes: this one goes behind them.
             return First::NoRoom;
         }
-        match self.pick(run, job, group, handler).await {
+        match self.pick(run, job, group, handler, turn).await {
             Pick::Order {
                 nodes,
                 order,

@@ -486,7 +486,7 @@ impl Router {
             Box::pin(self.refill(group, handler)).await;
             return Routed::NoRoom;
         }
-        match self.pick(run, job, group, handler).await {
+        match self.pick(run, job, group, handler, None).await {
             Pick::NoNode => {
                 self.no_node_yet(run, group, handler).await;
                 Routed::Settled
@@ -568,8 +568,16 @@ impl Router {
     /// Where routing sends the run: the healthy nodes of its group that serve its
     /// handler, in the order to try them (the job's strategy's pick first), or every
     /// one of them for a sharding broadcast. Takes a turn of the job's round-robin
-    /// counter where the strategy draws one.
-    async fn pick(&self, run: &RunRecord, job: &JobRecord, group: &str, handler: &str) -> Pick {
+    /// counter where the strategy draws one: `turn` when one was drawn for it already
+    /// (`Router::draw_turns`).
+    async fn pick(
+        &self,
+        run: &RunRecord,
+        job: &JobRecord,
+        group: &str,
+        handler: &str,
+        turn: Option<u64>,
+    ) -> Pick {
         let (snapshot, health) = self.nodes.judged(self.store.nodes.as_ref()).await;
         let serves = |n: &NodeRecord| n.group == group && n.handlers.iter().any(|h| h == handler);
         // Nodes by their index in the snapshot.
@@ -628,6 +636,13 @@ impl Router {
         // so instances routing the same job do not start on the same node; if the
         // store cannot say, this instance's own counter goes on.
         let shared = match strategy {
+            RouteStrategy::RoundRobin
+            | RouteStrategy::WeightedRoundRobin
+            | RouteStrategy::Busyover
+                if turn.is_some() =>
+            {
+                turn
+            }
             RouteStrategy::RoundRobin
             | RouteStrategy::WeightedRoundRobin
             | RouteStrategy::Busyover => {

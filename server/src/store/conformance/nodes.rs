@@ -85,6 +85,17 @@ pub async fn route_counters(store: Arc<dyn Store>) {
         .into_iter()
         .collect();
     assert_eq!(got, (2..22).collect());
+    // A batch draws each job's next value, as single draws would, in the order asked.
+    let drawn = store
+        .next_route_counters(&["rr-a", "rr-c", "rr-b"])
+        .await
+        .expect("counters");
+    assert_eq!(drawn, vec![22, 0, 1]);
+    assert_eq!(next("rr-b").await, 2, "a batch's draws count");
+    assert_eq!(
+        store.next_route_counters(&[]).await.expect("none"),
+        Vec::<u64>::new()
+    );
 }
 
 /// Ids of listed nodes, in the order listed.

@@ -197,6 +197,52 @@ impl NodeRegistry for RedisStore {
         let n: i64 = c.hincr(key, job_id, 1).await.map_err(unavailable)?;
         Ok(u64::try_from(n.saturating_sub(1)).unwrap_or(0))
     }
+
+    async fn next_route_counters(&self, job_ids: &[&str]) -> Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(job_ids.len());
+        let mut shared = Vec::new();
+        for (i, job_id) in job_ids.iter().enumerate() {
+            match self.inner.route_counters.next_local(job_id) {
+                Some(n) => out.push(n),
+                None => {
+                    out.push(0);
+                    shared.push(i);
+                }
+            }
+        }
+        if shared.is_empty() {
+            return Ok(out);
+        }
+        if self.inner.shared.is_cluster() {
+            // The counters live in their jobs' slots: one call each, side by side.
+            let drawn = futures::future::try_join_all(
+                shared.iter().map(|&i| self.next_route_counter(job_ids[i])),
+            )
+            .await?;
+            for (&i, n) in shared.iter().zip(drawn) {
+                out[i] = n;
+            }
+            return Ok(out);
+        }
+        let mut pipe = redis::pipe();
+        for &i in &shared {
+            let job_id = job_ids[i];
+            pipe.hincr(format!("{}rr", self.pfx(self.part(job_id))), job_id, 1);
+        }
+        let mut c = self.conn().await?;
+        let drawn: Vec<i64> = pipe.query_async(&mut c).await.map_err(unavailable)?;
+        if drawn.len() != shared.len() {
+            return Err(Error::Corrupt(format!(
+                "{} round-robin counters answered for {}",
+                drawn.len(),
+                shared.len()
+            )));
+        }
+        for (&i, n) in shared.iter().zip(drawn) {
+            out[i] = u64::try_from(n.saturating_sub(1)).unwrap_or(0);
+        }
+        Ok(out)
+    }
 }
 
 #[async_trait]

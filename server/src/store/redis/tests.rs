@@ -2114,8 +2114,15 @@ async fn round_robin_counters_are_kept_in_memory_while_alone() {
             .collect::<std::collections::BTreeSet<_>>(),
         (0..3).collect()
     );
-    let exists: bool = c.hexists(&rr, "k").await.expect("hexists");
-    assert!(!exists, "alone: nothing written");
+    assert_eq!(
+        store.next_route_counters(&["k", "m"]).await.expect("batch"),
+        vec![3, 0],
+        "a batch drawn alone goes on from the memory's counters"
+    );
+    for job in ["k", "m"] {
+        let exists: bool = c.hexists(&rr, job).await.expect("hexists");
+        assert!(!exists, "alone: nothing written for {job}");
+    }
 
     // Another instance beats: the next beat of this one shares the counters again.
     store.beat_instance("other", long).await.expect("beat");
@@ -2127,6 +2134,12 @@ async fn round_robin_counters_are_kept_in_memory_while_alone() {
     );
     assert_eq!(counted(store.clone(), "k").await, 0);
     assert_eq!(c.hget::<_, _, i64>(&rr, "k").await.expect("hget"), 1);
+    assert_eq!(
+        store.next_route_counters(&["j", "k"]).await.expect("batch"),
+        vec![2, 1],
+        "a batch drawn shared goes on from the shared counters"
+    );
+    assert_eq!(c.hget::<_, _, i64>(&rr, "k").await.expect("hget"), 2);
 }
 
 /// Every name in `QUIET` names a function: a misspelt one would leave the function it
