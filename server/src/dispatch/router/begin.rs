@@ -10,7 +10,7 @@ use std::time::Duration;
 use tracing::debug;
 
 use super::{Pick, Router, waits_in_room};
-use crate::dispatch::lock;
+use crate::dispatch::{lock, routing};
 use crate::model::{JobRecord, RouteStrategy, RunRecord, RunState, Target};
 use crate::store::{Assigned, Begun, NodeRecord, NodeSlot};
 
@@ -55,26 +55,33 @@ impl Router {
     /// The round-robin turns of runs about to begin (job id, version), for the jobs
     /// whose strategy takes turns (round robin, weighted, busyover) and whose record
     /// the cache holds, drawn in one store call (`next_route_counters`: one round trip
-    /// on Redis, where a pick would take one each), by job id. A job left out, or a
+    /// on Redis, where a pick would take one each), by job id. Not for a run that will
+    /// queue in its nodes' room behind older runs ([`first_node`](Router::first_node)
+    /// picks nothing for it: it draws its turn when taken out). A job left out, or a
     /// store error, draws its own turn when picked.
     pub async fn draw_turns<'a>(
         &self,
         runs: impl Iterator<Item = (&'a str, u64)>,
     ) -> HashMap<String, u64> {
-        let ids: Vec<&str> = runs
-            .filter(|&(id, version)| {
+        let ids: Vec<&str> = {
+            let room = lock(&self.room);
+            runs.filter(|&(id, version)| {
                 self.store.job_cache.get(id, version).is_some_and(|job| {
-                    matches!(job.spec.target, Target::Executor { .. })
-                        && matches!(
-                            job.spec.route_strategy,
-                            RouteStrategy::RoundRobin
-                                | RouteStrategy::WeightedRoundRobin
-                                | RouteStrategy::Busyover
-                        )
+                    let Target::Executor { group, handler } = &job.spec.target else {
+                        return false;
+                    };
+                    let strategy = job.spec.route_strategy;
+                    matches!(
+                        strategy,
+                        RouteStrategy::RoundRobin
+                            | RouteStrategy::WeightedRoundRobin
+                            | RouteStrategy::Busyover
+                    ) && (routing::keeps_affinity(strategy) || !room.waiting(group, handler))
                 })
             })
             .map(|(id, _)| id)
-            .collect();
+            .collect()
+        };
         if ids.is_empty() {
             return HashMap::new();
         }
