@@ -33,6 +33,14 @@ pub use sundial_server::testing::{
     unique_prefix,
 };
 
+/// The value of the sample `name_and_labels` (e.g. `x_total{state="FAILED"}`) in a
+/// Prometheus text exposition, if it has it.
+pub fn metric_sample(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
 where

@@ -7,17 +7,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use sundial_proto::v1 as pb;
-use sundial_tests::{RedisServer, Sundial, SundialOptions, TestExecutor, every_second, wait_for};
+use sundial_tests::{
+    RedisServer, Sundial, SundialOptions, TestExecutor, every_second, metric_sample, wait_for,
+};
 
 const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
-
-/// The value of the sample `name_and_labels` (e.g. `x_total{state="FAILED"}`), if the
-/// exposition has it.
-fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
 
 async fn scrape(http: &reqwest::Client, base: &str) -> Result<String> {
     let resp = http.get(format!("{base}/metrics")).send().await?;
@@ -92,25 +86,27 @@ async fn metrics_count_outcomes_lateness_and_executors_and_a_failed_run_raises_a
         Duration::from_secs(20),
         || async {
             let text = scrape(&http, &base).await?;
-            let ok = sample(&text, r#"sundial_runs_finished_total{state="SUCCEEDED"}"#)
+            let ok = metric_sample(&text, r#"sundial_runs_finished_total{state="SUCCEEDED"}"#)
                 .is_some_and(|v| v >= 1.0)
-                && sample(&text, r#"sundial_runs_finished_total{state="FAILED"}"#)
+                && metric_sample(&text, r#"sundial_runs_finished_total{state="FAILED"}"#)
                     .is_some_and(|v| v >= 1.0)
-                && sample(&text, "sundial_trigger_lateness_seconds_count").is_some_and(|v| v > 0.0);
+                && metric_sample(&text, "sundial_trigger_lateness_seconds_count")
+                    .is_some_and(|v| v > 0.0);
             Ok(ok.then_some(text))
         },
     )
     .await?;
     ensure!(
-        sample(&text, "sundial_executors_connected") == Some(1.0),
+        metric_sample(&text, "sundial_executors_connected") == Some(1.0),
         "{text}"
     );
     ensure!(
-        sample(&text, r#"sundial_executor_nodes{health="HEALTHY"}"#) == Some(1.0),
+        metric_sample(&text, r#"sundial_executor_nodes{health="HEALTHY"}"#) == Some(1.0),
         "{text}"
     );
     ensure!(
-        sample(&text, r#"sundial_alerts_total{kind="run_failed"}"#).is_some_and(|v| v >= 1.0),
+        metric_sample(&text, r#"sundial_alerts_total{kind="run_failed"}"#)
+            .is_some_and(|v| v >= 1.0),
         "{text}"
     );
     ensure!(
@@ -213,7 +209,7 @@ async fn a_lost_lease_is_counted_and_alerted_once_however_long_its_retry_waits()
     // No executor: the retry waits, woken every 200 ms.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let text = scrape(&http, &base).await?;
-    let counted = |name: &str| sample(&text, name).unwrap_or(0.0);
+    let counted = |name: &str| metric_sample(&text, name).unwrap_or(0.0);
     ensure!(
         counted("sundial_runs_lost_total") == 1.0
             && counted("sundial_runs_retried_total") == 1.0

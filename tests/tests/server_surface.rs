@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use sundial_tests::{Sundial, SundialOptions, TestExecutor, manual_job, sundial_bin};
+use sundial_tests::{
+    Sundial, SundialOptions, TestExecutor, manual_job, metric_sample, sundial_bin,
+};
 
 const EXECUTOR: &str = env!("CARGO_BIN_EXE_test_executor");
 
@@ -96,10 +98,7 @@ async fn worker_threads_sizes_the_runtime() -> Result<()> {
             .text()
             .await?;
         server.stop()?;
-        let seen = text
-            .lines()
-            .find_map(|l| l.strip_prefix("sundial_worker_threads "))
-            .and_then(|v| v.trim().parse::<f64>().ok());
+        let seen = metric_sample(&text, "sundial_worker_threads");
         ensure!(
             seen == Some(expected),
             "--worker-threads {given:?}: {seen:?}, expected {expected}:\n{text}"

@@ -193,9 +193,11 @@ impl NodeRegistry for RedisStore {
             return Ok(n);
         }
         let mut c = self.conn().await?;
-        let key = format!("{}rr", self.pfx(self.part(job_id)));
-        let n: i64 = c.hincr(key, job_id, 1).await.map_err(unavailable)?;
-        Ok(u64::try_from(n.saturating_sub(1)).unwrap_or(0))
+        let n: i64 = c
+            .hincr(self.rr_key(job_id), job_id, 1)
+            .await
+            .map_err(unavailable)?;
+        Ok(turn_of(n))
     }
 
     async fn next_route_counters(&self, job_ids: &[&str]) -> Result<Vec<u64>> {
@@ -227,7 +229,7 @@ impl NodeRegistry for RedisStore {
         let mut pipe = redis::pipe();
         for &i in &shared {
             let job_id = job_ids[i];
-            pipe.hincr(format!("{}rr", self.pfx(self.part(job_id))), job_id, 1);
+            pipe.hincr(self.rr_key(job_id), job_id, 1);
         }
         let mut c = self.conn().await?;
         let drawn: Vec<i64> = pipe.query_async(&mut c).await.map_err(unavailable)?;
@@ -239,7 +241,7 @@ impl NodeRegistry for RedisStore {
             )));
         }
         for (&i, n) in shared.iter().zip(drawn) {
-            out[i] = u64::try_from(n.saturating_sub(1)).unwrap_or(0);
+            out[i] = turn_of(n);
         }
         Ok(out)
     }
@@ -325,6 +327,18 @@ impl RedisStore {
             other => Err(corrupt(format!("upsert_node answered {other:?}"))),
         }
     }
+}
+
+impl RedisStore {
+    /// The hash of the shared round-robin counters of `job_id`'s partition.
+    fn rr_key(&self, job_id: &str) -> String {
+        format!("{}rr", self.pfx(self.part(job_id)))
+    }
+}
+
+/// The turn a shared counter's `HINCRBY` answered `n` for (counted from 0).
+fn turn_of(n: i64) -> u64 {
+    u64::try_from(n.saturating_sub(1)).unwrap_or(0)
 }
 
 /// The round-robin counters of the jobs this instance routes while its last beat found
