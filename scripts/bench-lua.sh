@@ -35,7 +35,10 @@ prelude() {
     echo
   done >"$work/prelude.tmp"
   cat "$work/prelude.tmp"
-  if grep -q '^local function save_tokens' "$work/prelude.tmp"; then
+  if grep -q '^local busy_counts' "$work/prelude.tmp"; then
+    # ... and the lease counts the call read.
+    echo 'local function new_call() if token_last then save_tokens() end; token_key, token_last, run_info, busy_counts = nil, nil, {}, nil end'
+  elif grep -q '^local function save_tokens' "$work/prelude.tmp"; then
     # The last call's fencing counter written, as its wrapper ends it.
     echo 'local function new_call() if token_last then save_tokens() end; token_key, token_last, run_info = nil, nil, {} end'
   elif grep -q '^local run_info' "$work/prelude.tmp"; then

@@ -425,10 +425,10 @@ fn scheduled(runs: &[RunRecord]) -> Vec<Millis> {
 // stamps are checked against the store's clock read just before and after the call.
 
 /// The route grace most checks use: long enough that a run's wake-up timer stays quiet.
-const GRACE: Duration = Duration::from_secs(30);
+pub const GRACE: Duration = Duration::from_secs(30);
 
 /// A lease no check outlives, for checks not about expiry.
-const LONG: LeaseTerms = LeaseTerms {
+pub const LONG: LeaseTerms = LeaseTerms {
     ttl: Duration::from_secs(30),
     confirm_within: Duration::from_secs(30),
 };

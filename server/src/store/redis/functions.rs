@@ -60,7 +60,8 @@ impl Library {
         }
         // Each function's body is a function of `BODIES`, called by the function Redis
         // registers: it resets what the prelude keeps for one call (`store_time_reply`,
-        // common.lua, caches the store's clock for one call), runs the body, then writes
+        // common.lua, caches the store's clock for one call, `busy_counts` the lease
+        // counts it read), runs the body, then writes
         // the partition's fencing counter if the call made a token (`save_tokens`,
         // runlib.lua).
         source.push_str("local BODIES = {}\n");
@@ -70,7 +71,7 @@ impl Library {
                  redis.register_function('{name}_{function}', function(KEYS, ARGV)\n\
                  store_time_reply, claim_ms, claimed, run_info = nil, nil, nil, {{}}\n\
                  call_keys, declared_set, empty_queues, asked = KEYS, nil, nil, nil\n\
-                 token_key, token_last = nil, nil\n\
+                 token_key, token_last, busy_counts = nil, nil, nil\n\
                  prefix_only = #KEYS == 1 and KEYS[1] == ARGV[1]\n\
                  local out = BODIES['{function}'](KEYS, ARGV)\n\
                  if token_last then save_tokens() end\n\

@@ -2438,3 +2438,67 @@ async fn a_trigger_seen_again_after_its_run_ended_changes_nothing() {
         .expect("run");
     assert_eq!(stored, ended, "the record unchanged");
 }
+
+/// A call of `begin_and_assign_many` counts each node's leases once (`busy_counts`,
+/// common.lua) and keeps the count true as the batch goes: a slot freed in the middle
+/// of a batch is seen by the runs after it. A run of a job at its bound of five drops
+/// the oldest, which held the one slot of node `bf-n`: a run for that node before it
+/// in the batch found the node full, one after it is leased. (On a Redis Cluster a
+/// batch's slots are reserved before its call, so there the last run would wait.)
+#[tokio::test]
+async fn a_batch_sees_a_slot_freed_in_its_middle() {
+    use crate::model::OverlapPolicy;
+    use crate::store::BeginOn;
+    use crate::store::conformance::{GRACE, LONG, job, plan, planned_run, slot};
+    let opts = StoreOptions {
+        max_runs_per_job: 5,
+        ..one_partition()
+    };
+    let (store, _) = store("slot-freed", opts).await;
+    let (x, y, z) = ("bf-x", "bf-y", "bf-z");
+    for id in [x, y, z] {
+        store.create_job(job(id, None)).await.expect("create");
+    }
+    let on = |job_id: &str, planned: Millis, node: NodeSlot| BeginOn {
+        run: planned_run(job_id, planned, plan(OverlapPolicy::Allow)),
+        route_grace: GRACE,
+        node,
+    };
+    let first = store
+        .begin_and_assign_many(vec![on(x, 1000, slot("bf-n", 1))], LONG)
+        .await
+        .expect("the first lease");
+    assert!(
+        matches!(first[0].1, Some(Assigned::Granted(_))),
+        "{first:?}"
+    );
+    let oldest = first[0].0.run.schedule_id.clone();
+    for planned in [2000, 3000, 4000, 5000] {
+        let run = planned_run(x, planned, plan(OverlapPolicy::Allow));
+        assert!(store.begin_run(run, GRACE).await.expect("begin").created);
+    }
+    let out = store
+        .begin_and_assign_many(
+            vec![
+                on(z, 1000, slot("bf-n", 1)),
+                on(x, 6000, slot("bf-o", 5)),
+                on(y, 1000, slot("bf-n", 1)),
+            ],
+            LONG,
+        )
+        .await
+        .expect("the batch");
+    let assigned: Vec<_> = out.iter().map(|(_, a)| a.clone()).collect();
+    assert_eq!(assigned[0], Some(Assigned::NodeFull), "{assigned:?}");
+    for (i, node) in [(1, "bf-o"), (2, "bf-n")] {
+        let Some(Assigned::Granted(leased)) = &assigned[i] else {
+            panic!("run {i}: expected a grant: {assigned:?}");
+        };
+        assert_eq!(leased.node_id, node, "run {i}");
+    }
+    assert_eq!(
+        store.get_run(&oldest).await.expect("get"),
+        None,
+        "the oldest run fell out of its job's bound"
+    );
+}

@@ -15,7 +15,14 @@ local function lease_to(P, N, run, node, max, ttl_ms, confirm_ms, now)
   end
   local count
   if busy and max > 0 then
-    count = redis.call('SCARD', busy)
+    -- A count this call read already (several runs of a batch leased to one node)
+    -- is not read again: take_slot and leave_busy keep it true.
+    count = busy_counts and busy_counts[busy]
+    if count == nil then
+      count = redis.call('SCARD', busy)
+      busy_counts = busy_counts or {}
+      busy_counts[busy] = count
+    end
     if count >= max then
       return 'full'
     end
@@ -38,11 +45,16 @@ end
 -- it returned them).
 local function take_slot(busy, sid, count)
   if busy then
-    redis.call('SADD', busy, sid)
+    local added = redis.call('SADD', busy, sid)
     -- A new set gets its TTL here; one in use is kept by its node's heartbeats
     -- (upsert_node.lua), so a lease does not write it again.
     if count == nil or count == 0 then
       redis.call('PEXPIRE', busy, BUSY_TTL_MS)
+    end
+    -- (A count forgotten since lease_to read it stays forgotten.)
+    local known = busy_counts and busy_counts[busy]
+    if known then
+      busy_counts[busy] = known + added
     end
   end
 end

@@ -47,6 +47,10 @@ local claim_ms, claimed
 -- The partition's fencing counter as this call's tokens left it, and its key (`new_token`
 -- in runlib.lua): nil until the call makes a token; written when the call ends.
 local token_key, token_last
+-- The lease counts (SCARD of a node's busy set) this call read or changed, by the
+-- set's key (`lease_to` and `take_slot` in beginlib.lua, `leave_busy` in runlib.lua):
+-- a batch of begins leasing to a few nodes reads each count once. Nil until one is read.
+local busy_counts
 -- What the run scripts keep beside each run table they decoded (`info_of` in
 -- runlib.lua), by table: a new one for each call.
 local run_info = {}

@@ -517,11 +517,20 @@ local function save_tokens()
   redis.call('HSET', token_key, '*', int(token_last))
 end
 
+-- Run `sid` leaves the node's busy set `key`: the count this call may remember for it
+-- is forgotten (read again if a lease asks).
+local function leave_busy(key, sid)
+  redis.call('SREM', key, sid)
+  if busy_counts then
+    busy_counts[key] = nil
+  end
+end
+
 -- The run leaves DISPATCHED/RUNNING: its node's lease count drops (in a cluster, N is
 -- '' and the caller releases the node's slot: node_slots.lua).
 local function leave_node(N, run)
   if N ~= '' and HELD[run.state] and run.node_id ~= '' then
-    redis.call('SREM', N .. 'busy:' .. run.node_id, run.schedule_id)
+    leave_busy(N .. 'busy:' .. run.node_id, run.schedule_id)
   end
 end
 
@@ -1205,7 +1214,7 @@ local function finish_succeeded(P, N, sid, token, outcome_json, node)
   end
   local now = store_now_ms()
   if N ~= '' and (f.node_id or '') ~= '' then
-    redis.call('SREM', N .. 'busy:' .. f.node_id, sid)
+    leave_busy(N .. 'busy:' .. f.node_id, sid)
   end
   take_outcome(f, o)
   -- finalize's changes.
