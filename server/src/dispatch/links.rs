@@ -3,10 +3,12 @@
 //!
 //! A node attached here gets the message on its stream directly; a node attached to
 //! another instance gets it through that instance's inbox in the store, which this
-//! module also drains for its own nodes. Delivery is best effort on purpose: a lost
-//! dispatch is never confirmed and the sweeper re-routes it, a lost cancel is repeated
-//! by the next heartbeat acknowledgement (the lease is gone), so nothing here needs to
-//! be durable.
+//! module also drains for its own nodes. Sending never waits: a message for another
+//! instance joins its instance's queue here, and one push (`run_forwards`) takes what
+//! queued while the previous one was on its way. Delivery is best effort on purpose: a
+//! lost dispatch is never confirmed and the sweeper re-routes it, a lost cancel is
+//! repeated by the next heartbeat acknowledgement (the lease is gone), so nothing here
+//! needs to be durable.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -41,11 +43,24 @@ struct Link {
     liveness: Arc<Liveness>,
 }
 
+/// Messages for other instances' inboxes, not pushed yet: each instance's in the order
+/// sent.
+#[derive(Default)]
+struct Forwards {
+    waiting: Mutex<HashMap<String, Vec<Vec<u8>>>>,
+    queued: tokio::sync::Notify,
+}
+
+/// At most this many messages wait for one instance's inbox (while the store is slow
+/// or down); past it a message is dropped, as a failed push drops its messages.
+const MAX_FORWARDS_WAITING: usize = 16_384;
+
 pub struct Links {
     store: Arc<dyn Inboxes>,
     instance: String,
     local: Mutex<HashMap<String, Link>>,
     next_conn: std::sync::atomic::AtomicU64,
+    forwards: Forwards,
 }
 
 impl Links {
@@ -55,6 +70,7 @@ impl Links {
             instance,
             local: Mutex::new(HashMap::new()),
             next_conn: std::sync::atomic::AtomicU64::new(1),
+            forwards: Forwards::default(),
         }
     }
 
@@ -145,48 +161,22 @@ impl Links {
         }
     }
 
-    /// Sends the dispatch of `run`, leased to `node` (see `messages::dispatch`).
-    pub async fn dispatch(
-        &self,
-        node: &NodeRecord,
-        run: &RunRecord,
-        job: &JobRecord,
-        route_key: &str,
-    ) {
+    /// Sends the dispatch of `run`, leased to `node` (see `messages::dispatch`), on its
+    /// stream here or through its instance's inbox: no await.
+    pub fn dispatch(&self, node: &NodeRecord, run: &RunRecord, job: &JobRecord, route_key: &str) {
         let msg = messages::dispatch(run, job, route_key);
-        self.deliver(&node.node_id, &node.instance, msg).await;
-    }
-
-    /// Sends the dispatch of `run`, leased to `node`, when the node's stream is attached
-    /// here: no await, no store call. False, nothing sent, when it is not (then
-    /// [`dispatch`](Links::dispatch) forwards it). A stream that closes in between drops
-    /// it, as a closed stream drops any message.
-    pub fn dispatch_here(
-        &self,
-        node: &NodeRecord,
-        run: &RunRecord,
-        job: &JobRecord,
-        route_key: &str,
-    ) -> bool {
-        if !self.map().contains_key(&node.node_id) {
-            return false;
-        }
-        let msg = messages::dispatch(run, job, route_key);
-        if self.send_local(&node.node_id, msg).is_some() {
-            debug!(node_id = %node.node_id, "node detached meanwhile; dispatch dropped");
-        }
-        true
+        self.deliver(&node.node_id, &node.instance, msg);
     }
 
     /// Tells `rv.node_id`, attached to `instance` as far as the caller knows, to stop
     /// the run of the revoked lease `rv`.
-    pub async fn cancel(&self, rv: &Revocation, instance: &str) {
-        self.deliver(&rv.node_id, instance, messages::cancel(rv))
-            .await;
+    pub fn cancel(&self, rv: &Revocation, instance: &str) {
+        self.deliver(&rv.node_id, instance, messages::cancel(rv));
     }
 
-    /// Delivers to `node_id`, attached to `instance` as far as the caller knows.
-    pub async fn deliver(&self, node_id: &str, instance: &str, msg: pb::server_message::Msg) {
+    /// Delivers to `node_id`, attached to `instance` as far as the caller knows: on its
+    /// stream when it is attached here, else queued for `instance`'s inbox.
+    pub fn deliver(&self, node_id: &str, instance: &str, msg: pb::server_message::Msg) {
         let Some(msg) = self.send_local(node_id, msg) else {
             return;
         };
@@ -198,9 +188,42 @@ impl Links {
         bytes.extend_from_slice(node_id.as_bytes());
         bytes.push(b'\n');
         pb::ServerMessage { msg: Some(msg) }.encode(&mut bytes).ok();
-        if let Err(e) = self.store.push_inbox(instance, bytes).await {
-            warn!(%node_id, %instance, error = %e, "could not forward a message to another instance");
+        {
+            let mut waiting = crate::dispatch::lock(&self.forwards.waiting);
+            let queue = waiting.entry(instance.to_owned()).or_default();
+            if queue.len() >= MAX_FORWARDS_WAITING {
+                debug!(%node_id, %instance, "too many messages wait for the instance's inbox; dropped");
+                return;
+            }
+            queue.push(bytes);
         }
+        self.forwards.queued.notify_one();
+    }
+
+    /// Pushes the messages queued for other instances' inboxes (`deliver`), each
+    /// instance's in one store call, until `shutdown`; then what is still queued, once.
+    pub async fn run_forwards(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = self.forwards.queued.notified() => {}
+            }
+            self.push_forwards().await;
+        }
+        self.push_forwards().await;
+    }
+
+    /// One push per instance of what waits for it, the instances side by side; a
+    /// failed push drops its messages (best effort, see the module's doc).
+    async fn push_forwards(&self) {
+        let waiting = std::mem::take(&mut *crate::dispatch::lock(&self.forwards.waiting));
+        let pushes = waiting.into_iter().map(|(instance, messages)| async move {
+            let n = messages.len();
+            if let Err(e) = self.store.push_inbox(&instance, messages).await {
+                warn!(%instance, messages = n, error = %e, "could not forward messages to another instance");
+            }
+        });
+        futures::future::join_all(pushes).await;
     }
 
     /// Drains this instance's inbox into the local streams until `shutdown`.
@@ -246,5 +269,88 @@ impl Links {
             }
             _ => warn!("undecodable inbox message dropped"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreOptions;
+    use crate::store::embedded::EmbeddedStore;
+
+    fn drain(node_id: &str) -> pb::server_message::Msg {
+        pb::server_message::Msg::Drain(pb::Drain {
+            reason: node_id.to_owned(),
+        })
+    }
+
+    /// Which node each inbox message names, and the reason its drain says.
+    fn read(raw: &[u8]) -> (String, String) {
+        let nl = raw.iter().position(|&b| b == b'\n').expect("node id line");
+        let msg = pb::ServerMessage::decode(&raw[nl + 1..]).expect("message");
+        let Some(pb::server_message::Msg::Drain(d)) = msg.msg else {
+            panic!("not a drain: {msg:?}");
+        };
+        (String::from_utf8_lossy(&raw[..nl]).into_owned(), d.reason)
+    }
+
+    /// Messages for nodes attached to other instances wait without a store call, go
+    /// out each instance's in one push in the order sent, and what still waits when
+    /// the loop stops is pushed before it ends; one for this instance's own node that
+    /// is not attached, or for no instance, is dropped.
+    #[tokio::test]
+    async fn forwards_are_pushed_in_order_and_flushed_on_stop() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(
+            EmbeddedStore::open(&dir.path().join("s.redb"), StoreOptions::default()).expect("open"),
+        );
+        let links = Arc::new(Links::new(store.clone(), "me".into()));
+        for (node, instance) in [
+            ("n1", "b"),
+            ("n2", "c"),
+            ("n3", "b"),
+            ("n4", "me"),
+            ("n5", ""),
+        ] {
+            links.deliver(node, instance, drain(node));
+        }
+        let pop = |instance: &'static str| {
+            let store = store.clone();
+            async move {
+                store
+                    .pop_inbox(instance, 10, Duration::ZERO)
+                    .await
+                    .expect("pop")
+                    .iter()
+                    .map(|m| read(m))
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert!(
+            pop("b").await.is_empty(),
+            "nothing pushed before the loop runs"
+        );
+        let stop = CancellationToken::new();
+        let forwarding = tokio::spawn(links.clone().run_forwards(stop.clone()));
+        let pair = |n: &str| (n.to_owned(), n.to_owned());
+        let b = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let got = pop("b").await;
+                if !got.is_empty() {
+                    return got;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("pushed");
+        assert_eq!(b, vec![pair("n1"), pair("n3")]);
+        assert_eq!(pop("c").await, vec![pair("n2")]);
+        assert!(pop("me").await.is_empty());
+
+        links.deliver("n6", "c", drain("n6"));
+        stop.cancel();
+        forwarding.await.expect("the loop ends");
+        assert_eq!(pop("c").await, vec![pair("n6")], "flushed on stop");
     }
 }

@@ -230,6 +230,7 @@ impl Parts {
             "inbox",
             inbox.run_inbox(config.dispatch.read_block, stop.clone()),
         );
+        loops.spawn("forwards", self.links.clone().run_forwards(stop.clone()));
         let targets = self.http_targets.clone();
         loops.spawn(
             "http_targets",

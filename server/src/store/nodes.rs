@@ -198,9 +198,10 @@ impl LocalCounters {
 /// Per-instance inboxes: dispatches for executors attached to another instance.
 #[async_trait]
 pub trait Inboxes: StoreMeta {
-    /// Queues a message for `instance`. Inboxes are best effort by design: a dispatch
-    /// lost with its instance is never confirmed and is re-routed (`confirm_by`).
-    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()>;
+    /// Queues `messages` for `instance`, in their order, in one step. Inboxes are best
+    /// effort by design: a dispatch lost with its instance is never confirmed and is
+    /// re-routed (`confirm_by`).
+    async fn push_inbox(&self, instance: &str, messages: Vec<Vec<u8>>) -> Result<()>;
 
     /// Takes up to `max` messages for `instance`, oldest first, waiting at most `block`
     /// for the first.

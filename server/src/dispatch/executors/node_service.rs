@@ -122,8 +122,7 @@ impl Executors {
             info!(node_id = %node.node_id, %reason, "undraining node");
         }
         self.links
-            .deliver(&node.node_id, &node.instance, say(reason))
-            .await;
+            .deliver(&node.node_id, &node.instance, say(reason));
         node.draining = draining;
         Ok(node_view(node, &nodes, &self.opts.health))
     }

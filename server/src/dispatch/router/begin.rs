@@ -147,9 +147,9 @@ impl Router {
     }
 
     /// What [`begun`](Router::begun) does, done now for the common run: leased to a
-    /// node whose stream is attached here, no lease revoked, its dispatch sent without
-    /// an await (each run's future going on would otherwise hold `begun`'s, some KiB,
-    /// copied wherever it moves). The run back, for `begun`, in every other case.
+    /// node, no lease revoked, its dispatch sent without an await (each run's future
+    /// going on would otherwise hold `begun`'s, some KiB, copied wherever it moves).
+    /// The run back, for `begun`, in every other case.
     pub fn begun_at_once(
         &self,
         begun: Begun,
@@ -159,12 +159,10 @@ impl Router {
     ) -> Option<(Begun, Option<Assigned>)> {
         if let (Some(Assigned::Granted(leased)), First::Node(nodes, i, route_key), Some(job)) =
             (&assigned, first, job)
+            && begun.revoked.is_empty()
         {
-            let node = &nodes[*i];
-            if begun.revoked.is_empty() && self.links.dispatch_here(node, leased, job, route_key) {
-                debug!(node_id = %node.node_id, token = leased.fencing_token, "dispatched");
-                return None;
-            }
+            self.dispatch(leased, job, &nodes[*i], route_key);
+            return None;
         }
         Some((begun, assigned))
     }
@@ -184,7 +182,7 @@ impl Router {
         }
         match (assigned, first, job) {
             (Some(Assigned::Granted(leased)), First::Node(nodes, i, route_key), Some(job)) => {
-                self.dispatch(&leased, job, &nodes[*i], route_key).await;
+                self.dispatch(&leased, job, &nodes[*i], route_key);
             }
             (Some(Assigned::NotWaiting(_)), _, _) => debug!("run no longer waiting"),
             // Not assigned here (no node named, or it was full), or a trigger seen

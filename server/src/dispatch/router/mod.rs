@@ -413,7 +413,7 @@ impl Router {
             .unwrap_or_default();
         let (job_id, _) = crate::model::split_schedule_id(&rv.schedule_id).unwrap_or(("", ""));
         debug!(%job_id, schedule_id = %rv.schedule_id, node_id = %rv.node_id, reason = %rv.reason, "cancelling");
-        self.links.cancel(rv, &instance).await;
+        self.links.cancel(rv, &instance);
     }
 
     /// Routes a WAITING run: leases it to a node and sends the dispatch. When no node
@@ -803,7 +803,7 @@ impl Router {
         self.nodes.answered(node, assigned.as_ref().ok());
         match assigned {
             Ok(Assigned::Granted(leased)) => {
-                self.dispatch(&leased, job, node, route_key).await;
+                self.dispatch(&leased, job, node, route_key);
                 Placed::Done
             }
             Ok(Assigned::NodeFull) => Placed::Full,
@@ -820,15 +820,9 @@ impl Router {
 
     /// Sends the dispatch of a run leased to `node` on its way; the lease is counted
     /// on the node already (`NodeCache::moved`).
-    async fn dispatch(
-        &self,
-        leased: &RunRecord,
-        job: &JobRecord,
-        node: &NodeRecord,
-        route_key: &str,
-    ) {
+    fn dispatch(&self, leased: &RunRecord, job: &JobRecord, node: &NodeRecord, route_key: &str) {
         debug!(node_id = %node.node_id, token = leased.fencing_token, shard = leased.shard_index, "dispatched");
-        self.links.dispatch(node, leased, job, route_key).await;
+        self.links.dispatch(node, leased, job, route_key);
     }
 
     /// Every eligible node is at its window: the run stays WAITING in the store (its

@@ -5,14 +5,12 @@
 use super::*;
 
 pub async fn inbox_order_and_blocking(store: Arc<dyn Store>) {
-    for m in ["a", "b", "c"] {
-        store
-            .push_inbox("inst-1", m.as_bytes().to_vec())
-            .await
-            .expect("push");
+    for batch in [vec!["a", "b"], vec![], vec!["c"]] {
+        let messages = batch.iter().map(|m| m.as_bytes().to_vec()).collect();
+        store.push_inbox("inst-1", messages).await.expect("push");
     }
     store
-        .push_inbox("inst-2", b"other".to_vec())
+        .push_inbox("inst-2", vec![b"other".to_vec()])
         .await
         .expect("push");
     let pop = |instance: &'static str, max: usize, block: Duration| {
@@ -52,11 +50,11 @@ pub async fn inbox_order_and_blocking(store: Arc<dyn Store>) {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let pushed = Instant::now();
     store
-        .push_inbox("inst-2", b"not for inst-1".to_vec())
+        .push_inbox("inst-2", vec![b"not for inst-1".to_vec()])
         .await
         .expect("push");
     store
-        .push_inbox("inst-1", b"wake".to_vec())
+        .push_inbox("inst-1", vec![b"wake".to_vec()])
         .await
         .expect("push");
     let got = tokio::time::timeout(Duration::from_secs(3), waiter)

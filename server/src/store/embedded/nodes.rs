@@ -119,7 +119,10 @@ impl NodeRegistry for EmbeddedStore {
 
 #[async_trait]
 impl Inboxes for EmbeddedStore {
-    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()> {
+    async fn push_inbox(&self, instance: &str, messages: Vec<Vec<u8>>) -> Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
         let now = Instant::now();
         {
             let mut inboxes = self.inboxes();
@@ -130,7 +133,7 @@ impl Inboxes for EmbeddedStore {
                 messages: VecDeque::new(),
                 expires: now,
             });
-            inbox.messages.push_back(message);
+            inbox.messages.extend(messages);
             inbox.expires = now + INBOX_TTL;
         }
         self.inbox_pushed.notify_waiters();

@@ -249,11 +249,16 @@ impl NodeRegistry for RedisStore {
 
 #[async_trait]
 impl Inboxes for RedisStore {
-    async fn push_inbox(&self, instance: &str, message: Vec<u8>) -> Result<()> {
+    async fn push_inbox(&self, instance: &str, messages: Vec<Vec<u8>>) -> Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
         let key = format!("{}inbox:{instance}", self.nodes_prefix());
         let mut c = self.conn().await?;
+        // LPUSH of several values pushes them one after the other: RPOP takes the
+        // first given first.
         let _: () = redis::pipe()
-            .lpush(&key, message)
+            .lpush(&key, messages)
             .ignore()
             .pexpire(&key, 60_000)
             .ignore()
