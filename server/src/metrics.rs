@@ -33,6 +33,10 @@
 //!   emptied, and the time that took the writer).
 //! - `sundial_alerts_total{kind}`: every alert raised; the alerts module counts them
 //!   through [`Metrics::alert_raised`] (this module knows no alert kinds).
+//! - `sundial_forwarded_messages_total{outcome}`: messages (dispatches, cancels, drains)
+//!   for executors attached to another instance, `pushed` to its inbox or `dropped`
+//!   (its queue full, or the push failed; a dispatch dropped is re-routed once its
+//!   confirmation is overdue), through [`Metrics::forwarded`].
 //! - `sundial_webhook_attempts_total{outcome}`, `sundial_webhook_claims_total{by}`,
 //!   `sundial_webhook_circuit_open{destination}`:
 //!   reserved for the webhook delivery worker, which records them through
@@ -91,6 +95,7 @@ pub struct Metrics {
     store_checkpointing: Scraped<Counter<f64, AtomicU64>>,
     executor_nodes: Family<Label, Gauge>,
     alerts: Family<Label, Counter>,
+    forwarded: Family<Label, Counter>,
     webhook_attempts: Family<Label, Counter>,
     webhook_claims: Family<Label, Counter>,
     webhook_circuit_open: Family<Label, Gauge>,
@@ -271,6 +276,13 @@ impl Metrics {
             "Webhook delivery attempts, by outcome",
             webhook_attempts.clone(),
         );
+        let forwarded = Family::default();
+        registry.register(
+            "sundial_forwarded_messages",
+            "Messages for executors attached to another instance, by outcome: `pushed` to \
+             its inbox, or `dropped` (its queue here full, or the push failed)",
+            forwarded.clone(),
+        );
         let webhook_claims = Family::default();
         registry.register(
             "sundial_webhook_claims",
@@ -299,6 +311,9 @@ impl Metrics {
         }
         for by in ["result", "sweep"] {
             let _ = webhook_claims.get_or_create(&label("by", by));
+        }
+        for outcome in ["pushed", "dropped"] {
+            let _ = forwarded.get_or_create(&label("outcome", outcome));
         }
         for policy in [
             MisfirePolicy::FireOnce,
@@ -329,6 +344,7 @@ impl Metrics {
             executor_nodes,
             alerts,
             webhook_attempts,
+            forwarded,
             webhook_claims,
             webhook_circuit_open,
         }
@@ -438,6 +454,14 @@ impl Metrics {
         self.webhook_attempts
             .get_or_create(&label("outcome", outcome))
             .inc();
+    }
+
+    /// `n` messages for another instance's executors went `outcome` (`pushed` |
+    /// `dropped`). Recorded by `dispatch::links`.
+    pub fn forwarded(&self, outcome: &str, n: usize) {
+        self.forwarded
+            .get_or_create(&label("outcome", outcome))
+            .inc_by(n as u64);
     }
 
     /// The webhook worker took on `n` claimed deliveries, claimed `by` `result` (in the

@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::dispatch::messages;
 use crate::dispatch::silence::Liveness;
+use crate::metrics::Metrics;
 use crate::model::{JobRecord, RunRecord};
 use crate::store::{Inboxes, NodeRecord, Revocation};
 
@@ -61,13 +62,15 @@ pub struct Links {
     local: Mutex<HashMap<String, Link>>,
     next_conn: std::sync::atomic::AtomicU64,
     forwards: Forwards,
+    metrics: Arc<Metrics>,
 }
 
 impl Links {
-    pub fn new(store: Arc<dyn Inboxes>, instance: String) -> Self {
+    pub fn new(store: Arc<dyn Inboxes>, instance: String, metrics: Arc<Metrics>) -> Self {
         Self {
             store,
             instance,
+            metrics,
             local: Mutex::new(HashMap::new()),
             next_conn: std::sync::atomic::AtomicU64::new(1),
             forwards: Forwards::default(),
@@ -192,7 +195,9 @@ impl Links {
             let mut waiting = crate::dispatch::lock(&self.forwards.waiting);
             let queue = waiting.entry(instance.to_owned()).or_default();
             if queue.len() >= MAX_FORWARDS_WAITING {
+                drop(waiting);
                 debug!(%node_id, %instance, "too many messages wait for the instance's inbox; dropped");
+                self.metrics.forwarded("dropped", 1);
                 return;
             }
             queue.push(bytes);
@@ -219,8 +224,12 @@ impl Links {
         let waiting = std::mem::take(&mut *crate::dispatch::lock(&self.forwards.waiting));
         let pushes = waiting.into_iter().map(|(instance, messages)| async move {
             let n = messages.len();
-            if let Err(e) = self.store.push_inbox(&instance, messages).await {
-                warn!(%instance, messages = n, error = %e, "could not forward messages to another instance");
+            match self.store.push_inbox(&instance, messages).await {
+                Ok(()) => self.metrics.forwarded("pushed", n),
+                Err(e) => {
+                    warn!(%instance, messages = n, error = %e, "could not forward messages to another instance");
+                    self.metrics.forwarded("dropped", n);
+                }
             }
         });
         futures::future::join_all(pushes).await;
@@ -304,7 +313,8 @@ mod tests {
         let store = Arc::new(
             EmbeddedStore::open(&dir.path().join("s.redb"), StoreOptions::default()).expect("open"),
         );
-        let links = Arc::new(Links::new(store.clone(), "me".into()));
+        let metrics = Arc::new(Metrics::new());
+        let links = Arc::new(Links::new(store.clone(), "me".into(), metrics.clone()));
         for (node, instance) in [
             ("n1", "b"),
             ("n2", "c"),
@@ -314,6 +324,18 @@ mod tests {
         ] {
             links.deliver(node, instance, drain(node));
         }
+        // One past what may wait for an instance: dropped, and counted.
+        for _ in 0..=MAX_FORWARDS_WAITING {
+            links.deliver("n7", "d", drain("n7"));
+        }
+        let counted = |outcome: &str| {
+            let line = format!("sundial_forwarded_messages_total{{outcome=\"{outcome}\"}} ");
+            metrics
+                .render()
+                .lines()
+                .find_map(|l| l.strip_prefix(line.as_str())?.parse::<u64>().ok())
+        };
+        assert_eq!(counted("dropped"), Some(1));
         let pop = |instance: &'static str| {
             let store = store.clone();
             async move {
@@ -352,5 +374,16 @@ mod tests {
         stop.cancel();
         forwarding.await.expect("the loop ends");
         assert_eq!(pop("c").await, vec![pair("n6")], "flushed on stop");
+        let waited = store
+            .pop_inbox("d", MAX_FORWARDS_WAITING + 1, Duration::ZERO)
+            .await
+            .expect("pop");
+        assert_eq!(waited.len(), MAX_FORWARDS_WAITING, "all that could wait");
+        assert_eq!(
+            counted("pushed"),
+            Some(4 + MAX_FORWARDS_WAITING as u64),
+            "n1, n2, n3, n6 and the ones for d"
+        );
+        assert_eq!(counted("dropped"), Some(1));
     }
 }

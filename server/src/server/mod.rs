@@ -168,7 +168,11 @@ impl Parts {
             }
             None => None,
         };
-        let links = Arc::new(Links::new(store.clone(), config.instance_id.clone()));
+        let links = Arc::new(Links::new(
+            store.clone(),
+            config.instance_id.clone(),
+            metrics.clone(),
+        ));
         let job_cache = Arc::new(JobCache::default());
         let router = Arc::new(Router::new(
             RouteStore {
