@@ -284,6 +284,7 @@ impl Links {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::tests::sample;
     use crate::store::StoreOptions;
     use crate::store::embedded::EmbeddedStore;
 
@@ -329,11 +330,8 @@ mod tests {
             links.deliver("n7", "d", drain("n7"));
         }
         let counted = |outcome: &str| {
-            let line = format!("sundial_forwarded_messages_total{{outcome=\"{outcome}\"}} ");
-            metrics
-                .render()
-                .lines()
-                .find_map(|l| l.strip_prefix(line.as_str())?.parse::<u64>().ok())
+            let name = format!("sundial_forwarded_messages_total{{outcome=\"{outcome}\"}}");
+            sample(&metrics.render(), &name).map(|v| v as u64)
         };
         assert_eq!(counted("dropped"), Some(1));
         let pop = |instance: &'static str| {
