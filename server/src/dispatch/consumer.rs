@@ -311,7 +311,8 @@ impl TriggerConsumer {
 
     /// What follows a run's begin: the metrics, then its dispatch or routing (the
     /// router's `begun`), as far as it goes without an await: the common run, leased
-    /// to a node attached here, is dispatched now. Ok with the trigger's entry once
+    /// to a node, is dispatched now (on its stream here, or queued for its instance's
+    /// inbox). Ok with the trigger's entry once
     /// its run is durable (to be acknowledged), or None when beginning failed (the
     /// trigger will be delivered again); Err with what is left for
     /// [`go_on_later`](Self::go_on_later).
@@ -337,9 +338,8 @@ impl TriggerConsumer {
         }
     }
 
-    /// The rest of [`go_on_now`](Self::go_on_now): the router's `begun` (cancels, a
-    /// dispatch through another instance, routing). The trigger's entry, to be
-    /// acknowledged.
+    /// The rest of [`go_on_now`](Self::go_on_now): the router's `begun` (cancels for
+    /// revoked leases, routing). The trigger's entry, to be acknowledged.
     async fn go_on_later(
         &self,
         (p, begun, assigned): (Prepared, Begun, Option<Assigned>),

@@ -87,6 +87,15 @@ pub fn keeps_affinity(strategy: RouteStrategy) -> bool {
     )
 }
 
+/// Strategies that take turns through the job's nodes (round robin, weighted,
+/// busyover): their position comes from the job's counter, shared by the instances.
+pub fn takes_turns(strategy: RouteStrategy) -> bool {
+    matches!(
+        strategy,
+        RouteStrategy::RoundRobin | RouteStrategy::WeightedRoundRobin | RouteStrategy::Busyover
+    )
+}
+
 /// The order to ask `nodes` in, as their indexes: the strategy's pick (`first`) before
 /// the others, then a healthy node before a slow one, the least busy first, by id last;
 /// only the pick when the strategy keeps its affinity; none that `full` says is at its

@@ -11,7 +11,7 @@ use tracing::debug;
 
 use super::{Pick, Router, waits_in_room};
 use crate::dispatch::{lock, routing};
-use crate::model::{JobRecord, RouteStrategy, RunRecord, RunState, Target};
+use crate::model::{JobRecord, RunRecord, RunState, Target};
 use crate::store::{Assigned, Begun, NodeRecord, NodeSlot};
 
 /// Where a run about to begin would go first.
@@ -71,12 +71,8 @@ impl Router {
                         return false;
                     };
                     let strategy = job.spec.route_strategy;
-                    matches!(
-                        strategy,
-                        RouteStrategy::RoundRobin
-                            | RouteStrategy::WeightedRoundRobin
-                            | RouteStrategy::Busyover
-                    ) && (routing::keeps_affinity(strategy) || !room.waiting(group, handler))
+                    routing::takes_turns(strategy)
+                        && (routing::keeps_affinity(strategy) || !room.waiting(group, handler))
                 })
             })
             .map(|(id, _)| id)

@@ -635,26 +635,16 @@ impl Router {
         // Turn-taking strategies draw their position from the job's shared counter,
         // so instances routing the same job do not start on the same node; if the
         // store cannot say, this instance's own counter goes on.
-        let shared = match strategy {
-            RouteStrategy::RoundRobin
-            | RouteStrategy::WeightedRoundRobin
-            | RouteStrategy::Busyover
-                if turn.is_some() =>
-            {
-                turn
-            }
-            RouteStrategy::RoundRobin
-            | RouteStrategy::WeightedRoundRobin
-            | RouteStrategy::Busyover => {
-                match self.store.nodes.next_route_counter(&run.job_id).await {
-                    Ok(n) => Some(n),
-                    Err(e) => {
-                        debug!(error = %e, "shared route counter unavailable; using this instance's");
-                        None
-                    }
+        let shared = match turn {
+            _ if !routing::takes_turns(strategy) => None,
+            Some(n) => Some(n),
+            None => match self.store.nodes.next_route_counter(&run.job_id).await {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    debug!(error = %e, "shared route counter unavailable; using this instance's");
+                    None
                 }
-            }
-            _ => None,
+            },
         };
         let first = {
             let mut routes = lock(&self.routes);
